@@ -1,0 +1,113 @@
+//! `out = x · wᵀ` for row-major `x (m, k)` and `w (n, k)`.
+//!
+//! Few rows (decode) are memory bound: each weight row is read once and dotted with every
+//! input row. More rows (prefill) go to `matrixmultiply`'s packed SGEMM. Either way the output
+//! columns are split across rayon threads.
+
+use rayon::prelude::*;
+
+use super::dot::dot;
+
+/// Below this many input rows the GEMV path is used.
+const GEMV_MAX_ROWS: usize = 4;
+/// Output columns per rayon task.
+const COLS_PER_TASK: usize = 64;
+
+pub(super) fn matmul_t(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if m <= GEMV_MAX_ROWS {
+        gemv(x, m, w, n, k, out);
+    } else {
+        gemm(x, m, w, n, k, out);
+    }
+}
+
+fn gemv(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    let mut cols = vec![0.0f32; n * m];
+    cols.par_chunks_mut(COLS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
+        for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
+            let col = t * COLS_PER_TASK + j;
+            let wr = &w[col * k..(col + 1) * k];
+            for (r, o) in o.iter_mut().enumerate() {
+                *o = dot(&x[r * k..(r + 1) * k], wr);
+            }
+        }
+    });
+    for col in 0..n {
+        for r in 0..m {
+            out[r * n + col] = cols[col * m + r];
+        }
+    }
+}
+
+/// A raw pointer that may cross threads; each task writes a disjoint set of columns.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to write disjoint column ranges of one output from several threads.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+fn gemm(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    let threads = rayon::current_num_threads().max(1);
+    // Column blocks: several per thread for balance, but wide enough to amortise packing.
+    let block = n.div_ceil(threads * 2).max(64).min(n);
+    let nblocks = n.div_ceil(block);
+    let ptr = SendPtr(out.as_mut_ptr());
+    (0..nblocks).into_par_iter().for_each(|b| {
+        let p = ptr;
+        let c0 = b * block;
+        let nb = block.min(n - c0);
+        // SAFETY: `x` is (m, k) row-major; `w` rows c0..c0+nb are (nb, k) row-major, read as a
+        // (k, nb) matrix with strides (1, k); `out` columns c0..c0+nb of an (m, n) row-major
+        // matrix are written by this task only.
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                nb,
+                1.0,
+                x.as_ptr(),
+                k as isize,
+                1,
+                w.as_ptr().add(c0 * k),
+                1,
+                k as isize,
+                0.0,
+                p.0.add(c0),
+                n as isize,
+                1,
+            );
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f32> {
+        let mut o = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                o[i * n + j] = (0..k).map(|t| x[i * k + t] as f64 * w[j * k + t] as f64).sum::<f64>() as f32;
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn both_paths_match_naive() {
+        for (m, n, k) in [(1, 3, 5), (3, 130, 17), (9, 200, 33), (40, 7, 64)] {
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 5.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32 - 5.0) / 7.0).collect();
+            let mut out = vec![0.0; m * n];
+            matmul_t(&x, m, &w, n, k, &mut out);
+            for (a, b) in out.iter().zip(naive(&x, m, &w, n, k)) {
+                assert!((a - b).abs() < 1e-4, "{m}x{n}x{k}: {a} vs {b}");
+            }
+        }
+    }
+}

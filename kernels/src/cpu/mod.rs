@@ -1,0 +1,212 @@
+//! The CPU backend: f32 everywhere, GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA
+//! kernels), small-batch GEMV and attention with hand-vectorised dot products, and both
+//! cores through rayon.
+
+mod attention;
+mod dot;
+mod matmul;
+
+use rayon::prelude::*;
+
+use crate::error::check;
+use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, RopeTable};
+
+pub use dot::dot;
+
+/// A weight matrix in host memory, row-major `(rows, cols)`.
+#[derive(Debug, Clone)]
+pub struct CpuMat {
+    rows: usize,
+    cols: usize,
+    data: Vec<f32>,
+}
+
+impl CpuMat {
+    /// The values, row-major.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// f32 on the CPU.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+/// Rows per rayon task in element-wise kernels.
+const ROWS_PER_TASK: usize = 16;
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Mat = CpuMat;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn zeros(&self, len: usize) -> Result<Vec<f32>, KernelError> {
+        Ok(vec![0.0; len])
+    }
+
+    fn from_host(&self, data: &[f32]) -> Result<Vec<f32>, KernelError> {
+        Ok(data.to_vec())
+    }
+
+    fn to_host(&self, buf: &Vec<f32>) -> Result<Vec<f32>, KernelError> {
+        Ok(buf.clone())
+    }
+
+    fn len(&self, buf: &Vec<f32>) -> usize {
+        buf.len()
+    }
+
+    fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<CpuMat, KernelError> {
+        check("matrix", data.len() == rows * cols, || format!("{} values for {rows}x{cols}", data.len()))?;
+        Ok(CpuMat { rows, cols, data })
+    }
+
+    fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
+        (mat.rows, mat.cols)
+    }
+
+    fn embed(&self, table: &CpuMat, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
+        let d = table.cols;
+        check("embed", out.len() == ids.len() * d, || format!("out {} for {} ids of {d}", out.len(), ids.len()))?;
+        for (row, &id) in out.chunks_exact_mut(d).zip(ids) {
+            if id as usize >= table.rows {
+                return Err(KernelError::TokenOutOfRange { id, vocab: table.rows });
+            }
+            row.copy_from_slice(&table.data[id as usize * d..(id as usize + 1) * d]);
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, x: &Vec<f32>, rows: usize, w: &CpuMat, out: &mut Vec<f32>) -> Result<(), KernelError> {
+        check("matmul", x.len() == rows * w.cols && out.len() == rows * w.rows, || {
+            format!("x {} out {} for {rows} rows and {}x{}", x.len(), out.len(), w.rows, w.cols)
+        })?;
+        matmul::matmul_t(x, rows, &w.data, w.rows, w.cols, out);
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<(), KernelError> {
+        check("add_bias", !bias.is_empty() && x.len() % bias.len() == 0, || format!("{} by {}", x.len(), bias.len()))?;
+        for row in x.chunks_exact_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, out: &mut Vec<f32>) -> Result<(), KernelError> {
+        let d = weight.len();
+        check("rms_norm", d > 0 && x.len() % d == 0 && out.len() == x.len(), || format!("x {} w {d}", x.len()))?;
+        out.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(|(o, x)| {
+            for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;
+                let scale = 1.0 / (ms + eps).sqrt();
+                o.iter_mut().zip(x).zip(weight).for_each(|((o, x), w)| *o = x * scale * w);
+            }
+        });
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, n_heads: usize, positions: &[u32], table: &RopeTable) -> Result<(), KernelError> {
+        let hd = table.head_dim();
+        let width = n_heads * hd;
+        check("rope", x.len() == positions.len() * width, || format!("x {} for {} rows", x.len(), positions.len()))?;
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= table.max_positions()) {
+            return Err(KernelError::Shape { op: "rope", detail: format!("position {p} past the table") });
+        }
+        let half = hd / 2;
+        x.par_chunks_mut(width).zip(positions.par_iter()).for_each(|(row, &p)| {
+            let (cos, sin) = table.row(p as usize);
+            for head in row.chunks_exact_mut(hd) {
+                let (a, b) = head.split_at_mut(half);
+                for i in 0..half {
+                    let (x0, x1) = (a[i], b[i]);
+                    a[i] = x0 * cos[i] - x1 * sin[i];
+                    b[i] = x1 * cos[i] + x0 * sin[i];
+                }
+            }
+        });
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, out: &mut Vec<f32>) -> Result<(), KernelError> {
+        check("silu_mul", gate.len() == up.len() && out.len() == up.len(), || {
+            format!("{} {} {}", gate.len(), up.len(), out.len())
+        })?;
+        out.par_chunks_mut(4096).zip(gate.par_chunks(4096).zip(up.par_chunks(4096))).for_each(|(o, (g, u))| {
+            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+                *o = g / (1.0 + (-g).exp()) * u;
+            }
+        });
+        Ok(())
+    }
+
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>) -> Result<(), KernelError> {
+        check("add_assign", x.len() == y.len(), || format!("{} vs {}", x.len(), y.len()))?;
+        x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Vec<f32>, KernelError> {
+        let len = layout.page_floats() * num_pages;
+        let mut pool = Vec::new();
+        pool.try_reserve_exact(len).map_err(|_| KernelError::OutOfMemory { bytes: len * 4 })?;
+        // Touch every page now: first touch of fresh memory is slow, and must not happen on
+        // the request path.
+        pool.resize(len, 0.0);
+        Ok(pool)
+    }
+
+    fn write_kv(
+        &self,
+        pool: &mut Vec<f32>,
+        layout: &KvLayout,
+        layer: usize,
+        slots: &[(u32, u32)],
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+    ) -> Result<(), KernelError> {
+        let w = layout.slot_floats();
+        check("write_kv", k.len() == slots.len() * w && v.len() == k.len() && layer < layout.num_layers, || {
+            format!("k {} v {} for {} slots of {w}, layer {layer}", k.len(), v.len(), slots.len())
+        })?;
+        let pages = pool.len() / layout.page_floats().max(1);
+        for (i, &(page, slot)) in slots.iter().enumerate() {
+            if page as usize >= pages || slot as usize >= layout.page_size {
+                return Err(KernelError::PageOutOfRange { page, slot });
+            }
+            let ko = layout.offset(page, layer, false, slot as usize);
+            pool[ko..ko + w].copy_from_slice(&k[i * w..(i + 1) * w]);
+            let vo = layout.offset(page, layer, true, slot as usize);
+            pool[vo..vo + w].copy_from_slice(&v[i * w..(i + 1) * w]);
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        pool: &Vec<f32>,
+        layout: &KvLayout,
+        layer: usize,
+        shape: AttnShape,
+        seqs: &[AttnSeq<'_>],
+        out: &mut Vec<f32>,
+    ) -> Result<(), KernelError> {
+        attention::attention(q, pool, layout, layer, shape, seqs, out)
+    }
+
+    fn gather_rows(&self, x: &Vec<f32>, width: usize, rows: &[usize], out: &mut Vec<f32>) -> Result<(), KernelError> {
+        check(
+            "gather_rows",
+            out.len() == rows.len() * width && rows.iter().all(|&r| (r + 1) * width <= x.len()),
+            || format!("{} rows of {width} from {}", rows.len(), x.len()),
+        )?;
+        for (o, &r) in out.chunks_exact_mut(width).zip(rows) {
+            o.copy_from_slice(&x[r * width..(r + 1) * width]);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,117 @@
+//! `ferry-kernels`: the compute backends of Ferry's Llama-family forward pass.
+//!
+//! - [`Backend`]: the operations one forward pass needs — embedding, matmul against a weight
+//!   matrix, RMSNorm, RoPE (with Llama-3 scaling), the SiLU-gated MLP product, residual adds,
+//!   writing K/V into pool pages and attention that reads K/V back from those pages.
+//! - [`KvLayout`]: where a token's K and V live inside the page pool. Pages are **page-major**:
+//!   one page holds `page_size` tokens of K and V for every layer, so a run of consecutive
+//!   pages is one contiguous region (one write on the wire).
+//! - [`RopeTable`]: rotary embedding frequencies, including Llama-3 `rope_scaling`.
+//! - [`cpu::CpuBackend`]: f32 on the CPU, GEMMs with `matrixmultiply`, both cores via rayon.
+//!
+//! The trait works on backend-owned buffers (`Backend::Buf`, `Backend::Mat`) so that a GPU
+//! backend keeps activations, weights and the KV pool in device memory.
+
+pub mod cpu;
+mod error;
+mod layout;
+mod rope;
+
+pub use error::KernelError;
+pub use layout::KvLayout;
+pub use rope::{RopeScaling, RopeTable};
+
+/// One sequence's share of a batched attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnSeq<'a> {
+    /// The sequence's pages, in position order; they must cover `pos0 + n_q` tokens.
+    pub pages: &'a [u32],
+    /// First row of this sequence in the batch's query matrix.
+    pub q_row: usize,
+    /// Number of query rows (tokens computed in this pass).
+    pub n_q: usize,
+    /// Position of the first query row; row `i` attends to positions `0..=pos0 + i`.
+    pub pos0: usize,
+}
+
+/// Shapes of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnShape {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Dimension of one head.
+    pub head_dim: usize,
+}
+
+/// The operations a Llama-family forward pass needs, on buffers the backend owns.
+///
+/// Matrices follow the `(out, in)` row-major convention: `y = x · Wᵀ`. Every activation
+/// buffer is a row-major `[rows, width]` matrix of f32 values (a backend may store them in
+/// a narrower type).
+pub trait Backend: Send + Sync + 'static {
+    /// An activation buffer.
+    type Buf: Send + Sync;
+    /// A weight matrix `(rows = out, cols = in)`.
+    type Mat: Send + Sync;
+
+    /// Short name for logs ("cpu", "cuda").
+    fn name(&self) -> &'static str;
+    /// A zeroed buffer of `len` values.
+    fn zeros(&self, len: usize) -> Result<Self::Buf, KernelError>;
+    /// A buffer holding `data`.
+    fn from_host(&self, data: &[f32]) -> Result<Self::Buf, KernelError>;
+    /// Copies a buffer back to the host.
+    fn to_host(&self, buf: &Self::Buf) -> Result<Vec<f32>, KernelError>;
+    /// Number of values in a buffer.
+    fn len(&self, buf: &Self::Buf) -> usize;
+    /// Uploads a row-major `(rows, cols)` matrix.
+    fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Self::Mat, KernelError>;
+    /// `(rows, cols)` of a matrix.
+    fn mat_shape(&self, mat: &Self::Mat) -> (usize, usize);
+
+    /// `out[i] = table[ids[i]]`; `out` is `[ids.len(), cols]`.
+    fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;
+    /// `out = x · wᵀ`, `x` is `[rows, w.cols]`, `out` is `[rows, w.rows]`.
+    fn matmul(&self, x: &Self::Buf, rows: usize, w: &Self::Mat, out: &mut Self::Buf) -> Result<(), KernelError>;
+    /// Adds `bias` (length `width`) to every row of `x`.
+    fn add_bias(&self, x: &mut Self::Buf, bias: &Self::Buf) -> Result<(), KernelError>;
+    /// Row-wise RMSNorm of `x` (`[rows, weight.len]`) scaled by `weight`, into `out`.
+    fn rms_norm(&self, x: &Self::Buf, weight: &Self::Buf, eps: f32, out: &mut Self::Buf) -> Result<(), KernelError>;
+    /// Rotates each head of each row of `x` (`[positions.len(), n_heads * head_dim]`) by its
+    /// position, pairing dimensions `(i, i + head_dim / 2)` (the HF `rotate_half` layout).
+    fn rope(&self, x: &mut Self::Buf, n_heads: usize, positions: &[u32], table: &RopeTable) -> Result<(), KernelError>;
+    /// `out = silu(gate) * up`, element-wise.
+    fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), KernelError>;
+    /// `x += y`, element-wise.
+    fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), KernelError>;
+
+    /// A zeroed KV page pool of `num_pages` pages, allocated and touched once.
+    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Self::Buf, KernelError>;
+    /// Writes row `i` of `k` and `v` (`[slots.len(), kv_heads * head_dim]`) into page
+    /// `slots[i].0`, slot `slots[i].1`, of layer `layer`.
+    fn write_kv(
+        &self,
+        pool: &mut Self::Buf,
+        layout: &KvLayout,
+        layer: usize,
+        slots: &[(u32, u32)],
+        k: &Self::Buf,
+        v: &Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// Causal attention of the query rows of every sequence over that sequence's K/V pages
+    /// (which must already hold this pass's K/V), into `out` (`[q rows, n_heads * head_dim]`).
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        pool: &Self::Buf,
+        layout: &KvLayout,
+        layer: usize,
+        shape: AttnShape,
+        seqs: &[AttnSeq<'_>],
+        out: &mut Self::Buf,
+    ) -> Result<(), KernelError>;
+    /// Copies rows `rows` of `x` (`[_, width]`) into `out` (`[rows.len(), width]`).
+    fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf) -> Result<(), KernelError>;
+}

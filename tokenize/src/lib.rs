@@ -1,0 +1,24 @@
+//! `ferry-tokenize`: everything needed to understand a request without the model code, so
+//! that the router can depend on it without pulling in the kernels.
+//!
+//! - [`gguf`]: the GGUF container — header, metadata and tensor directory (no dequantising;
+//!   that is the engine's job);
+//! - [`Tokenizer`]: the HF `tokenizers` tokenizer, loaded from `tokenizer.json` or built from a
+//!   GGUF vocabulary and merges, with the model's BOS/EOS rules;
+//! - [`ChatTemplate`]: the model's own Jinja chat template, rendered with minijinja;
+//! - [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character;
+//! - [`SamplingParams`] and [`FinishReason`]: what a request asks for and how it ended.
+
+mod chat;
+mod detok;
+mod error;
+pub mod gguf;
+mod gguf_vocab;
+mod request;
+mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use detok::Detokenizer;
+pub use error::TokenizeError;
+pub use request::{FinishReason, SamplingError, SamplingParams};
+pub use tokenizer::Tokenizer;

@@ -1,0 +1,146 @@
+//! What a request asks for, and how it ended.
+
+/// How to choose each next token. `Default` is greedy decoding of up to 128 tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: u32,
+    /// Keep the smallest set of tokens whose probability reaches `top_p`; 1 keeps all.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 keeps all.
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of tokens already seen; 1 disables.
+    pub repetition_penalty: f32,
+    /// Subtract `frequency_penalty × count` from the logit of each generated token.
+    pub frequency_penalty: f32,
+    /// Subtract `presence_penalty` from the logit of each token generated at least once.
+    pub presence_penalty: f32,
+    /// Seed of this request's random stream; `None` draws one.
+    pub seed: Option<u64>,
+    /// Tokens to generate at most.
+    pub max_new_tokens: u32,
+    /// Token ids that end generation, beside the model's end-of-sequence ids.
+    pub stop_token_ids: Vec<u32>,
+    /// How many top alternatives to report with each token.
+    pub top_logprobs: u32,
+    /// Keep generating past end-of-sequence ids.
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            seed: None,
+            max_new_tokens: 128,
+            stop_token_ids: Vec::new(),
+            top_logprobs: 0,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// Most alternatives a request may ask for per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// A sampling parameter out of its range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid sampling parameter {name} = {value}: {rule}")]
+pub struct SamplingError {
+    /// The parameter.
+    pub name: &'static str,
+    /// Its value, printed.
+    pub value: String,
+    /// The rule it breaks.
+    pub rule: &'static str,
+}
+
+impl SamplingParams {
+    /// Checks every parameter's range; `vocab` bounds the stop token ids.
+    pub fn validate(&self, vocab: usize) -> Result<(), SamplingError> {
+        let err =
+            |name, value: &dyn std::fmt::Display, rule| Err(SamplingError { name, value: value.to_string(), rule });
+        let t = self.temperature;
+        if !t.is_finite() || !(0.0..=100.0).contains(&t) {
+            return err("temperature", &t, "must be in [0, 100]");
+        }
+        if !self.top_p.is_finite() || !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return err("top_p", &self.top_p, "must be in (0, 1]");
+        }
+        if !self.min_p.is_finite() || !(0.0..=1.0).contains(&self.min_p) {
+            return err("min_p", &self.min_p, "must be in [0, 1]");
+        }
+        if !self.repetition_penalty.is_finite() || self.repetition_penalty <= 0.0 {
+            return err("repetition_penalty", &self.repetition_penalty, "must be positive");
+        }
+        for (name, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
+                return err(name, &v, "must be in [-2, 2]");
+            }
+        }
+        if self.max_new_tokens == 0 {
+            return err("max_new_tokens", &0, "must be at least 1");
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return err("top_logprobs", &self.top_logprobs, "must be at most 20");
+        }
+        if let Some(id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+            return err("stop_token_ids", id, "must be inside the vocabulary");
+        }
+        Ok(())
+    }
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token (or stop string) was produced.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+    /// The request was aborted.
+    Abort,
+}
+
+impl FinishReason {
+    /// The OpenAI-style name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_ranges_are_checked() {
+        assert!(SamplingParams::default().validate(10).is_ok());
+        let bad = [
+            SamplingParams { temperature: -1.0, ..Default::default() },
+            SamplingParams { temperature: f32::NAN, ..Default::default() },
+            SamplingParams { top_p: 0.0, ..Default::default() },
+            SamplingParams { min_p: 2.0, ..Default::default() },
+            SamplingParams { repetition_penalty: 0.0, ..Default::default() },
+            SamplingParams { presence_penalty: 3.0, ..Default::default() },
+            SamplingParams { max_new_tokens: 0, ..Default::default() },
+            SamplingParams { top_logprobs: 21, ..Default::default() },
+            SamplingParams { stop_token_ids: vec![10], ..Default::default() },
+        ];
+        for p in bad {
+            assert!(p.validate(10).is_err(), "{p:?}");
+        }
+    }
+}
