@@ -1,1 +1,35 @@
+//! `ferry-engine`: the model engine every worker runs.
+//!
+//! - [`config`]: the architecture, from HF `config.json` or GGUF metadata;
+//! - [`source`]: tensors from safetensors (single or sharded) or GGUF, named and laid out the
+//!   HF way (GGUF Q/K rows un-permuted), dequantised by [`dequant`];
+//! - [`Model`]: weights on a [`ferry_kernels::Backend`], RoPE table, tokenizer, fingerprint;
+//! - [`PagePool`]: the page-major KV arena, touched at start; [`PageAlloc`] frees on drop;
+//! - [`SeqChunk`] / `Model::forward`: one pass over sequences at mixed stages;
+//! - [`Sampler`]: greedy, temperature, top-k/p, min-p, penalties, seeds, logprobs;
+//! - [`generate()`]: colocated chunked prefill + continuous-batching decode;
+//! - [`tiny`]: a deterministic tiny random model writer (HF layout and GGUF) for tests.
+//!
+//! Tokenizer, chat template and detokenizer come from `ferry-tokenize`, re-exported here.
 
+pub mod config;
+pub mod dequant;
+mod error;
+mod forward;
+pub mod generate;
+mod model;
+mod pool;
+pub mod sampler;
+pub mod source;
+pub mod tiny;
+mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use error::EngineError;
+pub use forward::SeqChunk;
+pub use generate::{BatchOptions, Output, Request, generate};
+pub use model::{Model, ModelFormat};
+pub use pool::{PageAlloc, PagePool};
+pub use sampler::{Sampled, Sampler};
+
+pub use ferry_tokenize::{ChatMessage, ChatTemplate, Detokenizer, FinishReason, SamplingParams, Tokenizer};

@@ -13,6 +13,7 @@ mod chat;
 mod detok;
 mod error;
 pub mod gguf;
+pub mod gguf_write;
 mod gguf_vocab;
 mod request;
 mod tokenizer;

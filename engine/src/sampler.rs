@@ -1,0 +1,198 @@
+//! Choosing the next token from logits.
+//!
+//! Order: repetition penalty (over prompt and output), frequency and presence penalties
+//! (over output); the reported logprobs are the log-softmax of these penalised logits; then
+//! greedy argmax at temperature 0, else temperature, top-k, top-p, min-p and a draw from the
+//! request's own seeded random stream.
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+use ferry_tokenize::SamplingParams;
+
+/// The chosen token and what was reported with it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log probability under the (penalised) model distribution.
+    pub logprob: f32,
+    /// The most likely tokens with their log probabilities, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One request's sampler: its parameters, random stream and token counts.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    /// Tokens of the prompt and output, for the repetition penalty.
+    seen: std::collections::HashSet<u32>,
+    /// Output token counts, for frequency / presence penalties.
+    counts: std::collections::HashMap<u32, u32>,
+}
+
+impl Sampler {
+    /// A sampler for one request whose prompt is `prompt`.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let seed = params.seed.unwrap_or_else(|| rand::rng().random());
+        let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
+        Self { params, rng: StdRng::seed_from_u64(seed), seen, counts: Default::default() }
+    }
+
+    /// The request's parameters.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from `logits` (modified in place) and records it.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 {
+            for &t in &self.seen {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&t, &c) in &self.counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
+                }
+            }
+        }
+        let lse = log_sum_exp(logits);
+        let (greedy, n_top, track) = (p.temperature == 0.0, p.top_logprobs as usize, p.repetition_penalty != 1.0);
+        let token = if greedy { argmax(logits) } else { self.draw(logits) };
+        let logprob = logits[token as usize] - lse;
+        let top = top_n(logits, n_top).into_iter().map(|(t, l)| (t, l - lse)).collect();
+        if track {
+            self.seen.insert(token);
+        }
+        *self.counts.entry(token).or_default() += 1;
+        Sampled { token, logprob, top }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
+        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 {
+            cand.truncate(p.top_k as usize);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= sum);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let keep = probs.iter().position(|&q| {
+                acc += q;
+                acc >= p.top_p
+            });
+            let keep = keep.map_or(probs.len(), |i| i + 1);
+            probs.truncate(keep);
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            probs.truncate(keep);
+        }
+        let total: f32 = probs.iter().sum();
+        let mut r = self.rng.random::<f32>() * total;
+        for (i, q) in probs.iter().enumerate() {
+            r -= q;
+            if r <= 0.0 {
+                return cand[i].0;
+            }
+        }
+        cand[probs.len() - 1].0
+    }
+}
+
+/// Index of the largest value (the lowest index among equals).
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn log_sum_exp(x: &[f32]) -> f32 {
+    let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    max + x.iter().map(|v| (v - max).exp()).sum::<f32>().ln()
+}
+
+fn top_n(x: &[f32], n: usize) -> Vec<(u32, f32)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut v: Vec<(u32, f32)> = x.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+    let n = n.min(v.len());
+    v.select_nth_unstable_by(n - 1, |a, b| b.1.total_cmp(&a.1));
+    v.truncate(n);
+    v.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams { seed: Some(7), ..Default::default() };
+        f(&mut p);
+        p
+    }
+
+    #[test]
+    fn greedy_takes_argmax_and_reports_logprobs() {
+        let mut s = Sampler::new(params(|p| p.top_logprobs = 2), &[]);
+        let out = s.sample(&mut [0.0, 2.0, 1.0]);
+        assert_eq!(out.token, 1);
+        let lse = (1.0f32 + 2f32.exp() + 1f32.exp()).ln();
+        assert!((out.logprob - (2.0 - lse)).abs() < 1e-6);
+        assert_eq!(out.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+    }
+
+    #[test]
+    fn same_seed_same_draws_and_top_k_one_is_greedy() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 7919) % 13) as f32 / 3.0).collect();
+        let draw = |p: SamplingParams| {
+            let mut s = Sampler::new(p, &[]);
+            (0..20).map(|_| s.sample(&mut logits.clone()).token).collect::<Vec<_>>()
+        };
+        let p = params(|p| p.temperature = 1.0);
+        assert_eq!(draw(p.clone()), draw(p));
+        let k1 = draw(params(|p| {
+            p.temperature = 1.0;
+            p.top_k = 1;
+        }));
+        assert!(k1.iter().all(|&t| t == argmax(&logits)));
+        let tiny_p = draw(params(|p| {
+            p.temperature = 1.0;
+            p.top_p = 1e-6;
+        }));
+        assert!(tiny_p.iter().all(|&t| t == argmax(&logits)));
+        let min_p = draw(params(|p| {
+            p.temperature = 0.5;
+            p.min_p = 1.0;
+        }));
+        assert!(min_p.iter().all(|&t| logits[t as usize] == logits[argmax(&logits) as usize]));
+    }
+
+    #[test]
+    fn penalties_change_the_choice() {
+        let mut s = Sampler::new(params(|p| p.repetition_penalty = 4.0), &[0]);
+        assert_eq!(s.sample(&mut [2.0, 1.0]).token, 1);
+        let mut s = Sampler::new(params(|p| p.presence_penalty = 2.0), &[]);
+        assert_eq!(s.sample(&mut [2.0, 1.5]).token, 0);
+        assert_eq!(s.sample(&mut [2.0, 1.5]).token, 1);
+        let mut s = Sampler::new(params(|p| p.frequency_penalty = 0.4), &[]);
+        let picks: Vec<u32> = (0..3).map(|_| s.sample(&mut [2.0, 1.5]).token).collect();
+        assert_eq!(picks, vec![0, 0, 1]);
+    }
+}

@@ -1,0 +1,209 @@
+//! Where tensors come from: an HF safetensors directory or a GGUF file. Both hand out f32
+//! tensors named and laid out the HF way (`(out, in)` row-major, Q/K rows in HF order).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ferry_tokenize::gguf::{self, GgufFile};
+use safetensors::SafeTensors;
+use safetensors::tensor::Dtype as StDtype;
+
+use crate::config::{Arch, ModelConfig};
+use crate::dequant::{DType, dequantize};
+use crate::EngineError;
+
+/// A tensor in f32 with its shape (`[rows, cols]` for matrices, `[n]` for vectors).
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    /// Values, row-major.
+    pub data: Vec<f32>,
+}
+
+/// Hands out tensors by HF name.
+pub trait TensorSource {
+    /// The tensor `name`, or None when the model has no such tensor.
+    fn tensor(&self, name: &str) -> Result<Option<Tensor>, EngineError>;
+}
+
+/// An HF directory: `model.safetensors` or shards listed in `model.safetensors.index.json`.
+pub struct HfSource {
+    maps: Vec<(PathBuf, memmap2::Mmap)>,
+    /// Tensor name → index into `maps`.
+    index: HashMap<String, usize>,
+}
+
+impl HfSource {
+    /// Maps every safetensors file of `dir`.
+    pub fn open(dir: &Path) -> Result<Self, EngineError> {
+        let index_path = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index_path.exists() {
+            let bytes = std::fs::read(&index_path).map_err(|source| EngineError::Io { path: index_path.clone(), source })?;
+            let j: serde_json::Value =
+                serde_json::from_slice(&bytes).map_err(|e| EngineError::invalid(&index_path, e.to_string()))?;
+            let map = j.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| EngineError::invalid(&index_path, "no weight_map"))?;
+            let mut files: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| dir.join(f)).collect();
+            files.sort();
+            files.dedup();
+            files
+        } else {
+            let single = dir.join("model.safetensors");
+            if !single.exists() {
+                return Err(EngineError::ModelNotFound {
+                    path: dir.to_path_buf(),
+                    reason: "no model.safetensors or model.safetensors.index.json".into(),
+                });
+            }
+            vec![single]
+        };
+        let mut maps = Vec::new();
+        let mut index = HashMap::new();
+        for path in files {
+            let file = std::fs::File::open(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            // SAFETY: read-only map of a model file that is not modified while loaded.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let names = SafeTensors::deserialize(&map).map_err(|e| EngineError::invalid(&path, e.to_string()))?.names().into_iter().map(str::to_string).collect::<Vec<_>>();
+            for n in names {
+                index.insert(n, maps.len());
+            }
+            maps.push((path, map));
+        }
+        Ok(Self { maps, index })
+    }
+}
+
+impl TensorSource for HfSource {
+    fn tensor(&self, name: &str) -> Result<Option<Tensor>, EngineError> {
+        let Some(&i) = self.index.get(name) else { return Ok(None) };
+        let (path, map) = &self.maps[i];
+        let st = SafeTensors::deserialize(map).map_err(|e| EngineError::invalid(path, e.to_string()))?;
+        let view = st.tensor(name).map_err(|e| EngineError::invalid(path, e.to_string()))?;
+        let dtype = match view.dtype() {
+            StDtype::F32 => DType::F32,
+            StDtype::F16 => DType::F16,
+            StDtype::BF16 => DType::BF16,
+            other => return Err(EngineError::Unsupported(format!("{}: tensor {name} has dtype {other:?}", path.display()))),
+        };
+        let shape = view.shape().to_vec();
+        let n: usize = shape.iter().product();
+        let mut data = vec![0.0; n];
+        dequantize(dtype, view.data(), &mut data);
+        Ok(Some(Tensor { shape, data }))
+    }
+}
+
+/// A GGUF file, its tensors renamed to HF names and Q/K rows put back in HF order.
+pub struct GgufSource {
+    file: GgufFile,
+    path: PathBuf,
+    /// GGUF name → tensor index.
+    by_name: HashMap<String, usize>,
+    cfg: ModelConfig,
+}
+
+impl GgufSource {
+    /// Wraps an opened GGUF file.
+    pub fn new(file: GgufFile, path: &Path, cfg: ModelConfig) -> Self {
+        let by_name = file.header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
+        Self { file, path: path.to_path_buf(), by_name, cfg }
+    }
+
+    /// The GGUF name of an HF tensor name.
+    fn gguf_name(name: &str) -> Option<String> {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let (layer, rest) = rest.split_once('.')?;
+            let n = match rest {
+                "self_attn.q_proj.weight" => "attn_q.weight",
+                "self_attn.k_proj.weight" => "attn_k.weight",
+                "self_attn.v_proj.weight" => "attn_v.weight",
+                "self_attn.o_proj.weight" => "attn_output.weight",
+                "self_attn.q_proj.bias" => "attn_q.bias",
+                "self_attn.k_proj.bias" => "attn_k.bias",
+                "self_attn.v_proj.bias" => "attn_v.bias",
+                "mlp.gate_proj.weight" => "ffn_gate.weight",
+                "mlp.up_proj.weight" => "ffn_up.weight",
+                "mlp.down_proj.weight" => "ffn_down.weight",
+                "input_layernorm.weight" => "attn_norm.weight",
+                "post_attention_layernorm.weight" => "ffn_norm.weight",
+                _ => return None,
+            };
+            return Some(format!("blk.{layer}.{n}"));
+        }
+        Some(
+            match name {
+                "model.embed_tokens.weight" => "token_embd.weight",
+                "model.norm.weight" => "output_norm.weight",
+                "lm_head.weight" => "output.weight",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    }
+}
+
+impl TensorSource for GgufSource {
+    fn tensor(&self, name: &str) -> Result<Option<Tensor>, EngineError> {
+        let Some(gname) = Self::gguf_name(name) else { return Ok(None) };
+        let Some(&i) = self.by_name.get(&gname) else { return Ok(None) };
+        let info = &self.file.header.tensors[i];
+        let dtype = DType::from_ggml(info.ggml_type).ok_or_else(|| {
+            EngineError::Unsupported(format!(
+                "{}: tensor {gname} has type {} (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K)",
+                self.path.display(),
+                gguf::type_name(info.ggml_type)
+            ))
+        })?;
+        let n = info.elements as usize;
+        let bytes = dtype.bytes_for(n).ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: partial block")))?;
+        let start = info.offset as usize;
+        let raw = self.file.bytes().get(start..start + bytes).ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: data past the end of the file")))?;
+        let mut data = vec![0.0; n];
+        dequantize(dtype, raw, &mut data);
+        // GGUF lists [ne0 = in, ne1 = out]; the data is row-major (out, in).
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let is_llama = matches!(self.cfg.arch, Arch::Llama | Arch::Mistral);
+        if is_llama && (gname.ends_with("attn_q.weight") || gname.ends_with("attn_k.weight")) {
+            let heads = if gname.ends_with("attn_q.weight") { self.cfg.num_heads } else { self.cfg.num_kv_heads };
+            data = unpermute_rows(&data, heads, shape.get(1).copied().unwrap_or(1));
+        }
+        Ok(Some(Tensor { shape, data }))
+    }
+}
+
+/// Undoes llama.cpp's Q/K row permutation: within each head, GGUF row `2i + j` is HF row
+/// `j · head_dim/2 + i`, which makes RoPE pairs adjacent in GGUF and `(i, i + head_dim/2)` in HF.
+pub fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = data.len() / cols;
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * hd + 2 * i + j;
+                let dst = h * hd + j * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+/// llama.cpp's Q/K row permutation (HF → GGUF), for writing test models.
+pub fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    let rows = data.len() / cols;
+    let hd = rows / heads;
+    let half = hd / 2;
+    let mut out = vec![0.0; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let dst = h * hd + 2 * i + j;
+                let src = h * hd + j * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,89 @@
+//! The weights of a Llama-family model on a backend.
+
+use ferry_kernels::Backend;
+
+use crate::config::ModelConfig;
+use crate::source::{Tensor, TensorSource};
+use crate::EngineError;
+
+/// One transformer block.
+pub struct Layer<B: Backend> {
+    pub(crate) attn_norm: B::Buf,
+    pub(crate) wq: B::Mat,
+    pub(crate) wk: B::Mat,
+    pub(crate) wv: B::Mat,
+    pub(crate) bq: Option<B::Buf>,
+    pub(crate) bk: Option<B::Buf>,
+    pub(crate) bv: Option<B::Buf>,
+    pub(crate) wo: B::Mat,
+    pub(crate) ffn_norm: B::Buf,
+    pub(crate) w_gate: B::Mat,
+    pub(crate) w_up: B::Mat,
+    pub(crate) w_down: B::Mat,
+}
+
+/// All weights. With tied embeddings `lm_head` is `None` and the embedding matrix is used.
+pub struct Weights<B: Backend> {
+    pub(crate) embed: B::Mat,
+    pub(crate) layers: Vec<Layer<B>>,
+    pub(crate) norm: B::Buf,
+    pub(crate) lm_head: Option<B::Mat>,
+}
+
+impl<B: Backend> Weights<B> {
+    /// Reads every tensor the architecture needs from `src` and uploads it to `backend`.
+    pub fn load(backend: &B, cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Self, EngineError> {
+        let d = cfg.hidden_size;
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
+            let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
+            if t.shape != shape {
+                return Err(EngineError::Unsupported(format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape)));
+            }
+            Ok(t)
+        };
+        let mat = |name: &str, rows: usize, cols: usize| -> Result<B::Mat, EngineError> {
+            Ok(backend.matrix(rows, cols, get(name, &[rows, cols])?.data)?)
+        };
+        let vec = |name: &str, n: usize| -> Result<B::Buf, EngineError> { Ok(backend.from_host(&get(name, &[n])?.data)?) };
+        let opt_vec = |name: &str, n: usize| -> Result<Option<B::Buf>, EngineError> {
+            if !cfg.qkv_bias {
+                return Ok(None);
+            }
+            vec(name, n).map(Some)
+        };
+        let (q, kv, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for i in 0..cfg.num_layers {
+            let p = format!("model.layers.{i}");
+            layers.push(Layer {
+                attn_norm: vec(&format!("{p}.input_layernorm.weight"), d)?,
+                wq: mat(&format!("{p}.self_attn.q_proj.weight"), q, d)?,
+                wk: mat(&format!("{p}.self_attn.k_proj.weight"), kv, d)?,
+                wv: mat(&format!("{p}.self_attn.v_proj.weight"), kv, d)?,
+                bq: opt_vec(&format!("{p}.self_attn.q_proj.bias"), q)?,
+                bk: opt_vec(&format!("{p}.self_attn.k_proj.bias"), kv)?,
+                bv: opt_vec(&format!("{p}.self_attn.v_proj.bias"), kv)?,
+                wo: mat(&format!("{p}.self_attn.o_proj.weight"), d, q)?,
+                ffn_norm: vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
+                w_gate: mat(&format!("{p}.mlp.gate_proj.weight"), ff, d)?,
+                w_up: mat(&format!("{p}.mlp.up_proj.weight"), ff, d)?,
+                w_down: mat(&format!("{p}.mlp.down_proj.weight"), d, ff)?,
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            match src.tensor("lm_head.weight")? {
+                Some(t) if t.shape == [cfg.vocab_size, d] => Some(backend.matrix(cfg.vocab_size, d, t.data)?),
+                Some(t) => return Err(EngineError::Unsupported(format!("lm_head.weight has shape {:?}", t.shape))),
+                None => return Err(EngineError::MissingTensor("lm_head.weight".into())),
+            }
+        };
+        Ok(Self {
+            embed: mat("model.embed_tokens.weight", cfg.vocab_size, d)?,
+            layers,
+            norm: vec("model.norm.weight", d)?,
+            lm_head,
+        })
+    }
+}

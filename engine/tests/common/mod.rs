@@ -1,0 +1,62 @@
+//! Helpers shared by the engine's integration tests.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::path::{Path, PathBuf};
+
+use ferry_engine::tiny::{TinySpec, write_gguf, write_hf};
+use ferry_engine::{Model, PagePool};
+use ferry_kernels::cpu::CpuBackend;
+
+/// A tiny model written to a temporary directory (kept alive by the returned guard).
+pub struct TinyModel {
+    pub dir: tempfile::TempDir,
+    pub spec: TinySpec,
+}
+
+impl TinyModel {
+    pub fn new(spec: TinySpec) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        write_hf(&dir.path().join("hf"), &spec).expect("write hf");
+        write_gguf(&dir.path().join("tiny.gguf"), &spec).expect("write gguf");
+        Self { dir, spec }
+    }
+    pub fn hf(&self) -> PathBuf {
+        self.dir.path().join("hf")
+    }
+    pub fn gguf(&self) -> PathBuf {
+        self.dir.path().join("tiny.gguf")
+    }
+}
+
+pub fn load(path: &Path) -> Model<CpuBackend> {
+    Model::load(path, CpuBackend).expect("load model")
+}
+
+pub fn pool(model: &Model<CpuBackend>, page_size: usize, pages: usize) -> PagePool<CpuBackend> {
+    PagePool::new(model.backend(), model.kv_layout(page_size), pages).expect("pool")
+}
+
+/// Largest |a − b| relative to the largest |b| (at least 1).
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+/// Deterministic prompt ids in `3..vocab` (no control tokens).
+pub fn prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| 3 + (i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 7) % (vocab as u32 - 3)).collect()
+}
+
+/// Path of the SmolLM2 GGUF: `FERRY_SMOLLM2` or the `ferry model fetch` cache.
+pub fn smollm2() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var("FERRY_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/ferry")
+    });
+    let p = cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m` first", p.display());
+    p
+}
