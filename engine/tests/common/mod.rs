@@ -60,3 +60,20 @@ pub fn smollm2() -> PathBuf {
     assert!(p.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m` first", p.display());
     p
 }
+
+/// Runs one of the Python reference scripts in `tests/reference/` and returns its stdout.
+/// They need `pip install gguf numpy` (done by `.ci/run`).
+pub fn python_reference(script: &str, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/reference").join(script);
+    let out = std::process::Command::new(std::env::var("FERRY_PYTHON").unwrap_or_else(|_| "python3".into()))
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{script} failed (needs `pip install gguf numpy`): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}

@@ -1,0 +1,115 @@
+//! `ferry generate`: the engine colocated on this machine, one prompt.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use ferry_engine::{BatchOptions, ChatMessage, Model, PagePool, Request, SamplingParams, generate};
+use ferry_kernels::cpu::CpuBackend;
+use serde_json::json;
+
+/// Arguments of `ferry generate`.
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    /// Model: an HF directory (config.json, *.safetensors, tokenizer.json) or a GGUF file.
+    #[arg(long, env = "FERRY_MODEL")]
+    model: PathBuf,
+    /// Prompt text.
+    #[arg(long, default_value = "", help_heading = "Prompt")]
+    prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long, help_heading = "Prompt")]
+    chat: bool,
+    /// Prompt as comma-separated token ids (replaces --prompt).
+    #[arg(long, value_delimiter = ',', help_heading = "Prompt")]
+    prompt_ids: Option<Vec<u32>>,
+    /// Tokens to generate at most.
+    #[arg(long, default_value_t = 128, help_heading = "Sampling")]
+    max_tokens: u32,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0, help_heading = "Sampling")]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[arg(long, default_value_t = 1.0, help_heading = "Sampling")]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0 keeps all).
+    #[arg(long, default_value_t = 0, help_heading = "Sampling")]
+    top_k: u32,
+    /// Drop tokens less likely than this fraction of the most likely one.
+    #[arg(long, default_value_t = 0.0, help_heading = "Sampling")]
+    min_p: f32,
+    /// Repetition penalty (1 disables).
+    #[arg(long, default_value_t = 1.0, help_heading = "Sampling")]
+    repetition_penalty: f32,
+    /// Random seed (default: random).
+    #[arg(long, help_heading = "Sampling")]
+    seed: Option<u64>,
+    /// Report this many top alternatives per token (with --json).
+    #[arg(long, default_value_t = 0, help_heading = "Sampling")]
+    top_logprobs: u32,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16, help_heading = "Engine")]
+    page_size: usize,
+    /// Prompt tokens computed per forward pass (chunked prefill).
+    #[arg(long, default_value_t = 512, help_heading = "Engine")]
+    chunk_size: usize,
+    /// Print one JSON object (token ids, text, logprobs, timings) instead of the text.
+    #[arg(long, help_heading = "Output")]
+    json: bool,
+}
+
+pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let model = Model::load(&a.model, CpuBackend).with_context(|| format!("loading {}", a.model.display()))?;
+    let load_time = t0.elapsed();
+    let tok = model.tokenizer();
+    let prompt_ids = match &a.prompt_ids {
+        Some(ids) => ids.clone(),
+        None if a.chat => {
+            let text = tok.chat_template()?.render(&[ChatMessage::new("user", a.prompt.clone())], true)?;
+            tok.encode(&text)?
+        }
+        None => tok.encode(&a.prompt)?,
+    };
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        seed: a.seed,
+        max_new_tokens: a.max_tokens,
+        top_logprobs: a.top_logprobs,
+        ..SamplingParams::default()
+    };
+    let pages = (prompt_ids.len() + a.max_tokens as usize).div_ceil(a.page_size.max(1)) + 1;
+    let mut pool = PagePool::new(model.backend(), model.kv_layout(a.page_size), pages)?;
+    let req = Request { prompt: prompt_ids.clone(), params };
+    let opts = BatchOptions { chunk_size: a.chunk_size, max_batch_tokens: a.chunk_size.max(1) };
+    let out = generate(&model, &mut pool, &[req], opts)?.remove(0);
+    let text = tok.decode(&out.tokens, true)?;
+    if !a.json {
+        println!("{text}");
+        return Ok(());
+    }
+    let decode_tokens = out.tokens.len().saturating_sub(1);
+    let decode_s = (out.total - out.ttft).as_secs_f64();
+    let report = json!({
+        "model": a.model.display().to_string(),
+        "prompt_token_ids": prompt_ids,
+        "token_ids": out.tokens,
+        "text": text,
+        "finish_reason": out.finish.as_str(),
+        "logprobs": out.sampled.iter().map(|s| s.logprob).collect::<Vec<_>>(),
+        "top_logprobs": out.sampled.iter().map(|s| s.top.iter().map(|(t, l)| json!({"token_id": t, "logprob": l})).collect::<Vec<_>>()).collect::<Vec<_>>(),
+        "timings": {
+            "load_ms": load_time.as_secs_f64() * 1e3,
+            "prefill_ms": out.ttft.as_secs_f64() * 1e3,
+            "decode_ms": decode_s * 1e3,
+            "prefill_tokens_per_s": prompt_ids.len() as f64 / out.ttft.as_secs_f64().max(1e-9),
+            "decode_tokens_per_s": if decode_tokens > 0 { decode_tokens as f64 / decode_s.max(1e-9) } else { 0.0 },
+        },
+    });
+    println!("{report}");
+    Ok(())
+}
