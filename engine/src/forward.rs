@@ -2,11 +2,11 @@
 //! and single decode steps run together, every sequence reading its earlier tokens from its
 //! KV pages and writing this pass's K/V into them.
 
-use ferry_kernels::{AttnSeq, AttnShape, Backend};
+use ferry_kernels::{AttnSeq, AttnShape, Backend, PoolLayer};
 
+use crate::EngineError;
 use crate::model::Model;
 use crate::pool::PagePool;
-use crate::EngineError;
 
 /// One sequence's part of a forward pass.
 #[derive(Debug, Clone, Copy)]
@@ -48,10 +48,16 @@ impl<B: Backend> Model<B> {
                 )));
             }
             if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-                return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
+                return Err(EngineError::InvalidRequest(format!(
+                    "token id {bad} is outside the vocabulary of {}",
+                    cfg.vocab_size
+                )));
             }
             if s.pages.len() * layout.page_size < end {
-                return Err(EngineError::InvalidRequest(format!("sequence {i}: {} pages cannot hold {end} tokens", s.pages.len())));
+                return Err(EngineError::InvalidRequest(format!(
+                    "sequence {i}: {} pages cannot hold {end} tokens",
+                    s.pages.len()
+                )));
             }
             seqs.push(AttnSeq { pages: s.pages, q_row: ids.len(), n_q: s.tokens.len(), pos0: s.start });
             for (j, &t) in s.tokens.iter().enumerate() {
@@ -92,7 +98,7 @@ impl<B: Backend> Model<B> {
             be.rope(&mut q, cfg.num_heads, &positions, &self.rope)?;
             be.rope(&mut k, cfg.num_kv_heads, &positions, &self.rope)?;
             be.write_kv(pool.storage_mut(), &layout, li, &slots, &k, &v)?;
-            be.attention(&q, pool.storage(), &layout, li, shape, &seqs, &mut attn)?;
+            be.attention(&q, PoolLayer { pool: pool.storage(), layout: &layout, layer: li }, shape, &seqs, &mut attn)?;
             be.matmul(&attn, t, &l.wo, &mut h)?;
             be.add_assign(&mut x, &h)?;
             be.rms_norm(&x, &l.ffn_norm, cfg.rms_norm_eps, &mut h)?;
@@ -112,7 +118,7 @@ impl<B: Backend> Model<B> {
         be.rms_norm(&last, &w.norm, cfg.rms_norm_eps, &mut normed)?;
         let mut logits = be.zeros(n * cfg.vocab_size)?;
         be.matmul(&normed, n, w.lm_head.as_ref().unwrap_or(&w.embed), &mut logits)?;
-        let host = be.to_host(&logits)?;
+        let host = be.download(&logits)?;
         Ok(host.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
     }
 }

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use ferry_kernels::Backend;
 use ferry_tokenize::{FinishReason, SamplingParams};
 
+use crate::EngineError;
 use crate::forward::SeqChunk;
 use crate::model::Model;
 use crate::pool::{PageAlloc, PagePool};
 use crate::sampler::{Sampled, Sampler};
-use crate::EngineError;
 
 /// A request for [`generate`].
 #[derive(Debug, Clone)]
@@ -74,7 +74,10 @@ pub fn validate<B: Backend>(model: &Model<B>, req: &Request) -> Result<(), Engin
         return Err(EngineError::InvalidRequest("the prompt is empty".into()));
     }
     if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-        return Err(EngineError::InvalidRequest(format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
+        return Err(EngineError::InvalidRequest(format!(
+            "token id {bad} is outside the vocabulary of {}",
+            cfg.vocab_size
+        )));
     }
     if req.prompt.len() >= cfg.max_position_embeddings {
         return Err(EngineError::InvalidRequest(format!(

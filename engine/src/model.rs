@@ -6,10 +6,10 @@ use ferry_kernels::{Backend, KvLayout, RopeTable};
 use ferry_tokenize::gguf::GgufFile;
 use ferry_tokenize::{TokenizeError, Tokenizer};
 
+use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::source::{GgufSource, HfSource, TensorSource};
 use crate::weights::Weights;
-use crate::EngineError;
 
 /// Where a model was loaded from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,11 +43,7 @@ impl<B: Backend> Model<B> {
     pub fn load(path: &Path, backend: B) -> Result<Self, EngineError> {
         let meta = std::fs::metadata(path)
             .map_err(|e| EngineError::ModelNotFound { path: path.to_path_buf(), reason: e.to_string() })?;
-        if meta.is_dir() {
-            Self::load_hf(path, backend)
-        } else {
-            Self::load_gguf(path, backend)
-        }
+        if meta.is_dir() { Self::load_hf(path, backend) } else { Self::load_gguf(path, backend) }
     }
 
     fn load_hf(dir: &Path, backend: B) -> Result<Self, EngineError> {
@@ -86,7 +82,8 @@ impl<B: Backend> Model<B> {
         fingerprint: String,
         path: &Path,
     ) -> Self {
-        let rope = RopeTable::new(config.head_dim, config.rope_theta, config.max_position_embeddings, config.rope_scaling);
+        let rope =
+            RopeTable::new(config.head_dim, config.rope_theta, config.max_position_embeddings, config.rope_scaling);
         Self { config, backend, weights, rope, tokenizer, format, fingerprint, path: path.to_path_buf() }
     }
 
@@ -108,6 +105,14 @@ impl<B: Backend> Model<B> {
     /// HF directory or GGUF.
     pub fn format(&self) -> &ModelFormat {
         &self.format
+    }
+
+    /// "gguf" or "hf", for messages.
+    pub fn format_name(&self) -> &'static str {
+        match self.format {
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::HfDir => "hf",
+        }
     }
 
     /// A short hash identifying the architecture and weights, for layout checks between nodes.

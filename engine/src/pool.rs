@@ -65,7 +65,10 @@ impl<B: Backend> PagePool<B> {
     /// Allocates and touches `num_pages` pages of `layout`.
     pub fn new(backend: &B, layout: KvLayout, num_pages: usize) -> Result<Self, EngineError> {
         if u32::try_from(num_pages).is_err() || layout.page_size == 0 {
-            return Err(EngineError::InvalidRequest(format!("pool of {num_pages} pages of {} tokens", layout.page_size)));
+            return Err(EngineError::InvalidRequest(format!(
+                "pool of {num_pages} pages of {} tokens",
+                layout.page_size
+            )));
         }
         let storage = backend.kv_pool(&layout, num_pages)?;
         // Hand out low page ids first (pop takes from the end).

@@ -75,7 +75,8 @@ impl Sampler {
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
         cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if p.top_k > 0 {
             cand.truncate(p.top_k as usize);

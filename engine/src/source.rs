@@ -8,9 +8,9 @@ use ferry_tokenize::gguf::{self, GgufFile};
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype as StDtype;
 
+use crate::EngineError;
 use crate::config::{Arch, ModelConfig};
 use crate::dequant::{DType, dequantize};
-use crate::EngineError;
 
 /// A tensor in f32 with its shape (`[rows, cols]` for matrices, `[n]` for vectors).
 #[derive(Debug, Clone)]
@@ -39,10 +39,14 @@ impl HfSource {
     pub fn open(dir: &Path) -> Result<Self, EngineError> {
         let index_path = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index_path.exists() {
-            let bytes = std::fs::read(&index_path).map_err(|source| EngineError::Io { path: index_path.clone(), source })?;
+            let bytes =
+                std::fs::read(&index_path).map_err(|source| EngineError::Io { path: index_path.clone(), source })?;
             let j: serde_json::Value =
                 serde_json::from_slice(&bytes).map_err(|e| EngineError::invalid(&index_path, e.to_string()))?;
-            let map = j.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| EngineError::invalid(&index_path, "no weight_map"))?;
+            let map = j
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| EngineError::invalid(&index_path, "no weight_map"))?;
             let mut files: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| dir.join(f)).collect();
             files.sort();
             files.dedup();
@@ -62,8 +66,14 @@ impl HfSource {
         for path in files {
             let file = std::fs::File::open(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
             // SAFETY: read-only map of a model file that is not modified while loaded.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| EngineError::Io { path: path.clone(), source })?;
-            let names = SafeTensors::deserialize(&map).map_err(|e| EngineError::invalid(&path, e.to_string()))?.names().into_iter().map(str::to_string).collect::<Vec<_>>();
+            let map = unsafe { memmap2::Mmap::map(&file) }
+                .map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let names = SafeTensors::deserialize(&map)
+                .map_err(|e| EngineError::invalid(&path, e.to_string()))?
+                .names()
+                .into_iter()
+                .map(str::to_string)
+                .collect::<Vec<_>>();
             for n in names {
                 index.insert(n, maps.len());
             }
@@ -83,7 +93,9 @@ impl TensorSource for HfSource {
             StDtype::F32 => DType::F32,
             StDtype::F16 => DType::F16,
             StDtype::BF16 => DType::BF16,
-            other => return Err(EngineError::Unsupported(format!("{}: tensor {name} has dtype {other:?}", path.display()))),
+            other => {
+                return Err(EngineError::Unsupported(format!("{}: tensor {name} has dtype {other:?}", path.display())));
+            }
         };
         let shape = view.shape().to_vec();
         let n: usize = shape.iter().product();
@@ -155,9 +167,14 @@ impl TensorSource for GgufSource {
             ))
         })?;
         let n = info.elements as usize;
-        let bytes = dtype.bytes_for(n).ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: partial block")))?;
+        let bytes =
+            dtype.bytes_for(n).ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: partial block")))?;
         let start = info.offset as usize;
-        let raw = self.file.bytes().get(start..start + bytes).ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: data past the end of the file")))?;
+        let raw = self
+            .file
+            .bytes()
+            .get(start..start + bytes)
+            .ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: data past the end of the file")))?;
         let mut data = vec![0.0; n];
         dequantize(dtype, raw, &mut data);
         // GGUF lists [ne0 = in, ne1 = out]; the data is row-major (out, in).

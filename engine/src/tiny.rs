@@ -117,7 +117,8 @@ fn learn_bpe(n_merges: usize) -> (Vec<String>, Vec<(String, String)>) {
                 *counts.entry((p[0].clone(), p[1].clone())).or_default() += 1;
             }
         }
-        let Some(best) = counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0))).map(|(p, _)| p) else {
+        let Some(best) = counts.into_iter().max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0))).map(|(p, _)| p)
+        else {
             break;
         };
         let joined = format!("{}{}", best.0, best.1);
@@ -235,12 +236,16 @@ pub fn write_hf(dir: &Path, spec: &TinySpec) -> std::io::Result<()> {
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
     }
     std::fs::write(dir.join("config.json"), serde_json::to_vec_pretty(&config).map_err(io)?)?;
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> =
-        ts.iter().map(|t| (t.name.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect(), t.shape.clone())).collect();
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = ts
+        .iter()
+        .map(|t| (t.name.clone(), t.data.iter().flat_map(|v| v.to_le_bytes()).collect(), t.shape.clone()))
+        .collect();
     let views = bytes
         .iter()
         .map(|(n, b, s)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)).map_err(io)
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(io)
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).map_err(io)?;

@@ -2,9 +2,9 @@
 
 use ferry_kernels::Backend;
 
+use crate::EngineError;
 use crate::config::ModelConfig;
 use crate::source::{Tensor, TensorSource};
-use crate::EngineError;
 
 /// One transformer block.
 pub struct Layer<B: Backend> {
@@ -37,14 +37,17 @@ impl<B: Backend> Weights<B> {
         let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
             let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
             if t.shape != shape {
-                return Err(EngineError::Unsupported(format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape)));
+                return Err(EngineError::Unsupported(format!(
+                    "tensor {name} has shape {:?}, expected {shape:?}",
+                    t.shape
+                )));
             }
             Ok(t)
         };
         let mat = |name: &str, rows: usize, cols: usize| -> Result<B::Mat, EngineError> {
             Ok(backend.matrix(rows, cols, get(name, &[rows, cols])?.data)?)
         };
-        let vec = |name: &str, n: usize| -> Result<B::Buf, EngineError> { Ok(backend.from_host(&get(name, &[n])?.data)?) };
+        let vec = |name: &str, n: usize| -> Result<B::Buf, EngineError> { Ok(backend.upload(&get(name, &[n])?.data)?) };
         let opt_vec = |name: &str, n: usize| -> Result<Option<B::Buf>, EngineError> {
             if !cfg.qkv_bias {
                 return Ok(None);

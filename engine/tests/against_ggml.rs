@@ -50,7 +50,8 @@ fn smollm2_greedy_tokens_match_an_independent_numpy_forward() {
     assert_eq!(prompt.len(), 4, "{prompt:?}");
     let n = 24;
     let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
-    let stdout = python_reference("smollm2_reference.py", &[path.to_str().expect("path"), &ids.join(","), &n.to_string()]);
+    let stdout =
+        python_reference("smollm2_reference.py", &[path.to_str().expect("path"), &ids.join(","), &n.to_string()]);
     let want: RefOut = serde_json::from_str(&stdout).expect("reference json");
     let mut pool = pool(&model, 16, 8);
     let req = Request { prompt, params: SamplingParams { max_new_tokens: n, ignore_eos: true, ..Default::default() } };
@@ -60,7 +61,8 @@ fn smollm2_greedy_tokens_match_an_independent_numpy_forward() {
         assert!((g.logprob - w).abs() < 2e-3, "token {i}: logprob {} vs {w}", g.logprob);
     }
     let text = model.tokenizer().decode(&got.tokens, true).expect("decode");
-    let words = text.split_whitespace().filter(|w| w.chars().all(|c| c.is_ascii_alphabetic() || ",.;'".contains(c))).count();
+    let words =
+        text.split_whitespace().filter(|w| w.chars().all(|c| c.is_ascii_alphabetic() || ",.;'".contains(c))).count();
     assert!(words >= 12, "not English-looking: {text:?}");
 }
 
@@ -78,7 +80,12 @@ fn smollm2_chunked_paged_prefill_matches_whole_prefill() {
         let mut last = Vec::new();
         for start in (0..p.len()).step_by(chunk) {
             let end = (start + chunk).min(p.len());
-            let mut out = model.forward(&mut pool, &[SeqChunk { tokens: &p[start..end], start, pages: &pages, logits: end == p.len() }]).expect("forward");
+            let mut out = model
+                .forward(
+                    &mut pool,
+                    &[SeqChunk { tokens: &p[start..end], start, pages: &pages, logits: end == p.len() }],
+                )
+                .expect("forward");
             if end == p.len() {
                 last = out.remove(0);
             }

@@ -7,7 +7,12 @@ use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, Request, SamplingParams, SeqChunk, generate};
 
 /// Last-token logits of `p` computed in chunks of `chunk` tokens through pages of `page`.
-fn chunked_logits(model: &ferry_engine::Model<ferry_kernels::cpu::CpuBackend>, p: &[u32], chunk: usize, page: usize) -> Vec<f32> {
+fn chunked_logits(
+    model: &ferry_engine::Model<ferry_kernels::cpu::CpuBackend>,
+    p: &[u32],
+    chunk: usize,
+    page: usize,
+) -> Vec<f32> {
     let mut pool = pool(model, page, p.len().div_ceil(page) + 2);
     let alloc = pool.alloc(p.len().div_ceil(page)).expect("pages");
     let pages = alloc.pages().to_vec();
@@ -40,8 +45,12 @@ fn chunk_and_page_sizes_do_not_change_logits_or_tokens() {
     }
     let greedy = |chunk: usize, page: usize| {
         let mut pool = pool(&model, page, 400);
-        let req = Request { prompt: p.clone(), params: SamplingParams { max_new_tokens: 24, ignore_eos: true, ..Default::default() } };
-        let out = generate(&model, &mut pool, &[req], BatchOptions { chunk_size: chunk, max_batch_tokens: 4096 }).expect("generate");
+        let req = Request {
+            prompt: p.clone(),
+            params: SamplingParams { max_new_tokens: 24, ignore_eos: true, ..Default::default() },
+        };
+        let out = generate(&model, &mut pool, &[req], BatchOptions { chunk_size: chunk, max_batch_tokens: 4096 })
+            .expect("generate");
         assert_eq!(pool.free_pages(), 400, "pages leaked");
         out[0].tokens.clone()
     };
@@ -81,7 +90,15 @@ fn seeded_sampling_is_reproducible_in_any_batch() {
     let tiny = TinyModel::new(TinySpec::default());
     let model = load(&tiny.hf());
     let vocab = model.config().vocab_size;
-    let params = SamplingParams { temperature: 0.9, top_p: 0.9, top_k: 40, seed: Some(5), max_new_tokens: 16, ignore_eos: true, ..Default::default() };
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.9,
+        top_k: 40,
+        seed: Some(5),
+        max_new_tokens: 16,
+        ignore_eos: true,
+        ..Default::default()
+    };
     let a = Request { prompt: prompt(30, 3, vocab), params: params.clone() };
     let b = Request { prompt: prompt(60, 4, vocab), params: SamplingParams { seed: Some(6), ..params } };
     let opts = BatchOptions::default();

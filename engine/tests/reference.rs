@@ -23,7 +23,9 @@ impl Reference {
         let w = st
             .tensors()
             .into_iter()
-            .map(|(n, v)| (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect()))
+            .map(|(n, v)| {
+                (n, v.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect())
+            })
             .collect();
         let cfg = serde_json::from_slice(&std::fs::read(dir.join("config.json")).expect("config")).expect("json");
         Self { w, cfg }
@@ -53,7 +55,8 @@ impl Reference {
                 let f = theta.powf(-(2.0 * i as f64) / hd as f64);
                 let Some(s) = self.cfg.get("rope_scaling").filter(|s| !s.is_null()) else { return f };
                 let g = |k: &str| s[k].as_f64().expect(k);
-                let (factor, lo, hi, old) = (g("factor"), g("low_freq_factor"), g("high_freq_factor"), g("original_max_position_embeddings"));
+                let (factor, lo, hi, old) =
+                    (g("factor"), g("low_freq_factor"), g("high_freq_factor"), g("original_max_position_embeddings"));
                 let wl = 2.0 * std::f64::consts::PI / f;
                 if wl < old / hi {
                     f
@@ -115,7 +118,10 @@ impl Reference {
                     let kh = h / (nh / nkv);
                     let q = &qs[pos][h * hd..(h + 1) * hd];
                     let sc: Vec<f64> = (0..=pos)
-                        .map(|t| q.iter().zip(&ks[t][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() / (hd as f64).sqrt())
+                        .map(|t| {
+                            q.iter().zip(&ks[t][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
                         .collect();
                     let m = sc.iter().cloned().fold(f64::MIN, f64::max);
                     let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
@@ -147,7 +153,12 @@ fn engine_logits_per_prefix(model: &ferry_engine::Model<ferry_kernels::cpu::CpuB
     let alloc = pool.alloc(ids.len().div_ceil(4)).expect("pages");
     let pages = alloc.pages().to_vec();
     (0..ids.len())
-        .map(|i| model.forward(&mut pool, &[SeqChunk { tokens: &ids[i..=i], start: i, pages: &pages, logits: true }]).expect("forward").remove(0))
+        .map(|i| {
+            model
+                .forward(&mut pool, &[SeqChunk { tokens: &ids[i..=i], start: i, pages: &pages, logits: true }])
+                .expect("forward")
+                .remove(0)
+        })
         .collect()
 }
 

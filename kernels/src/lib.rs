@@ -34,6 +34,17 @@ pub struct AttnSeq<'a> {
     pub pos0: usize,
 }
 
+/// One layer of a KV pool, as attention reads it.
+#[derive(Debug)]
+pub struct PoolLayer<'a, Buf> {
+    /// The pool memory.
+    pub pool: &'a Buf,
+    /// Its layout.
+    pub layout: &'a KvLayout,
+    /// The layer to read.
+    pub layer: usize,
+}
+
 /// Shapes of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttnShape {
@@ -61,9 +72,9 @@ pub trait Backend: Send + Sync + 'static {
     /// A zeroed buffer of `len` values.
     fn zeros(&self, len: usize) -> Result<Self::Buf, KernelError>;
     /// A buffer holding `data`.
-    fn from_host(&self, data: &[f32]) -> Result<Self::Buf, KernelError>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Buf, KernelError>;
     /// Copies a buffer back to the host.
-    fn to_host(&self, buf: &Self::Buf) -> Result<Vec<f32>, KernelError>;
+    fn download(&self, buf: &Self::Buf) -> Result<Vec<f32>, KernelError>;
     /// Number of values in a buffer.
     fn len(&self, buf: &Self::Buf) -> usize;
     /// Uploads a row-major `(rows, cols)` matrix.
@@ -105,9 +116,7 @@ pub trait Backend: Send + Sync + 'static {
     fn attention(
         &self,
         q: &Self::Buf,
-        pool: &Self::Buf,
-        layout: &KvLayout,
-        layer: usize,
+        kv: PoolLayer<'_, Self::Buf>,
         shape: AttnShape,
         seqs: &[AttnSeq<'_>],
         out: &mut Self::Buf,

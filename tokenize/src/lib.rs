@@ -13,8 +13,8 @@ mod chat;
 mod detok;
 mod error;
 pub mod gguf;
-pub mod gguf_write;
 mod gguf_vocab;
+pub mod gguf_write;
 mod request;
 mod tokenizer;
 

@@ -72,7 +72,7 @@ impl SamplingParams {
         if !t.is_finite() || !(0.0..=100.0).contains(&t) {
             return err("temperature", &t, "must be in [0, 100]");
         }
-        if !self.top_p.is_finite() || !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
             return err("top_p", &self.top_p, "must be in (0, 1]");
         }
         if !self.min_p.is_finite() || !(0.0..=1.0).contains(&self.min_p) {

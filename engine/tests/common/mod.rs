@@ -45,7 +45,9 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Deterministic prompt ids in `3..vocab` (no control tokens).
 pub fn prompt(len: usize, seed: u32, vocab: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| 3 + (i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 7) % (vocab as u32 - 3)).collect()
+    (0..len as u32)
+        .map(|i| 3 + (i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 7) % (vocab as u32 - 3))
+        .collect()
 }
 
 /// Path of the SmolLM2 GGUF: `FERRY_SMOLLM2` or the `ferry model fetch` cache.

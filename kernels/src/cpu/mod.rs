@@ -9,7 +9,7 @@ mod matmul;
 use rayon::prelude::*;
 
 use crate::error::check;
-use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, RopeTable};
+use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, PoolLayer, RopeTable};
 
 pub use dot::dot;
 
@@ -47,11 +47,11 @@ impl Backend for CpuBackend {
         Ok(vec![0.0; len])
     }
 
-    fn from_host(&self, data: &[f32]) -> Result<Vec<f32>, KernelError> {
+    fn upload(&self, data: &[f32]) -> Result<Vec<f32>, KernelError> {
         Ok(data.to_vec())
     }
 
-    fn to_host(&self, buf: &Vec<f32>) -> Result<Vec<f32>, KernelError> {
+    fn download(&self, buf: &Vec<f32>) -> Result<Vec<f32>, KernelError> {
         Ok(buf.clone())
     }
 
@@ -188,14 +188,12 @@ impl Backend for CpuBackend {
     fn attention(
         &self,
         q: &Vec<f32>,
-        pool: &Vec<f32>,
-        layout: &KvLayout,
-        layer: usize,
+        kv: PoolLayer<'_, Vec<f32>>,
         shape: AttnShape,
         seqs: &[AttnSeq<'_>],
         out: &mut Vec<f32>,
     ) -> Result<(), KernelError> {
-        attention::attention(q, pool, layout, layer, shape, seqs, out)
+        attention::attention(q, kv.pool, kv.layout, kv.layer, shape, seqs, out)
     }
 
     fn gather_rows(&self, x: &Vec<f32>, width: usize, rows: &[usize], out: &mut Vec<f32>) -> Result<(), KernelError> {
