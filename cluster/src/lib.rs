@@ -1,9 +1,17 @@
 //! `ferry-cluster`: what every Ferry daemon shares.
 //!
-//! Planned layout (DESIGN.md §1, §7, §8): identities as newtypes (`RequestId`, `Room`,
-//! `WorkerId`), errors with stable codes, discovery (static configuration or etcd leases),
-//! health, the Prometheus exporter with every metric name defined in one module, TLS, and
-//! graceful shutdown.
+//! Now: identities as newtypes ([`ids`]: `Room`, `RoomSecret`, `RoomKey`, `WorkerId`,
+//! `RequestId`), the KV [`LayoutDescriptor`] both sides of a transfer must agree on, and
+//! [`wire`] — the one module where generated `ferry.v1` types are converted to and from
+//! domain types, validating as it goes. Nothing else in Ferry touches generated types.
 //!
-//! Nothing is implemented yet: the daemons that need it arrive with the issue
-//! "Prefill and decode daemons with their queues".
+//! Planned (DESIGN.md §1, §7, §8): errors with stable codes, discovery (static | etcd), health,
+//! the Prometheus exporter with every metric name in one module, TLS, graceful shutdown —
+//! they arrive with the daemons.
+
+pub mod ids;
+mod layout;
+pub mod wire;
+
+pub use ids::{RequestId, Room, RoomKey, RoomSecret, WorkerId};
+pub use layout::LayoutDescriptor;

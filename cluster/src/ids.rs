@@ -1,0 +1,137 @@
+//! Identities, as newtypes so that a room id is never mistaken for a page count.
+
+use std::fmt;
+
+use rand::Rng;
+
+/// A transfer room: a random 63-bit id minted by the router for one request's KV transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Room(u64);
+
+impl Room {
+    /// Largest valid room id (63 bits).
+    pub const MAX: u64 = (1 << 63) - 1;
+
+    /// A room from its id, or None when it does not fit in 63 bits.
+    pub fn new(id: u64) -> Option<Self> {
+        (id <= Self::MAX).then_some(Self(id))
+    }
+
+    /// A fresh random room.
+    pub fn random() -> Self {
+        Self(rand::rng().random::<u64>() & Self::MAX)
+    }
+
+    /// The id.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Room {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "room-{:016x}", self.0)
+    }
+}
+
+/// The 128-bit secret every message about a room must carry.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoomSecret([u8; 16]);
+
+impl RoomSecret {
+    /// A fresh random secret.
+    pub fn random() -> Self {
+        Self(rand::rng().random())
+    }
+
+    /// The secret from its bytes.
+    pub fn from_bytes(b: [u8; 16]) -> Self {
+        Self(b)
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RoomSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print secrets.
+        f.write_str("RoomSecret(..)")
+    }
+}
+
+/// A room with its secret.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RoomKey {
+    /// The room.
+    pub room: Room,
+    /// Its secret.
+    pub secret: RoomSecret,
+}
+
+impl RoomKey {
+    /// A fresh random room and secret.
+    pub fn random() -> Self {
+        Self { room: Room::random(), secret: RoomSecret::random() }
+    }
+}
+
+/// A worker's identity in the cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    /// A worker id; empty ids are refused.
+    pub fn new(id: impl Into<String>) -> Option<Self> {
+        let id = id.into();
+        (!id.is_empty() && id.len() <= 128).then_some(Self(id))
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A client request's identity, echoed in logs and responses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestId(String);
+
+impl RequestId {
+    /// A request id (at most 256 bytes; longer ids are cut at a character boundary).
+    pub fn new(id: impl Into<String>) -> Self {
+        let mut id = id.into();
+        if id.len() > 256 {
+            let mut cut = 256;
+            while !id.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            id.truncate(cut);
+        }
+        Self(id)
+    }
+
+    /// A fresh random id.
+    pub fn random() -> Self {
+        Self(format!("req-{:016x}", rand::rng().random::<u64>()))
+    }
+
+    /// The id.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

@@ -1,0 +1,206 @@
+//! The one place where generated `ferry.v1` types meet Ferry's domain types.
+//!
+//! Incoming messages are validated here (`TryFrom`), so every handler works with values that
+//! are known to be well-formed; outgoing ones are built with `From`.
+
+use ferry_proto::v1 as pb;
+use ferry_tokenize::{FinishReason, SamplingParams};
+
+use crate::{LayoutDescriptor, Room, RoomKey, RoomSecret};
+
+/// A message field that is missing or malformed; maps to gRPC `INVALID_ARGUMENT`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid field {field}: {problem}")]
+pub struct WireError {
+    /// The field, dotted from the message root.
+    pub field: &'static str,
+    /// What is wrong.
+    pub problem: String,
+}
+
+fn bad(field: &'static str, problem: impl Into<String>) -> WireError {
+    WireError { field, problem: problem.into() }
+}
+
+/// Unset or zero numeric fields in a proto message mean "the default".
+fn or_default(v: f32, d: f32) -> f32 {
+    if v == 0.0 { d } else { v }
+}
+
+/// Converts wire sampling parameters (proto3 zero = default) into domain ones. Ranges are
+/// checked by [`SamplingParams::validate`], against the model's vocabulary.
+pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
+    let d = SamplingParams::default();
+    let Some(p) = p else { return d };
+    SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k,
+        top_p: or_default(p.top_p, d.top_p),
+        min_p: p.min_p,
+        repetition_penalty: or_default(p.repetition_penalty, d.repetition_penalty),
+        frequency_penalty: p.frequency_penalty,
+        presence_penalty: p.presence_penalty,
+        seed: p.seed,
+        max_new_tokens: if p.max_new_tokens == 0 { d.max_new_tokens } else { p.max_new_tokens },
+        stop_token_ids: p.stop_token_ids,
+        top_logprobs: p.top_logprobs,
+        ignore_eos: p.ignore_eos,
+    }
+}
+
+/// Domain sampling parameters on the wire.
+pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: s.top_k,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        frequency_penalty: s.frequency_penalty,
+        presence_penalty: s.presence_penalty,
+        seed: s.seed,
+        max_new_tokens: s.max_new_tokens,
+        stop_token_ids: s.stop_token_ids.clone(),
+        top_logprobs: s.top_logprobs,
+        ignore_eos: s.ignore_eos,
+    }
+}
+
+/// A finish reason on the wire.
+pub fn finish_to_proto(f: FinishReason) -> pb::FinishReason {
+    match f {
+        FinishReason::Stop => pb::FinishReason::Stop,
+        FinishReason::Length => pb::FinishReason::Length,
+        FinishReason::Abort => pb::FinishReason::Abort,
+    }
+}
+
+/// A finish reason from the wire; `None` for "not finished yet" (unspecified) and errors.
+pub fn finish_from_proto(f: pb::FinishReason) -> Option<FinishReason> {
+    match f {
+        pb::FinishReason::Stop => Some(FinishReason::Stop),
+        pb::FinishReason::Length => Some(FinishReason::Length),
+        pb::FinishReason::Abort => Some(FinishReason::Abort),
+        pb::FinishReason::Unspecified | pb::FinishReason::Error => None,
+    }
+}
+
+impl TryFrom<Option<pb::RoomKey>> for RoomKey {
+    type Error = WireError;
+    fn try_from(k: Option<pb::RoomKey>) -> Result<Self, WireError> {
+        let k = k.ok_or_else(|| bad("room", "missing"))?;
+        let room = Room::new(k.room).ok_or_else(|| bad("room.room", "room ids have 63 bits"))?;
+        let secret: [u8; 16] = k
+            .secret
+            .as_slice()
+            .try_into()
+            .map_err(|_| bad("room.secret", format!("{} bytes, expected 16", k.secret.len())))?;
+        Ok(Self { room, secret: RoomSecret::from_bytes(secret) })
+    }
+}
+
+impl From<&RoomKey> for pb::RoomKey {
+    fn from(k: &RoomKey) -> Self {
+        Self { room: k.room.get(), secret: k.secret.as_bytes().to_vec() }
+    }
+}
+
+impl TryFrom<Option<pb::LayoutDescriptor>> for LayoutDescriptor {
+    type Error = WireError;
+    fn try_from(l: Option<pb::LayoutDescriptor>) -> Result<Self, WireError> {
+        let l = l.ok_or_else(|| bad("layout", "missing"))?;
+        if l.model_fingerprint.is_empty() {
+            return Err(bad("layout.model_fingerprint", "empty"));
+        }
+        for (name, v) in [
+            ("layout.num_layers", l.num_layers),
+            ("layout.num_kv_heads", l.num_kv_heads),
+            ("layout.head_dim", l.head_dim),
+            ("layout.page_size", l.page_size),
+        ] {
+            if v == 0 {
+                return Err(bad(name, "must be positive"));
+            }
+        }
+        Ok(Self {
+            model_fingerprint: l.model_fingerprint,
+            dtype: l.dtype,
+            num_layers: l.num_layers,
+            num_kv_heads: l.num_kv_heads,
+            head_dim: l.head_dim,
+            page_size: l.page_size,
+        })
+    }
+}
+
+impl From<&LayoutDescriptor> for pb::LayoutDescriptor {
+    fn from(l: &LayoutDescriptor) -> Self {
+        Self {
+            model_fingerprint: l.model_fingerprint.clone(),
+            dtype: l.dtype.clone(),
+            num_layers: l.num_layers,
+            num_kv_heads: l.num_kv_heads,
+            head_dim: l.head_dim,
+            page_size: l.page_size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sampling_round_trips_and_zero_means_default() {
+        let s = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            seed: Some(3),
+            max_new_tokens: 5,
+            stop_token_ids: vec![9],
+            ..Default::default()
+        };
+        assert_eq!(sampling_from_proto(Some(sampling_to_proto(&s))), s);
+        assert_eq!(sampling_from_proto(Some(pb::SamplingParams::default())), SamplingParams::default());
+        assert_eq!(sampling_from_proto(None), SamplingParams::default());
+    }
+
+    #[test]
+    fn room_keys_are_validated() {
+        let k = RoomKey::random();
+        assert_eq!(RoomKey::try_from(Some(pb::RoomKey::from(&k))), Ok(k));
+        assert_eq!(RoomKey::try_from(None).map_err(|e| e.field), Err("room"));
+        let short = pb::RoomKey { room: 1, secret: vec![0; 15] };
+        assert_eq!(RoomKey::try_from(Some(short)).map_err(|e| e.field), Err("room.secret"));
+        let big = pb::RoomKey { room: 1 << 63, secret: vec![0; 16] };
+        assert_eq!(RoomKey::try_from(Some(big)).map_err(|e| e.field), Err("room.room"));
+        assert!(!format!("{k:?}").contains(&format!("{:?}", k.secret.as_bytes())), "secrets are not printed");
+    }
+
+    #[test]
+    fn layouts_are_validated_and_compared() {
+        let l = LayoutDescriptor {
+            model_fingerprint: "abc".into(),
+            dtype: "f32".into(),
+            num_layers: 30,
+            num_kv_heads: 3,
+            head_dim: 64,
+            page_size: 16,
+        };
+        assert_eq!(LayoutDescriptor::try_from(Some(pb::LayoutDescriptor::from(&l))), Ok(l.clone()));
+        let mut p = pb::LayoutDescriptor::from(&l);
+        p.page_size = 0;
+        assert_eq!(LayoutDescriptor::try_from(Some(p)).map_err(|e| e.field), Err("layout.page_size"));
+        let other = LayoutDescriptor { page_size: 64, ..l.clone() };
+        let m = l.mismatch(&other).expect("differs");
+        assert!(m.contains("page_size 16 vs 64"), "{m}");
+        assert_eq!(l.mismatch(&l), None);
+    }
+
+    #[test]
+    fn finish_reasons_round_trip() {
+        for f in [FinishReason::Stop, FinishReason::Length, FinishReason::Abort] {
+            assert_eq!(finish_from_proto(finish_to_proto(f)), Some(f));
+        }
+    }
+}
