@@ -18,7 +18,18 @@ fn generate_json_reports_ids_text_logprobs_and_timings() {
     let dir = tempfile::tempdir().expect("tmp");
     write_hf(dir.path(), &TinySpec::default()).expect("tiny");
     let m = dir.path().to_str().expect("path");
-    let o = ferry(&["generate", "--model", m, "--prompt-ids", "5,6,7,8", "--max-tokens", "6", "--json", "--top-logprobs", "3"]);
+    let o = ferry(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "5,6,7,8",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--top-logprobs",
+        "3",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).expect("one JSON object");
     assert_eq!(j["prompt_token_ids"], serde_json::json!([5, 6, 7, 8]));
@@ -73,11 +84,28 @@ fn readme_command_prints_english_on_smollm2() {
             String::from_utf8(o.stdout).expect("utf-8").trim().into()
         }
     };
-    let o = ferry(&["generate", "--model", path.to_str().expect("path"), "--prompt", "Once upon a time", "--max-tokens", "32", "--temperature", "0"]);
+    let o = ferry(&[
+        "generate",
+        "--model",
+        path.to_str().expect("path"),
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "32",
+        "--temperature",
+        "0",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8(o.stdout).expect("utf-8");
     let words: Vec<&str> = text.split_whitespace().collect();
     let common = ["the", "a", "of", "and", "was", "in", "to", "with"];
     assert!(words.len() >= 20, "{text:?}");
-    assert!(words.iter().filter(|w| common.contains(&w.trim_matches(|c: char| !c.is_alphabetic()).to_lowercase().as_str())).count() >= 3, "{text:?}");
+    assert!(
+        words
+            .iter()
+            .filter(|w| common.contains(&w.trim_matches(|c: char| !c.is_alphabetic()).to_lowercase().as_str()))
+            .count()
+            >= 3,
+        "{text:?}"
+    );
 }
