@@ -42,7 +42,9 @@ impl PageAlloc {
             return Err(EngineError::OutOfPages { needed: n, free: l.free.len() });
         }
         let at = l.free.len() - n;
-        self.pages.extend(l.free.drain(at..));
+        // The free list holds low ids at its end: take them in ascending order, so fresh
+        // allocations are runs of consecutive pages.
+        self.pages.extend(l.free.drain(at..).rev());
         Ok(())
     }
 }

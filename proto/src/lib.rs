@@ -20,3 +20,30 @@ pub mod v1 {
 
 /// The encoded file descriptor set, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ferry_descriptor");
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn descriptor_set_names_every_service() {
+        let text = String::from_utf8_lossy(super::FILE_DESCRIPTOR_SET);
+        for service in ["Router", "Prefill", "Decode", "Bootstrap", "KvEvents", "Load"] {
+            assert!(text.contains(service), "{service} missing from the descriptor set");
+        }
+    }
+
+    #[test]
+    fn messages_round_trip_through_prost() -> Result<(), prost::DecodeError> {
+        use prost::Message;
+        let req = super::v1::HandshakeRequest {
+            room: Some(super::v1::RoomKey { room: 7, secret: vec![1; 16] }),
+            dest_pages: vec![3, 4, 5],
+            data_endpoint: "127.0.0.1:9000".into(),
+            transfer_backend: "tcp".into(),
+            layout: None,
+            registration: vec![],
+        };
+        let back = super::v1::HandshakeRequest::decode(req.encode_to_vec().as_slice())?;
+        assert_eq!(back, req);
+        Ok(())
+    }
+}
