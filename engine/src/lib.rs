@@ -6,12 +6,15 @@
 //! - [`Model`]: weights on a [`ferry_kernels::Backend`], RoPE table, tokenizer, fingerprint;
 //! - [`PagePool`]: the page-major KV arena, touched at start; [`PageAlloc`] frees on drop;
 //! - [`SeqChunk`] / `Model::forward`: one pass over sequences at mixed stages;
+//! - [`RadixCache`]: the radix prefix cache on the pool (lock refs, cascading eviction, KV
+//!   events); [`scheduler`]: prefill batch scheduling (lpm, dfs-weight, fcfs);
 //! - [`Sampler`]: greedy, temperature, top-k/p, min-p, penalties, seeds, logprobs;
 //! - [`generate()`]: colocated chunked prefill + continuous-batching decode;
 //! - [`tiny`]: a deterministic tiny random model writer (HF layout and GGUF) for tests.
 //!
 //! Tokenizer, chat template and detokenizer come from `ferry-tokenize`, re-exported here.
 
+pub mod cache;
 pub mod config;
 pub mod dequant;
 mod error;
@@ -20,10 +23,12 @@ pub mod generate;
 mod model;
 mod pool;
 pub mod sampler;
+pub mod scheduler;
 pub mod source;
 pub mod tiny;
 mod weights;
 
+pub use cache::{CacheMatch, RadixCache};
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;
 pub use forward::SeqChunk;

@@ -35,6 +35,21 @@ impl PageAlloc {
         &self.pages
     }
 
+    /// Number of pages held.
+    pub fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Whether no page is held.
+    pub fn is_empty(&self) -> bool {
+        self.pages.is_empty()
+    }
+
+    /// Splits off pages `at..` into a new allocation; `self` keeps `..at`.
+    pub fn split_off(&mut self, at: usize) -> PageAlloc {
+        PageAlloc { pages: self.pages.split_off(at.min(self.pages.len())), list: Arc::clone(&self.list) }
+    }
+
     /// Appends `n` more pages, or fails without taking any.
     pub fn grow(&mut self, n: usize) -> Result<(), EngineError> {
         let mut l = lock(&self.list);

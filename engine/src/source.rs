@@ -122,7 +122,7 @@ impl GgufSource {
     }
 
     /// The GGUF name of an HF tensor name.
-    fn gguf_name(name: &str) -> Option<String> {
+    pub(crate) fn gguf_name(name: &str) -> Option<String> {
         if let Some(rest) = name.strip_prefix("model.layers.") {
             let (layer, rest) = rest.split_once('.')?;
             let n = match rest {
@@ -191,24 +191,15 @@ impl TensorSource for GgufSource {
 /// Undoes llama.cpp's Q/K row permutation: within each head, GGUF row `2i + j` is HF row
 /// `j · head_dim/2 + i`, which makes RoPE pairs adjacent in GGUF and `(i, i + head_dim/2)` in HF.
 pub fn unpermute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let rows = data.len() / cols;
-    let hd = rows / heads;
-    let half = hd / 2;
-    let mut out = vec![0.0; data.len()];
-    for h in 0..heads {
-        for i in 0..half {
-            for j in 0..2 {
-                let src = h * hd + 2 * i + j;
-                let dst = h * hd + j * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
+    reorder_rows(data, heads, cols, false)
 }
 
 /// llama.cpp's Q/K row permutation (HF → GGUF), for writing test models.
 pub fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
+    reorder_rows(data, heads, cols, true)
+}
+
+fn reorder_rows(data: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f32> {
     let rows = data.len() / cols;
     let hd = rows / heads;
     let half = hd / 2;
@@ -216,8 +207,8 @@ pub fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {
-                let dst = h * hd + 2 * i + j;
-                let src = h * hd + j * half + i;
+                let (gguf, hf) = (h * hd + 2 * i + j, h * hd + j * half + i);
+                let (src, dst) = if to_gguf { (hf, gguf) } else { (gguf, hf) };
                 out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
             }
         }

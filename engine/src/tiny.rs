@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::config::Arch;
 use crate::dequant::{DType, dequantize, quantize_q4_1, quantize_q8_0};
-use crate::source::permute_rows;
+use crate::source::{GgufSource, permute_rows};
 
 /// The tiny model's shape.
 #[derive(Debug, Clone)]
@@ -311,7 +311,7 @@ pub fn write_gguf(path: &Path, spec: &TinySpec) -> std::io::Result<()> {
     let hd = spec.hidden / spec.heads;
     let mut out = Vec::new();
     for t in ts {
-        let Some(name) = gguf_name(&t.name) else { continue };
+        let Some(name) = GgufSource::gguf_name(&t.name) else { continue };
         let mut data = t.data;
         if arch == "llama" && (name.ends_with("attn_q.weight") || name.ends_with("attn_k.weight")) {
             let heads = if name.ends_with("attn_q.weight") { spec.heads } else { spec.kv_heads };
@@ -324,34 +324,4 @@ pub fn write_gguf(path: &Path, spec: &TinySpec) -> std::io::Result<()> {
         out.push(TensorData { name, dims, ggml_type: ty, data: bytes });
     }
     gguf_write::write(path, &md, &out)
-}
-
-fn gguf_name(hf: &str) -> Option<String> {
-    let map = [
-        ("self_attn.q_proj.weight", "attn_q.weight"),
-        ("self_attn.k_proj.weight", "attn_k.weight"),
-        ("self_attn.v_proj.weight", "attn_v.weight"),
-        ("self_attn.q_proj.bias", "attn_q.bias"),
-        ("self_attn.k_proj.bias", "attn_k.bias"),
-        ("self_attn.v_proj.bias", "attn_v.bias"),
-        ("self_attn.o_proj.weight", "attn_output.weight"),
-        ("mlp.gate_proj.weight", "ffn_gate.weight"),
-        ("mlp.up_proj.weight", "ffn_up.weight"),
-        ("mlp.down_proj.weight", "ffn_down.weight"),
-        ("input_layernorm.weight", "attn_norm.weight"),
-        ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ];
-    if let Some(rest) = hf.strip_prefix("model.layers.") {
-        let (layer, rest) = rest.split_once('.')?;
-        return map.iter().find(|(h, _)| *h == rest).map(|(_, g)| format!("blk.{layer}.{g}"));
-    }
-    Some(
-        match hf {
-            "model.embed_tokens.weight" => "token_embd.weight",
-            "model.norm.weight" => "output_norm.weight",
-            "lm_head.weight" => "output.weight",
-            _ => return None,
-        }
-        .to_string(),
-    )
 }

@@ -1,0 +1,78 @@
+//! KV events: what a prefix cache publishes so that an index elsewhere (the router's) can
+//! follow its contents.
+//!
+//! Pages are named by a chained hash: `hash(page) = H(hash(parent page), tokens of page)`, so
+//! equal hashes mean equal prefixes up to and including that page. Each event carries a
+//! per-worker `sequence`, strictly increasing within an `epoch`; the epoch changes whenever the
+//! cache is created anew (a restart), and a follower that sees a gap or a new epoch asks for a
+//! snapshot.
+
+/// Hash of the page before the first one (the empty prefix).
+pub const ROOT_HASH: u64 = 0;
+
+/// The chained hash of a page of `tokens` following a page whose hash is `parent`.
+pub fn page_hash(parent: u64, tokens: &[u32]) -> u64 {
+    // FNV-1a over the parent hash and the tokens, then a final avalanche (SplitMix64), so
+    // the values spread well even for short pages. Stable across runs and builds.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ parent.rotate_left(17);
+    for t in tokens {
+        for b in t.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    let h = h ^ (h >> 31);
+    if h == ROOT_HASH { 1 } else { h }
+}
+
+/// Pages added to the cache, as one run below `parent_hash`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Hash of the page before the run ([`ROOT_HASH`] at the root).
+    pub parent_hash: u64,
+    /// The chained hash of each page of the run.
+    pub page_hashes: Vec<u64>,
+    /// The tokens of the run, page after page.
+    pub token_ids: Vec<u32>,
+}
+
+/// What changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// Pages were cached.
+    Stored(Stored),
+    /// Pages were evicted.
+    Removed {
+        /// Their hashes.
+        page_hashes: Vec<u64>,
+    },
+    /// The whole cache, parents before children.
+    Snapshot(Vec<Stored>),
+}
+
+/// One event with its place in the worker's stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvEvent {
+    /// Changes when the cache is recreated.
+    pub epoch: u64,
+    /// Strictly increasing within an epoch.
+    pub sequence: u64,
+    /// The change.
+    pub kind: EventKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_chain_and_differ() {
+        let a = page_hash(ROOT_HASH, &[1, 2, 3, 4]);
+        assert_eq!(a, page_hash(ROOT_HASH, &[1, 2, 3, 4]));
+        assert_ne!(a, page_hash(ROOT_HASH, &[1, 2, 3, 5]));
+        assert_ne!(page_hash(a, &[9]), page_hash(ROOT_HASH, &[9]));
+        assert_ne!(a, ROOT_HASH);
+    }
+}

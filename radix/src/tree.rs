@@ -1,0 +1,309 @@
+//! The radix tree itself.
+
+use std::collections::HashMap;
+
+use crate::common_prefix;
+
+/// A node of a [`RadixTree`]. Ids of removed nodes are reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(u32);
+
+impl NodeId {
+    /// The root, which holds no tokens and no payload.
+    pub const ROOT: NodeId = NodeId(0);
+
+    /// The id as an index.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// What a node carries for its pages.
+pub trait Payload: Sized {
+    /// Splits at page `at`: `self` keeps pages `..at`, the returned value holds `at..`.
+    /// Per-node metadata (locks, timestamps) belongs to both halves.
+    fn split_off(&mut self, at: usize) -> Self;
+}
+
+struct Node<V> {
+    parent: Option<NodeId>,
+    key: Vec<u32>,
+    children: HashMap<Box<[u32]>, NodeId>,
+    value: Option<V>,
+}
+
+/// How far a prompt is in the tree.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Match {
+    /// Tokens matched, a multiple of the page size.
+    pub tokens: usize,
+    /// The nodes on the matched path (root excluded) and the pages matched in each; only the
+    /// last may be matched partly.
+    pub path: Vec<(NodeId, usize)>,
+}
+
+impl Match {
+    /// The deepest node reached, or None when nothing matched.
+    pub fn last(&self) -> Option<NodeId> {
+        self.path.last().map(|p| p.0)
+    }
+}
+
+/// What an insert did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Insert {
+    /// Existing nodes that cover the already-present part of the inserted tokens, root
+    /// excluded, after any split.
+    pub path: Vec<NodeId>,
+    /// Pages that were already present.
+    pub existing_pages: usize,
+    /// The node created for the new pages, if any.
+    pub new_node: Option<NodeId>,
+    /// A node split to end the existing part on a node boundary: `(upper, lower)`.
+    pub split: Option<(NodeId, NodeId)>,
+}
+
+impl Insert {
+    /// The deepest node covering the inserted tokens.
+    pub fn last(&self) -> Option<NodeId> {
+        self.new_node.or_else(|| self.path.last().copied())
+    }
+}
+
+/// A page-granular radix tree over token ids.
+pub struct RadixTree<V> {
+    page_size: usize,
+    nodes: Vec<Option<Node<V>>>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<V> std::fmt::Debug for RadixTree<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RadixTree").field("page_size", &self.page_size).field("nodes", &self.len).finish()
+    }
+}
+
+impl<V: Payload> RadixTree<V> {
+    /// An empty tree whose keys are whole pages of `page_size` tokens.
+    ///
+    /// # Panics
+    /// When `page_size` is 0.
+    pub fn new(page_size: usize) -> Self {
+        assert!(page_size > 0, "page size must be positive");
+        let root = Node { parent: None, key: Vec::new(), children: HashMap::new(), value: None };
+        Self { page_size, nodes: vec![Some(root)], free: Vec::new(), len: 0 }
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Nodes, root excluded.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether only the root is left.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn node(&self, id: NodeId) -> Option<&Node<V>> {
+        self.nodes.get(id.index()).and_then(Option::as_ref)
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> Option<&mut Node<V>> {
+        self.nodes.get_mut(id.index()).and_then(Option::as_mut)
+    }
+
+    /// Whether `id` names a live node.
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.node(id).is_some()
+    }
+
+    /// The node's own tokens (a whole number of pages; empty for the root).
+    pub fn key(&self, id: NodeId) -> &[u32] {
+        self.node(id).map_or(&[], |n| &n.key)
+    }
+
+    /// The node's payload (None for the root and dead ids).
+    pub fn value(&self, id: NodeId) -> Option<&V> {
+        self.node(id).and_then(|n| n.value.as_ref())
+    }
+
+    /// The node's payload, for changing it.
+    pub fn value_mut(&mut self, id: NodeId) -> Option<&mut V> {
+        self.node_mut(id).and_then(|n| n.value.as_mut())
+    }
+
+    /// The node's parent (None for the root).
+    pub fn parent(&self, id: NodeId) -> Option<NodeId> {
+        self.node(id).and_then(|n| n.parent)
+    }
+
+    /// The node's children, in no particular order.
+    pub fn children(&self, id: NodeId) -> impl Iterator<Item = NodeId> + '_ {
+        self.node(id).into_iter().flat_map(|n| n.children.values().copied())
+    }
+
+    /// Number of children.
+    pub fn child_count(&self, id: NodeId) -> usize {
+        self.node(id).map_or(0, |n| n.children.len())
+    }
+
+    /// Pages in the node's key.
+    pub fn pages(&self, id: NodeId) -> usize {
+        self.key(id).len() / self.page_size
+    }
+
+    /// The full token prefix from the root to the end of `id`.
+    pub fn prefix(&self, id: NodeId) -> Vec<u32> {
+        let mut chain = Vec::new();
+        let mut cur = Some(id);
+        while let Some(c) = cur {
+            chain.push(c);
+            cur = self.parent(c);
+        }
+        chain.iter().rev().flat_map(|&c| self.key(c).iter().copied()).collect()
+    }
+
+    /// Every node, parents before children (pre-order), root excluded.
+    pub fn walk(&self) -> Vec<NodeId> {
+        let mut out = Vec::with_capacity(self.len);
+        let mut stack = vec![NodeId::ROOT];
+        while let Some(n) = stack.pop() {
+            if n != NodeId::ROOT {
+                out.push(n);
+            }
+            stack.extend(self.children(n));
+        }
+        out
+    }
+
+    /// How much of `tokens` the tree holds, in whole pages.
+    pub fn match_prefix(&self, tokens: &[u32]) -> Match {
+        self.match_from(NodeId::ROOT, 0, tokens)
+    }
+
+    /// Continues a match below `node`, which already matched `tokens[..pos]` in full.
+    pub fn match_from(&self, node: NodeId, pos: usize, tokens: &[u32]) -> Match {
+        let ps = self.page_size;
+        let full = tokens.len() / ps * ps;
+        let mut m = Match { tokens: pos, path: Vec::new() };
+        let mut cur = node;
+        while m.tokens + ps <= full {
+            let Some(&child) = self.node(cur).and_then(|n| n.children.get(&tokens[m.tokens..m.tokens + ps])) else {
+                break;
+            };
+            let key = self.key(child);
+            let pages = common_prefix(key, &tokens[m.tokens..full]) / ps;
+            m.path.push((child, pages));
+            m.tokens += pages * ps;
+            if pages * ps < key.len() {
+                break;
+            }
+            cur = child;
+        }
+        m
+    }
+
+    fn alloc_node(&mut self, node: Node<V>) -> NodeId {
+        self.len += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = Some(node);
+                NodeId(i)
+            }
+            None => {
+                self.nodes.push(Some(node));
+                NodeId((self.nodes.len() - 1) as u32)
+            }
+        }
+    }
+
+    /// Splits `id` after `at` pages; returns the new upper node, which takes `id`'s place under
+    /// its parent. `id` keeps the lower part (so references to the deeper part stay valid).
+    /// Returns `id` unchanged when `at` is 0 or covers the whole node.
+    pub fn split(&mut self, id: NodeId, at: usize) -> NodeId {
+        let ps = self.page_size;
+        let Some(n) = self.node_mut(id) else { return id };
+        if at == 0 || at * ps >= n.key.len() || n.value.is_none() {
+            return id;
+        }
+        let lower_key = n.key.split_off(at * ps);
+        let upper_key = std::mem::replace(&mut n.key, lower_key);
+        let lower_val = n.value.as_mut().map(|v| v.split_off(at));
+        let upper_val = std::mem::replace(&mut n.value, lower_val);
+        let parent = n.parent;
+        let lower_first: Box<[u32]> = n.key[..ps].into();
+        let upper_first: Box<[u32]> = upper_key[..ps].into();
+        let upper = self.alloc_node(Node { parent, key: upper_key, children: HashMap::new(), value: upper_val });
+        if let Some(u) = self.node_mut(upper) {
+            u.children.insert(lower_first, id);
+        }
+        if let Some(n) = self.node_mut(id) {
+            n.parent = Some(upper);
+        }
+        if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
+            p.children.insert(upper_first, upper);
+        }
+        upper
+    }
+
+    /// Inserts the whole pages of `tokens`. Pages already present are left as they are; when
+    /// some are new, `make(existing_pages)` gives the payload for the new ones
+    /// (`tokens[existing_pages * page_size..]`).
+    pub fn insert(&mut self, tokens: &[u32], make: impl FnOnce(usize) -> V) -> Insert {
+        let ps = self.page_size;
+        let full = tokens.len() / ps * ps;
+        let m = self.match_prefix(&tokens[..full]);
+        let mut out = Insert { existing_pages: m.tokens / ps, ..Insert::default() };
+        out.path = m.path.iter().map(|p| p.0).collect();
+        if let Some(&(last, pages)) = m.path.last() {
+            if pages < self.pages(last) {
+                let upper = self.split(last, pages);
+                out.split = Some((upper, last));
+                if let Some(l) = out.path.last_mut() {
+                    *l = upper;
+                }
+            }
+        }
+        if m.tokens < full {
+            let parent = out.path.last().copied().unwrap_or(NodeId::ROOT);
+            let key = tokens[m.tokens..full].to_vec();
+            let first: Box<[u32]> = key[..ps].into();
+            let id = self.alloc_node(Node {
+                parent: Some(parent),
+                key,
+                children: HashMap::new(),
+                value: Some(make(out.existing_pages)),
+            });
+            if let Some(p) = self.node_mut(parent) {
+                p.children.insert(first, id);
+            }
+            out.new_node = Some(id);
+        }
+        out
+    }
+
+    /// Removes a childless node and returns its payload; None for the root, dead ids and
+    /// nodes with children.
+    pub fn remove_leaf(&mut self, id: NodeId) -> Option<V> {
+        let ps = self.page_size;
+        let n = self.node(id)?;
+        if id == NodeId::ROOT || !n.children.is_empty() {
+            return None;
+        }
+        let parent = n.parent;
+        let first: Box<[u32]> = n.key[..ps].into();
+        if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
+            p.children.remove(&first);
+        }
+        let node = self.nodes[id.index()].take()?;
+        self.free.push(id.0);
+        self.len -= 1;
+        node.value
+    }
+}

@@ -1,0 +1,124 @@
+//! The tree against a naive model: random inserts, matches and leaf removals.
+
+use ferry_radix::{NodeId, Payload, RadixTree, common_prefix};
+use proptest::prelude::*;
+
+const PS: usize = 4;
+
+/// A payload that names each page by the tokens of the whole prefix up to its end, so a
+/// wrong split shows as a wrong label.
+#[derive(Debug, Clone, PartialEq)]
+struct Labels(Vec<Vec<u32>>);
+
+impl Payload for Labels {
+    fn split_off(&mut self, at: usize) -> Self {
+        Labels(self.0.split_off(at))
+    }
+}
+
+fn labels(tokens: &[u32], from_page: usize) -> Labels {
+    Labels((from_page..tokens.len() / PS).map(|p| tokens[..(p + 1) * PS].to_vec()).collect())
+}
+
+fn check_invariants(t: &RadixTree<Labels>) {
+    for id in t.walk() {
+        let key = t.key(id);
+        assert!(!key.is_empty() && key.len() % PS == 0, "key of {} tokens", key.len());
+        let prefix = t.prefix(id);
+        let v = t.value(id).expect("payload");
+        assert_eq!(v.0.len(), key.len() / PS);
+        let start = prefix.len() / PS - v.0.len();
+        for (i, l) in v.0.iter().enumerate() {
+            assert_eq!(l, &prefix[..(start + i + 1) * PS].to_vec(), "page label");
+        }
+        let parent = t.parent(id).expect("parent");
+        assert!(t.children(parent).any(|c| c == id));
+        let mut firsts: Vec<&[u32]> = t.children(id).map(|c| &t.key(c)[..PS]).collect();
+        firsts.sort();
+        let n = firsts.len();
+        firsts.dedup();
+        assert_eq!(firsts.len(), n, "children share a first page");
+    }
+}
+
+fn expected_match(t: &RadixTree<Labels>, q: &[u32]) -> usize {
+    let full = q.len() / PS * PS;
+    t.walk()
+        .into_iter()
+        .filter(|&n| t.child_count(n) == 0)
+        .map(|l| common_prefix(&t.prefix(l), &q[..full]) / PS * PS)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Token sequences over a tiny alphabet, so prefixes are shared often.
+fn seq() -> impl Strategy<Value = Vec<u32>> {
+    proptest::collection::vec(0u32..3, 0..40)
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(Vec<u32>),
+    Match(Vec<u32>),
+    RemoveLeaf(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![3 => seq().prop_map(Op::Insert), 2 => seq().prop_map(Op::Match), 1 => (0usize..64).prop_map(Op::RemoveLeaf)]
+}
+
+proptest! {
+    #[test]
+    fn matches_agree_with_the_naive_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut t: RadixTree<Labels> = RadixTree::new(PS);
+        for op in ops {
+            match op {
+                Op::Insert(s) => {
+                    let before = t.match_prefix(&s).tokens;
+                    let ins = t.insert(&s, |existing| labels(&s, existing));
+                    prop_assert_eq!(ins.existing_pages * PS, before);
+                    prop_assert_eq!(t.match_prefix(&s).tokens, s.len() / PS * PS);
+                    if let Some(last) = ins.last() {
+                        prop_assert_eq!(t.prefix(last), s[..s.len() / PS * PS].to_vec());
+                    }
+                }
+                Op::Match(q) => {
+                    let m = t.match_prefix(&q);
+                    prop_assert_eq!(m.tokens, expected_match(&t, &q));
+                    let covered: usize = m.path.iter().map(|p| p.1).sum::<usize>() * PS;
+                    prop_assert_eq!(covered, m.tokens);
+                }
+                Op::RemoveLeaf(i) => {
+                    let leaves: Vec<NodeId> = t.walk().into_iter().filter(|&n| t.child_count(n) == 0).collect();
+                    if let Some(&l) = leaves.get(i % leaves.len().max(1)) {
+                        let n = t.len();
+                        prop_assert!(t.remove_leaf(l).is_some());
+                        prop_assert_eq!(t.len(), n - 1);
+                        prop_assert!(!t.contains(l));
+                    }
+                }
+            }
+            check_invariants(&t);
+        }
+    }
+}
+
+#[test]
+fn split_keeps_the_lower_id_and_removal_refuses_inner_nodes() {
+    let mut t: RadixTree<Labels> = RadixTree::new(PS);
+    let a: Vec<u32> = (0..12).collect();
+    let ins = t.insert(&a, |e| labels(&a, e));
+    let node = ins.new_node.expect("new");
+    let mut b = a.clone();
+    b[9] = 99;
+    let ins2 = t.insert(&b, |e| labels(&b, e));
+    assert_eq!(ins2.existing_pages, 2);
+    let (upper, lower) = ins2.split.expect("split");
+    assert_eq!(lower, node, "the deeper part keeps its id");
+    assert_eq!(t.key(upper), &a[..8]);
+    assert_eq!(t.key(node), &a[8..12]);
+    assert!(t.remove_leaf(upper).is_none(), "inner node");
+    assert!(t.remove_leaf(NodeId::ROOT).is_none());
+    assert!(t.remove_leaf(node).is_some());
+    assert_eq!(t.match_prefix(&a).tokens, 8);
+}
