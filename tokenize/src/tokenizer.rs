@@ -83,7 +83,9 @@ impl Tokenizer {
             json.parse().map_err(|e| TokenizeError::Tokenizer(format!("GGUF vocabulary: {e}")))?;
         let id = |key: &str| md.get(key).and_then(Value::as_u64).map(|v| v as u32);
         let bos_id = id("tokenizer.ggml.bos_token_id");
-        let add_bos = md.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+        // llama.cpp's default: SentencePiece vocabularies get BOS, byte-level BPE ones do not.
+        let spm = md.get("tokenizer.ggml.model").and_then(Value::as_str) == Some("llama");
+        let add_bos = md.get("tokenizer.ggml.add_bos_token").and_then(Value::as_bool).unwrap_or(spm);
         let mut eos_ids: Vec<u32> = id("tokenizer.ggml.eos_token_id").into_iter().collect();
         if let Some(e) = id("tokenizer.ggml.eot_token_id").filter(|e| !eos_ids.contains(e)) {
             eos_ids.push(e);
