@@ -1,14 +1,17 @@
 //! `ferry-transfer`: moves KV pages from a prefill node into the pages a decode node
 //! preallocated for the same request.
 //!
-//! Planned layout (DESIGN.md §4, issue "KV transfer engine"):
-//! - `room`: the handshake content (room id, secret, destination pages, endpoint, layout) and
-//!   the sender / receiver state machines, which only move forward
-//!   (bootstrapping → waiting for input → transferring → success; failed overrides all);
-//! - `runs`: coalescing (source, destination) page lists into maximal contiguous runs;
-//! - backends behind one trait: `tcp` (raw framed TCP, CRC32C per run), `rdma` (ibverbs,
-//!   feature `rdma`) and `fake` (completes at once, moves nothing);
-//! - fault filters (drop, delay, reorder, truncate, corrupt, cut) for tests.
+//! Built so far (the hardware-free core, all pure):
+//! - [`runs`]: coalescing (source, destination) page lists into maximal runs where both sides
+//!   are consecutive — one run is one contiguous region on each side (pages are page-major),
+//!   so a chunk becomes a few large writes;
+//! - [`frame`]: the data-plane frame header (room, secret, destination run, length, CRC32C)
+//!   and its bounded decoder;
+//! - [`room`]: the forward-only room state machine with a timeout in every state.
 //!
-//! Nothing is implemented yet: this crate is a placeholder so that the workspace has its
-//! final shape. It exports no behaviour.
+//! Still to come (issue "KV transfer engine"): the `tcp`, `rdma` (feature) and `fake` backends
+//! behind one trait, sender / receiver objects driving [`room`], fault filters, metrics.
+
+pub mod frame;
+pub mod room;
+pub mod runs;
