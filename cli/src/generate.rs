@@ -4,7 +4,11 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use ferry_engine::{BatchOptions, ChatMessage, Model, PagePool, Request, SamplingParams, generate};
+use std::io::Write;
+
+use ferry_engine::{
+    BatchOptions, ChatMessage, Detokenizer, Model, PagePool, Request, SamplingParams, generate, generate_streaming,
+};
 use ferry_kernels::cpu::CpuBackend;
 use serde_json::json;
 
@@ -86,12 +90,25 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let mut pool = PagePool::new(model.backend(), model.kv_layout(a.page_size), pages)?;
     let req = Request { prompt: prompt_ids.clone(), params };
     let opts = BatchOptions { chunk_size: a.chunk_size, max_batch_tokens: a.chunk_size.max(1) };
-    let out = generate(&model, &mut pool, &[req], opts)?.remove(0);
-    let text = tok.decode(&out.tokens, true)?;
     if !a.json {
-        println!("{text}");
+        // Stream the text as it is generated, never splitting a UTF-8 character.
+        let mut detok = Detokenizer::new(true);
+        let mut stdout = std::io::stdout().lock();
+        let mut failed = None;
+        generate_streaming(&model, &mut pool, &[req], opts, |_, s| match detok.push(tok, s.token) {
+            Ok(piece) => {
+                let _ = stdout.write_all(piece.as_bytes()).and_then(|()| stdout.flush());
+            }
+            Err(e) => failed = Some(e),
+        })?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        writeln!(stdout, "{}", detok.flush(tok)?)?;
         return Ok(());
     }
+    let out = generate(&model, &mut pool, &[req], opts)?.remove(0);
+    let text = tok.decode(&out.tokens, true)?;
     let decode_tokens = out.tokens.len().saturating_sub(1);
     let decode_s = (out.total - out.ttft).as_secs_f64();
     let report = json!({

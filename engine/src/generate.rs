@@ -97,6 +97,17 @@ pub fn generate<B: Backend>(
     requests: &[Request],
     opts: BatchOptions,
 ) -> Result<Vec<Output>, EngineError> {
+    generate_streaming(model, pool, requests, opts, |_, _| {})
+}
+
+/// Like [`generate`], calling `on_token(request index, token)` as each token is sampled.
+pub fn generate_streaming<B: Backend>(
+    model: &Model<B>,
+    pool: &mut PagePool<B>,
+    requests: &[Request],
+    opts: BatchOptions,
+    mut on_token: impl FnMut(usize, &Sampled),
+) -> Result<Vec<Output>, EngineError> {
     for r in requests {
         validate(model, r)?;
     }
@@ -180,6 +191,7 @@ pub fn generate<B: Backend>(
                 return Err(EngineError::InvalidRequest("forward returned fewer logits than planned".into()));
             };
             let out = s.sampler.sample(&mut l);
+            on_token(i, &out);
             let tok = out.token;
             s.out.push(tok);
             s.sampled.push(out);

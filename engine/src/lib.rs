@@ -32,7 +32,7 @@ pub use cache::{CacheMatch, RadixCache};
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;
 pub use forward::SeqChunk;
-pub use generate::{BatchOptions, Output, Request, generate};
+pub use generate::{BatchOptions, Output, Request, generate, generate_streaming};
 pub use model::{Model, ModelFormat};
 pub use pool::{PageAlloc, PagePool};
 pub use sampler::{Sampled, Sampler};
