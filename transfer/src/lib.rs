@@ -7,11 +7,19 @@
 //!   so a chunk becomes a few large writes;
 //! - [`frame`]: the data-plane frame header (room, secret, destination run, length, CRC32C)
 //!   and its bounded decoder;
-//! - [`room`]: the forward-only room state machine with a timeout in every state.
+//! - [`room`]: the forward-only room state machine with a timeout in every state;
+//! - [`memory`]: the host page arena shared by engine, sender and receiver;
+//! - [`table`]: the receiver's open rooms — secrets, page ownership, claims and commits,
+//!   refusals counted by reason.
 //!
-//! Still to come (issue "KV transfer engine"): the `tcp`, `rdma` (feature) and `fake` backends
-//! behind one trait, sender / receiver objects driving [`room`], fault filters, metrics.
+//! - [`tcp`]: the raw-TCP data plane (sender, receiver, fault filters for tests).
+//!
+//! Still to come (issue "KV transfer engine"): one backend trait over `tcp`, `rdma` (feature)
+//! and `fake`, metrics, the benchmark and the fuzz target.
 
 pub mod frame;
+pub mod memory;
 pub mod room;
 pub mod runs;
+pub mod table;
+pub mod tcp;

@@ -1,0 +1,330 @@
+//! The receiver's table of open rooms: which destination pages each room may fill, what has
+//! arrived, and every refusal counted by reason. Pure (no I/O, caller's clock).
+//!
+//! Safety rules enforced here: a frame is accepted only for an open room, with its secret,
+//! and only for destination pages preallocated for that room and not yet received (or
+//! being received); no page belongs to two open rooms. A page run is *claimed* before its
+//! payload is read and *committed* after its checksum passed, so two writers never touch
+//! one page and a corrupt payload never reaches a page.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::frame::{Aux, Header};
+use crate::room::{FailReason, Room, State, Timeouts};
+
+/// Why a frame or a room was refused (a metrics label each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Refusal {
+    /// No open room with this id.
+    UnknownRoom,
+    /// The secret does not match.
+    WrongSecret,
+    /// Pages outside the room's destination pages.
+    OutsideRoom,
+    /// Pages already received or being received.
+    Duplicate,
+    /// The room already ended.
+    Closed,
+    /// `open` for a room id that is open.
+    DuplicateRoom,
+    /// `open` with pages that another open room holds.
+    PagesInUse,
+}
+
+impl Refusal {
+    /// Stable label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::UnknownRoom => "unknown_room",
+            Self::WrongSecret => "wrong_secret",
+            Self::OutsideRoom => "outside_room",
+            Self::Duplicate => "duplicate_pages",
+            Self::Closed => "closed",
+            Self::DuplicateRoom => "duplicate_room",
+            Self::PagesInUse => "pages_in_use",
+        }
+    }
+}
+
+/// How a room ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// All pages and the aux data arrived.
+    Success(Aux),
+    /// The room failed.
+    Failed(FailReason),
+}
+
+/// Pages `first..first + n` of one room, claimed for one writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claim {
+    /// The room.
+    pub room: u64,
+    /// First destination page.
+    pub first: u32,
+    /// Pages.
+    pub n: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PageState {
+    Expected,
+    Claimed,
+    Received,
+}
+
+struct RecvRoom {
+    secret: [u8; 16],
+    /// Destination page → its state.
+    pages: HashMap<u32, PageState>,
+    received: usize,
+    aux: Option<Aux>,
+    room: Room,
+}
+
+/// Open rooms of one receiver.
+pub struct RoomTable {
+    rooms: HashMap<u64, RecvRoom>,
+    /// Destination page → the open room holding it.
+    owners: HashMap<u32, u64>,
+    refusals: HashMap<Refusal, u64>,
+    timeouts: Timeouts,
+    ended: Vec<(u64, Outcome)>,
+}
+
+impl std::fmt::Debug for RoomTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoomTable").field("rooms", &self.rooms.len()).field("refusals", &self.refusals).finish()
+    }
+}
+
+impl RoomTable {
+    /// An empty table.
+    pub fn new(timeouts: Timeouts) -> Self {
+        Self { rooms: HashMap::new(), owners: HashMap::new(), refusals: HashMap::new(), timeouts, ended: Vec::new() }
+    }
+
+    fn refuse<T>(&mut self, r: Refusal) -> Result<T, Refusal> {
+        *self.refusals.entry(r).or_default() += 1;
+        Err(r)
+    }
+
+    /// Refusals so far, by reason.
+    pub fn refusals(&self, r: Refusal) -> u64 {
+        self.refusals.get(&r).copied().unwrap_or(0)
+    }
+
+    /// Open rooms.
+    pub fn open_rooms(&self) -> usize {
+        self.rooms.len()
+    }
+
+    /// Destination pages held by open rooms.
+    pub fn held_pages(&self) -> usize {
+        self.owners.len()
+    }
+
+    /// Opens a room that may fill `dest` (its preallocated pages), waiting for input.
+    pub fn open(&mut self, room: u64, secret: [u8; 16], dest: &[u32], now: Instant) -> Result<(), Refusal> {
+        if self.rooms.contains_key(&room) {
+            return self.refuse(Refusal::DuplicateRoom);
+        }
+        let mut pages = HashMap::with_capacity(dest.len());
+        for &p in dest {
+            if self.owners.contains_key(&p) || pages.insert(p, PageState::Expected).is_some() {
+                return self.refuse(Refusal::PagesInUse);
+            }
+        }
+        for &p in dest {
+            self.owners.insert(p, room);
+        }
+        let mut r = Room::new(now, self.timeouts);
+        // The receiver opens a room once the handshake is sent: it waits for input.
+        let _ = r.advance(State::WaitingForInput, now);
+        self.rooms.insert(room, RecvRoom { secret, pages, received: 0, aux: None, room: r });
+        Ok(())
+    }
+
+    /// Checks a frame header and claims its pages (for `Pages` frames).
+    pub fn claim(&mut self, h: &Header, now: Instant) -> Result<Claim, Refusal> {
+        let Some(r) = self.rooms.get_mut(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
+        if r.secret != h.secret {
+            return self.refuse(Refusal::WrongSecret);
+        }
+        if r.room.state().is_terminal() {
+            return self.refuse(Refusal::Closed);
+        }
+        let end = u64::from(h.dst_page) + u64::from(h.n_pages);
+        if end > u64::from(u32::MAX) + 1 {
+            return self.refuse(Refusal::OutsideRoom);
+        }
+        let run = h.dst_page..h.dst_page + h.n_pages;
+        let mut verdict = None;
+        for p in run.clone() {
+            match r.pages.get(&p) {
+                None => verdict = verdict.or(Some(Refusal::OutsideRoom)),
+                Some(PageState::Claimed | PageState::Received) => verdict = verdict.or(Some(Refusal::Duplicate)),
+                Some(PageState::Expected) => {}
+            }
+        }
+        if let Some(v) = verdict {
+            return self.refuse(v);
+        }
+        for p in run {
+            r.pages.insert(p, PageState::Claimed);
+        }
+        let _ = r.room.advance(State::Transferring, now);
+        r.room.progress(now);
+        Ok(Claim { room: h.room, first: h.dst_page, n: h.n_pages })
+    }
+
+    /// Marks claimed pages as received (their payload passed its checksum and was written).
+    pub fn commit(&mut self, c: Claim, now: Instant) {
+        let Some(r) = self.rooms.get_mut(&c.room) else { return };
+        for p in c.first..c.first + c.n {
+            if r.pages.get(&p) == Some(&PageState::Claimed) {
+                r.pages.insert(p, PageState::Received);
+                r.received += 1;
+            }
+        }
+        r.room.progress(now);
+        self.try_complete(c.room, now);
+    }
+
+    /// Records the room's `Done` frame (already checked by [`claim`](Self::claim)'s rules:
+    /// call [`check_control`](Self::check_control) first).
+    pub fn done(&mut self, room: u64, aux: Aux, now: Instant) {
+        let Some(r) = self.rooms.get_mut(&room) else { return };
+        if aux.room_echo != room || aux.total_pages as usize != r.pages.len() {
+            let why =
+                format!("aux says {} pages for room {:#x}, {} expected", aux.total_pages, aux.room_echo, r.pages.len());
+            self.fail(room, FailReason::Corrupt(why));
+            return;
+        }
+        r.aux = Some(aux);
+        self.try_complete(room, now);
+    }
+
+    /// Checks a `Done` / `Abort` header: known open room with the right secret.
+    pub fn check_control(&mut self, h: &Header) -> Result<(), Refusal> {
+        let Some(r) = self.rooms.get(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
+        if r.secret != h.secret {
+            return self.refuse(Refusal::WrongSecret);
+        }
+        if r.room.state().is_terminal() {
+            return self.refuse(Refusal::Closed);
+        }
+        Ok(())
+    }
+
+    fn try_complete(&mut self, room: u64, now: Instant) {
+        let Some(r) = self.rooms.get_mut(&room) else { return };
+        if let (Some(aux), true) = (r.aux, r.received == r.pages.len()) {
+            if r.room.advance(State::Success, now).is_ok() {
+                self.ended.push((room, Outcome::Success(aux)));
+            }
+        }
+    }
+
+    /// Fails a room (its claimed pages stay unusable until it is closed).
+    pub fn fail(&mut self, room: u64, reason: FailReason) {
+        if let Some(r) = self.rooms.get_mut(&room) {
+            if r.room.fail(reason.clone()) {
+                self.ended.push((room, Outcome::Failed(reason)));
+            }
+        }
+    }
+
+    /// Fails rooms whose state outlived its timeout.
+    pub fn tick(&mut self, now: Instant) {
+        let mut failed = Vec::new();
+        for (&id, r) in &mut self.rooms {
+            if let Some(reason) = r.room.tick(now) {
+                failed.push((id, reason));
+            }
+        }
+        self.ended.extend(failed.into_iter().map(|(id, reason)| (id, Outcome::Failed(reason))));
+    }
+
+    /// Rooms that ended since the last call. The caller acts on them, then [`close`]s them.
+    ///
+    /// [`close`]: Self::close
+    pub fn drain_ended(&mut self) -> Vec<(u64, Outcome)> {
+        std::mem::take(&mut self.ended)
+    }
+
+    /// Forgets a room and releases its pages; later frames for it are refused. Returns its
+    /// state, or None when it was not open.
+    pub fn close(&mut self, room: u64) -> Option<State> {
+        let r = self.rooms.remove(&room)?;
+        for p in r.pages.keys() {
+            self.owners.remove(p);
+        }
+        Some(r.room.state())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Kind;
+
+    fn pages_header(room: u64, secret: [u8; 16], first: u32, n: u32) -> Header {
+        Header { kind: Kind::Pages, room, secret, dst_page: first, n_pages: n, payload_len: 0, payload_crc: 0 }
+    }
+
+    #[test]
+    fn frames_are_checked_against_the_room() {
+        let now = Instant::now();
+        let mut t = RoomTable::new(Timeouts::default());
+        t.open(1, [1; 16], &[10, 11, 12, 20], now).expect("open");
+        assert_eq!(t.open(1, [1; 16], &[30], now), Err(Refusal::DuplicateRoom));
+        assert_eq!(t.open(2, [2; 16], &[12], now), Err(Refusal::PagesInUse));
+        assert_eq!(t.claim(&pages_header(9, [1; 16], 10, 1), now), Err(Refusal::UnknownRoom));
+        assert_eq!(t.claim(&pages_header(1, [0; 16], 10, 1), now), Err(Refusal::WrongSecret));
+        assert_eq!(
+            t.claim(&pages_header(1, [1; 16], 12, 2), now),
+            Err(Refusal::OutsideRoom),
+            "page 13 is not the room's"
+        );
+        assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX, 2), now), Err(Refusal::OutsideRoom));
+        let c = t.claim(&pages_header(1, [1; 16], 10, 3), now).expect("claim");
+        assert_eq!(t.claim(&pages_header(1, [1; 16], 11, 1), now), Err(Refusal::Duplicate), "claimed pages");
+        t.commit(c, now);
+        assert_eq!(t.claim(&pages_header(1, [1; 16], 10, 1), now), Err(Refusal::Duplicate), "received pages");
+        // Done before the last page: completes when it arrives.
+        t.done(1, Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
+        assert!(t.drain_ended().is_empty());
+        let c = t.claim(&pages_header(1, [1; 16], 20, 1), now).expect("claim");
+        t.commit(c, now);
+        let ended = t.drain_ended();
+        assert!(matches!(ended.as_slice(), [(1, Outcome::Success(a))] if a.first_token == 5));
+        assert_eq!(t.claim(&pages_header(1, [1; 16], 20, 1), now), Err(Refusal::Closed));
+        assert_eq!(t.close(1), Some(State::Success));
+        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
+        assert_eq!(t.refusals(Refusal::Duplicate), 2);
+    }
+
+    #[test]
+    fn wrong_aux_timeouts_and_aborts_fail_the_room() {
+        let now = Instant::now();
+        let mut t = RoomTable::new(Timeouts::default());
+        t.open(1, [1; 16], &[1], now).expect("open");
+        t.done(1, Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
+        assert!(matches!(t.drain_ended().as_slice(), [(1, Outcome::Failed(FailReason::Corrupt(_)))]));
+        t.open(2, [2; 16], &[2], now).expect("open");
+        t.tick(now + Timeouts::default().waiting);
+        assert!(matches!(
+            t.drain_ended().as_slice(),
+            [(2, Outcome::Failed(FailReason::Timeout(State::WaitingForInput)))]
+        ));
+        t.open(3, [3; 16], &[3], now).expect("open");
+        t.fail(3, FailReason::Aborted("client".into()));
+        assert_eq!(t.drain_ended().len(), 1);
+        for r in 1..=3 {
+            t.close(r);
+        }
+        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
+    }
+}

@@ -1,0 +1,253 @@
+//! The receiving side: accepts connections, checks every frame against the room table and
+//! reads page payloads straight into the claimed destination pages.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::TcpConfig;
+use crate::frame::{Aux, FrameError, HEADER_LEN, Header, Kind, Limits, MAX_SMALL_PAYLOAD};
+use crate::memory::HostPages;
+use crate::room::{FailReason, State};
+use crate::table::{Outcome, Refusal, RoomTable};
+
+struct Shared {
+    table: Mutex<RoomTable>,
+    waiters: Mutex<HashMap<u64, oneshot::Sender<Outcome>>>,
+    mem: Arc<HostPages>,
+    limits: Limits,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section leaves the table consistent, so a poisoned lock is usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Runs `f` on the table, then tells the owners of rooms that ended.
+    fn with_table<R>(&self, f: impl FnOnce(&mut RoomTable) -> R) -> R {
+        let (r, ended) = {
+            let mut t = lock(&self.table);
+            let r = f(&mut t);
+            (r, t.drain_ended())
+        };
+        if !ended.is_empty() {
+            let mut w = lock(&self.waiters);
+            for (room, outcome) in ended {
+                if let Some(tx) = w.remove(&room) {
+                    let _ = tx.send(outcome);
+                }
+            }
+        }
+        r
+    }
+}
+
+/// Receives rooms' pages into a page arena.
+pub struct TcpReceiver {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for TcpReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpReceiver").field("addr", &self.addr).finish()
+    }
+}
+
+impl Drop for TcpReceiver {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl TcpReceiver {
+    /// Listens on `addr` (port 0 for any) and writes arriving pages into `mem`.
+    pub async fn bind(addr: SocketAddr, mem: Arc<HostPages>, cfg: TcpConfig) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
+        let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
+        let shared = Arc::new(Shared {
+            table: Mutex::new(RoomTable::new(cfg.timeouts)),
+            waiters: Mutex::new(HashMap::new()),
+            mem,
+            limits,
+        });
+        let s = Arc::clone(&shared);
+        let accept = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                let _ = stream.set_nodelay(true);
+                conns.spawn(serve(Arc::clone(&s), stream));
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        let s = Arc::clone(&shared);
+        let ticker = tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                every.tick().await;
+                s.with_table(|t| t.tick(Instant::now()));
+            }
+        });
+        Ok(Self { addr, shared, tasks: vec![accept, ticker] })
+    }
+
+    /// The data-plane address to hand to senders.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The page arena.
+    pub fn memory(&self) -> &Arc<HostPages> {
+        &self.shared.mem
+    }
+
+    /// Opens a room that may fill `dest`; the receiver resolves with its outcome.
+    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+        if let Some(&bad) = dest.iter().find(|&&p| p as usize >= self.shared.mem.pages()) {
+            tracing::warn!(room, page = bad, "destination page outside the arena");
+            return Err(Refusal::OutsideRoom);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.shared.with_table(|t| t.open(room, secret, dest, Instant::now()))?;
+        lock(&self.shared.waiters).insert(room, tx);
+        Ok(rx)
+    }
+
+    /// Forgets a room (after its outcome, or to abort it from this side); its pages may be
+    /// reused and later frames for it are refused.
+    pub fn close(&self, room: u64) -> Option<State> {
+        self.shared.with_table(|t| {
+            t.fail(room, FailReason::Aborted("closed by the receiver".into()));
+            t.close(room)
+        })
+    }
+
+    /// Refusals so far for `r`.
+    pub fn refusals(&self, r: Refusal) -> u64 {
+        lock(&self.shared.table).refusals(r)
+    }
+
+    /// `(open rooms, destination pages they hold)`.
+    pub fn open_rooms(&self) -> (usize, usize) {
+        let t = lock(&self.shared.table);
+        (t.open_rooms(), t.held_pages())
+    }
+}
+
+/// Reads and discards `n` bytes.
+async fn skip(stream: &mut TcpStream, mut n: usize) -> std::io::Result<()> {
+    let mut buf = [0u8; 8192];
+    while n > 0 {
+        let k = n.min(buf.len());
+        stream.read_exact(&mut buf[..k]).await?;
+        n -= k;
+    }
+    Ok(())
+}
+
+/// One connection: frames until EOF or a framing error. Rooms this connection carried that
+/// have not ended fail when it breaks.
+async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
+    let mut seen: HashSet<u64> = HashSet::new();
+    let reason = loop {
+        let mut hb = [0u8; HEADER_LEN];
+        match stream.read_exact(&mut hb).await {
+            Ok(_) => {}
+            // Senders keep their connections for as long as they live: a close means the
+            // peer is gone, and the rooms it was carrying here cannot finish.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break FailReason::PeerGone("connection closed".into());
+            }
+            Err(e) => break FailReason::PeerGone(e.to_string()),
+        }
+        let h = match Header::decode(&hb, &s.limits) {
+            Ok(h) => h,
+            Err(e @ (FrameError::BadMagic(_) | FrameError::HeaderCrc)) => {
+                break FailReason::Corrupt(format!("framing lost: {e}"));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "refused frame");
+                break FailReason::Corrupt(e.to_string());
+            }
+        };
+        let result = match h.kind {
+            Kind::Pages => pages(&s, &mut stream, &h, &mut seen).await,
+            Kind::Done | Kind::Abort => control(&s, &mut stream, &h, &mut seen).await,
+        };
+        if let Err(e) = result {
+            break FailReason::PeerGone(format!("connection broke mid-frame: {e}"));
+        }
+    };
+    s.with_table(|t| {
+        for &room in &seen {
+            t.fail(room, reason.clone());
+        }
+    });
+}
+
+async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
+    let claim = match s.with_table(|t| t.claim(h, Instant::now())) {
+        Ok(c) => c,
+        Err(refusal) => {
+            tracing::debug!(room = h.room, reason = refusal.label(), "frame refused");
+            return skip(stream, h.payload_len as usize).await;
+        }
+    };
+    seen.insert(h.room);
+    // SAFETY: the table granted this claim to us alone: no one else reads or writes these
+    // pages until the room is closed.
+    let dest = match unsafe { s.mem.slice_mut(claim.first, claim.n) } {
+        Ok(d) => d,
+        Err(e) => {
+            s.with_table(|t| t.fail(h.room, FailReason::Refused(e.to_string())));
+            return skip(stream, h.payload_len as usize).await;
+        }
+    };
+    stream.read_exact(dest).await?;
+    if crc32c::crc32c(dest) != h.payload_crc {
+        // The bytes landed in the room's own pages, but the room fails: no request reads them.
+        s.with_table(|t| {
+            t.fail(h.room, FailReason::Corrupt(format!("checksum mismatch in pages {}..+{}", claim.first, claim.n)))
+        });
+        return Ok(());
+    }
+    s.with_table(|t| t.commit(claim, Instant::now()));
+    Ok(())
+}
+
+async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
+    let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
+    stream.read_exact(&mut payload).await?;
+    if let Err(r) = s.with_table(|t| t.check_control(h)) {
+        tracing::debug!(room = h.room, reason = r.label(), "control frame refused");
+        return Ok(());
+    }
+    seen.insert(h.room);
+    if h.check_payload(&payload).is_err() {
+        s.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
+        return Ok(());
+    }
+    match h.kind {
+        Kind::Done => match Aux::decode(&payload) {
+            Some(aux) => s.with_table(|t| t.done(h.room, aux, Instant::now())),
+            None => s.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
+        },
+        _ => {
+            let why = String::from_utf8_lossy(&payload).into_owned();
+            s.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
+        }
+    }
+    Ok(())
+}

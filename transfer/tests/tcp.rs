@@ -1,0 +1,226 @@
+//! The tcp backend over real loopback sockets: bit-exact delivery into the right pages,
+//! refusals, corruption, truncation, cuts, aborts — and nothing left behind.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_transfer::frame::{Aux, Header};
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::room::{FailReason, Timeouts};
+use ferry_transfer::runs::coalesce;
+use ferry_transfer::table::{Outcome, Refusal};
+use ferry_transfer::tcp::{Fault, TcpConfig, TcpReceiver, TcpSender};
+
+const PAGE: usize = 256;
+const PAGES: usize = 64;
+
+fn any_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn cfg() -> TcpConfig {
+    let s = Duration::from_secs(2);
+    TcpConfig { connections: 3, max_frame_pages: 4, timeouts: Timeouts { bootstrap: s, waiting: s, transferring: s } }
+}
+
+/// A source arena whose every byte is a function of (page, offset).
+fn source() -> HostPages {
+    let m = HostPages::new(PAGE, PAGES).expect("arena");
+    for p in 0..PAGES as u32 {
+        let bytes: Vec<u8> = (0..PAGE).map(|i| (p as usize * 131 + i * 7 + 1) as u8).collect();
+        // SAFETY: the test owns the arena.
+        unsafe { m.write(p, &bytes).expect("write") };
+    }
+    m
+}
+
+fn page(m: &HostPages, p: u32) -> Vec<u8> {
+    // SAFETY: read after the room ended; nothing writes it.
+    unsafe { m.read(p, 1).expect("read").to_vec() }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+    fn pick(&mut self, n: usize, from: &mut Vec<u32>) -> Vec<u32> {
+        (0..n).map(|_| from.swap_remove(self.next(from.len() as u64) as usize)).collect()
+    }
+}
+
+/// Waits (up to 10 s) until `cond` holds; the data plane is asynchronous.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn outcome(rx: tokio::sync::oneshot::Receiver<Outcome>) -> Outcome {
+    tokio::time::timeout(Duration::from_secs(10), rx).await.expect("room ended in time").expect("outcome sent")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), Arc::clone(&rx_mem), cfg()).await.expect("bind");
+    let sender = TcpSender::connect(receiver.local_addr(), cfg()).await.expect("connect");
+    let mut rng = Rng(99);
+    for round in 0..5u64 {
+        let mut free_dst: Vec<u32> = (0..PAGES as u32).collect();
+        let mut free_src: Vec<u32> = (0..PAGES as u32).collect();
+        let mut rooms = Vec::new();
+        for r in 0..3u64 {
+            let n = 1 + rng.next(12) as usize;
+            // Mostly consecutive destinations (as a fresh allocation is), sometimes scattered.
+            let mut dst = rng.pick(n, &mut free_dst);
+            if rng.next(2) == 0 {
+                dst.sort_unstable();
+            }
+            let mut srcp = rng.pick(n, &mut free_src);
+            srcp.sort_unstable();
+            let room = round * 10 + r + 1;
+            let secret = [room as u8; 16];
+            let done = receiver.open(room, secret, &dst).expect("open");
+            rooms.push((room, secret, srcp, dst, done));
+        }
+        let sends = rooms.iter().map(|(room, secret, srcp, dst, _)| {
+            let (sender, src) = (&sender, &src);
+            async move {
+                // Send in chunks, as prefill produces them.
+                let mut at = 0;
+                let mut rng = Rng(*room * 7 + 3);
+                while at < srcp.len() {
+                    let k = (1 + rng.next(4) as usize).min(srcp.len() - at);
+                    let runs = coalesce(&srcp[at..at + k], &dst[at..at + k]);
+                    sender.send_pages(*room, *secret, &runs, src).await.expect("send");
+                    at += k;
+                }
+                let aux =
+                    Aux { first_token: *room as u32, logprob: -1.5, room_echo: *room, total_pages: dst.len() as u32 };
+                sender.send_done(*room, *secret, aux).await.expect("done");
+            }
+        });
+        futures::future::join_all(sends).await;
+        for (room, _, srcp, dst, done) in rooms {
+            match outcome(done).await {
+                Outcome::Success(aux) => assert_eq!(aux.first_token, room as u32),
+                other => panic!("room {room}: {other:?}"),
+            }
+            for (s, d) in srcp.iter().zip(&dst) {
+                assert_eq!(page(&rx_mem, *d), page(&src, *s), "room {room}: page {s} → {d}");
+            }
+            receiver.close(room);
+        }
+        for &p in &free_dst {
+            assert!(page(&rx_mem, p).iter().all(|&b| b == 0) || round > 0, "untouched page {p} written");
+        }
+    }
+    assert_eq!(receiver.open_rooms(), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_frames_are_refused_counted_and_write_nothing() {
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), Arc::clone(&rx_mem), cfg()).await.expect("bind");
+    let sender =
+        TcpSender::connect(receiver.local_addr(), TcpConfig { connections: 1, ..cfg() }).await.expect("connect");
+    let done = receiver.open(7, [7; 16], &[10, 11]).expect("open");
+    let run = |src: u32, dst: u32| coalesce(&[src], &[dst]);
+    sender.send_pages(8, [7; 16], &run(1, 10), &src).await.expect("unknown room");
+    sender.send_pages(7, [0; 16], &run(1, 10), &src).await.expect("wrong secret");
+    sender.send_pages(7, [7; 16], &run(1, 12), &src).await.expect("outside the room");
+    // The connection still works: the real pages go through afterwards.
+    sender.send_pages(7, [7; 16], &coalesce(&[3, 4], &[10, 11]), &src).await.expect("send");
+    sender.send_pages(7, [7; 16], &run(3, 10), &src).await.expect("duplicate");
+    sender
+        .send_done(7, [7; 16], Aux { first_token: 1, logprob: 0.0, room_echo: 7, total_pages: 2 })
+        .await
+        .expect("done");
+    assert!(matches!(outcome(done).await, Outcome::Success(_)));
+    for (r, n) in [(Refusal::UnknownRoom, 1), (Refusal::WrongSecret, 1), (Refusal::OutsideRoom, 1)] {
+        assert_eq!(receiver.refusals(r), n, "{r:?}");
+    }
+    // The duplicate is refused, as a duplicate or, once the room succeeded, as closed.
+    eventually("the duplicate's refusal", || {
+        receiver.refusals(Refusal::Duplicate) + receiver.refusals(Refusal::Closed) == 1
+    })
+    .await;
+    assert!(page(&rx_mem, 12).iter().all(|&b| b == 0), "page outside the room untouched");
+    assert_eq!(page(&rx_mem, 10), page(&src, 3));
+    receiver.close(7);
+    // Frames for a closed room are refused too.
+    sender.send_pages(7, [7; 16], &run(1, 10), &src).await.expect("late frame");
+    eventually("the late frame's refusal", || receiver.refusals(Refusal::UnknownRoom) == 2).await;
+    assert_eq!(page(&rx_mem, 10), page(&src, 3), "late frame wrote nothing");
+}
+
+async fn faulty_room(fault: Fault, nth: u64) -> (Outcome, TcpReceiver) {
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
+    let filter = Arc::new(move |i: u64, _: &Header| if i == nth { fault } else { Fault::Pass });
+    let sender = TcpSender::connect_with_faults(receiver.local_addr(), TcpConfig { connections: 1, ..cfg() }, filter)
+        .await
+        .expect("connect");
+    let dst: Vec<u32> = (20..28).collect();
+    let done = receiver.open(5, [5; 16], &dst).expect("open");
+    let srcp: Vec<u32> = (0..8).collect();
+    let _ = sender.send_pages(5, [5; 16], &coalesce(&srcp, &dst), &src).await;
+    let _ = sender.send_done(5, [5; 16], Aux { first_token: 0, logprob: 0.0, room_echo: 5, total_pages: 8 }).await;
+    (outcome(done).await, receiver)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_truncated_cut_and_dropped_frames_fail_the_room_with_a_reason() {
+    let (o, _) = faulty_room(Fault::Corrupt(17), 1).await;
+    assert!(matches!(o, Outcome::Failed(FailReason::Corrupt(_))), "{o:?}");
+    let (o, _) = faulty_room(Fault::Truncate(100), 1).await;
+    assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
+    let (o, _) = faulty_room(Fault::Cut, 1).await;
+    assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
+    // A dropped frame leaves a page missing: the room waits, then times out in Transferring.
+    let (o, _) = faulty_room(Fault::Drop, 0).await;
+    assert!(matches!(o, Outcome::Failed(FailReason::Timeout(_))), "{o:?}");
+    // Delay and reorder are harmless.
+    let (o, _) = faulty_room(Fault::Delay(Duration::from_millis(50)), 0).await;
+    assert!(matches!(o, Outcome::Success(_)), "{o:?}");
+    let (o, receiver) = faulty_room(Fault::Reorder, 0).await;
+    assert!(matches!(o, Outcome::Success(_)), "{o:?}");
+    receiver.close(5);
+    assert_eq!(receiver.open_rooms(), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborts_from_either_side_end_the_room_and_free_its_pages() {
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
+    let sender = TcpSender::connect(receiver.local_addr(), cfg()).await.expect("connect");
+    let done = receiver.open(1, [1; 16], &[1, 2, 3]).expect("open");
+    sender.send_pages(1, [1; 16], &coalesce(&[5], &[1]), &src).await.expect("send");
+    sender.send_abort(1, [1; 16], "client went away").await.expect("abort");
+    match outcome(done).await {
+        Outcome::Failed(FailReason::Aborted(why)) => assert_eq!(why, "client went away"),
+        other => panic!("{other:?}"),
+    }
+    receiver.close(1);
+    // Receiver side: close mid-transfer; the sender's later frames are refused.
+    let done = receiver.open(2, [2; 16], &[1, 2, 3]).expect("reopen the same pages");
+    sender.send_pages(2, [2; 16], &coalesce(&[5], &[1]), &src).await.expect("send");
+    receiver.close(2);
+    assert!(matches!(outcome(done).await, Outcome::Failed(FailReason::Aborted(_))));
+    sender.send_pages(2, [2; 16], &coalesce(&[6], &[2]), &src).await.expect("late");
+    eventually("the late frame's refusal", || receiver.refusals(Refusal::UnknownRoom) >= 1).await;
+    assert_eq!(receiver.open_rooms(), (0, 0));
+}
