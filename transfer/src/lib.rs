@@ -12,12 +12,16 @@
 //! - [`table`]: the receiver's open rooms — secrets, page ownership, claims and commits,
 //!   refusals counted by reason.
 //!
-//! - [`tcp`]: the raw-TCP data plane (sender, receiver, fault filters for tests).
+//! - [`inbox`]: the room table and the owners awaiting outcomes, shared by receivers;
+//! - [`tcp`]: the raw-TCP data plane (sender, receiver, fault filters for tests);
+//! - [`fake`]: moves nothing, completes at once, same room accounting.
 //!
-//! Still to come (issue "KV transfer engine"): one backend trait over `tcp`, `rdma` (feature)
-//! and `fake`, metrics, the benchmark and the fuzz target.
+//! Still to come (issue "KV transfer engine"): the `rdma` backend (feature) over a narrow
+//! verbs trait, `--transfer auto`, metrics, and the fuzz target.
 
+pub mod fake;
 pub mod frame;
+pub mod inbox;
 pub mod memory;
 pub mod room;
 pub mod runs;

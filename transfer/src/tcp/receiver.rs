@@ -1,9 +1,9 @@
 //! The receiving side: accepts connections, checks every frame against the room table and
 //! reads page payloads straight into the claimed destination pages.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
@@ -13,39 +13,20 @@ use tokio::task::JoinHandle;
 
 use super::TcpConfig;
 use crate::frame::{Aux, FrameError, HEADER_LEN, Header, Kind, Limits, MAX_SMALL_PAYLOAD};
+use crate::inbox::Inbox;
 use crate::memory::HostPages;
 use crate::room::{FailReason, State};
-use crate::table::{Outcome, Refusal, RoomTable};
+use crate::table::{Outcome, Refusal};
 
 struct Shared {
-    table: Mutex<RoomTable>,
-    waiters: Mutex<HashMap<u64, oneshot::Sender<Outcome>>>,
+    inbox: Inbox,
     mem: Arc<HostPages>,
     limits: Limits,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves the table consistent, so a poisoned lock is usable.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Shared {
-    /// Runs `f` on the table, then tells the owners of rooms that ended.
-    fn with_table<R>(&self, f: impl FnOnce(&mut RoomTable) -> R) -> R {
-        let (r, ended) = {
-            let mut t = lock(&self.table);
-            let r = f(&mut t);
-            (r, t.drain_ended())
-        };
-        if !ended.is_empty() {
-            let mut w = lock(&self.waiters);
-            for (room, outcome) in ended {
-                if let Some(tx) = w.remove(&room) {
-                    let _ = tx.send(outcome);
-                }
-            }
-        }
-        r
+    fn with_table<R>(&self, f: impl FnOnce(&mut crate::table::RoomTable) -> R) -> R {
+        self.inbox.with_table(f)
     }
 }
 
@@ -77,12 +58,7 @@ impl TcpReceiver {
         let addr = listener.local_addr()?;
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
-        let shared = Arc::new(Shared {
-            table: Mutex::new(RoomTable::new(cfg.timeouts)),
-            waiters: Mutex::new(HashMap::new()),
-            mem,
-            limits,
-        });
+        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts), mem, limits });
         let s = Arc::clone(&shared);
         let accept = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
@@ -97,7 +73,7 @@ impl TcpReceiver {
             let mut every = tokio::time::interval(Duration::from_millis(50));
             loop {
                 every.tick().await;
-                s.with_table(|t| t.tick(Instant::now()));
+                s.inbox.tick();
             }
         });
         Ok(Self { addr, shared, tasks: vec![accept, ticker] })
@@ -119,30 +95,28 @@ impl TcpReceiver {
             tracing::warn!(room, page = bad, "destination page outside the arena");
             return Err(Refusal::OutsideRoom);
         }
-        let (tx, rx) = oneshot::channel();
-        self.shared.with_table(|t| t.open(room, secret, dest, Instant::now()))?;
-        lock(&self.shared.waiters).insert(room, tx);
-        Ok(rx)
+        self.shared.inbox.open(room, secret, dest)
     }
 
     /// Forgets a room (after its outcome, or to abort it from this side); its pages may be
     /// reused and later frames for it are refused.
     pub fn close(&self, room: u64) -> Option<State> {
-        self.shared.with_table(|t| {
-            t.fail(room, FailReason::Aborted("closed by the receiver".into()));
-            t.close(room)
-        })
+        self.shared.inbox.close(room)
+    }
+
+    /// The rooms and their counters.
+    pub fn inbox(&self) -> &Inbox {
+        &self.shared.inbox
     }
 
     /// Refusals so far for `r`.
     pub fn refusals(&self, r: Refusal) -> u64 {
-        lock(&self.shared.table).refusals(r)
+        self.shared.inbox.refusals(r)
     }
 
     /// `(open rooms, destination pages they hold)`.
     pub fn open_rooms(&self) -> (usize, usize) {
-        let t = lock(&self.shared.table);
-        (t.open_rooms(), t.held_pages())
+        self.shared.inbox.open_rooms()
     }
 }
 

@@ -1,0 +1,190 @@
+//! TCP data-plane benchmark (run: `cargo bench -p ferry-transfer --bench tcp`).
+//!
+//! 1. Baseline: plain loopback TCP, one connection, 1 MiB writes (what iperf3 measures).
+//! 2. Ferry's tcp backend moving a 256 MiB KV cache (SmolLM2 pages: 720 KiB for 16 tokens)
+//!    from one arena into another, in page runs, over 1 and 4 connections; ratio to 1.
+//! 3. Streaming: the same KV in 32 chunks sent as a simulated prefill produces them; how long
+//!    after the last chunk is produced the receiver completes, relative to one chunk's
+//!    transfer time alone.
+//!
+//! `FERRY_BENCH_QUICK=1` uses 32 MiB (CI smoke run). Medians of 3 runs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_transfer::frame::Aux;
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::room::Timeouts;
+use ferry_transfer::runs::PageRun;
+use ferry_transfer::table::Outcome;
+use ferry_transfer::tcp::{TcpConfig, TcpReceiver, TcpSender};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const PAGE: usize = 720 * 1024;
+const MIB: usize = 1 << 20;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+async fn baseline(bytes: usize) -> std::io::Result<f64> {
+    let listener = tokio::net::TcpListener::bind(addr()).await?;
+    let a = listener.local_addr()?;
+    let reader = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let mut buf = vec![0u8; MIB];
+        let mut got = 0;
+        while got < bytes {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok::<usize, std::io::Error>(got)
+    });
+    let mut s = tokio::net::TcpStream::connect(a).await?;
+    let buf = vec![1u8; MIB];
+    let t = Instant::now();
+    for _ in 0..bytes / MIB {
+        s.write_all(&buf).await?;
+    }
+    let got = reader.await.map_err(std::io::Error::other)??;
+    assert_eq!(got, bytes);
+    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
+}
+
+struct Setup {
+    src: HostPages,
+    receiver: TcpReceiver,
+    sender: TcpSender,
+}
+
+async fn setup(pages: usize, connections: usize) -> std::io::Result<Setup> {
+    let src = HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?;
+    let dst = Arc::new(HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?);
+    let cfg = TcpConfig { connections, max_frame_pages: 2, timeouts: Timeouts::default() };
+    let receiver = TcpReceiver::bind(addr(), dst, cfg).await?;
+    let sender = TcpSender::connect(receiver.local_addr(), cfg).await?;
+    Ok(Setup { src, receiver, sender })
+}
+
+async fn send_room(s: &Setup, room: u64, chunks: &[PageRun], pace: Option<Duration>) -> std::io::Result<(f64, f64)> {
+    let total: u32 = chunks.iter().map(|r| r.len).sum();
+    let dest: Vec<u32> = chunks.iter().flat_map(|r| r.dst..r.dst + r.len).collect();
+    let done = s.receiver.open(room, [3; 16], &dest).map_err(|r| std::io::Error::other(r.label()))?;
+    let t = Instant::now();
+    // The producer "computes" chunks (sleeps `pace` each) and hands them over; the consumer
+    // sends each as soon as it is produced, overlapping the next chunk's compute.
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<PageRun>(chunks.len().max(1));
+    let producer = async {
+        let mut last = Instant::now();
+        for c in chunks {
+            if let Some(p) = pace {
+                tokio::time::sleep(p).await;
+            }
+            last = Instant::now();
+            if tx.send(*c).await.is_err() {
+                break;
+            }
+        }
+        drop(tx);
+        last
+    };
+    let consumer = async {
+        while let Some(c) = rx.recv().await {
+            s.sender.send_pages(room, [3; 16], &[c], &s.src).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    let (last_produced, sent) = tokio::join!(producer, consumer);
+    sent?;
+    s.sender
+        .send_done(room, [3; 16], Aux { first_token: 0, logprob: 0.0, room_echo: room, total_pages: total })
+        .await?;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), done)
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::other)?;
+    let end = Instant::now();
+    s.receiver.close(room);
+    match outcome {
+        Outcome::Success(_) => Ok(((end - t).as_secs_f64(), (end - last_produced).as_secs_f64())),
+        Outcome::Failed(r) => Err(std::io::Error::other(format!("{r:?}"))),
+    }
+}
+
+async fn run(quick: bool) -> std::io::Result<()> {
+    let bytes = if quick { 32 * MIB } else { 256 * MIB };
+    let pages = bytes / PAGE;
+    let kv = pages * PAGE;
+    let reps = 3;
+    let mut base = Vec::new();
+    for _ in 0..reps {
+        base.push(baseline(bytes).await?);
+    }
+    let base = median(base);
+    println!(
+        "KV transfer over loopback TCP, {} pages of {} KiB ({:.0} MiB), median of {reps}",
+        pages,
+        PAGE / 1024,
+        kv as f64 / MIB as f64
+    );
+    println!("{:<44} {:>8} {:>10}", "", "GB/s", "vs plain");
+    println!("{:<44} {:>8.2} {:>10}", "plain TCP, 1 MiB writes (baseline)", base, "1.00");
+    let whole = [PageRun { src: 0, dst: 0, len: pages as u32 }];
+    for conns in [1usize, 4] {
+        let s = setup(pages, conns).await?;
+        let mut v = Vec::new();
+        for r in 0..reps {
+            let (t, _) = send_room(&s, r as u64 + 1, &whole, None).await?;
+            v.push(kv as f64 / t / 1e9);
+        }
+        let g = median(v);
+        println!("{:<44} {:>8.2} {:>10.2}", format!("ferry tcp, {conns} connection(s), page runs"), g, g / base);
+    }
+    // Streaming: 32 chunks produced one after another.
+    let s = setup(pages, 4).await?;
+    let per = (pages / 32).max(1) as u32;
+    let chunks: Vec<PageRun> =
+        (0..pages as u32 / per).map(|i| PageRun { src: i * per, dst: i * per, len: per }).collect();
+    let mut one = Vec::new();
+    for r in 0..reps {
+        one.push(send_room(&s, 100 + r as u64, &chunks[..1], None).await?.0);
+    }
+    let one = median(one);
+    let pace = Duration::from_secs_f64(one * 1.5);
+    let mut tails = Vec::new();
+    let mut totals = Vec::new();
+    for r in 0..reps {
+        let (total, tail) = send_room(&s, 200 + r as u64, &chunks, Some(pace)).await?;
+        tails.push(tail);
+        totals.push(total);
+    }
+    let tail = median(tails);
+    println!(
+        "\nStreaming {} chunks of {} pages, one produced every {:.1} ms (1.5x one chunk's transfer of {:.1} ms):",
+        chunks.len(),
+        per,
+        pace.as_secs_f64() * 1e3,
+        one * 1e3
+    );
+    println!(
+        "  receiver complete {:.1} ms after the last chunk was produced = {:.2} chunk transfer times; whole room {:.0} ms",
+        tail * 1e3,
+        tail / one,
+        median(totals) * 1e3
+    );
+    Ok(())
+}
+
+fn main() -> std::io::Result<()> {
+    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(run(quick))
+}
