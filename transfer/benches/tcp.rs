@@ -7,7 +7,7 @@
 //!    after the last chunk is produced the receiver completes, relative to one chunk's
 //!    transfer time alone.
 //!
-//! `FERRY_BENCH_QUICK=1` uses 32 MiB (CI smoke run). Medians of 3 runs.
+//! `FERRY_BENCH_QUICK=1` uses 32 MiB (CI smoke run). Medians of 7 runs (3 when quick).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,15 +33,19 @@ fn addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-async fn baseline(bytes: usize) -> std::io::Result<f64> {
+/// Plain TCP, 1 MiB writes. With `arena`, the bytes come from and land in 256 MiB buffers (as
+/// KV pages do) instead of one cache-resident 1 MiB buffer.
+async fn baseline(bytes: usize, arena: bool) -> std::io::Result<f64> {
     let listener = tokio::net::TcpListener::bind(addr()).await?;
     let a = listener.local_addr()?;
     let reader = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await?;
-        let mut buf = vec![0u8; MIB];
+        let mut buf = vec![1u8; if arena { bytes } else { MIB }];
         let mut got = 0;
         while got < bytes {
-            let n = s.read(&mut buf).await?;
+            let at = if arena { got } else { 0 };
+            let end = (at + MIB).min(buf.len());
+            let n = s.read(&mut buf[at..end]).await?;
             if n == 0 {
                 break;
             }
@@ -50,10 +54,11 @@ async fn baseline(bytes: usize) -> std::io::Result<f64> {
         Ok::<usize, std::io::Error>(got)
     });
     let mut s = tokio::net::TcpStream::connect(a).await?;
-    let buf = vec![1u8; MIB];
+    let buf = vec![1u8; if arena { bytes } else { MIB }];
     let t = Instant::now();
-    for _ in 0..bytes / MIB {
-        s.write_all(&buf).await?;
+    for i in 0..bytes / MIB {
+        let at = if arena { i * MIB } else { 0 };
+        s.write_all(&buf[at..at + MIB]).await?;
     }
     let got = reader.await.map_err(std::io::Error::other)??;
     assert_eq!(got, bytes);
@@ -69,7 +74,8 @@ struct Setup {
 async fn setup(pages: usize, connections: usize) -> std::io::Result<Setup> {
     let src = HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?;
     let dst = Arc::new(HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?);
-    let cfg = TcpConfig { connections, max_frame_pages: 2, timeouts: Timeouts::default() };
+    let frame_pages = std::env::var("FERRY_BENCH_FRAME_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let cfg = TcpConfig { connections, max_frame_pages: frame_pages, timeouts: Timeouts::default() };
     let receiver = TcpReceiver::bind(addr(), dst, cfg).await?;
     let sender = TcpSender::connect(receiver.local_addr(), cfg).await?;
     Ok(Setup { src, receiver, sender })
@@ -124,12 +130,14 @@ async fn run(quick: bool) -> std::io::Result<()> {
     let bytes = if quick { 32 * MIB } else { 256 * MIB };
     let pages = bytes / PAGE;
     let kv = pages * PAGE;
-    let reps = 3;
+    let reps = if quick { 3 } else { 7 };
     let mut base = Vec::new();
+    let mut base_arena = Vec::new();
     for _ in 0..reps {
-        base.push(baseline(bytes).await?);
+        base.push(baseline(bytes, false).await?);
+        base_arena.push(baseline(bytes, true).await?);
     }
-    let base = median(base);
+    let (base, base_arena) = (median(base), median(base_arena));
     println!(
         "KV transfer over loopback TCP, {} pages of {} KiB ({:.0} MiB), median of {reps}",
         pages,
@@ -138,6 +146,7 @@ async fn run(quick: bool) -> std::io::Result<()> {
     );
     println!("{:<44} {:>8} {:>10}", "", "GB/s", "vs plain");
     println!("{:<44} {:>8.2} {:>10}", "plain TCP, 1 MiB writes (baseline)", base, "1.00");
+    println!("{:<44} {:>8.2} {:>10.2}", "plain TCP, 1 MiB writes, 256 MiB buffers", base_arena, base_arena / base);
     let whole = [PageRun { src: 0, dst: 0, len: pages as u32 }];
     for conns in [1usize, 4] {
         let s = setup(pages, conns).await?;
@@ -151,9 +160,10 @@ async fn run(quick: bool) -> std::io::Result<()> {
     }
     // Streaming: 32 chunks produced one after another.
     let s = setup(pages, 4).await?;
-    let per = (pages / 32).max(1) as u32;
+    let bound = |i: usize| (i * pages / 32) as u32;
     let chunks: Vec<PageRun> =
-        (0..pages as u32 / per).map(|i| PageRun { src: i * per, dst: i * per, len: per }).collect();
+        (0..32).map(|i| PageRun { src: bound(i), dst: bound(i), len: bound(i + 1) - bound(i) }).collect();
+    let per = chunks[0].len;
     let mut one = Vec::new();
     for r in 0..reps {
         one.push(send_room(&s, 100 + r as u64, &chunks[..1], None).await?.0);
@@ -169,7 +179,7 @@ async fn run(quick: bool) -> std::io::Result<()> {
     }
     let tail = median(tails);
     println!(
-        "\nStreaming {} chunks of {} pages, one produced every {:.1} ms (1.5x one chunk's transfer of {:.1} ms):",
+        "\nStreaming {} chunks of ~{} pages, one produced every {:.1} ms (1.5x one chunk's transfer of {:.1} ms):",
         chunks.len(),
         per,
         pace.as_secs_f64() * 1e3,

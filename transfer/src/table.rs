@@ -155,11 +155,9 @@ impl RoomTable {
         if r.room.state().is_terminal() {
             return self.refuse(Refusal::Closed);
         }
-        let end = u64::from(h.dst_page) + u64::from(h.n_pages);
-        if end > u64::from(u32::MAX) + 1 {
-            return self.refuse(Refusal::OutsideRoom);
-        }
-        let run = h.dst_page..h.dst_page + h.n_pages;
+        // A run ending past u32::MAX cannot be inside any room (found by the fuzzer).
+        let Some(end) = h.dst_page.checked_add(h.n_pages) else { return self.refuse(Refusal::OutsideRoom) };
+        let run = h.dst_page..end;
         let mut verdict = None;
         for p in run.clone() {
             match r.pages.get(&p) {
@@ -289,6 +287,7 @@ mod tests {
             "page 13 is not the room's"
         );
         assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX, 2), now), Err(Refusal::OutsideRoom));
+        assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX - 1, 2), now), Err(Refusal::OutsideRoom), "ends at 2^32");
         let c = t.claim(&pages_header(1, [1; 16], 10, 3), now).expect("claim");
         assert_eq!(t.claim(&pages_header(1, [1; 16], 11, 1), now), Err(Refusal::Duplicate), "claimed pages");
         t.commit(c, now);
