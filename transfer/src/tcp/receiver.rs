@@ -24,12 +24,6 @@ struct Shared {
     limits: Limits,
 }
 
-impl Shared {
-    fn with_table<R>(&self, f: impl FnOnce(&mut crate::table::RoomTable) -> R) -> R {
-        self.inbox.with_table(f)
-    }
-}
-
 /// Receives rooms' pages into a page arena.
 pub struct TcpReceiver {
     addr: SocketAddr,
@@ -164,7 +158,7 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
             break FailReason::PeerGone(format!("connection broke mid-frame: {e}"));
         }
     };
-    s.with_table(|t| {
+    s.inbox.with_table(|t| {
         for &room in &seen {
             t.fail(room, reason.clone());
         }
@@ -172,7 +166,7 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
 }
 
 async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
-    let claim = match s.with_table(|t| t.claim(h, Instant::now())) {
+    let claim = match s.inbox.with_table(|t| t.claim(h, Instant::now())) {
         Ok(c) => c,
         Err(refusal) => {
             tracing::debug!(room = h.room, reason = refusal.label(), "frame refused");
@@ -185,42 +179,42 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
     let dest = match unsafe { s.mem.slice_mut(claim.first, claim.n) } {
         Ok(d) => d,
         Err(e) => {
-            s.with_table(|t| t.fail(h.room, FailReason::Refused(e.to_string())));
+            s.inbox.with_table(|t| t.fail(h.room, FailReason::Refused(e.to_string())));
             return skip(stream, h.payload_len as usize).await;
         }
     };
     stream.read_exact(dest).await?;
     if crc32c::crc32c(dest) != h.payload_crc {
         // The bytes landed in the room's own pages, but the room fails: no request reads them.
-        s.with_table(|t| {
+        s.inbox.with_table(|t| {
             t.fail(h.room, FailReason::Corrupt(format!("checksum mismatch in pages {}..+{}", claim.first, claim.n)))
         });
         return Ok(());
     }
-    s.with_table(|t| t.commit(claim, Instant::now()));
+    s.inbox.with_table(|t| t.commit(claim, Instant::now()));
     Ok(())
 }
 
 async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
     stream.read_exact(&mut payload).await?;
-    if let Err(r) = s.with_table(|t| t.check_control(h)) {
+    if let Err(r) = s.inbox.with_table(|t| t.check_control(h)) {
         tracing::debug!(room = h.room, reason = r.label(), "control frame refused");
         return Ok(());
     }
     seen.insert(h.room);
     if h.check_payload(&payload).is_err() {
-        s.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
+        s.inbox.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
         return Ok(());
     }
     match h.kind {
         Kind::Done => match Aux::decode(&payload) {
-            Some(aux) => s.with_table(|t| t.done(h.room, aux, Instant::now())),
-            None => s.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
+            Some(aux) => s.inbox.with_table(|t| t.done(h.room, aux, Instant::now())),
+            None => s.inbox.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
         },
         _ => {
             let why = String::from_utf8_lossy(&payload).into_owned();
-            s.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
+            s.inbox.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
         }
     }
     Ok(())
