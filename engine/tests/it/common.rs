@@ -1,5 +1,4 @@
 //! Helpers shared by the engine's integration tests.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +9,6 @@ use ferry_kernels::cpu::CpuBackend;
 /// A tiny model written to a temporary directory (kept alive by the returned guard).
 pub struct TinyModel {
     pub dir: tempfile::TempDir,
-    pub spec: TinySpec,
 }
 
 impl TinyModel {
@@ -18,7 +16,7 @@ impl TinyModel {
         let dir = tempfile::tempdir().expect("temp dir");
         write_hf(&dir.path().join("hf"), &spec).expect("write hf");
         write_gguf(&dir.path().join("tiny.gguf"), &spec).expect("write gguf");
-        Self { dir, spec }
+        Self { dir }
     }
     pub fn hf(&self) -> PathBuf {
         self.dir.path().join("hf")

@@ -1,8 +1,6 @@
 //! The paged, chunked, batched engine computes what a single whole-prompt pass computes.
 
-mod common;
-
-use common::{TinyModel, load, pool, prompt, rel_diff};
+use crate::common::{TinyModel, load, pool, prompt, rel_diff};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, Request, SamplingParams, SeqChunk, generate};
 

@@ -2,12 +2,10 @@
 //! straight from the safetensors file — agrees with the engine; and the GGUF copy of the same
 //! weights (Q/K rows permuted the llama.cpp way, optionally quantised) gives the same logits.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 
-use common::{TinyModel, load, pool, prompt, rel_diff};
+use crate::common::{TinyModel, load, pool, prompt, rel_diff};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{Arch, SeqChunk};
 

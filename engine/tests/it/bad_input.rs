@@ -1,8 +1,6 @@
 //! Bad input gives a clear error naming the problem, never a panic.
 
-mod common;
-
-use common::{TinyModel, load, pool};
+use crate::common::{TinyModel, load, pool};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, EngineError, Model, Request, SamplingParams, generate};
 use ferry_kernels::cpu::CpuBackend;

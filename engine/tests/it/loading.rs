@@ -1,11 +1,9 @@
 //! Model loading paths beyond the single-file case: sharded safetensors with an index,
 //! half-precision tensors, HF configs of other families.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::{TinyModel, load, pool, prompt, rel_diff};
+use crate::common::{TinyModel, load, pool, prompt, rel_diff};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{Arch, ModelConfig, SeqChunk};
 

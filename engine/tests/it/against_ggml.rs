@@ -2,9 +2,7 @@
 //! supported type, and SmolLM2's greedy tokens and logprobs from an independent numpy
 //! forward pass that keeps GGUF's Q/K layout and rotates adjacent pairs.
 
-mod common;
-
-use common::{load, pool, python_reference, rel_diff, smollm2};
+use crate::common::{load, pool, python_reference, rel_diff, smollm2};
 use ferry_engine::dequant::{DType, dequantize};
 use ferry_engine::{BatchOptions, Request, SamplingParams, SeqChunk, generate};
 use ferry_tokenize::gguf::GgufFile;

@@ -1,8 +1,6 @@
 //! Tokenizer, chat template and incremental detokenizer on the tiny model and SmolLM2.
 
-mod common;
-
-use common::{TinyModel, load, smollm2};
+use crate::common::{TinyModel, load, smollm2};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{ChatMessage, Detokenizer, Tokenizer};
 

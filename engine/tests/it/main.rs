@@ -1,0 +1,13 @@
+//! The engine's integration tests, as one test binary (one link, shared helpers).
+
+mod common;
+
+mod against_ggml;
+mod bad_input;
+mod cache_props;
+mod loading;
+mod parity;
+mod pool_props;
+mod reference;
+mod scheduler;
+mod tokenizer;
