@@ -19,6 +19,18 @@ pub enum Arch {
     Qwen2,
 }
 
+impl Arch {
+    /// The architecture named by HF `model_type` or GGUF `general.architecture`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Self::Llama),
+            "mistral" => Some(Self::Mistral),
+            "qwen2" => Some(Self::Qwen2),
+            _ => None,
+        }
+    }
+}
+
 /// Model hyper-parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -58,16 +70,9 @@ impl ModelConfig {
         let bytes = std::fs::read(path).map_err(|source| EngineError::Io { path: path.to_path_buf(), source })?;
         let j: Json = serde_json::from_slice(&bytes).map_err(|e| EngineError::invalid(path, e.to_string()))?;
         let model_type = j.get("model_type").and_then(Json::as_str).unwrap_or("llama");
-        let arch = match model_type {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            other => {
-                return Err(EngineError::Unsupported(format!(
-                    "model_type {other:?} (supported: llama, mistral, qwen2)"
-                )));
-            }
-        };
+        let arch = Arch::from_name(model_type).ok_or_else(|| {
+            EngineError::Unsupported(format!("model_type {model_type:?} (supported: llama, mistral, qwen2)"))
+        })?;
         let num = |k: &str| -> Result<usize, EngineError> {
             j.get(k)
                 .and_then(Json::as_u64)
@@ -115,16 +120,9 @@ impl ModelConfig {
     pub fn from_gguf(h: &GgufHeader, path: &Path) -> Result<Self, EngineError> {
         let md = &h.metadata;
         let arch_name = md.req_str("general.architecture")?;
-        let arch = match arch_name {
-            "llama" => Arch::Llama,
-            "mistral" => Arch::Mistral,
-            "qwen2" => Arch::Qwen2,
-            other => {
-                return Err(EngineError::Unsupported(format!(
-                    "GGUF architecture {other:?} (supported: llama, mistral, qwen2)"
-                )));
-            }
-        };
+        let arch = Arch::from_name(arch_name).ok_or_else(|| {
+            EngineError::Unsupported(format!("GGUF architecture {arch_name:?} (supported: llama, mistral, qwen2)"))
+        })?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let num = |k: &str| md.req_u64(&key(k)).map(|v| v as usize);
         let float = |k: &str, d: f64| md.get(&key(k)).and_then(Value::as_f64).unwrap_or(d) as f32;

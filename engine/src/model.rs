@@ -8,7 +8,7 @@ use ferry_tokenize::{TokenizeError, Tokenizer};
 
 use crate::EngineError;
 use crate::config::ModelConfig;
-use crate::source::{GgufSource, HfSource, TensorSource};
+use crate::source::{GgufSource, HfSource};
 use crate::weights::Weights;
 
 /// Where a model was loaded from.
@@ -54,8 +54,7 @@ impl<B: Backend> Model<B> {
         let config = ModelConfig::from_hf_json(&config_path)?;
         let src = HfSource::open(dir)?;
         let tokenizer = Tokenizer::from_hf_dir(dir, config.vocab_size)?;
-        let fingerprint = fingerprint(&config, &src)?;
-        let weights = Weights::load(&backend, &config, &src)?;
+        let (weights, fingerprint) = Weights::load(&backend, &config, &src)?;
         Ok(Self::assemble(config, backend, weights, tokenizer, ModelFormat::HfDir, fingerprint, dir))
     }
 
@@ -68,8 +67,7 @@ impl<B: Backend> Model<B> {
         let config = ModelConfig::from_gguf(&file.header, path)?;
         let tokenizer = Tokenizer::from_gguf(&file.header, config.vocab_size)?;
         let src = GgufSource::new(file, path, config.clone());
-        let fingerprint = fingerprint(&config, &src)?;
-        let weights = Weights::load(&backend, &config, &src)?;
+        let (weights, fingerprint) = Weights::load(&backend, &config, &src)?;
         Ok(Self::assemble(config, backend, weights, tokenizer, ModelFormat::Gguf, fingerprint, path))
     }
 
@@ -129,25 +127,4 @@ impl<B: Backend> Model<B> {
             page_size,
         }
     }
-}
-
-/// FNV-1a over the configuration and a sample of every layer's weights: cheap, stable across
-/// runs and Rust versions, and different for different weights.
-fn fingerprint(cfg: &ModelConfig, src: &dyn TensorSource) -> Result<String, EngineError> {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut eat = |bytes: &[u8]| {
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
-    eat(format!("{cfg:?}").as_bytes());
-    for name in ["model.embed_tokens.weight", "model.norm.weight", "model.layers.0.self_attn.q_proj.weight"] {
-        if let Some(t) = src.tensor(name)? {
-            for v in t.data.iter().step_by((t.data.len() / 4096).max(1)) {
-                eat(&v.to_le_bytes());
-            }
-        }
-    }
-    Ok(format!("{h:016x}"))
 }

@@ -30,8 +30,17 @@ pub trait TensorSource {
 /// An HF directory: `model.safetensors` or shards listed in `model.safetensors.index.json`.
 pub struct HfSource {
     maps: Vec<(PathBuf, memmap2::Mmap)>,
-    /// Tensor name → index into `maps`.
-    index: HashMap<String, usize>,
+    /// Tensor name → where it lies, read once from each file's header.
+    index: HashMap<String, StEntry>,
+}
+
+/// A tensor's place in one of the mapped files.
+struct StEntry {
+    file: usize,
+    dtype: StDtype,
+    shape: Vec<usize>,
+    /// Byte range within the file.
+    range: std::ops::Range<usize>,
 }
 
 impl HfSource {
@@ -68,14 +77,20 @@ impl HfSource {
             // SAFETY: read-only map of a model file that is not modified while loaded.
             let map = unsafe { memmap2::Mmap::map(&file) }
                 .map_err(|source| EngineError::Io { path: path.clone(), source })?;
-            let names = SafeTensors::deserialize(&map)
-                .map_err(|e| EngineError::invalid(&path, e.to_string()))?
-                .names()
-                .into_iter()
-                .map(str::to_string)
-                .collect::<Vec<_>>();
-            for n in names {
-                index.insert(n, maps.len());
+            let bad = |e: safetensors::SafeTensorError| EngineError::invalid(&path, e.to_string());
+            // Validates the header against the file's length (offsets, sizes) once.
+            SafeTensors::deserialize(&map).map_err(bad)?;
+            let (header_len, metadata) = SafeTensors::read_metadata(&map).map_err(bad)?;
+            let data_start = 8 + header_len;
+            for (name, info) in metadata.tensors() {
+                let (a, b) = info.data_offsets;
+                let entry = StEntry {
+                    file: maps.len(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    range: data_start + a..data_start + b,
+                };
+                index.insert(name, entry);
             }
             maps.push((path, map));
         }
@@ -85,11 +100,9 @@ impl HfSource {
 
 impl TensorSource for HfSource {
     fn tensor(&self, name: &str) -> Result<Option<Tensor>, EngineError> {
-        let Some(&i) = self.index.get(name) else { return Ok(None) };
-        let (path, map) = &self.maps[i];
-        let st = SafeTensors::deserialize(map).map_err(|e| EngineError::invalid(path, e.to_string()))?;
-        let view = st.tensor(name).map_err(|e| EngineError::invalid(path, e.to_string()))?;
-        let dtype = match view.dtype() {
+        let Some(e) = self.index.get(name) else { return Ok(None) };
+        let (path, map) = &self.maps[e.file];
+        let dtype = match e.dtype {
             StDtype::F32 => DType::F32,
             StDtype::F16 => DType::F16,
             StDtype::BF16 => DType::BF16,
@@ -97,11 +110,13 @@ impl TensorSource for HfSource {
                 return Err(EngineError::Unsupported(format!("{}: tensor {name} has dtype {other:?}", path.display())));
             }
         };
-        let shape = view.shape().to_vec();
-        let n: usize = shape.iter().product();
+        let n: usize = e.shape.iter().product();
+        let raw = map.get(e.range.clone()).filter(|r| Some(r.len()) == dtype.bytes_for(n));
+        let raw =
+            raw.ok_or_else(|| EngineError::invalid(path, format!("tensor {name}: data does not match its shape")))?;
         let mut data = vec![0.0; n];
-        dequantize(dtype, view.data(), &mut data);
-        Ok(Some(Tensor { shape, data }))
+        dequantize(dtype, raw, &mut data);
+        Ok(Some(Tensor { shape: e.shape.clone(), data }))
     }
 }
 

@@ -32,10 +32,13 @@ pub struct Weights<B: Backend> {
 
 impl<B: Backend> Weights<B> {
     /// Reads every tensor the architecture needs from `src` and uploads it to `backend`.
-    pub fn load(backend: &B, cfg: &ModelConfig, src: &dyn TensorSource) -> Result<Self, EngineError> {
+    /// Also returns the model's fingerprint, taken from the tensors as they pass by.
+    pub fn load(backend: &B, cfg: &ModelConfig, src: &dyn TensorSource) -> Result<(Self, String), EngineError> {
         let d = cfg.hidden_size;
+        let fp = Fingerprint::new(cfg);
         let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
             let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
+            fp.sample(name, &t.data);
             if t.shape != shape {
                 return Err(EngineError::Unsupported(format!(
                     "tensor {name} has shape {:?}, expected {shape:?}",
@@ -82,11 +85,49 @@ impl<B: Backend> Weights<B> {
                 None => return Err(EngineError::MissingTensor("lm_head.weight".into())),
             }
         };
-        Ok(Self {
+        let weights = Self {
             embed: mat("model.embed_tokens.weight", cfg.vocab_size, d)?,
             layers,
             norm: vec("model.norm.weight", d)?,
             lm_head,
-        })
+        };
+        Ok((weights, fp.finish()))
+    }
+}
+
+/// Tensors whose sampled values enter the fingerprint.
+const FINGERPRINT_TENSORS: [&str; 3] =
+    ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight", "model.norm.weight"];
+
+/// FNV-1a over the configuration and a sample of a few tensors' values: cheap, stable across
+/// runs and Rust versions, and different for different weights.
+struct Fingerprint(std::cell::Cell<u64>);
+
+impl Fingerprint {
+    fn new(cfg: &ModelConfig) -> Self {
+        let fp = Self(std::cell::Cell::new(0xcbf2_9ce4_8422_2325));
+        fp.eat(format!("{cfg:?}").as_bytes());
+        fp
+    }
+
+    fn eat(&self, bytes: &[u8]) {
+        let mut h = self.0.get();
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0.set(h);
+    }
+
+    fn sample(&self, name: &str, data: &[f32]) {
+        if FINGERPRINT_TENSORS.contains(&name) {
+            for v in data.iter().step_by((data.len() / 4096).max(1)) {
+                self.eat(&v.to_le_bytes());
+            }
+        }
+    }
+
+    fn finish(&self) -> String {
+        format!("{:016x}", self.0.get())
     }
 }
