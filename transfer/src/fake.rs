@@ -21,7 +21,7 @@ pub struct FakeReceiver {
 impl FakeReceiver {
     /// A receiver whose rooms time out after `timeouts` (checked on every call).
     pub fn new(timeouts: Timeouts) -> Self {
-        Self { inbox: Arc::new(Inbox::new(timeouts)) }
+        Self { inbox: Arc::new(Inbox::new(timeouts, "fake")) }
     }
 
     /// A sender delivering into this receiver.

@@ -7,8 +7,9 @@ use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use crate::frame::{Aux, Header, Kind};
 use crate::room::{FailReason, State, Timeouts};
-use crate::table::{Outcome, Refusal, RoomTable};
+use crate::table::{Claim, Outcome, Refusal, RoomTable};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section leaves the table consistent, so a poisoned lock is usable.
@@ -19,6 +20,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Inbox {
     table: Mutex<RoomTable>,
     waiters: Mutex<HashMap<u64, oneshot::Sender<Outcome>>>,
+    backend: &'static str,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -28,9 +30,9 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    /// An empty inbox.
-    pub fn new(timeouts: Timeouts) -> Self {
-        Self { table: Mutex::new(RoomTable::new(timeouts)), waiters: Mutex::new(HashMap::new()) }
+    /// An empty inbox for the named backend (a metrics label).
+    pub fn new(timeouts: Timeouts, backend: &'static str) -> Self {
+        Self { table: Mutex::new(RoomTable::new(timeouts)), waiters: Mutex::new(HashMap::new()), backend }
     }
 
     /// Runs `f` on the table, then tells the owners of rooms that ended.
@@ -43,6 +45,7 @@ impl Inbox {
         if !ended.is_empty() {
             let mut w = lock(&self.waiters);
             for (room, outcome) in ended {
+                crate::metrics::room_ended(self.backend, crate::metrics::Side::Receiver, &outcome);
                 if let Some(tx) = w.remove(&room) {
                     let _ = tx.send(outcome);
                 }
@@ -57,6 +60,66 @@ impl Inbox {
         self.with_table(|t| t.open(room, secret, dest, Instant::now()))?;
         lock(&self.waiters).insert(room, tx);
         Ok(rx)
+    }
+
+    /// Opens a room after checking its pages lie in an arena of `arena_pages` pages.
+    pub fn open_in(
+        &self,
+        arena_pages: usize,
+        room: u64,
+        secret: [u8; 16],
+        dest: &[u32],
+    ) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+        if let Some(&bad) = dest.iter().find(|&&p| p as usize >= arena_pages) {
+            tracing::warn!(room, page = bad, "destination page outside the arena");
+            return Err(Refusal::OutsideRoom);
+        }
+        self.open(room, secret, dest)
+    }
+
+    /// Ends a claim whose payload has landed: commits it when `crc_ok`, else fails the room
+    /// (the bytes are in the room's own pages, which no request reads once it failed).
+    pub fn settle(&self, h: &Header, claim: Claim, crc_ok: bool) {
+        self.with_table(|t| {
+            if crc_ok {
+                t.commit(claim, Instant::now());
+            } else {
+                let why = format!("checksum mismatch in pages {}..+{}", claim.first, claim.n);
+                t.fail(h.room, FailReason::Corrupt(why));
+            }
+        });
+    }
+
+    /// Handles a `Done` or `Abort` frame with its payload; false when refused.
+    pub fn control(&self, h: &Header, payload: &[u8]) -> bool {
+        if let Err(r) = self.with_table(|t| t.check_control(h)) {
+            tracing::debug!(room = h.room, reason = r.label(), "control frame refused");
+            return false;
+        }
+        if h.check_payload(payload).is_err() {
+            self.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
+            return true;
+        }
+        match h.kind {
+            Kind::Done => match Aux::decode(payload) {
+                Some(aux) => self.with_table(|t| t.done(h.room, aux, Instant::now())),
+                None => self.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
+            },
+            _ => {
+                let why = String::from_utf8_lossy(payload).into_owned();
+                self.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
+            }
+        }
+        true
+    }
+
+    /// Fails every room in `rooms` that has not ended (a connection carrying them broke).
+    pub fn fail_all(&self, rooms: impl IntoIterator<Item = u64>, reason: &FailReason) {
+        self.with_table(|t| {
+            for room in rooms {
+                t.fail(room, reason.clone());
+            }
+        });
     }
 
     /// Forgets a room (after its outcome, or to abort it from this side).
@@ -75,6 +138,11 @@ impl Inbox {
     /// Refusals so far for `r`.
     pub fn refusals(&self, r: Refusal) -> u64 {
         lock(&self.table).refusals(r)
+    }
+
+    /// The state of an open room (None once closed or never opened).
+    pub fn state(&self, room: u64) -> Option<State> {
+        lock(&self.table).state(room)
     }
 
     /// `(open rooms, destination pages they hold)`.

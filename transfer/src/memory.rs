@@ -65,6 +65,17 @@ impl HostPages {
         self.pages
     }
 
+    /// Bytes in the arena.
+    pub fn len_bytes(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Address of page 0, for registering the arena with a NIC. Accesses through it follow
+    /// the page-ownership rule of this module.
+    pub fn base_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     fn range(&self, first: u32, n: u32) -> Result<(usize, usize), OutOfArena> {
         let end = u64::from(first) + u64::from(n);
         if end > self.pages as u64 {

@@ -107,6 +107,7 @@ impl RoomTable {
 
     fn refuse<T>(&mut self, r: Refusal) -> Result<T, Refusal> {
         *self.refusals.entry(r).or_default() += 1;
+        crate::metrics::refused(r);
         Err(r)
     }
 
@@ -250,6 +251,11 @@ impl RoomTable {
     /// [`close`]: Self::close
     pub fn drain_ended(&mut self) -> Vec<(u64, Outcome)> {
         std::mem::take(&mut self.ended)
+    }
+
+    /// The state of an open room.
+    pub fn state(&self, room: u64) -> Option<State> {
+        self.rooms.get(&room).map(|r| r.room.state())
     }
 
     /// Forgets a room and releases its pages; later frames for it are refused. Returns its

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::TcpConfig;
-use crate::frame::{Aux, FrameError, HEADER_LEN, Header, Kind, Limits, MAX_SMALL_PAYLOAD};
+use crate::frame::{FrameError, HEADER_LEN, Header, Kind, Limits, MAX_SMALL_PAYLOAD};
 use crate::inbox::Inbox;
 use crate::memory::HostPages;
 use crate::room::{FailReason, State};
@@ -52,7 +52,7 @@ impl TcpReceiver {
         let addr = listener.local_addr()?;
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
-        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts), mem, limits });
+        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "tcp"), mem, limits });
         let s = Arc::clone(&shared);
         let accept = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
@@ -85,11 +85,7 @@ impl TcpReceiver {
 
     /// Opens a room that may fill `dest`; the receiver resolves with its outcome.
     pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
-        if let Some(&bad) = dest.iter().find(|&&p| p as usize >= self.shared.mem.pages()) {
-            tracing::warn!(room, page = bad, "destination page outside the arena");
-            return Err(Refusal::OutsideRoom);
-        }
-        self.shared.inbox.open(room, secret, dest)
+        self.shared.inbox.open_in(self.shared.mem.pages(), room, secret, dest)
     }
 
     /// Forgets a room (after its outcome, or to abort it from this side); its pages may be
@@ -158,11 +154,7 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
             break FailReason::PeerGone(format!("connection broke mid-frame: {e}"));
         }
     };
-    s.inbox.with_table(|t| {
-        for &room in &seen {
-            t.fail(room, reason.clone());
-        }
-    });
+    s.inbox.fail_all(seen, &reason);
 }
 
 async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
@@ -184,38 +176,15 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
         }
     };
     stream.read_exact(dest).await?;
-    if crc32c::crc32c(dest) != h.payload_crc {
-        // The bytes landed in the room's own pages, but the room fails: no request reads them.
-        s.inbox.with_table(|t| {
-            t.fail(h.room, FailReason::Corrupt(format!("checksum mismatch in pages {}..+{}", claim.first, claim.n)))
-        });
-        return Ok(());
-    }
-    s.inbox.with_table(|t| t.commit(claim, Instant::now()));
+    s.inbox.settle(h, claim, crc32c::crc32c(dest) == h.payload_crc);
     Ok(())
 }
 
 async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
     stream.read_exact(&mut payload).await?;
-    if let Err(r) = s.inbox.with_table(|t| t.check_control(h)) {
-        tracing::debug!(room = h.room, reason = r.label(), "control frame refused");
-        return Ok(());
-    }
-    seen.insert(h.room);
-    if h.check_payload(&payload).is_err() {
-        s.inbox.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
-        return Ok(());
-    }
-    match h.kind {
-        Kind::Done => match Aux::decode(&payload) {
-            Some(aux) => s.inbox.with_table(|t| t.done(h.room, aux, Instant::now())),
-            None => s.inbox.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
-        },
-        _ => {
-            let why = String::from_utf8_lossy(&payload).into_owned();
-            s.inbox.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
-        }
+    if s.inbox.control(h, &payload) {
+        seen.insert(h.room);
     }
     Ok(())
 }

@@ -1,0 +1,91 @@
+//! Connection management over a small TCP exchange (what `rdma_cm` would do): the sender
+//! sends its queue pair endpoint, the receiver answers with its own and the registered page
+//! region. The TCP connection then stays open for the life of the queue pair: its closing is
+//! how each side learns the other is gone.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::verbs::{ENDPOINT_LEN, QpEndpoint};
+
+const MAGIC: [u8; 4] = *b"FRDM";
+const VERSION: u16 = 1;
+
+/// The receiver's page region, as its peers write into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Address of page 0.
+    pub base: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Bytes per page.
+    pub page_bytes: u64,
+    /// Pages.
+    pub pages: u64,
+    /// Bytes of one control message the receiver's RECVs can hold.
+    pub msg_bytes: u32,
+}
+
+const HELLO_LEN: usize = 4 + 2 + ENDPOINT_LEN;
+const REPLY_LEN: usize = HELLO_LEN + 8 + 4 + 8 + 8 + 4;
+
+fn bad(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("rdma connection setup: {what}"))
+}
+
+fn head(ep: &QpEndpoint) -> Vec<u8> {
+    let mut b = Vec::with_capacity(REPLY_LEN);
+    b.extend_from_slice(&MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&ep.encode());
+    b
+}
+
+fn parse_head(b: &[u8]) -> std::io::Result<QpEndpoint> {
+    if b[0..4] != MAGIC {
+        return Err(bad("not a Ferry RDMA peer"));
+    }
+    if u16::from_le_bytes([b[4], b[5]]) != VERSION {
+        return Err(bad("protocol version mismatch"));
+    }
+    let mut ep = [0u8; ENDPOINT_LEN];
+    ep.copy_from_slice(&b[6..6 + ENDPOINT_LEN]);
+    Ok(QpEndpoint::decode(&ep))
+}
+
+/// Sender side: sends our endpoint, returns the receiver's endpoint and region.
+pub async fn hello(stream: &mut TcpStream, ours: &QpEndpoint) -> std::io::Result<(QpEndpoint, RemoteRegion)> {
+    stream.write_all(&head(ours)).await?;
+    let mut b = [0u8; REPLY_LEN];
+    stream.read_exact(&mut b).await?;
+    let peer = parse_head(&b)?;
+    let at = HELLO_LEN;
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
+    let region = RemoteRegion {
+        base: u64_at(at),
+        rkey: u32_at(at + 8),
+        page_bytes: u64_at(at + 12),
+        pages: u64_at(at + 20),
+        msg_bytes: u32_at(at + 28),
+    };
+    Ok((peer, region))
+}
+
+/// Receiver side: reads the sender's endpoint.
+pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<QpEndpoint> {
+    let mut b = [0u8; HELLO_LEN];
+    stream.read_exact(&mut b).await?;
+    parse_head(&b)
+}
+
+/// Receiver side: answers with our endpoint and region.
+pub async fn reply(stream: &mut TcpStream, ours: &QpEndpoint, region: &RemoteRegion) -> std::io::Result<()> {
+    let mut b = head(ours);
+    b.extend_from_slice(&region.base.to_le_bytes());
+    b.extend_from_slice(&region.rkey.to_le_bytes());
+    b.extend_from_slice(&region.page_bytes.to_le_bytes());
+    b.extend_from_slice(&region.pages.to_le_bytes());
+    b.extend_from_slice(&region.msg_bytes.to_le_bytes());
+    stream.write_all(&b).await
+}

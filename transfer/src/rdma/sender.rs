@@ -1,0 +1,289 @@
+//! The sending side: one RC queue pair to one receiver; page runs go out as RDMA WRITEs from
+//! the registered arena, each chunk's headers follow in SENDs with immediate data.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+
+use super::RdmaConfig;
+use super::cm::{self, RemoteRegion};
+use super::verbs::{Completion, MemKeys, QueuePair, Sge, Verbs, WcStatus};
+use crate::frame::{Aux, HEADER_LEN, Header, Kind, MAX_SMALL_PAYLOAD};
+use crate::memory::HostPages;
+use crate::runs::PageRun;
+
+struct QpState<Q> {
+    qp: Q,
+    /// Completed work requests not yet collected by their waiter.
+    done: HashMap<u64, WcStatus>,
+    /// Message slot each SEND uses, returned to `free` when it completes.
+    slot_of: HashMap<u64, usize>,
+    free: Vec<usize>,
+    outstanding: u32,
+    broken: Option<String>,
+}
+
+impl<Q: QueuePair> QpState<Q> {
+    fn poll(&mut self) -> std::io::Result<usize> {
+        let mut got: Vec<Completion> = Vec::new();
+        let n = self.qp.poll(64, &mut got).map_err(std::io::Error::other)?;
+        for c in got {
+            self.outstanding = self.outstanding.saturating_sub(1);
+            if let Some(slot) = self.slot_of.remove(&c.wr_id) {
+                self.free.push(slot);
+            }
+            if c.status != WcStatus::Success && self.broken.is_none() {
+                self.broken = Some(format!("{:?} of work request {} failed: {:?}", c.op, c.wr_id, c.status));
+            }
+            self.done.insert(c.wr_id, c.status);
+        }
+        Ok(n)
+    }
+}
+
+/// Sends rooms' pages to one receiver over RDMA.
+pub struct RdmaSender<V: Verbs> {
+    verbs: Arc<V>,
+    state: Mutex<QpState<V::Qp>>,
+    region: RemoteRegion,
+    mem: Arc<HostPages>,
+    mem_keys: MemKeys,
+    /// Registered buffers for outgoing messages: one `msg_bytes` "page" each.
+    msgs: HostPages,
+    msg_keys: MemKeys,
+    msg_bytes: usize,
+    next_wr: AtomicU64,
+    cfg: RdmaConfig,
+    /// Kept open for the queue pair's life: closing it tells the receiver we are gone.
+    _cm: TcpStream,
+}
+
+impl<V: Verbs> std::fmt::Debug for RdmaSender<V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaSender").field("region", &self.region).finish_non_exhaustive()
+    }
+}
+
+impl<V: Verbs> Drop for RdmaSender<V> {
+    fn drop(&mut self) {
+        self.verbs.deregister(self.mem_keys);
+        self.verbs.deregister(self.msg_keys);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn io_err(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+impl<V: Verbs> RdmaSender<V> {
+    /// Connects to the receiver whose connection exchange listens at `addr`, registering
+    /// `mem` (the arena pages are sent from).
+    pub async fn connect(
+        addr: SocketAddr,
+        verbs: Arc<V>,
+        mem: Arc<HostPages>,
+        cfg: RdmaConfig,
+    ) -> std::io::Result<Self> {
+        let mut qp = verbs.create_qp(cfg.depth.max(2)).map_err(io_err)?;
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (peer, region) = cm::hello(&mut stream, &qp.endpoint()).await?;
+        if region.page_bytes != mem.page_bytes() as u64 {
+            return Err(io_err(format!(
+                "page size mismatch: receiver pages are {} bytes, ours {}",
+                region.page_bytes,
+                mem.page_bytes()
+            )));
+        }
+        qp.connect(&peer).map_err(io_err)?;
+        // SAFETY: the arena outlives the registration (we hold an Arc and deregister on drop);
+        // the sender only reads it.
+        let mem_keys = unsafe { verbs.register(mem.base_ptr(), mem.len_bytes()) }.map_err(io_err)?;
+        let msg_bytes = region.msg_bytes.clamp(HEADER_LEN as u32 * 2, 1 << 16) as usize;
+        let slots = cfg.depth.max(2) as usize;
+        let msgs = HostPages::new(msg_bytes, slots).ok_or_else(|| io_err("cannot allocate message buffers"))?;
+        // SAFETY: the buffers are owned by the sender and deregistered before they are freed.
+        let msg_keys = match unsafe { verbs.register(msgs.base_ptr(), msgs.len_bytes()) } {
+            Ok(k) => k,
+            Err(e) => {
+                verbs.deregister(mem_keys);
+                return Err(io_err(e));
+            }
+        };
+        let state = QpState {
+            qp,
+            done: HashMap::new(),
+            slot_of: HashMap::new(),
+            free: (0..slots).rev().collect(),
+            outstanding: 0,
+            broken: None,
+        };
+        Ok(Self {
+            verbs,
+            state: Mutex::new(state),
+            region,
+            mem,
+            mem_keys,
+            msgs,
+            msg_keys,
+            msg_bytes,
+            next_wr: AtomicU64::new(1),
+            cfg,
+            _cm: stream,
+        })
+    }
+
+    /// The receiver's region.
+    pub fn region(&self) -> RemoteRegion {
+        self.region
+    }
+
+    /// Polls until `ready` holds, yielding between polls; fails when the queue pair broke or
+    /// `op_timeout` passes.
+    async fn wait(&self, mut ready: impl FnMut(&mut QpState<V::Qp>) -> bool) -> std::io::Result<()> {
+        let deadline = tokio::time::Instant::now() + self.cfg.op_timeout;
+        let mut idle = 0u32;
+        loop {
+            {
+                let mut st = lock(&self.state);
+                let n = st.poll()?;
+                if let Some(why) = &st.broken {
+                    return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, why.clone()));
+                }
+                if ready(&mut st) {
+                    return Ok(());
+                }
+                idle = if n > 0 { 0 } else { idle + 1 };
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "rdma completions did not arrive"));
+            }
+            if idle < 64 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+        }
+    }
+
+    /// Posts one work request once the queue has room; returns its id.
+    async fn post(&self, f: impl Fn(&mut V::Qp, u64) -> Result<(), super::verbs::VerbsError>) -> std::io::Result<u64> {
+        let depth = self.cfg.depth.max(2);
+        self.wait(|st| st.outstanding < depth).await?;
+        let id = self.next_wr.fetch_add(1, Ordering::Relaxed);
+        let mut st = lock(&self.state);
+        f(&mut st.qp, id).map_err(io_err)?;
+        st.outstanding += 1;
+        Ok(id)
+    }
+
+    /// Sends `bytes` as one message with immediate data `imm`.
+    async fn post_msg(&self, bytes: &[u8], imm: u32) -> std::io::Result<u64> {
+        let mut slot = None;
+        self.wait(|st| {
+            slot = st.free.pop();
+            slot.is_some()
+        })
+        .await?;
+        let slot = slot.ok_or_else(|| io_err("no message slot"))?;
+        let len = bytes.len().min(self.msg_bytes);
+        // SAFETY: the slot is ours alone until its SEND completes (it is off the free list).
+        let buf = unsafe { self.msgs.slice_mut(slot as u32, 1) }.map_err(io_err)?;
+        buf[..len].copy_from_slice(&bytes[..len]);
+        let sge = Sge { addr: buf.as_ptr() as u64, len: len as u32, lkey: self.msg_keys.lkey };
+        let id = self
+            .post(|qp, id| {
+                // SAFETY: the slot stays unchanged until the completion frees it.
+                unsafe { qp.post_send(id, sge, imm) }
+            })
+            .await;
+        match id {
+            Ok(id) => {
+                lock(&self.state).slot_of.insert(id, slot);
+                Ok(id)
+            }
+            Err(e) => {
+                lock(&self.state).free.push(slot);
+                Err(e)
+            }
+        }
+    }
+
+    async fn wait_all(&self, ids: &[u64]) -> std::io::Result<()> {
+        self.wait(|st| ids.iter().all(|id| st.done.contains_key(id))).await?;
+        let mut st = lock(&self.state);
+        for id in ids {
+            st.done.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Sends the pages of `runs` (source pages in `mem`, which must be the registered arena)
+    /// for `room`: one WRITE per run piece, then the pieces' headers in SENDs.
+    pub async fn send_pages(
+        &self,
+        room: u64,
+        secret: [u8; 16],
+        runs: &[PageRun],
+        mem: &HostPages,
+    ) -> std::io::Result<()> {
+        if !std::ptr::eq(mem, &*self.mem) {
+            return Err(io_err("rdma sends only from the arena registered at connect"));
+        }
+        let pb = self.region.page_bytes;
+        let max = self.cfg.max_write_pages.max(1);
+        let mut ids = Vec::new();
+        let mut headers = Vec::new();
+        for r in runs {
+            if u64::from(r.dst) + u64::from(r.len) > self.region.pages {
+                return Err(io_err(format!("destination pages {}..+{} outside the receiver's arena", r.dst, r.len)));
+            }
+            let mut off = 0;
+            while off < r.len {
+                let n = max.min(r.len - off);
+                // SAFETY: the request owns its computed pages until the transfer ends.
+                let payload = unsafe { self.mem.read(r.src + off, n) }.map_err(io_err)?;
+                let dst = r.dst + off;
+                headers.push(Header::pages(room, secret, dst, n, payload));
+                let sge = Sge { addr: payload.as_ptr() as u64, len: payload.len() as u32, lkey: self.mem_keys.lkey };
+                let remote = self.region.base + u64::from(dst) * pb;
+                let rkey = self.region.rkey;
+                // SAFETY: the pages stay unchanged until the completion (the request owns them).
+                ids.push(self.post(|qp, id| unsafe { qp.post_write(id, sge, remote, rkey) }).await?);
+                off += n;
+            }
+        }
+        let per_msg = self.msg_bytes / HEADER_LEN;
+        for chunk in headers.chunks(per_msg.max(1)) {
+            let bytes: Vec<u8> = chunk.iter().flat_map(|h| h.encode()).collect();
+            ids.push(self.post_msg(&bytes, room as u32).await?);
+        }
+        self.wait_all(&ids).await
+    }
+
+    async fn control(&self, kind: Kind, room: u64, secret: [u8; 16], payload: &[u8]) -> std::io::Result<()> {
+        let payload = &payload[..payload.len().min(MAX_SMALL_PAYLOAD as usize).min(self.msg_bytes - HEADER_LEN)];
+        let mut bytes = Header::with(kind, room, secret, 0, 0, payload).encode().to_vec();
+        bytes.extend_from_slice(payload);
+        let id = self.post_msg(&bytes, room as u32).await?;
+        self.wait_all(&[id]).await
+    }
+
+    /// Sends the room's last message: the aux data.
+    pub async fn send_done(&self, room: u64, secret: [u8; 16], aux: Aux) -> std::io::Result<()> {
+        self.control(Kind::Done, room, secret, &aux.encode()).await
+    }
+
+    /// Tells the receiver the room is abandoned.
+    pub async fn send_abort(&self, room: u64, secret: [u8; 16], reason: &str) -> std::io::Result<()> {
+        self.control(Kind::Abort, room, secret, reason.as_bytes()).await
+    }
+}

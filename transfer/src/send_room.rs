@@ -1,0 +1,142 @@
+//! The sender's side of one room: created when the request is known (bootstrapping), given
+//! the decode node's destination pages at the handshake (waiting for input), fed chunk by
+//! chunk (transferring) and closed by the last chunk's aux data (success) — or failed, by a
+//! send error, an abort or a timeout. State only moves forward ([`crate::room`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::backend::Sender;
+use crate::frame::Aux;
+use crate::memory::HostPages;
+use crate::metrics::{self, Side};
+use crate::room::{FailReason, Room, State, Timeouts};
+use crate::runs::coalesce;
+use crate::table::Outcome;
+
+/// One room on the prefill node.
+#[derive(Debug)]
+pub struct SendRoom {
+    id: u64,
+    secret: [u8; 16],
+    room: Room,
+    sender: Option<Arc<Sender>>,
+    dest: Vec<u32>,
+    /// Destination slots already sent (by position in `dest`).
+    sent: Vec<bool>,
+    reported: bool,
+}
+
+impl SendRoom {
+    /// A room known from the request, waiting for the decode node's handshake.
+    pub fn new(id: u64, secret: [u8; 16], timeouts: Timeouts, now: Instant) -> Self {
+        Self {
+            id,
+            secret,
+            room: Room::new(now, timeouts),
+            sender: None,
+            dest: Vec::new(),
+            sent: Vec::new(),
+            reported: false,
+        }
+    }
+
+    /// The room id.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The decode node's handshake arrived: where pages go and how.
+    pub fn handshake(&mut self, sender: Arc<Sender>, dest: Vec<u32>, now: Instant) -> Result<(), FailReason> {
+        self.room
+            .advance(State::WaitingForInput, now)
+            .map_err(|e| FailReason::Refused(format!("handshake in the wrong state: {e}")))?;
+        self.sent = vec![false; dest.len()];
+        self.dest = dest;
+        self.sender = Some(sender);
+        Ok(())
+    }
+
+    /// Destination pages (empty before the handshake).
+    pub fn destination(&self) -> &[u32] {
+        &self.dest
+    }
+
+    /// Sends a chunk: `src[i]` (a page of `mem`) goes to destination slot `first + i`. With
+    /// `last`, the room's aux data follows and the room succeeds once it is sent.
+    pub async fn send(
+        &mut self,
+        first: usize,
+        src: &[u32],
+        mem: &HostPages,
+        last: Option<Aux>,
+    ) -> Result<(), FailReason> {
+        if self.room.state().is_terminal() {
+            return Err(self.room.reason().cloned().unwrap_or(FailReason::Aborted("room already ended".into())));
+        }
+        let Some(sender) = self.sender.clone() else {
+            return Err(self.fail(FailReason::Refused("send before the handshake".into())));
+        };
+        let end = first + src.len();
+        if end > self.dest.len() || self.sent[first..end].iter().any(|&s| s) {
+            return Err(self.fail(FailReason::Refused(format!(
+                "chunk slots {first}..{end} outside the {} destination pages or already sent",
+                self.dest.len()
+            ))));
+        }
+        let now = Instant::now();
+        let _ = self.room.advance(State::Transferring, now);
+        let runs = coalesce(src, &self.dest[first..end]);
+        if let Err(e) = sender.send(self.id, self.secret, &runs, mem, last).await {
+            return Err(self.fail(FailReason::PeerGone(e.to_string())));
+        }
+        self.sent[first..end].iter_mut().for_each(|s| *s = true);
+        self.room.progress(Instant::now());
+        if let Some(aux) = last {
+            let _ = self.room.advance(State::Success, Instant::now());
+            self.report(&Outcome::Success(aux));
+        }
+        Ok(())
+    }
+
+    /// Where the room stands; fails it first when its state outlived its timeout.
+    pub fn poll(&mut self, now: Instant) -> State {
+        if let Some(reason) = self.room.tick(now) {
+            self.report(&Outcome::Failed(reason));
+        }
+        self.room.state()
+    }
+
+    /// Why the room failed.
+    pub fn reason(&self) -> Option<&FailReason> {
+        self.room.reason()
+    }
+
+    /// Abandons the room and tells the receiver (when the handshake told us who it is).
+    pub async fn abort(&mut self, why: &str) {
+        let reason = FailReason::Aborted(why.to_string());
+        if !self.room.state().is_terminal() {
+            self.fail(reason);
+            if let Some(s) = &self.sender
+                && let Err(e) = s.abort(self.id, self.secret, why).await
+            {
+                tracing::debug!(room = self.id, error = %e, "abort not delivered; the receiver will time out");
+            }
+        }
+    }
+
+    fn fail(&mut self, reason: FailReason) -> FailReason {
+        if self.room.fail(reason.clone()) {
+            self.report(&Outcome::Failed(reason.clone()));
+        }
+        reason
+    }
+
+    fn report(&mut self, outcome: &Outcome) {
+        if !self.reported {
+            self.reported = true;
+            let backend = self.sender.as_ref().map_or("none", |s| s.backend());
+            metrics::room_ended(backend, Side::Sender, outcome);
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! The rdma protocol on in-memory verbs: the connection exchange runs over real loopback TCP,
+//! WRITEs and SENDs go through `MemVerbs`, which can fail, corrupt, disconnect or stall. The
+//! calls go through the backend-independent `Sender` / `Receiver` / `SendRoom` layer.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_transfer::frame::Aux;
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::rdma::mem::{MemVerbs, VerbsFault};
+use ferry_transfer::rdma::{RdmaConfig, RdmaReceiver, RdmaSender};
+use ferry_transfer::room::{FailReason, State, Timeouts};
+use ferry_transfer::table::Outcome;
+use ferry_transfer::{Receiver, SendRoom, Sender};
+
+use super::common::*;
+
+fn rcfg() -> RdmaConfig {
+    let s = Duration::from_secs(2);
+    RdmaConfig {
+        depth: 8,
+        max_write_pages: 4,
+        msg_bytes: 256,
+        recv_slots: 4,
+        op_timeout: Duration::from_secs(1),
+        timeouts: Timeouts { bootstrap: s, waiting: s, transferring: s },
+    }
+}
+
+struct Pair {
+    src: Arc<HostPages>,
+    rx_mem: Arc<HostPages>,
+    receiver: Receiver,
+    sender: Arc<Sender>,
+}
+
+async fn pair(verbs: MemVerbs) -> Pair {
+    let src = Arc::new(source());
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let verbs = Arc::new(verbs);
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), Arc::clone(&rx_mem), rcfg()).await.expect("bind");
+    let s = RdmaSender::connect(r.local_addr(), verbs, Arc::clone(&src), rcfg()).await.expect("connect");
+    Pair { src, rx_mem, receiver: Receiver::RdmaMem(r), sender: Arc::new(Sender::RdmaMem(Box::new(s))) }
+}
+
+fn aux(room: u64, pages: usize) -> Aux {
+    Aux { first_token: room as u32, logprob: -0.5, room_echo: room, total_pages: pages as u32 }
+}
+
+/// A room sent through `SendRoom` in chunks of up to `chunk` pages.
+async fn send_room(p: &Pair, room: u64, src: &[u32], dst: &[u32], chunk: usize) -> Result<(), FailReason> {
+    let mut r = SendRoom::new(room, [room as u8; 16], rcfg().timeouts, Instant::now());
+    assert_eq!(r.poll(Instant::now()), State::Bootstrapping);
+    r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now())?;
+    let mut at = 0;
+    while at < src.len() {
+        let k = chunk.min(src.len() - at);
+        let last = (at + k == src.len()).then(|| aux(room, src.len()));
+        r.send(at, &src[at..at + k], &p.src, last).await?;
+        at += k;
+    }
+    assert_eq!(r.poll(Instant::now()), State::Success);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_rooms_arrive_bit_exact_over_rdma() {
+    let p = pair(MemVerbs::new()).await;
+    let mut rng = Rng(7);
+    for round in 0..6u64 {
+        let mut free_dst: Vec<u32> = (0..PAGES as u32).collect();
+        let mut free_src: Vec<u32> = (0..PAGES as u32).collect();
+        let n = 1 + rng.next(20) as usize;
+        let mut dst = rng.pick(n, &mut free_dst);
+        if rng.next(2) == 0 {
+            dst.sort_unstable();
+        }
+        let mut src = rng.pick(n, &mut free_src);
+        src.sort_unstable();
+        let room = round + 1;
+        let done = p.receiver.open(room, [room as u8; 16], &dst).expect("open");
+        let chunk = 1 + rng.next(6) as usize;
+        send_room(&p, room, &src, &dst, chunk).await.expect("sent");
+        match outcome(done).await {
+            Outcome::Success(a) => assert_eq!(a.room_echo, room),
+            other => panic!("room {room}: {other:?}"),
+        }
+        for (s, d) in src.iter().zip(&dst) {
+            assert_eq!(page(&p.rx_mem, *d), page(&p.src, *s), "room {room}: page {s} -> {d}");
+        }
+        assert_eq!(p.receiver.poll(room), Some(State::Success));
+        p.receiver.close(room);
+    }
+    assert_eq!(p.receiver.inbox().open_rooms(), (0, 0));
+}
+
+async fn faulty(fault: VerbsFault) -> (Result<(), FailReason>, Outcome, Pair) {
+    let p = pair(MemVerbs::with_faults(vec![fault])).await;
+    let dst: Vec<u32> = (20..32).collect();
+    let src: Vec<u32> = (0..12).collect();
+    let done = p.receiver.open(5, [5; 16], &dst).expect("open");
+    let sent = send_room(&p, 5, &src, &dst, 4).await;
+    (sent, outcome(done).await, p)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbs_failures_fail_the_room_on_both_sides_with_a_reason() {
+    // A write landing with a flipped byte: the receiver's checksum catches it.
+    let (sent, o, p) = faulty(VerbsFault::CorruptAt(0)).await;
+    assert!(sent.is_ok(), "the sender cannot tell: {sent:?}");
+    assert!(matches!(o, Outcome::Failed(FailReason::Corrupt(_))), "{o:?}");
+    p.receiver.close(5);
+    // A remote access error: the queue pair breaks, both sides see it.
+    let (sent, o, _) = faulty(VerbsFault::FailAt(2)).await;
+    assert!(matches!(sent, Err(FailReason::PeerGone(_))), "{sent:?}");
+    assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
+    // A disconnect mid-room.
+    let (sent, o, _) = faulty(VerbsFault::DisconnectAt(3)).await;
+    assert!(matches!(sent, Err(FailReason::PeerGone(_))), "{sent:?}");
+    assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
+    // A hung peer: the sender's wait times out; the receiver's room times out in Transferring
+    // (its first chunk's headers arrived) or WaitingForInput.
+    let (sent, o, _) = faulty(VerbsFault::StallAt(6)).await;
+    assert!(matches!(sent, Err(FailReason::PeerGone(_))), "{sent:?}");
+    assert!(matches!(o, Outcome::Failed(FailReason::Timeout(_))), "{o:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborts_and_a_vanished_sender_free_the_room() {
+    let p = pair(MemVerbs::new()).await;
+    // Sender-side abort mid-room.
+    let dst = [1, 2, 3];
+    let done = p.receiver.open(1, [1; 16], &dst).expect("open");
+    {
+        let mut r = SendRoom::new(1, [1; 16], rcfg().timeouts, Instant::now());
+        r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now()).expect("handshake");
+        r.send(0, &[9], &p.src, None).await.expect("first chunk");
+        r.abort("client went away").await;
+        assert_eq!(r.poll(Instant::now()), State::Failed);
+        match outcome(done).await {
+            Outcome::Failed(FailReason::Aborted(why)) => assert_eq!(why, "client went away"),
+            other => panic!("{other:?}"),
+        }
+        assert!(r.send(1, &[10], &p.src, None).await.is_err(), "a failed room sends nothing more");
+    }
+    p.receiver.close(1);
+    assert_eq!(p.receiver.inbox().open_rooms(), (0, 0));
+    // The sender process goes away: its exchange socket closes, the receiver fails its rooms.
+    let done = p.receiver.open(2, [2; 16], &dst).expect("reopen the same pages");
+    let mut r = SendRoom::new(2, [2; 16], rcfg().timeouts, Instant::now());
+    r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now()).expect("handshake");
+    r.send(0, &[9], &p.src, None).await.expect("first chunk");
+    let Pair { sender, receiver, .. } = p;
+    drop(r);
+    drop(sender);
+    let o = outcome(done).await;
+    assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
+    receiver.close(2);
+    assert_eq!(receiver.inbox().open_rooms(), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sender_room_states_and_timeouts() {
+    let p = pair(MemVerbs::new()).await;
+    let t0 = Instant::now();
+    let t = rcfg().timeouts;
+    let mut r = SendRoom::new(3, [3; 16], t, t0);
+    assert!(r.send(0, &[1], &p.src, None).await.is_err(), "no send before the handshake");
+    let mut r2 = SendRoom::new(4, [4; 16], t, t0);
+    assert_eq!(r2.poll(t0 + t.bootstrap), State::Failed, "bootstrap times out");
+    assert!(matches!(r2.reason(), Some(FailReason::Timeout(State::Bootstrapping))));
+    r = SendRoom::new(3, [3; 16], t, t0);
+    r.handshake(Arc::clone(&p.sender), vec![1, 2], t0).expect("handshake");
+    assert_eq!(r.poll(t0 + t.waiting), State::Failed, "waiting for input times out");
+    let mut r3 = SendRoom::new(5, [5; 16], t, t0);
+    r3.handshake(Arc::clone(&p.sender), vec![1, 2], t0).expect("handshake");
+    assert!(r3.send(1, &[1, 2], &p.src, None).await.is_err(), "slots past the destination list are refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_size_mismatch_is_refused_at_connect() {
+    let verbs = Arc::new(MemVerbs::new());
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg()).await.expect("bind");
+    let wrong = Arc::new(HostPages::new(PAGE * 2, 4).expect("arena"));
+    let e = RdmaSender::connect(r.local_addr(), verbs, wrong, rcfg()).await.expect_err("mismatch");
+    assert!(e.to_string().contains("page size mismatch"), "{e}");
+}
+
+#[tokio::test]
+async fn real_rdma_without_a_device_fails_clearly() {
+    let mem = Arc::new(HostPages::new(PAGE, 4).expect("arena"));
+    let e = ferry_transfer::backend::rdma_receiver(any_addr(), mem, rcfg()).await.expect_err("no device here");
+    let msg = e.to_string();
+    assert!(msg.contains("RDMA device") || msg.contains("features rdma"), "{msg}");
+}
