@@ -97,7 +97,7 @@ impl<B: Backend> Model<B> {
             }
             be.rope(&mut q, cfg.num_heads, &positions, &self.rope)?;
             be.rope(&mut k, cfg.num_kv_heads, &positions, &self.rope)?;
-            be.write_kv(pool.storage_mut(), &layout, li, &slots, &k, &v)?;
+            be.write_kv(pool.storage(), &layout, li, &slots, &k, &v)?;
             be.attention(&q, PoolLayer { pool: pool.storage(), layout: &layout, layer: li }, shape, &seqs, &mut attn)?;
             be.matmul(&attn, t, &l.wo, &mut h)?;
             be.add_assign(&mut x, &h)?;

@@ -74,7 +74,7 @@ impl Drop for PageAlloc {
 pub struct PagePool<B: Backend> {
     layout: KvLayout,
     num_pages: usize,
-    storage: B::Buf,
+    storage: B::Kv,
     list: Arc<Mutex<FreeList>>,
 }
 
@@ -120,14 +120,10 @@ impl<B: Backend> PagePool<B> {
         Ok(a)
     }
 
-    /// The pool memory.
-    pub fn storage(&self) -> &B::Buf {
+    /// The pool memory (shared: a transfer backend moves pages of it while the forward pass
+    /// computes others; page ownership decides who touches which page).
+    pub fn storage(&self) -> &B::Kv {
         &self.storage
-    }
-
-    /// The pool memory, for writing.
-    pub fn storage_mut(&mut self) -> &mut B::Buf {
-        &mut self.storage
     }
 }
 

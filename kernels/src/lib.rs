@@ -36,9 +36,9 @@ pub struct AttnSeq<'a> {
 
 /// One layer of a KV pool, as attention reads it.
 #[derive(Debug)]
-pub struct PoolLayer<'a, Buf> {
+pub struct PoolLayer<'a, Kv> {
     /// The pool memory.
-    pub pool: &'a Buf,
+    pub pool: &'a Kv,
     /// Its layout.
     pub layout: &'a KvLayout,
     /// The layer to read.
@@ -66,6 +66,9 @@ pub trait Backend: Send + Sync + 'static {
     type Buf: Send + Sync;
     /// A weight matrix `(rows = out, cols = in)`.
     type Mat: Send + Sync;
+    /// The KV page pool's memory. Shared (`Clone`) so a transfer backend can move pages in
+    /// and out of it while the forward pass works on other pages.
+    type Kv: Send + Sync + Clone;
 
     /// Short name for logs ("cpu", "cuda").
     fn name(&self) -> &'static str;
@@ -99,12 +102,12 @@ pub trait Backend: Send + Sync + 'static {
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), KernelError>;
 
     /// A zeroed KV page pool of `num_pages` pages, allocated and touched once.
-    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Self::Buf, KernelError>;
+    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Self::Kv, KernelError>;
     /// Writes row `i` of `k` and `v` (`[slots.len(), kv_heads * head_dim]`) into page
     /// `slots[i].0`, slot `slots[i].1`, of layer `layer`.
     fn write_kv(
         &self,
-        pool: &mut Self::Buf,
+        pool: &Self::Kv,
         layout: &KvLayout,
         layer: usize,
         slots: &[(u32, u32)],
@@ -116,7 +119,7 @@ pub trait Backend: Send + Sync + 'static {
     fn attention(
         &self,
         q: &Self::Buf,
-        kv: PoolLayer<'_, Self::Buf>,
+        kv: PoolLayer<'_, Self::Kv>,
         shape: AttnShape,
         seqs: &[AttnSeq<'_>],
         out: &mut Self::Buf,

@@ -9,6 +9,7 @@
 
 use std::alloc::{Layout, alloc, dealloc};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 /// A fixed arena of `pages` pages of `page_bytes` bytes, allocated and touched at creation.
 pub struct HostPages {
@@ -16,6 +17,9 @@ pub struct HostPages {
     layout: Layout,
     page_bytes: usize,
     pages: usize,
+    /// Set when the memory belongs to someone else (the engine's KV pool): kept alive here,
+    /// never freed by us.
+    owner: Option<Arc<dyn Send + Sync>>,
 }
 
 // SAFETY: the arena is plain bytes; concurrent access is to disjoint pages (module docs).
@@ -52,7 +56,19 @@ impl HostPages {
         // SAFETY: the allocation is `size` bytes; touching it now keeps first-touch page
         // faults off the request path.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, size) };
-        Some(Self { ptr, layout, page_bytes, pages })
+        Some(Self { ptr, layout, page_bytes, pages, owner: None })
+    }
+
+    /// Pages over memory `owner` holds (the engine's KV pool arena), without copying it.
+    ///
+    /// # Safety
+    /// `ptr` must point to `page_bytes * pages` bytes that stay valid while `owner` lives, and
+    /// every use of those bytes, here and by their owner, must follow the page-ownership rule
+    /// of this module.
+    pub unsafe fn external(ptr: *mut u8, page_bytes: usize, pages: usize, owner: Arc<dyn Send + Sync>) -> Option<Self> {
+        let ptr = NonNull::new(ptr)?;
+        let layout = Layout::from_size_align(page_bytes.checked_mul(pages)?.max(1), 1).ok()?;
+        Some(Self { ptr, layout, page_bytes, pages, owner: Some(owner) })
     }
 
     /// Bytes per page.
@@ -122,8 +138,10 @@ impl HostPages {
 
 impl Drop for HostPages {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        if self.owner.is_none() {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+        }
     }
 }
 

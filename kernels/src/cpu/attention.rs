@@ -2,13 +2,14 @@
 
 use rayon::prelude::*;
 
+use super::arena::KvArena;
 use super::dot::{axpy, dot};
 use crate::error::check;
 use crate::{AttnSeq, AttnShape, KernelError, KvLayout};
 
 pub(super) fn attention(
     q: &[f32],
-    pool: &[f32],
+    pool: &KvArena,
     layout: &KvLayout,
     layer: usize,
     shape: AttnShape,
@@ -55,7 +56,10 @@ pub(super) fn attention(
         for t in 0..n {
             let page = seq.pages[t / layout.page_size];
             let ko = layout.offset(page, layer, false, t % layout.page_size) + kvh * head_dim;
-            let sc = dot(qv, &pool[ko..ko + head_dim]) * scale;
+            // SAFETY: the sequence's pages are read by its forward pass only (arena docs);
+            // bounds were checked above.
+            let k = unsafe { pool.read(ko, head_dim) }.unwrap_or(&[]);
+            let sc = dot(qv, k) * scale;
             max = max.max(sc);
             scores.push(sc);
         }
@@ -68,7 +72,9 @@ pub(super) fn attention(
         for (t, &p) in scores.iter().enumerate() {
             let page = seq.pages[t / layout.page_size];
             let vo = layout.offset(page, layer, true, t % layout.page_size) + kvh * head_dim;
-            axpy(p * inv, &pool[vo..vo + head_dim], o);
+            // SAFETY: as for K.
+            let v = unsafe { pool.read(vo, head_dim) }.unwrap_or(&[]);
+            axpy(p * inv, v, o);
         }
     });
     Ok(())

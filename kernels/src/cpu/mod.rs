@@ -2,15 +2,19 @@
 //! kernels), small-batch GEMV and attention with hand-vectorised dot products, and both
 //! cores through rayon.
 
+mod arena;
 mod attention;
 mod dot;
 mod matmul;
+
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use crate::error::check;
 use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, PoolLayer, RopeTable};
 
+pub use arena::KvArena;
 pub use dot::dot;
 
 /// A weight matrix in host memory, row-major `(rows, cols)`.
@@ -38,6 +42,7 @@ const ROWS_PER_TASK: usize = 16;
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
     type Mat = CpuMat;
+    type Kv = Arc<KvArena>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -149,19 +154,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Vec<f32>, KernelError> {
-        let len = layout.page_floats() * num_pages;
-        let mut pool = Vec::new();
-        pool.try_reserve_exact(len).map_err(|_| KernelError::OutOfMemory { bytes: len * 4 })?;
-        // Touch every page now: first touch of fresh memory is slow, and must not happen on
-        // the request path.
-        pool.resize(len, 0.0);
-        Ok(pool)
+    fn kv_pool(&self, layout: &KvLayout, num_pages: usize) -> Result<Arc<KvArena>, KernelError> {
+        let len = layout.page_floats().checked_mul(num_pages).ok_or(KernelError::OutOfMemory { bytes: usize::MAX })?;
+        Ok(Arc::new(KvArena::new(len)?))
     }
 
     fn write_kv(
         &self,
-        pool: &mut Vec<f32>,
+        pool: &Arc<KvArena>,
         layout: &KvLayout,
         layer: usize,
         slots: &[(u32, u32)],
@@ -177,10 +177,11 @@ impl Backend for CpuBackend {
             if page as usize >= pages || slot as usize >= layout.page_size {
                 return Err(KernelError::PageOutOfRange { page, slot });
             }
-            let ko = layout.offset(page, layer, false, slot as usize);
-            pool[ko..ko + w].copy_from_slice(&k[i * w..(i + 1) * w]);
-            let vo = layout.offset(page, layer, true, slot as usize);
-            pool[vo..vo + w].copy_from_slice(&v[i * w..(i + 1) * w]);
+            // SAFETY: the forward pass owns the pages of the sequences it computes.
+            unsafe {
+                pool.write(layout.offset(page, layer, false, slot as usize), &k[i * w..(i + 1) * w])?;
+                pool.write(layout.offset(page, layer, true, slot as usize), &v[i * w..(i + 1) * w])?;
+            }
         }
         Ok(())
     }
@@ -188,7 +189,7 @@ impl Backend for CpuBackend {
     fn attention(
         &self,
         q: &Vec<f32>,
-        kv: PoolLayer<'_, Vec<f32>>,
+        kv: PoolLayer<'_, Arc<KvArena>>,
         shape: AttnShape,
         seqs: &[AttnSeq<'_>],
         out: &mut Vec<f32>,
