@@ -5,15 +5,23 @@
 //! [`wire`] — the one module where generated `ferry.v1` types are converted to and from
 //! domain types, validating as it goes. Nothing else in Ferry touches generated types.
 //!
-//! [`metrics`] holds every Prometheus metric name Ferry emits, with its help text.
+//! [`metrics`] holds every Prometheus metric name Ferry emits, with its help text;
+//! [`exporter`] installs the process's recorder and serves `/metrics`; [`status`] maps refusals
+//! to gRPC codes and counts them; [`shutdown`] is the graceful-shutdown signal.
 //!
-//! Planned (DESIGN.md §1, §7, §8): errors with stable codes, discovery (static | etcd), health,
-//! the Prometheus exporter, TLS, graceful shutdown — they arrive with the daemons.
+//! Planned (DESIGN.md §1, §7): discovery through etcd, TLS.
 
+pub mod args;
+pub mod exporter;
 pub mod ids;
 mod layout;
 pub mod metrics;
+pub mod shutdown;
+pub mod status;
 pub mod wire;
 
+pub use args::WorkerArgs;
 pub use ids::{RequestId, Room, RoomKey, RoomSecret, WorkerId};
 pub use layout::LayoutDescriptor;
+pub use shutdown::{Shutdown, ShutdownTrigger};
+pub use status::Refused;

@@ -146,6 +146,32 @@ impl From<&LayoutDescriptor> for pb::LayoutDescriptor {
     }
 }
 
+/// A worker's KV cache events on the wire.
+pub fn kv_events_to_proto(worker: &str, epoch: u64, events: &[ferry_radix::events::KvEvent]) -> pb::KvEventBatch {
+    use ferry_radix::events::{EventKind, Stored};
+    let stored = |s: &Stored| pb::KvStored {
+        parent_hash: s.parent_hash,
+        page_hashes: s.page_hashes.clone(),
+        token_ids: s.token_ids.clone(),
+    };
+    let events = events
+        .iter()
+        .map(|e| pb::KvEvent {
+            sequence: e.sequence,
+            kind: Some(match &e.kind {
+                EventKind::Stored(s) => pb::kv_event::Kind::Stored(stored(s)),
+                EventKind::Removed { page_hashes } => {
+                    pb::kv_event::Kind::Removed(pb::KvRemoved { page_hashes: page_hashes.clone() })
+                }
+                EventKind::Snapshot(all) => {
+                    pb::kv_event::Kind::Snapshot(pb::KvSnapshot { pages: all.iter().map(stored).collect() })
+                }
+            }),
+        })
+        .collect();
+    pb::KvEventBatch { worker_id: worker.to_string(), epoch, events }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

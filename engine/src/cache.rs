@@ -245,24 +245,39 @@ impl RadixCache {
     /// are already cached are dropped (freed). Returns the deepest node covering the
     /// inserted pages and the number of pages newly cached.
     pub fn insert(&mut self, tokens: &[u32], start_page: usize, alloc: PageAlloc, priority: i32) -> (NodeId, usize) {
+        let (node, new_pages, _duplicates) = self.insert_keeping(tokens, start_page, alloc, priority);
+        (node, new_pages)
+    }
+
+    /// Like [`insert`](Self::insert), but hands back the pages that were not cached
+    /// (duplicates of cached ones, or all of them when nothing fit) instead of freeing them:
+    /// a transfer may still be reading them.
+    pub fn insert_keeping(
+        &mut self,
+        tokens: &[u32],
+        start_page: usize,
+        alloc: PageAlloc,
+        priority: i32,
+    ) -> (NodeId, usize, PageAlloc) {
         let ps = self.page_size();
         let full = tokens.len() / ps;
         let tokens = &tokens[..full * ps];
         let existing = self.tree.match_prefix(tokens).tokens / ps;
         if existing < start_page || alloc.len() != full - start_page {
             // The prefix the caller built on is gone, or the pages do not fit: keep nothing.
-            return (NodeId::ROOT, 0);
+            return (NodeId::ROOT, 0, alloc);
         }
         self.clock += 1;
         let clock = self.clock;
         let mut parent_hash = ROOT_HASH;
         let mut new_pages = 0;
         let counted = &mut new_pages;
-        // Without new pages the closure is not called and `alloc` (all duplicates) is dropped
-        // with it; otherwise its duplicate front part is dropped here.
-        let ins = self.tree.insert(tokens, move |existing| {
-            let mut a = alloc;
-            let fresh = a.split_off(existing - start_page);
+        // The first `existing` pages are cached already: those of `alloc` are duplicates,
+        // handed back; the rest become the new node's pages.
+        let mut duplicates = alloc;
+        let fresh = duplicates.split_off(existing - start_page);
+        let ins = self.tree.insert(tokens, move |at| {
+            debug_assert_eq!(at, existing, "the tree did not change between match and insert");
             *counted = fresh.len();
             CacheEntry { pages: fresh, hashes: Vec::new(), lock_ref: 0, last_access: clock, priority, heap_gen: 0 }
         });
@@ -270,7 +285,7 @@ impl RadixCache {
             self.dirty.push(Dirty::Node(lower));
         }
         let Some(new) = ins.new_node else {
-            return (ins.last().unwrap_or(NodeId::ROOT), 0);
+            return (ins.last().unwrap_or(NodeId::ROOT), 0, duplicates);
         };
         let parent = self.tree.parent(new).unwrap_or(NodeId::ROOT);
         self.dirty.push(Dirty::Child(parent, self.tree.key(new)[..self.page_size()].into()));
@@ -290,7 +305,7 @@ impl RadixCache {
         self.evictable += new_pages;
         self.push_candidate(new);
         self.emit(EventKind::Stored(Stored { parent_hash, page_hashes: hashes, token_ids: key }));
-        (new, new_pages)
+        (new, new_pages, duplicates)
     }
 
     /// Evicts unlocked leaves until at least `pages` pages are freed or nothing is evictable.

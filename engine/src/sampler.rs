@@ -73,6 +73,19 @@ impl Sampler {
         Sampled { token, logprob, top }
     }
 
+    /// Records `token` as the next output without sampling it, as if [`sample`](Self::sample)
+    /// had chosen it: the decode node resumes a request whose first token the prefill node
+    /// sampled, and must then draw exactly what a colocated run would.
+    pub fn observe(&mut self, token: u32) {
+        if self.params.temperature != 0.0 {
+            let _: f32 = self.rng.random();
+        }
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+        *self.counts.entry(token).or_default() += 1;
+    }
+
     fn draw(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         let mut cand: Vec<(u32, f32)> =
@@ -195,5 +208,21 @@ mod tests {
         let mut s = Sampler::new(params(|p| p.frequency_penalty = 0.4), &[]);
         let picks: Vec<u32> = (0..3).map(|_| s.sample(&mut [2.0, 1.5]).token).collect();
         assert_eq!(picks, vec![0, 0, 1]);
+    }
+
+    #[test]
+    fn observing_the_first_token_resumes_the_same_stream() {
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 31) % 11) as f32 / 2.0).collect();
+        let p = params(|p| {
+            p.temperature = 0.8;
+            p.frequency_penalty = 0.3;
+        });
+        let mut whole = Sampler::new(p.clone(), &[1, 2]);
+        let all: Vec<u32> = (0..10).map(|_| whole.sample(&mut logits.clone()).token).collect();
+        // Another node sampled the first token; this one observes it and goes on.
+        let mut resumed = Sampler::new(p, &[1, 2]);
+        resumed.observe(all[0]);
+        let rest: Vec<u32> = (1..10).map(|_| resumed.sample(&mut logits.clone()).token).collect();
+        assert_eq!(rest, all[1..]);
     }
 }

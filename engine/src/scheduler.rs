@@ -105,6 +105,9 @@ pub struct Prefilled {
     pub pages: Vec<u32>,
     /// The partly filled last page, owned by the request.
     pub tail: PageAlloc,
+    /// Pages this request computed that turned out to duplicate pages another request cached
+    /// meanwhile: not cached, but kept alive here while a transfer may still read them.
+    pub duplicates: PageAlloc,
     /// Prompt tokens that came from the cache.
     pub cached: usize,
 }
@@ -429,7 +432,7 @@ impl Scheduler {
             let prefix_pages = p.prefix.tokens / ps;
             let full = p.tokens.len() / ps;
             let tail = p.alloc.split_off(full - prefix_pages);
-            let (node, _) = cache.insert(&p.tokens, prefix_pages, p.alloc, p.priority);
+            let (node, _, duplicates) = cache.insert_keeping(&p.tokens, prefix_pages, p.alloc, p.priority);
             let (node, mut pages) = if node == NodeId::ROOT {
                 (p.prefix.node, p.prefix.pages.clone())
             } else {
@@ -439,7 +442,7 @@ impl Scheduler {
             cache.lock(node);
             cache.unlock(p.prefix.node);
             pages.extend_from_slice(tail.pages());
-            done.push(Prefilled { id: p.id, node, pages, tail, cached: p.prefix.tokens });
+            done.push(Prefilled { id: p.id, node, pages, tail, duplicates, cached: p.prefix.tokens });
         }
         done
     }

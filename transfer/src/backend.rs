@@ -234,6 +234,74 @@ impl Receiver {
     }
 }
 
+/// Settings shared by the backends.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TransferConfig {
+    /// tcp settings (connections per peer, frame size, receiver room timeouts).
+    pub tcp: crate::tcp::TcpConfig,
+    /// rdma settings.
+    pub rdma: crate::rdma::RdmaConfig,
+}
+
+/// Opens the receiving end of `kind` (a chosen backend, not `auto`) on `addr`, writing into
+/// `mem`. Returns it with the endpoint senders connect to.
+pub async fn bind(
+    kind: BackendKind,
+    addr: SocketAddr,
+    mem: Arc<HostPages>,
+    cfg: TransferConfig,
+) -> std::io::Result<(Receiver, String)> {
+    match kind {
+        BackendKind::Tcp => {
+            let r = TcpReceiver::bind(addr, mem, cfg.tcp).await?;
+            let at = r.local_addr().to_string();
+            Ok((Receiver::Tcp(r), at))
+        }
+        BackendKind::Fake => {
+            let r = FakeReceiver::new(cfg.tcp.timeouts);
+            let at = r.register();
+            Ok((Receiver::Fake(r), at))
+        }
+        BackendKind::Rdma => {
+            let r = rdma_receiver(addr, mem, cfg.rdma).await?;
+            let at = r.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            Ok((r, at))
+        }
+        BackendKind::Auto => Err(std::io::Error::other("choose a backend before binding (see `choose`)")),
+    }
+}
+
+/// Connects a sender of `kind` to the receiver at `endpoint`, sending from `mem`.
+pub async fn connect(
+    kind: BackendKind,
+    endpoint: &str,
+    mem: Arc<HostPages>,
+    cfg: TransferConfig,
+) -> std::io::Result<Sender> {
+    let addr = || {
+        endpoint.parse::<SocketAddr>().map_err(|e| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("data endpoint {endpoint:?}: {e}"))
+        })
+    };
+    match kind {
+        BackendKind::Tcp => Ok(Sender::Tcp(TcpSender::connect(addr()?, cfg.tcp).await?)),
+        BackendKind::Fake => FakeSender::lookup(endpoint).map(Sender::Fake).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::NotFound, format!("no fake receiver {endpoint:?} in this process"))
+        }),
+        #[cfg(feature = "rdma")]
+        BackendKind::Rdma => {
+            let verbs = Arc::new(crate::rdma::IbVerbs::open(None, 0).map_err(std::io::Error::other)?);
+            Ok(Sender::Rdma(Box::new(RdmaSender::connect(addr()?, verbs, mem, cfg.rdma).await?)))
+        }
+        #[cfg(not(feature = "rdma"))]
+        BackendKind::Rdma => {
+            let _ = (mem, addr);
+            Err(std::io::Error::other(VerbsError::NotBuilt))
+        }
+        BackendKind::Auto => Err(std::io::Error::other("choose a backend before connecting (see `choose`)")),
+    }
+}
+
 /// Opens an RDMA receiver on real ibverbs, or says why it cannot.
 #[cfg(feature = "rdma")]
 pub async fn rdma_receiver(

@@ -2,7 +2,9 @@
 //! as a real receiver (secrets, page ownership, refusals, timeouts). For scheduling tests of
 //! whole clusters in one process, and for warm-up.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use tokio::sync::oneshot;
 
@@ -29,6 +31,18 @@ impl FakeReceiver {
         FakeSender { inbox: Arc::clone(&self.inbox) }
     }
 
+    /// Names this receiver in the process-wide registry, so senders made elsewhere in the
+    /// process (another in-process daemon) can find it: returns its endpoint, `fake:<n>`.
+    pub fn register(&self) -> String {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let name = format!("fake:{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        registry()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.clone(), Arc::downgrade(&self.inbox));
+        name
+    }
+
     /// Opens a room that may fill `dest`.
     pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         self.inbox.tick();
@@ -52,7 +66,19 @@ pub struct FakeSender {
     inbox: Arc<Inbox>,
 }
 
+fn registry() -> &'static Mutex<HashMap<String, Weak<Inbox>>> {
+    static R: OnceLock<Mutex<HashMap<String, Weak<Inbox>>>> = OnceLock::new();
+    R.get_or_init(Default::default)
+}
+
 impl FakeSender {
+    /// A sender to the registered receiver named `endpoint` (see [`FakeReceiver::register`]),
+    /// if it is still alive in this process.
+    pub fn lookup(endpoint: &str) -> Option<Self> {
+        let r = registry().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.get(endpoint).and_then(Weak::upgrade).map(|inbox| Self { inbox })
+    }
+
     /// "Sends" runs: the receiver accounts for the pages without any byte moving.
     pub fn send_pages(&self, room: u64, secret: [u8; 16], runs: &[PageRun]) -> Result<(), Refusal> {
         self.inbox.tick();

@@ -1,0 +1,125 @@
+//! The flags every worker daemon shares (each also reads an environment variable). Worker
+//! binaries flatten [`WorkerArgs`] into their own flags.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Flags shared by the prefill and decode daemons.
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerArgs {
+    /// The model: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a
+    /// GGUF file.
+    #[arg(long, env = "FERRY_MODEL")]
+    pub model: PathBuf,
+    /// Compute device. Only `cpu` is built today; `cuda` arrives with the CUDA backend.
+    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
+    pub device: String,
+    /// Element type of activations and KV pages. The CPU backend computes in `f32`.
+    #[arg(long, env = "FERRY_DTYPE", default_value = "f32")]
+    pub dtype: String,
+    /// Tokens per KV page. Prefill and decode nodes must agree (checked at the handshake).
+    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16)]
+    pub page_size: usize,
+    /// KV pages in the pool. 0: size the pool from --mem-fraction.
+    #[arg(long, env = "FERRY_POOL_PAGES", default_value_t = 0)]
+    pub pool_pages: usize,
+    /// Fraction of this machine's memory given to the KV pool when --pool-pages is 0.
+    #[arg(long, env = "FERRY_MEM_FRACTION", default_value_t = 0.1)]
+    pub mem_fraction: f64,
+    /// Prompt tokens computed per forward pass (chunked prefill); long prompts take several.
+    #[arg(long, env = "FERRY_CHUNKED_PREFILL_SIZE", default_value_t = 512)]
+    pub chunked_prefill_size: usize,
+    /// This worker's id, in metrics, load reports and KV events. Default: `<role>-<gRPC port>`.
+    #[arg(long, env = "FERRY_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// gRPC listen address (port 0: any free port).
+    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0")]
+    pub grpc_addr: SocketAddr,
+    /// Prometheus `/metrics` listen address (port 0: any free port).
+    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0")]
+    pub metrics_addr: SocketAddr,
+    /// KV transfer backend: `tcp`, `rdma` (needs a build with `--features rdma` and a device),
+    /// `fake` (moves nothing; scheduling tests, one process only) or `auto` (rdma when a
+    /// device is present, else tcp).
+    #[arg(long, env = "FERRY_TRANSFER", default_value = "tcp")]
+    pub transfer: String,
+    /// Decode nodes: the data-plane listen address for incoming KV pages (port 0: any).
+    #[arg(long, env = "FERRY_TRANSFER_ADDR", default_value = "127.0.0.1:0")]
+    pub transfer_addr: SocketAddr,
+    /// tcp backend: connections per peer.
+    #[arg(long, env = "FERRY_TRANSFER_CONNECTIONS", default_value_t = 4)]
+    pub transfer_connections: usize,
+    /// Seconds a room may wait for its other half (the request or the handshake).
+    #[arg(long, env = "FERRY_BOOTSTRAP_TIMEOUT", default_value_t = 30.0)]
+    pub bootstrap_timeout: f64,
+    /// Seconds a room may wait for prefill to start sending (queueing and compute).
+    #[arg(long, env = "FERRY_WAITING_TIMEOUT", default_value_t = 300.0)]
+    pub waiting_timeout: f64,
+    /// Seconds a transfer may go without progress.
+    #[arg(long, env = "FERRY_TRANSFER_TIMEOUT", default_value_t = 30.0)]
+    pub transfer_timeout: f64,
+}
+
+impl WorkerArgs {
+    /// Defaults for `model` (tests and `ferry up` start from here).
+    pub fn for_model(model: impl Into<PathBuf>) -> Self {
+        Self {
+            model: model.into(),
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            page_size: 16,
+            pool_pages: 0,
+            mem_fraction: 0.1,
+            chunked_prefill_size: 512,
+            worker_id: None,
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            transfer: "tcp".into(),
+            transfer_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            transfer_connections: 4,
+            bootstrap_timeout: 30.0,
+            waiting_timeout: 300.0,
+            transfer_timeout: 30.0,
+        }
+    }
+
+    /// The three room timeouts.
+    pub fn timeouts(&self) -> (Duration, Duration, Duration) {
+        let d = |s: f64| Duration::from_secs_f64(s.max(0.001));
+        (d(self.bootstrap_timeout), d(self.waiting_timeout), d(self.transfer_timeout))
+    }
+
+    /// Checks what can be checked before loading anything.
+    pub fn check(&self) -> Result<(), String> {
+        if self.device != "cpu" {
+            return Err(format!("--device {}: only cpu is built in this binary", self.device));
+        }
+        if self.dtype != "f32" {
+            return Err(format!("--dtype {}: the CPU backend computes in f32", self.dtype));
+        }
+        if self.page_size == 0 || self.chunked_prefill_size == 0 {
+            return Err("--page-size and --chunked-prefill-size must be positive".into());
+        }
+        if self.pool_pages == 0 && !(self.mem_fraction > 0.0 && self.mem_fraction < 1.0) {
+            return Err(format!("--mem-fraction {} must be in (0, 1)", self.mem_fraction));
+        }
+        Ok(())
+    }
+
+    /// Pool pages: --pool-pages, or --mem-fraction of the machine's memory.
+    pub fn pool_pages(&self, page_bytes: usize) -> usize {
+        if self.pool_pages > 0 {
+            return self.pool_pages;
+        }
+        let total = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            })
+            .map_or(8 << 30, |kib| kib * 1024);
+        ((total as f64 * self.mem_fraction) as usize / page_bytes.max(1)).max(1)
+    }
+}

@@ -1,0 +1,43 @@
+//! Errors as gRPC statuses: one place decides the code each failure gets, and counts the
+//! refusals of bad input by reason.
+
+use tonic::{Code, Status};
+
+use crate::wire::WireError;
+
+/// A refused call: its gRPC code, a metrics reason label and the message for the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    /// The gRPC code.
+    pub code: Code,
+    /// Stable label for `ferry_bad_requests_total`.
+    pub reason: &'static str,
+    /// For the client.
+    pub message: String,
+}
+
+impl Refused {
+    /// A refusal.
+    pub fn new(code: Code, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { code, reason, message: message.into() }
+    }
+
+    /// `INVALID_ARGUMENT`.
+    pub fn invalid(reason: &'static str, message: impl Into<String>) -> Self {
+        Self::new(Code::InvalidArgument, reason, message)
+    }
+
+    /// Counts the refusal for `role` and turns it into a status.
+    pub fn status(self, role: &'static str) -> Status {
+        metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => self.reason).increment(1);
+        tracing::info!(role, reason = self.reason, message = %self.message, "refused");
+        Status::new(self.code, self.message)
+    }
+}
+
+impl From<WireError> for Refused {
+    fn from(e: WireError) -> Self {
+        Self::invalid("malformed", e.to_string())
+    }
+}

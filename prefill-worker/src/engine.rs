@@ -1,0 +1,572 @@
+//! The engine thread: the one owner of the model, the page pool, the prefix cache, the
+//! scheduler and the room queue. gRPC handlers and room tasks talk to it through [`Cmd`]s;
+//! forward passes run here, never on the async runtime.
+//!
+//! After every pass each computed chunk's finished pages go to the room's task (cached prefix
+//! pages first, the partial last page with the last chunk, together with the first sampled
+//! token). A room's pages stay locked until its task reports the transfer ended.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as CmdSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_cluster::Refused;
+use ferry_cluster::metrics as m;
+use ferry_engine::scheduler::{Prefilled, Scheduler};
+use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams, SeqChunk};
+use ferry_kernels::cpu::CpuBackend;
+use ferry_radix::events::KvEvent;
+use ferry_transfer::frame::Aux;
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::room::Timeouts;
+use ferry_transfer::{SendRoom, Sender};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tonic::Code;
+
+use crate::rooms::{Expired, Phase, PhaseTimeouts, Rooms};
+use crate::service::SenderPool;
+
+/// What the Prefill call gets back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillDone {
+    /// Prompt tokens found in the cache.
+    pub cached_tokens: u32,
+    /// The first sampled token.
+    pub first_token: u32,
+    /// Its logprob.
+    pub logprob: f32,
+}
+
+/// Replies to a Prefill call.
+pub type PrefillReply = oneshot::Sender<Result<PrefillDone, Refused>>;
+
+/// A request for the engine.
+pub struct NewRequest {
+    /// Prompt.
+    pub tokens: Vec<u32>,
+    /// Sampling of the first token.
+    pub sampling: SamplingParams,
+    /// Scheduling priority.
+    pub priority: i32,
+    /// Where the outcome goes.
+    pub reply: PrefillReply,
+}
+
+/// A decode node's handshake, its sender already connected.
+pub struct Handshake {
+    /// Destination pages, in prompt order.
+    pub dest: Vec<u32>,
+    /// The data-plane sender to that decode node.
+    pub sender: Arc<Sender>,
+}
+
+/// Commands to the engine thread.
+pub enum Cmd {
+    /// A Prefill call.
+    Request { room: u64, secret: [u8; 16], req: NewRequest },
+    /// A Bootstrap.Handshake call.
+    Handshake { room: u64, secret: [u8; 16], hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
+    /// An Abort call; replies whether the room was known.
+    Abort { room: u64, secret: [u8; 16], reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
+    /// A room task finished: its transfer succeeded or failed.
+    Sent { room: u64, result: Result<(), String> },
+    /// A snapshot of the prefix cache for a KV event subscriber.
+    Snapshot { reply: oneshot::Sender<KvEvent> },
+    /// Stop admitting, abort what is in flight, free everything, exit.
+    Shutdown,
+}
+
+/// What the Load service and the metrics report.
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    /// Rooms per phase (bootstrap, waiting, inflight).
+    pub depth: (usize, usize, usize),
+    /// Free pages.
+    pub free_pages: usize,
+    /// Evictable cached pages.
+    pub evictable_pages: usize,
+    /// All pages.
+    pub total_pages: usize,
+    /// Prompt tokens still to compute.
+    pub queued_tokens: usize,
+    /// Measured prefill rate (tokens per second, moving average).
+    pub tokens_per_second: f64,
+}
+
+/// One chunk's pages for a room task.
+struct ChunkMsg {
+    first: usize,
+    pages: Vec<u32>,
+    last: Option<Aux>,
+}
+
+/// A room the scheduler knows.
+struct Live {
+    tokens: Vec<u32>,
+    sampler: Sampler,
+    reply: Option<PrefillReply>,
+    chunks: Option<mpsc::UnboundedSender<ChunkMsg>>,
+    /// Destination slots handed to the room task so far.
+    sent: usize,
+    cached: usize,
+    first: Option<(u32, f32)>,
+    prefilled: Option<Prefilled>,
+    /// Aborted while pages were possibly on the wire: freed when the task reports.
+    aborting: Option<String>,
+}
+
+/// Engine settings.
+pub struct EngineConfig {
+    /// Worker id (metrics label).
+    pub worker: String,
+    /// Room timeouts (bootstrap, waiting, transfer).
+    pub timeouts: Timeouts,
+    /// Senders to decode nodes (a broken one is evicted).
+    pub senders: Arc<SenderPool>,
+}
+
+/// The engine thread's state.
+pub struct Engine {
+    model: Model<CpuBackend>,
+    pool: PagePool<CpuBackend>,
+    cache: RadixCache,
+    sched: Scheduler,
+    rooms: Rooms<NewRequest, Handshake>,
+    live: HashMap<u64, Live>,
+    mem: Arc<HostPages>,
+    rt: tokio::runtime::Handle,
+    cmds: CmdSender<Cmd>,
+    cfg: EngineConfig,
+    events: broadcast::Sender<Vec<KvEvent>>,
+    load: Arc<Mutex<Load>>,
+    rate: f64,
+    draining: bool,
+}
+
+impl Engine {
+    /// An engine over a loaded model and its pool.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: Model<CpuBackend>,
+        pool: PagePool<CpuBackend>,
+        sched: Scheduler,
+        mem: Arc<HostPages>,
+        rt: tokio::runtime::Handle,
+        cmds: CmdSender<Cmd>,
+        cfg: EngineConfig,
+        events: broadcast::Sender<Vec<KvEvent>>,
+        load: Arc<Mutex<Load>>,
+    ) -> Self {
+        let t = cfg.timeouts;
+        let epoch =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let page_size = pool.layout().page_size;
+        let phase_t = PhaseTimeouts { bootstrap: t.bootstrap, waiting: t.waiting, inflight: t.transferring };
+        Self {
+            model,
+            cache: RadixCache::new(page_size, epoch),
+            pool,
+            sched,
+            rooms: Rooms::new(phase_t),
+            live: HashMap::new(),
+            mem,
+            rt,
+            cmds,
+            cfg,
+            events,
+            load,
+            rate: 0.0,
+            draining: false,
+        }
+    }
+
+    /// Runs until [`Cmd::Shutdown`] (or every command sender is gone) and everything is freed.
+    pub fn run(mut self, rx: Receiver<Cmd>) {
+        loop {
+            let busy = self.sched.waiting_len() + self.sched.prefilling_len() > 0;
+            let first = if busy {
+                rx.try_recv().ok()
+            } else {
+                match rx.recv_timeout(Duration::from_millis(20)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => self.draining.then_some(Cmd::Shutdown),
+                }
+            };
+            if let Some(c) = first {
+                self.handle(c);
+                while let Ok(c) = rx.try_recv() {
+                    self.handle(c);
+                }
+            }
+            self.expire(Instant::now());
+            if let Err(e) = self.step() {
+                tracing::error!(error = %e, "prefill pass failed; failing its rooms");
+                let rooms: Vec<u64> = self.live.keys().copied().collect();
+                for room in rooms {
+                    self.fail(room, Refused::new(Code::Internal, "engine_error", e.to_string()));
+                }
+            }
+            self.publish();
+            if self.draining && self.rooms.is_empty() && self.live.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, c: Cmd) {
+        let now = Instant::now();
+        match c {
+            Cmd::Request { room, secret, req } => {
+                if self.draining {
+                    let _ = req.reply.send(Err(Refused::new(
+                        Code::Unavailable,
+                        "shutting_down",
+                        "the worker is shutting down",
+                    )));
+                    return;
+                }
+                if let Err(e) = self.check_prompt(&req.tokens, &req.sampling) {
+                    let _ = req.reply.send(Err(e));
+                    return;
+                }
+                match self.rooms.request(room, secret, req, now) {
+                    Ok(Some((r, h))) => self.admit(room, secret, r, h),
+                    Ok(None) => {}
+                    Err((e, req)) => {
+                        let _ = req.reply.send(Err(e));
+                    }
+                }
+            }
+            Cmd::Handshake { room, secret, hs, reply } => {
+                if self.draining {
+                    let _ = reply.send(Err(Refused::new(
+                        Code::Unavailable,
+                        "shutting_down",
+                        "the worker is shutting down",
+                    )));
+                    return;
+                }
+                match self.rooms.handshake(room, secret, hs, now) {
+                    Ok(pair) => {
+                        let _ = reply.send(Ok(()));
+                        if let Some((r, h)) = pair {
+                            self.admit(room, secret, r, h);
+                        }
+                    }
+                    Err((e, _)) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            Cmd::Abort { room, secret, reason, reply } => {
+                let r = match self.rooms.abort(room, Some(secret)) {
+                    Err(e) => Err(e),
+                    Ok(None) => Ok(false),
+                    Ok(Some(gone)) => {
+                        self.abandon(gone, Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}")));
+                        Ok(true)
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::Sent { room, result } => self.sent(room, result),
+            Cmd::Snapshot { reply } => {
+                let _ = reply.send(self.cache.snapshot());
+            }
+            Cmd::Shutdown => {
+                self.draining = true;
+                let all: Vec<u64> = self.live.keys().copied().collect();
+                for room in all {
+                    if let Ok(Some(gone)) = self.rooms.abort(room, None) {
+                        self.abandon(
+                            gone,
+                            Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"),
+                        );
+                    }
+                }
+                for gone in self.rooms.expired(now + Duration::from_secs(1 << 30)) {
+                    self.abandon(gone, Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"));
+                }
+            }
+        }
+    }
+
+    fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
+        let req = ferry_engine::Request { prompt: tokens.to_vec(), params: sampling.clone() };
+        ferry_engine::generate::validate(&self.model, &req).map_err(|e| {
+            let reason = if tokens.len() >= self.model.config().max_position_embeddings {
+                "prompt_too_long"
+            } else {
+                "invalid_request"
+            };
+            Refused::invalid(reason, e.to_string())
+        })?;
+        let pages = self.pool.pages_for(tokens.len());
+        if pages > self.pool.num_pages() {
+            return Err(Refused::new(
+                Code::ResourceExhausted,
+                "prompt_over_pool",
+                format!("the prompt needs {pages} pages; this worker's pool has {}", self.pool.num_pages()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Both halves are here: check the handshake against the prompt, start the room task, queue.
+    fn admit(&mut self, room: u64, secret: [u8; 16], r: NewRequest, h: Handshake) {
+        let need = self.pool.pages_for(r.tokens.len());
+        if h.dest.len() != need {
+            let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
+            let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
+            self.rooms.finish(room);
+            let sender = h.sender;
+            self.rt.spawn(async move {
+                let _ = sender.abort(room, secret, "destination page count does not fit the prompt").await;
+            });
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
+        if let Err(e) = send_room.handshake(Arc::clone(&h.sender), h.dest.clone(), Instant::now()) {
+            let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
+            self.rooms.finish(room);
+            return;
+        }
+        let limit = self.cfg.timeouts.transferring;
+        let task = RoomTask {
+            mem: Arc::clone(&self.mem),
+            engine: self.cmds.clone(),
+            limit,
+            senders: Arc::clone(&self.cfg.senders),
+            sender: h.sender,
+        };
+        self.rt.spawn(task.run(send_room, rx));
+        self.sched.add_with_priority(room, r.tokens.clone(), r.priority, &self.cache);
+        let sampler = Sampler::new(r.sampling, &r.tokens);
+        self.live.insert(
+            room,
+            Live {
+                tokens: r.tokens,
+                sampler,
+                reply: Some(r.reply),
+                chunks: Some(tx),
+                sent: 0,
+                cached: 0,
+                first: None,
+                prefilled: None,
+                aborting: None,
+            },
+        );
+    }
+
+    /// One scheduled pass: compute, then hand each chunk's finished pages to its room task.
+    fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
+        let chunks = self.sched.schedule(&mut self.cache, &self.pool);
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let batch: Vec<SeqChunk<'_>> = chunks
+            .iter()
+            .filter_map(|c| {
+                let l = self.live.get(&c.id)?;
+                Some(SeqChunk { tokens: &l.tokens[c.start..c.end], start: c.start, pages: &c.pages, logits: c.last })
+            })
+            .collect();
+        if batch.len() != chunks.len() {
+            return Err(ferry_engine::EngineError::InvalidRequest("a scheduled request has no room".into()));
+        }
+        let computed: usize = chunks.iter().map(|c| c.end - c.start).sum();
+        let mut logits = self.model.forward(&mut self.pool, &batch)?.into_iter();
+        drop(batch);
+        let took = t0.elapsed();
+        metrics::histogram!(m::STEP_SECONDS, "role" => "prefill").record(took.as_secs_f64());
+        metrics::counter!(m::PREFILL_TOKENS, "role" => "prefill").increment(computed as u64);
+        let rate = computed as f64 / took.as_secs_f64().max(1e-9);
+        self.rate = if self.rate == 0.0 { rate } else { 0.8 * self.rate + 0.2 * rate };
+        let ps = self.pool.layout().page_size;
+        let now = Instant::now();
+        for c in &chunks {
+            let Some(l) = self.live.get_mut(&c.id) else { continue };
+            if c.start == c.cached && c.cached > 0 && l.sent == 0 {
+                l.cached = c.cached;
+                metrics::counter!(m::PREFIX_HIT_TOKENS).increment(c.cached as u64);
+            }
+            let upto = if c.last { c.end.div_ceil(ps) } else { c.end / ps };
+            let mut aux = None;
+            if c.last {
+                let Some(mut lg) = logits.next() else { continue };
+                let s = l.sampler.sample(&mut lg);
+                l.first = Some((s.token, s.logprob));
+                aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
+                self.rooms.computed(c.id, now);
+            }
+            if l.aborting.is_some() {
+                continue;
+            }
+            if upto > l.sent || aux.is_some() {
+                let msg = ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux };
+                l.sent = upto;
+                if let Some(tx) = &l.chunks {
+                    let _ = tx.send(msg);
+                }
+            }
+        }
+        for p in self.sched.complete(&chunks, &mut self.cache) {
+            if let Some(l) = self.live.get_mut(&p.id) {
+                l.prefilled = Some(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// A room task ended.
+    fn sent(&mut self, room: u64, result: Result<(), String>) {
+        let Some(mut l) = self.live.remove(&room) else { return };
+        self.rooms.finish(room);
+        let reply = l.reply.take();
+        match (&l.aborting, result) {
+            (None, Ok(())) => {
+                metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "sent").increment(1);
+                if let (Some(tx), Some((first_token, logprob))) = (reply, l.first) {
+                    let _ = tx.send(Ok(PrefillDone { cached_tokens: l.cached as u32, first_token, logprob }));
+                }
+            }
+            (aborting, result) => {
+                let why = match (aborting, result) {
+                    (Some(a), _) => a.clone(),
+                    (None, Err(e)) => format!("transfer failed: {e}"),
+                    (None, Ok(())) => "transfer ended early".into(),
+                };
+                metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
+                if let Some(tx) = reply {
+                    let _ = tx.send(Err(Refused::new(Code::Unavailable, "transfer_failed", why)));
+                }
+            }
+        }
+        self.release(room, l);
+    }
+
+    /// Frees what a room holds: its scheduler entry (queued or computing) or its computed
+    /// pages (unlocking the cache node).
+    fn release(&mut self, room: u64, l: Live) {
+        if let Some(p) = l.prefilled {
+            self.cache.unlock(p.node);
+            drop(p.tail);
+            drop(p.duplicates);
+        } else {
+            self.sched.abort(room, &mut self.cache);
+        }
+    }
+
+    /// Fails a live room: tells the caller, stops the room task; frees now when no page is on
+    /// the wire, else when the task reports.
+    fn fail(&mut self, room: u64, why: Refused) {
+        self.rooms.finish(room);
+        let Some(l) = self.live.get_mut(&room) else { return };
+        if let Some(tx) = l.reply.take() {
+            let _ = tx.send(Err(why.clone()));
+        }
+        l.aborting = Some(why.message.clone());
+        // Dropping the chunk channel makes the task abort the room and report.
+        l.chunks = None;
+    }
+
+    /// A room left the queue by abort or timeout.
+    fn abandon(&mut self, gone: Expired<NewRequest, Handshake>, why: Refused) {
+        if let Some(r) = gone.request {
+            let _ = r.reply.send(Err(why.clone()));
+        }
+        if let Some(h) = gone.handshake {
+            let (room, secret, reason) = (gone.room, gone.secret, why.message.clone());
+            self.rt.spawn(async move {
+                let _ = h.sender.abort(room, secret, &reason).await;
+            });
+        }
+        if gone.phase != Phase::Bootstrap {
+            self.fail(gone.room, why);
+        }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        for gone in self.rooms.expired(now) {
+            let why =
+                Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
+            self.abandon(gone, why);
+        }
+    }
+
+    fn publish(&mut self) {
+        let events = self.cache.drain_events();
+        if !events.is_empty() {
+            let _ = self.events.send(events);
+        }
+        let depth = self.rooms.depth();
+        let load = Load {
+            depth,
+            free_pages: self.pool.free_pages(),
+            evictable_pages: self.cache.evictable_pages(),
+            total_pages: self.pool.num_pages(),
+            queued_tokens: self.sched.queued_tokens(),
+            tokens_per_second: self.rate,
+        };
+        let w = self.cfg.worker.clone();
+        for (state, n) in [("bootstrap", depth.0), ("waiting", depth.1), ("inflight", depth.2)] {
+            metrics::gauge!(m::QUEUE_DEPTH, "role" => "prefill", "worker" => w.clone(), "state" => state).set(n as f64);
+        }
+        for (kind, n) in [
+            ("free", load.free_pages),
+            ("evictable", load.evictable_pages),
+            ("total", load.total_pages),
+            ("used", load.total_pages - load.free_pages),
+        ] {
+            metrics::gauge!(m::PAGES, "role" => "prefill", "worker" => w.clone(), "kind" => kind).set(n as f64);
+        }
+        if let Ok(mut l) = self.load.lock() {
+            *l = load;
+        }
+    }
+}
+
+/// What a room's task needs besides the room.
+struct RoomTask {
+    mem: Arc<HostPages>,
+    engine: CmdSender<Cmd>,
+    limit: Duration,
+    senders: Arc<SenderPool>,
+    sender: Arc<Sender>,
+}
+
+impl RoomTask {
+    /// Sends one room's chunks in order; aborts the room when the engine drops the channel
+    /// before the last chunk, or when a chunk makes no progress within the transfer timeout;
+    /// reports the end to the engine.
+    async fn run(self, mut room: SendRoom, mut chunks: mpsc::UnboundedReceiver<ChunkMsg>) {
+        let id = room.id();
+        let limit = self.limit;
+        let result = loop {
+            let Some(msg) = chunks.recv().await else {
+                room.abort("the prefill node abandoned the room").await;
+                break Err("abandoned".to_string());
+            };
+            let last = msg.last.is_some();
+            match tokio::time::timeout(limit, room.send(msg.first, &msg.pages, &self.mem, msg.last)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    self.senders.evict(&self.sender).await;
+                    break Err(format!("{e:?}"));
+                }
+                Err(_) => {
+                    room.abort("transfer stalled").await;
+                    break Err(format!("no progress for {limit:?}"));
+                }
+            }
+            if last {
+                break Ok(());
+            }
+        };
+        let _ = self.engine.send(Cmd::Sent { room: id, result });
+    }
+}

@@ -1,0 +1,298 @@
+//! The prefill node's room queue as a pure state machine (no I/O, the caller's clock):
+//!
+//! - **bootstrap**: the request arrived and waits for the decode node's handshake, or the
+//!   handshake arrived and waits for the request — either may come first;
+//! - **waiting**: both known, handed to the scheduler (queued or computing);
+//! - **inflight**: computed, pages still on the wire.
+//!
+//! Every state has a timeout; [`Rooms::expired`] removes rooms past theirs and hands back what
+//! they held so the caller can answer and free. `R` and `H` are the caller's payloads for the
+//! request and the handshake.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ferry_cluster::Refused;
+use tonic::Code;
+
+/// Where a room is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Missing the request or the handshake.
+    Bootstrap,
+    /// Queued or computing.
+    Waiting,
+    /// Computed; pages on the wire.
+    Inflight,
+}
+
+impl Phase {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Bootstrap => "bootstrap",
+            Self::Waiting => "waiting",
+            Self::Inflight => "inflight",
+        }
+    }
+}
+
+/// Timeout of each phase.
+#[derive(Debug, Clone, Copy)]
+pub struct PhaseTimeouts {
+    /// Bootstrap.
+    pub bootstrap: Duration,
+    /// Waiting (queueing and compute).
+    pub waiting: Duration,
+    /// Inflight (the transfer's own timeout also applies, from its last progress).
+    pub inflight: Duration,
+}
+
+struct Slot<R, H> {
+    secret: [u8; 16],
+    phase: Phase,
+    since: Instant,
+    request: Option<R>,
+    handshake: Option<H>,
+}
+
+/// A room that timed out, with what it held.
+pub struct Expired<R, H> {
+    /// The room.
+    pub room: u64,
+    /// Its secret.
+    pub secret: [u8; 16],
+    /// The phase it timed out in.
+    pub phase: Phase,
+    /// Its request, if it was still bootstrapping with one.
+    pub request: Option<R>,
+    /// Its handshake, if it was still bootstrapping with one.
+    pub handshake: Option<H>,
+}
+
+/// The rooms of one prefill node.
+pub struct Rooms<R, H> {
+    slots: HashMap<u64, Slot<R, H>>,
+    timeouts: PhaseTimeouts,
+}
+
+fn wrong_secret(room: u64) -> Refused {
+    Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong room secret"))
+}
+
+impl<R, H> Rooms<R, H> {
+    /// No rooms.
+    pub fn new(timeouts: PhaseTimeouts) -> Self {
+        Self { slots: HashMap::new(), timeouts }
+    }
+
+    /// The request arrived. Returns the pair when the handshake was already there (the room
+    /// is then waiting). A refusal hands the request back.
+    pub fn request(&mut self, room: u64, secret: [u8; 16], r: R, now: Instant) -> Result<Option<(R, H)>, (Refused, R)> {
+        let slot = match self.slot(room, secret, now, |s| s.request.is_some(), "duplicate_room", "a request") {
+            Ok(s) => s,
+            Err(e) => return Err((e, r)),
+        };
+        slot.request = Some(r);
+        Ok(self.pair(room, now))
+    }
+
+    /// The handshake arrived. Returns the pair when the request was already there. A refusal
+    /// hands the handshake back.
+    pub fn handshake(
+        &mut self,
+        room: u64,
+        secret: [u8; 16],
+        h: H,
+        now: Instant,
+    ) -> Result<Option<(R, H)>, (Refused, H)> {
+        let slot = match self.slot(room, secret, now, |s| s.handshake.is_some(), "duplicate_handshake", "a handshake") {
+            Ok(s) => s,
+            Err(e) => return Err((e, h)),
+        };
+        slot.handshake = Some(h);
+        Ok(self.pair(room, now))
+    }
+
+    /// The bootstrapping slot for `room` (made when new), after the secret and duplicate checks.
+    fn slot(
+        &mut self,
+        room: u64,
+        secret: [u8; 16],
+        now: Instant,
+        has: impl Fn(&Slot<R, H>) -> bool,
+        reason: &'static str,
+        what: &str,
+    ) -> Result<&mut Slot<R, H>, Refused> {
+        let s = self.slots.entry(room).or_insert_with(|| Slot {
+            secret,
+            phase: Phase::Bootstrap,
+            since: now,
+            request: None,
+            handshake: None,
+        });
+        if s.secret != secret {
+            return Err(wrong_secret(room));
+        }
+        if has(s) || s.phase != Phase::Bootstrap {
+            return Err(Refused::new(Code::AlreadyExists, reason, format!("room {room} already has {what}")));
+        }
+        Ok(s)
+    }
+
+    fn pair(&mut self, room: u64, now: Instant) -> Option<(R, H)> {
+        let s = self.slots.get_mut(&room)?;
+        if s.request.is_none() || s.handshake.is_none() {
+            return None;
+        }
+        s.phase = Phase::Waiting;
+        s.since = now;
+        Some((s.request.take()?, s.handshake.take()?))
+    }
+
+    /// The room's prompt is computed: its last pages are on the wire.
+    pub fn computed(&mut self, room: u64, now: Instant) {
+        if let Some(s) = self.slots.get_mut(&room)
+            && s.phase == Phase::Waiting
+        {
+            s.phase = Phase::Inflight;
+            s.since = now;
+        }
+    }
+
+    /// The room ended (sent, failed or aborted): forgets it; returns the phase it was in.
+    pub fn finish(&mut self, room: u64) -> Option<Phase> {
+        self.slots.remove(&room).map(|s| s.phase)
+    }
+
+    /// An abort for `room` (checked against its secret when given). Returns the phase and,
+    /// when it was still bootstrapping, what it held; the room is forgotten.
+    pub fn abort(&mut self, room: u64, secret: Option<[u8; 16]>) -> Result<Option<Expired<R, H>>, Refused> {
+        match self.slots.get(&room) {
+            None => return Ok(None),
+            Some(s) if secret.is_some_and(|x| x != s.secret) => return Err(wrong_secret(room)),
+            Some(_) => {}
+        }
+        Ok(self.slots.remove(&room).map(|s| Expired {
+            room,
+            secret: s.secret,
+            phase: s.phase,
+            request: s.request,
+            handshake: s.handshake,
+        }))
+    }
+
+    /// Removes and returns the rooms past their phase's timeout.
+    pub fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
+        let t = self.timeouts;
+        let limit = |p: Phase| match p {
+            Phase::Bootstrap => t.bootstrap,
+            Phase::Waiting => t.waiting,
+            Phase::Inflight => t.inflight,
+        };
+        let late: Vec<u64> =
+            self.slots.iter().filter(|(_, s)| now.duration_since(s.since) >= limit(s.phase)).map(|(&r, _)| r).collect();
+        late.into_iter()
+            .filter_map(|room| {
+                let s = self.slots.remove(&room)?;
+                Some(Expired { room, secret: s.secret, phase: s.phase, request: s.request, handshake: s.handshake })
+            })
+            .collect()
+    }
+
+    /// The phase of `room`.
+    pub fn phase(&self, room: u64) -> Option<Phase> {
+        self.slots.get(&room).map(|s| s.phase)
+    }
+
+    /// Rooms per phase: (bootstrap, waiting, inflight).
+    pub fn depth(&self) -> (usize, usize, usize) {
+        let mut d = (0, 0, 0);
+        for s in self.slots.values() {
+            match s.phase {
+                Phase::Bootstrap => d.0 += 1,
+                Phase::Waiting => d.1 += 1,
+                Phase::Inflight => d.2 += 1,
+            }
+        }
+        d
+    }
+
+    /// Rooms known.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether no room is known.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rooms() -> Rooms<&'static str, &'static str> {
+        let s = Duration::from_secs(1);
+        Rooms::new(PhaseTimeouts { bootstrap: s, waiting: 2 * s, inflight: 3 * s })
+    }
+
+    #[test]
+    fn either_half_may_come_first_and_pairs_once() {
+        let t0 = Instant::now();
+        let mut r = rooms();
+        assert_eq!(r.request(1, [1; 16], "req", t0).ok(), Some(None));
+        assert_eq!(r.phase(1), Some(Phase::Bootstrap));
+        assert_eq!(r.handshake(1, [1; 16], "hs", t0).ok(), Some(Some(("req", "hs"))));
+        assert_eq!(r.phase(1), Some(Phase::Waiting));
+        assert_eq!(r.handshake(2, [2; 16], "hs", t0).ok(), Some(None));
+        assert_eq!(r.request(2, [2; 16], "req", t0).ok(), Some(Some(("req", "hs"))));
+        assert_eq!(r.depth(), (0, 2, 0));
+        r.computed(1, t0);
+        assert_eq!(r.depth(), (0, 1, 1));
+        assert_eq!(r.finish(1), Some(Phase::Inflight));
+        assert_eq!(r.len(), 1);
+    }
+
+    #[test]
+    fn duplicates_and_wrong_secrets_are_refused_without_harm() {
+        let t0 = Instant::now();
+        let mut r = rooms();
+        r.request(1, [1; 16], "req", t0).expect("first");
+        let (e, back) = r.request(1, [1; 16], "again", t0).expect_err("duplicate");
+        assert_eq!((e.code, e.reason, back), (Code::AlreadyExists, "duplicate_room", "again"));
+        let (e, _) = r.handshake(1, [9; 16], "hs", t0).expect_err("wrong secret");
+        assert_eq!(e.code, Code::PermissionDenied);
+        assert!(r.abort(1, Some([9; 16])).is_err(), "an abort needs the secret");
+        assert_eq!(r.phase(1), Some(Phase::Bootstrap), "the room is untouched");
+        let gone = r.abort(1, Some([1; 16])).expect("abort").expect("was known");
+        assert_eq!((gone.phase, gone.request), (Phase::Bootstrap, Some("req")));
+        assert!(r.abort(1, None).expect("unknown is fine").is_none());
+    }
+
+    #[test]
+    fn every_phase_times_out() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = rooms();
+        r.request(1, [1; 16], "a", t0).expect("ok");
+        r.request(2, [2; 16], "b", t0).expect("ok");
+        r.handshake(2, [2; 16], "b", t0).expect("ok");
+        r.request(3, [3; 16], "c", t0).expect("ok");
+        r.handshake(3, [3; 16], "c", t0).expect("ok");
+        r.computed(3, t0);
+        assert!(r.expired(t0 + s - Duration::from_millis(1)).is_empty());
+        let e = r.expired(t0 + s);
+        assert_eq!((e.len(), e[0].room, e[0].phase, e[0].request), (1, 1, Phase::Bootstrap, Some("a")));
+        assert_eq!(
+            r.expired(t0 + 2 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
+            vec![(2, Phase::Waiting)]
+        );
+        assert_eq!(
+            r.expired(t0 + 3 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
+            vec![(3, Phase::Inflight)]
+        );
+        assert!(r.is_empty());
+    }
+}

@@ -1,0 +1,240 @@
+//! The prefill daemon's gRPC services: `Prefill`, `Bootstrap`, `KvEvents` and `Load`. Every
+//! handler converts and checks its input (through `ferry_cluster::wire`), then hands the
+//! engine thread a command and awaits its answer.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::mpsc::Sender as CmdSender;
+use std::sync::{Arc, Mutex};
+
+use ferry_cluster::{LayoutDescriptor, Refused, RoomKey, wire};
+use ferry_proto::v1 as pb;
+use ferry_radix::events::KvEvent;
+use ferry_transfer::backend::{self, TransferConfig};
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::{BackendKind, Sender};
+use futures::Stream;
+use tokio::sync::{broadcast, oneshot};
+use tonic::{Code, Request, Response, Status};
+
+use crate::engine::{Cmd, Handshake, Load, NewRequest};
+
+const ROLE: &str = "prefill";
+
+/// Data-plane senders to decode nodes, one per endpoint, reused across rooms.
+#[derive(Default)]
+pub struct SenderPool {
+    senders: tokio::sync::Mutex<HashMap<String, Arc<Sender>>>,
+}
+
+impl SenderPool {
+    async fn get(
+        &self,
+        kind: BackendKind,
+        endpoint: &str,
+        mem: &Arc<HostPages>,
+        cfg: TransferConfig,
+    ) -> std::io::Result<Arc<Sender>> {
+        let mut s = self.senders.lock().await;
+        if let Some(x) = s.get(endpoint) {
+            return Ok(Arc::clone(x));
+        }
+        let x = Arc::new(backend::connect(kind, endpoint, Arc::clone(mem), cfg).await?);
+        s.insert(endpoint.to_string(), Arc::clone(&x));
+        Ok(x)
+    }
+
+    /// Forgets `sender` (its connection broke): the next handshake for its endpoint reconnects.
+    pub async fn evict(&self, sender: &Arc<Sender>) {
+        self.senders.lock().await.retain(|_, x| !Arc::ptr_eq(x, sender));
+    }
+}
+
+/// What every handler shares.
+pub struct Shared {
+    /// Commands to the engine thread.
+    pub engine: Mutex<CmdSender<Cmd>>,
+    /// This worker's id.
+    pub worker: String,
+    /// The KV layout decode nodes must match.
+    pub layout: LayoutDescriptor,
+    /// The transfer backend in use.
+    pub backend: BackendKind,
+    /// Its settings.
+    pub transfer: TransferConfig,
+    /// The page arena pages are sent from.
+    pub mem: Arc<HostPages>,
+    /// Senders to decode nodes.
+    pub senders: Arc<SenderPool>,
+    /// Longest destination page list a handshake may carry.
+    pub max_dest_pages: usize,
+    /// KV events as the engine publishes them.
+    pub events: broadcast::Sender<Vec<KvEvent>>,
+    /// The latest load figures.
+    pub load: Arc<Mutex<Load>>,
+}
+
+impl Shared {
+    fn send(&self, c: Cmd) -> Result<(), Status> {
+        let tx = self.engine.lock().map_err(|_| Status::internal("engine channel poisoned"))?;
+        tx.send(c).map_err(|_| Status::unavailable("the prefill engine has stopped"))
+    }
+}
+
+async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>) -> Result<T, Status> {
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(r)) => Err(r.status(ROLE)),
+        Err(_) => Err(Status::unavailable("the prefill engine dropped the call (shutting down?)")),
+    }
+}
+
+fn refused(r: impl Into<Refused>) -> Status {
+    r.into().status(ROLE)
+}
+
+/// `ferry.v1.Prefill`.
+pub struct PrefillSvc(pub Arc<Shared>);
+
+#[tonic::async_trait]
+impl pb::prefill_server::Prefill for PrefillSvc {
+    async fn prefill(&self, req: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+        let r = req.into_inner();
+        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let sampling = wire::sampling_from_proto(r.sampling);
+        let (reply, rx) = oneshot::channel();
+        let room = key.room.get();
+        let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply };
+        self.0.send(Cmd::Request { room, secret: *key.secret.as_bytes(), req: new })?;
+        let done = answer(rx).await?;
+        Ok(Response::new(pb::PrefillResponse {
+            room,
+            cached_tokens: done.cached_tokens,
+            first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
+        }))
+    }
+
+    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let r = req.into_inner();
+        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let (reply, rx) = oneshot::channel();
+        self.0.send(Cmd::Abort { room: key.room.get(), secret: *key.secret.as_bytes(), reason: r.reason, reply })?;
+        Ok(Response::new(pb::AbortResponse { found: answer(rx).await? }))
+    }
+}
+
+/// `ferry.v1.Bootstrap`: decode nodes announce where a room's pages go.
+pub struct BootstrapSvc(pub Arc<Shared>);
+
+#[tonic::async_trait]
+impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
+    async fn handshake(&self, req: Request<pb::HandshakeRequest>) -> Result<Response<pb::HandshakeResponse>, Status> {
+        let r = req.into_inner();
+        let s = &self.0;
+        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let layout = LayoutDescriptor::try_from(r.layout).map_err(refused)?;
+        if let Some(why) = s.layout.mismatch(&layout) {
+            return Err(Refused::new(Code::FailedPrecondition, "layout_mismatch", why).status(ROLE));
+        }
+        if r.dest_pages.len() > s.max_dest_pages {
+            let why = format!("{} destination pages; at most {} per room", r.dest_pages.len(), s.max_dest_pages);
+            return Err(Refused::invalid("oversize_page_list", why).status(ROLE));
+        }
+        if r.transfer_backend != s.backend.as_str() {
+            let why = format!("the decode node speaks {:?}; this prefill node {}", r.transfer_backend, s.backend);
+            return Err(Refused::new(Code::FailedPrecondition, "backend_mismatch", why).status(ROLE));
+        }
+        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, s.transfer).await.map_err(|e| {
+            Refused::new(Code::Unavailable, "data_plane_unreachable", format!("{}: {e}", r.data_endpoint)).status(ROLE)
+        })?;
+        let (reply, rx) = oneshot::channel();
+        let hs = Handshake { dest: r.dest_pages, sender };
+        s.send(Cmd::Handshake { room: key.room.get(), secret: *key.secret.as_bytes(), hs, reply })?;
+        answer(rx).await?;
+        Ok(Response::new(pb::HandshakeResponse { room: key.room.get() }))
+    }
+}
+
+/// `ferry.v1.Load`.
+pub struct LoadSvc(pub Arc<Shared>);
+
+#[tonic::async_trait]
+impl pb::load_server::Load for LoadSvc {
+    async fn report(&self, _req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
+        let l = self.0.load.lock().map_err(|_| Status::internal("load poisoned"))?.clone();
+        let depth = HashMap::from([
+            ("bootstrap".to_string(), l.depth.0 as u32),
+            ("waiting".to_string(), l.depth.1 as u32),
+            ("inflight".to_string(), l.depth.2 as u32),
+        ]);
+        Ok(Response::new(pb::LoadReport {
+            worker_id: self.0.worker.clone(),
+            queue_depth: depth,
+            free_pages: l.free_pages as u32,
+            evictable_pages: l.evictable_pages as u32,
+            total_pages: l.total_pages as u32,
+            queued_prefill_tokens: l.queued_tokens as u64,
+            prefill_tokens_per_second: l.tokens_per_second,
+        }))
+    }
+}
+
+/// `ferry.v1.KvEvents`.
+pub struct KvEventsSvc(pub Arc<Shared>);
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::KvEventBatch, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::kv_events_server::KvEvents for KvEventsSvc {
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
+        let r = req.into_inner();
+        let s = Arc::clone(&self.0);
+        // Subscribe before the snapshot, so nothing falls between them.
+        let mut live = s.events.subscribe();
+        let (reply, rx) = oneshot::channel();
+        s.send(Cmd::Snapshot { reply })?;
+        let snapshot = rx.await.map_err(|_| Status::unavailable("the prefill engine has stopped"))?;
+        let epoch = snapshot.epoch;
+        let worker = s.worker.clone();
+        let out = async_stream(move |tx: tokio::sync::mpsc::Sender<Result<pb::KvEventBatch, Status>>| async move {
+            // A subscriber that asks for a snapshot, or knows another epoch, or is behind what
+            // we can replay (we keep no history), starts from the snapshot.
+            let resync = r.want_snapshot || r.epoch != epoch || r.after_sequence < snapshot.sequence;
+            let mut after = snapshot.sequence;
+            if resync && tx.send(Ok(wire::kv_events_to_proto(&worker, epoch, &[snapshot]))).await.is_err() {
+                return;
+            }
+            loop {
+                match live.recv().await {
+                    Ok(events) => {
+                        let fresh: Vec<KvEvent> = events.into_iter().filter(|e| e.sequence > after).collect();
+                        let Some(last) = fresh.last() else { continue };
+                        after = last.sequence;
+                        if tx.send(Ok(wire::kv_events_to_proto(&worker, epoch, &fresh))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        let _ = tx.send(Err(Status::data_loss(format!("{n} event batches lost; resubscribe")))).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        Ok(Response::new(out))
+    }
+}
+
+/// A stream fed by a task writing into a channel.
+fn async_stream<F, Fut>(f: F) -> EventStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::KvEventBatch, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
