@@ -84,6 +84,7 @@ impl Inbox {
             if crc_ok {
                 t.commit(claim, Instant::now());
             } else {
+                t.unclaim(claim);
                 let why = format!("checksum mismatch in pages {}..+{}", claim.first, claim.n);
                 t.fail(h.room, FailReason::Corrupt(why));
             }
@@ -143,6 +144,11 @@ impl Inbox {
     /// The state of an open room (None once closed or never opened).
     pub fn state(&self, room: u64) -> Option<State> {
         lock(&self.table).state(room)
+    }
+
+    /// Whether a closed room still has runs being written: its pages must not be reused yet.
+    pub fn writing(&self, room: u64) -> bool {
+        lock(&self.table).writing(room)
     }
 
     /// `(open rooms, destination pages they hold)`.

@@ -74,6 +74,11 @@ enum PageState {
     Received,
 }
 
+struct Closing {
+    pages: Vec<u32>,
+    claimed: usize,
+}
+
 struct RecvRoom {
     secret: [u8; 16],
     /// Destination page → its state.
@@ -86,6 +91,9 @@ struct RecvRoom {
 /// Open rooms of one receiver.
 pub struct RoomTable {
     rooms: HashMap<u64, RecvRoom>,
+    /// Closed rooms with runs still being written: their pages stay owned until the last
+    /// claim settles, so no new room is handed a page a writer may still touch.
+    closing: HashMap<u64, Closing>,
     /// Destination page → the open room holding it.
     owners: HashMap<u32, u64>,
     refusals: HashMap<Refusal, u64>,
@@ -102,7 +110,14 @@ impl std::fmt::Debug for RoomTable {
 impl RoomTable {
     /// An empty table.
     pub fn new(timeouts: Timeouts) -> Self {
-        Self { rooms: HashMap::new(), owners: HashMap::new(), refusals: HashMap::new(), timeouts, ended: Vec::new() }
+        Self {
+            rooms: HashMap::new(),
+            closing: HashMap::new(),
+            owners: HashMap::new(),
+            refusals: HashMap::new(),
+            timeouts,
+            ended: Vec::new(),
+        }
     }
 
     fn refuse<T>(&mut self, r: Refusal) -> Result<T, Refusal> {
@@ -180,6 +195,9 @@ impl RoomTable {
 
     /// Marks claimed pages as received (their payload passed its checksum and was written).
     pub fn commit(&mut self, c: Claim, now: Instant) {
+        if self.settle_closing(c) {
+            return;
+        }
         let Some(r) = self.rooms.get_mut(&c.room) else { return };
         for p in c.first..c.first + c.n {
             if r.pages.get(&p) == Some(&PageState::Claimed) {
@@ -189,6 +207,39 @@ impl RoomTable {
         }
         r.room.progress(now);
         self.try_complete(c.room, now);
+    }
+
+    /// Ends a claim whose payload did not (fully, or correctly) land: its pages are expected
+    /// again (the caller fails the room).
+    pub fn unclaim(&mut self, c: Claim) {
+        if self.settle_closing(c) {
+            return;
+        }
+        let Some(r) = self.rooms.get_mut(&c.room) else { return };
+        for p in c.first..c.first + c.n {
+            if r.pages.get(&p) == Some(&PageState::Claimed) {
+                r.pages.insert(p, PageState::Expected);
+            }
+        }
+    }
+
+    /// A claim of a closed room settled; true when the room was closing.
+    fn settle_closing(&mut self, c: Claim) -> bool {
+        let Some(z) = self.closing.get_mut(&c.room) else { return false };
+        z.claimed = z.claimed.saturating_sub(c.n as usize);
+        if z.claimed == 0
+            && let Some(z) = self.closing.remove(&c.room)
+        {
+            for p in z.pages {
+                self.owners.remove(&p);
+            }
+        }
+        true
+    }
+
+    /// Whether a closed room still has runs being written (its pages are not free yet).
+    pub fn writing(&self, room: u64) -> bool {
+        self.closing.contains_key(&room)
     }
 
     /// Records the room's `Done` frame (already checked by [`claim`](Self::claim)'s rules:
@@ -258,12 +309,18 @@ impl RoomTable {
         self.rooms.get(&room).map(|r| r.room.state())
     }
 
-    /// Forgets a room and releases its pages; later frames for it are refused. Returns its
-    /// state, or None when it was not open.
+    /// Forgets a room; later frames for it are refused. Its pages are released at once, or,
+    /// when runs are still being written into them, as the last of those settles (see
+    /// [`writing`](Self::writing)). Returns its state, or None when it was not open.
     pub fn close(&mut self, room: u64) -> Option<State> {
         let r = self.rooms.remove(&room)?;
-        for p in r.pages.keys() {
-            self.owners.remove(p);
+        let claimed = r.pages.values().filter(|&&s| s == PageState::Claimed).count();
+        if claimed > 0 {
+            self.closing.insert(room, Closing { pages: r.pages.keys().copied().collect(), claimed });
+        } else {
+            for p in r.pages.keys() {
+                self.owners.remove(p);
+            }
         }
         Some(r.room.state())
     }
@@ -330,6 +387,27 @@ mod tests {
         for r in 1..=3 {
             t.close(r);
         }
+        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
+    }
+
+    #[test]
+    fn a_room_closed_mid_write_keeps_its_pages_until_the_write_settles() {
+        let now = Instant::now();
+        let mut t = RoomTable::new(Timeouts::default());
+        t.open(1, [1; 16], &[5, 6, 7], now).expect("open");
+        let writing = t.claim(&pages_header(1, [1; 16], 5, 2), now).expect("claim");
+        assert_eq!(t.close(1), Some(State::Transferring));
+        assert!(t.writing(1), "a run is still being written into pages 5 and 6");
+        assert_eq!(t.open(2, [2; 16], &[6], now), Err(Refusal::PagesInUse), "not reusable yet");
+        t.unclaim(writing);
+        assert!(!t.writing(1));
+        t.open(2, [2; 16], &[5, 6, 7], now).expect("free again once the write ended");
+        // A failed checksum ends the claim too: the room fails, its pages are expected again.
+        let c = t.claim(&pages_header(2, [2; 16], 7, 1), now).expect("claim");
+        t.unclaim(c);
+        t.fail(2, FailReason::Corrupt("crc".into()));
+        t.close(2);
+        assert!(!t.writing(2));
         assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
     }
 }

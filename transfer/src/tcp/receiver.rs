@@ -175,7 +175,11 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
             return skip(stream, h.payload_len as usize).await;
         }
     };
-    stream.read_exact(dest).await?;
+    if let Err(e) = stream.read_exact(dest).await {
+        // The connection broke mid-run: the claim ends; the caller fails the rooms it carried.
+        s.inbox.with_table(|t| t.unclaim(claim));
+        return Err(e);
+    }
     s.inbox.settle(h, claim, crc32c::crc32c(dest) == h.payload_crc);
     Ok(())
 }
