@@ -146,6 +146,28 @@ impl From<&LayoutDescriptor> for pb::LayoutDescriptor {
     }
 }
 
+/// One generated token (with its logprob, top alternatives and, on the last, the finish
+/// reason) as a decode stream message.
+pub fn token_to_proto(
+    token: u32,
+    logprob: f32,
+    top: &[(u32, f32)],
+    finish: Option<FinishReason>,
+) -> pb::DecodeResponse {
+    let tl = |&(token_id, logprob): &(u32, f32)| pb::TokenLogprob { token_id, logprob };
+    pb::DecodeResponse {
+        token_ids: vec![token],
+        logprobs: vec![pb::TokenLogprob { token_id: token, logprob }],
+        top_logprobs: if top.is_empty() {
+            Vec::new()
+        } else {
+            vec![pb::TopLogprobs { candidates: top.iter().map(tl).collect() }]
+        },
+        finish_reason: finish.map_or(pb::FinishReason::Unspecified, finish_to_proto) as i32,
+        cached_tokens: 0,
+    }
+}
+
 /// A worker's KV cache events on the wire.
 pub fn kv_events_to_proto(worker: &str, epoch: u64, events: &[ferry_radix::events::KvEvent]) -> pb::KvEventBatch {
     use ferry_radix::events::{EventKind, Stored};

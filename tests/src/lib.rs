@@ -1,5 +1,168 @@
-//! `ferry-tests`: cluster tests that run real daemons in-process on port 0 and as separate
-//! processes, with fault filters and chaos.
-//!
-//! The engine's own tests live in `engine/tests`; the cluster harness arrives with the
-//! daemons (issue "Prefill and decode daemons with their queues").
+//! `ferry-tests`: the cluster test harness. Real daemons run in-process on port 0 (the same
+//! `start` functions the binaries call), with real gRPC and a real data plane between them;
+//! [`Client`] plays the router's part for a request: mint a room, call the decode node's
+//! `Generate` and the prefill node's `Prefill` concurrently, collect the tokens.
+
+use std::path::{Path, PathBuf};
+
+use ferry_cluster::RoomKey;
+use ferry_engine::tiny::{TinySpec, write_hf};
+use ferry_engine::{BatchOptions, Model, PagePool, Request, SamplingParams};
+use ferry_kernels::cpu::CpuBackend;
+use ferry_proto::v1 as pb;
+use tonic::transport::Channel;
+
+/// A tiny random Llama written to a temporary directory (removed on drop).
+pub struct TinyModel {
+    dir: tempfile::TempDir,
+}
+
+impl TinyModel {
+    /// The default tiny model (context 2048, vocabulary 359).
+    pub fn new() -> Self {
+        Self::with(TinySpec::default())
+    }
+
+    /// A tiny model from `spec`.
+    pub fn with(spec: TinySpec) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        write_hf(&dir.path().join("hf"), &spec).expect("write the tiny model");
+        Self { dir }
+    }
+
+    /// Its HF directory.
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("hf")
+    }
+}
+
+impl Default for TinyModel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Greedy sampling of `n` tokens (EOS ignored, so every run has the same length).
+pub fn greedy(n: u32) -> SamplingParams {
+    SamplingParams { temperature: 0.0, max_new_tokens: n, ignore_eos: true, ..SamplingParams::default() }
+}
+
+/// What one colocated engine produces for `prompts`: the reference for every cluster test.
+pub fn colocated(model: &Path, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<u32>> {
+    let m = Model::load(model, CpuBackend).expect("load model");
+    let pages: usize = prompts.iter().map(|p| (p.len() + params.max_new_tokens as usize).div_ceil(16) + 1).sum();
+    let mut pool = PagePool::new(m.backend(), m.kv_layout(16), pages).expect("pool");
+    let reqs: Vec<Request> = prompts.iter().map(|p| Request { prompt: p.clone(), params: params.clone() }).collect();
+    let out = ferry_engine::generate(&m, &mut pool, &reqs, BatchOptions::default()).expect("generate");
+    out.into_iter().map(|o| o.tokens).collect()
+}
+
+/// Plays the router for single requests.
+#[derive(Clone)]
+pub struct Client {
+    decode: pb::decode_client::DecodeClient<Channel>,
+    prefill: Option<(pb::prefill_client::PrefillClient<Channel>, String)>,
+}
+
+/// How a request ended badly.
+#[derive(Debug)]
+pub enum Failure {
+    /// The decode stream ended with this status.
+    Decode(tonic::Status),
+    /// The prefill call failed with this status.
+    Prefill(tonic::Status),
+}
+
+async fn channel(addr: std::net::SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect to a daemon")
+}
+
+impl Client {
+    /// Requests go to `decode`, prefilled on `prefill` (None: on the decode node itself).
+    pub async fn new(decode: std::net::SocketAddr, prefill: Option<std::net::SocketAddr>) -> Self {
+        let d = pb::decode_client::DecodeClient::new(channel(decode).await);
+        let p = match prefill {
+            Some(a) => Some((pb::prefill_client::PrefillClient::new(channel(a).await), a.to_string())),
+            None => None,
+        };
+        Self { decode: d, prefill: p }
+    }
+
+    /// Generates for `prompt`: returns the tokens, or how it failed.
+    pub async fn generate(&self, prompt: &[u32], params: &SamplingParams) -> Result<Vec<u32>, Failure> {
+        self.generate_in(RoomKey::random(), prompt, params).await
+    }
+
+    /// Like [`generate`](Self::generate) with a chosen room.
+    pub async fn generate_in(
+        &self,
+        key: RoomKey,
+        prompt: &[u32],
+        params: &SamplingParams,
+    ) -> Result<Vec<u32>, Failure> {
+        let sampling = Some(ferry_cluster::wire::sampling_to_proto(params));
+        let req = pb::DecodeRequest {
+            request_id: format!("test-{}", key.room.get()),
+            room: Some(pb::RoomKey::from(&key)),
+            prefill_bootstrap_addr: self.prefill.as_ref().map(|p| p.1.clone()).unwrap_or_default(),
+            token_ids: prompt.to_vec(),
+            sampling: sampling.clone(),
+        };
+        let mut d = self.decode.clone();
+        let decode = async move {
+            let mut stream = d.generate(req).await.map_err(Failure::Decode)?.into_inner();
+            let mut out = Vec::new();
+            loop {
+                match stream.message().await {
+                    Ok(Some(m)) => out.extend(m.token_ids),
+                    Ok(None) => return Ok(out),
+                    Err(s) => return Err(Failure::Decode(s)),
+                }
+            }
+        };
+        let prefill = async {
+            let Some((p, _)) = &self.prefill else { return Ok(()) };
+            let req = pb::PrefillRequest {
+                request_id: format!("test-{}", key.room.get()),
+                room: Some(pb::RoomKey::from(&key)),
+                token_ids: prompt.to_vec(),
+                sampling,
+                priority: 0,
+            };
+            p.clone().prefill(req).await.map(|_| ()).map_err(Failure::Prefill)
+        };
+        let (d, p) = tokio::join!(decode, prefill);
+        let tokens = d?;
+        p?;
+        Ok(tokens)
+    }
+}
+
+/// Random prompts with shared prefixes: `n` prompts of 1 to `max_len` tokens below `vocab`,
+/// about half of them extending one of a few common stems.
+pub fn prompts_with_shared_prefixes(n: usize, max_len: usize, vocab: u32, seed: u64) -> Vec<Vec<u32>> {
+    let mut s = seed | 1;
+    let mut next = move |m: u64| {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s % m.max(1)
+    };
+    let stems: Vec<Vec<u32>> =
+        (0..3).map(|_| (0..(max_len / 2).max(1)).map(|_| next(u64::from(vocab)) as u32).collect()).collect();
+    (0..n)
+        .map(|i| {
+            let len = 1 + next(max_len as u64) as usize;
+            let mut p: Vec<u32> = if i % 2 == 0 { stems[i % 3].clone() } else { Vec::new() };
+            p.truncate(len);
+            while p.len() < len {
+                p.push(next(u64::from(vocab)) as u32);
+            }
+            p
+        })
+        .collect()
+}

@@ -1,0 +1,559 @@
+//! The engine thread: the one owner of the model, the page pool and the queues. gRPC handlers
+//! and handshake tasks talk to it through [`Cmd`]s; the transfer receiver writes arriving
+//! pages into the pool itself (into pages preallocated for their room) and reports rooms'
+//! outcomes, which this thread polls.
+//!
+//! Each step forms one batch: every running request's next token, and chunks of prompts
+//! prefilled here. A finished request's pages go back to the pool at once.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as CmdSender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_cluster::metrics as m;
+use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
+use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams, SeqChunk};
+use ferry_kernels::cpu::CpuBackend;
+use ferry_transfer::Receiver as KvReceiver;
+use ferry_transfer::room::FailReason;
+use ferry_transfer::table::Outcome;
+use tokio::sync::{mpsc, oneshot};
+use tonic::Code;
+
+use crate::handshake::{HandshakeJob, Handshakes};
+use crate::queues::{Limits, Queues, Stage};
+
+/// One generated token for the client's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Emit {
+    /// The token, with its logprob and top alternatives.
+    pub sampled: Sampled,
+    /// Set on the last token.
+    pub finish: Option<FinishReason>,
+}
+
+/// A client's stream of tokens (or the error that ended it).
+pub type Out = mpsc::UnboundedSender<Result<Emit, Refused>>;
+
+/// A Decode.Generate call.
+pub struct Generate {
+    /// Room and secret.
+    pub key: RoomKey,
+    /// The prefill node's bootstrap address; None: prefill here.
+    pub bootstrap: Option<String>,
+    /// Prompt.
+    pub prompt: Vec<u32>,
+    /// Sampling.
+    pub params: SamplingParams,
+    /// Where tokens go.
+    pub out: Out,
+    /// Accepted or refused (before any token).
+    pub accepted: oneshot::Sender<Result<(), Refused>>,
+}
+
+/// Commands to the engine thread.
+pub enum Cmd {
+    /// A new request.
+    Generate(Generate),
+    /// An Abort call; replies whether the room was known.
+    Abort {
+        /// Room.
+        room: u64,
+        /// Its secret.
+        secret: [u8; 16],
+        /// Why.
+        reason: String,
+        /// Whether it was known.
+        reply: oneshot::Sender<Result<bool, Refused>>,
+    },
+    /// The handshake with the prefill node failed.
+    HandshakeFailed {
+        /// Room.
+        room: u64,
+        /// Why.
+        why: Refused,
+    },
+    /// Stop admitting, abort everything, free every page, exit.
+    Shutdown,
+}
+
+/// What the Load service and the metrics report.
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    /// Requests per stage.
+    pub depth: Vec<(&'static str, usize)>,
+    /// Free pages.
+    pub free_pages: usize,
+    /// Pages free and not promised to admitted requests.
+    pub admissible_pages: usize,
+    /// All pages.
+    pub total_pages: usize,
+}
+
+struct Req {
+    key: RoomKey,
+    prompt: Vec<u32>,
+    sampler: Sampler,
+    out: Out,
+    pages: Option<PageAlloc>,
+    outcome: Option<oneshot::Receiver<Outcome>>,
+    computed: usize,
+    generated: Vec<u32>,
+    /// The first token, from the prefill node or the local prefill, not yet emitted.
+    first: Option<Sampled>,
+    bootstrap: Option<String>,
+}
+
+/// Engine settings.
+pub struct EngineConfig {
+    /// Worker id (metrics label).
+    pub worker: String,
+    /// Queue limits.
+    pub limits: Limits,
+    /// Decode tokens reserved per request at admission.
+    pub reserved_decode_tokens: usize,
+    /// Prompt tokens computed per step for local prefill.
+    pub chunk_size: usize,
+    /// Our KV layout, sent in handshakes.
+    pub layout: LayoutDescriptor,
+    /// The data-plane endpoint prefill nodes send to.
+    pub data_endpoint: String,
+    /// The transfer backend's name.
+    pub backend: &'static str,
+}
+
+/// The engine thread's state.
+pub struct Engine {
+    model: Model<CpuBackend>,
+    pool: PagePool<CpuBackend>,
+    queues: Queues,
+    reqs: HashMap<u64, Req>,
+    receiver: Arc<KvReceiver>,
+    /// Pages of closed rooms that a connection may still be writing.
+    draining: Vec<(u64, PageAlloc)>,
+    handshakes: Handshakes,
+    cfg: EngineConfig,
+    load: Arc<Mutex<Load>>,
+    eos: Vec<u32>,
+    stopping: bool,
+}
+
+fn transfer_refusal(r: &FailReason) -> Refused {
+    let code = match r {
+        FailReason::Timeout(_) => Code::DeadlineExceeded,
+        FailReason::Aborted(_) => Code::Aborted,
+        FailReason::Corrupt(_) | FailReason::PeerGone(_) => Code::Unavailable,
+        FailReason::Refused(_) => Code::FailedPrecondition,
+    };
+    Refused::new(code, r.label(), format!("KV transfer failed: {r:?}"))
+}
+
+impl Engine {
+    /// An engine over a loaded model, its pool and the transfer receiver writing into it.
+    pub fn new(
+        model: Model<CpuBackend>,
+        pool: PagePool<CpuBackend>,
+        receiver: Arc<KvReceiver>,
+        handshakes: Handshakes,
+        cfg: EngineConfig,
+        load: Arc<Mutex<Load>>,
+    ) -> Self {
+        let eos = model.tokenizer().eos_ids().to_vec();
+        Self {
+            model,
+            pool,
+            queues: Queues::new(cfg.limits),
+            reqs: HashMap::new(),
+            receiver,
+            draining: Vec::new(),
+            handshakes,
+            cfg,
+            load,
+            eos,
+            stopping: false,
+        }
+    }
+
+    /// Runs until [`Cmd::Shutdown`] and everything is freed.
+    pub fn run(mut self, rx: Receiver<Cmd>) {
+        loop {
+            let busy = self.reqs.values().any(|r| r.pages.is_some() && r.outcome.is_none());
+            let idle_wait = if self.reqs.is_empty() && self.draining.is_empty() { 20 } else { 1 };
+            let first = if busy {
+                rx.try_recv().ok()
+            } else {
+                match rx.recv_timeout(Duration::from_millis(idle_wait)) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Cmd::Shutdown),
+                }
+            };
+            if let Some(c) = first {
+                self.handle(c);
+                while let Ok(c) = rx.try_recv() {
+                    self.handle(c);
+                }
+            }
+            let now = Instant::now();
+            self.reap(now);
+            self.admit(now);
+            if let Err(e) = self.step() {
+                tracing::error!(error = %e, "decode step failed; failing its requests");
+                let rooms: Vec<u64> = self.reqs.keys().copied().collect();
+                for room in rooms {
+                    self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
+                }
+            }
+            self.draining.retain(|(room, _)| self.receiver.inbox().writing(*room));
+            self.publish();
+            if self.stopping && self.reqs.is_empty() && self.draining.is_empty() {
+                return;
+            }
+        }
+    }
+
+    fn handle(&mut self, c: Cmd) {
+        match c {
+            Cmd::Generate(g) => {
+                let r = self.accept(g);
+                if let Err((why, accepted)) = r {
+                    let _ = accepted.send(Err(why));
+                }
+            }
+            Cmd::Abort { room, secret, reason, reply } => {
+                let r = match self.reqs.get(&room) {
+                    None => Ok(false),
+                    Some(r) if r.key.secret.as_bytes() != &secret => {
+                        Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
+                    }
+                    Some(_) => {
+                        self.end(room, Err(Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"))));
+                        Ok(true)
+                    }
+                };
+                let _ = reply.send(r);
+            }
+            Cmd::HandshakeFailed { room, why } => {
+                if self.queues.stage(room) == Some(Stage::Transfer) {
+                    self.end(room, Err(why));
+                }
+            }
+            Cmd::Shutdown => {
+                self.stopping = true;
+                let rooms: Vec<u64> = self.reqs.keys().copied().collect();
+                for room in rooms {
+                    self.end(
+                        room,
+                        Err(Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Validates and queues a request.
+    #[allow(clippy::result_large_err)]
+    fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
+        let Generate { key, bootstrap, prompt, params, out, accepted } = g;
+        if self.stopping {
+            return Err((Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"), accepted));
+        }
+        let req = ferry_engine::Request { prompt: prompt.clone(), params: params.clone() };
+        if let Err(e) = ferry_engine::generate::validate(&self.model, &req) {
+            let ctx = self.model.config().max_position_embeddings;
+            let reason = if prompt.len() >= ctx { "prompt_too_long" } else { "invalid_request" };
+            return Err((Refused::invalid(reason, e.to_string()), accepted));
+        }
+        let ctx = self.model.config().max_position_embeddings;
+        let need = self.pool.pages_for(prompt.len());
+        let decode = (params.max_new_tokens as usize).min(self.cfg.reserved_decode_tokens).min(ctx - prompt.len());
+        let reserve = self.pool.pages_for(prompt.len() + decode) - need;
+        if !Queues::could_fit(self.pool.num_pages(), need, reserve) {
+            let why = format!("the request needs {} pages; this worker has {}", need + reserve, self.pool.num_pages());
+            return Err((Refused::new(Code::ResourceExhausted, "request_over_pool", why), accepted));
+        }
+        let room = key.room.get();
+        if let Err(e) = self.queues.push(room, need, reserve, bootstrap.is_none(), Instant::now()) {
+            return Err((e, accepted));
+        }
+        let sampler = Sampler::new(params, &prompt);
+        let r = Req {
+            key,
+            prompt,
+            sampler,
+            out,
+            pages: None,
+            outcome: None,
+            computed: 0,
+            generated: Vec::new(),
+            first: None,
+            bootstrap,
+        };
+        self.reqs.insert(room, r);
+        let _ = accepted.send(Ok(()));
+        Ok(())
+    }
+
+    /// Admits what fits: allocates prompt pages, opens the room and starts the handshake (or
+    /// starts prefilling here).
+    fn admit(&mut self, now: Instant) {
+        if self.stopping {
+            return;
+        }
+        for a in self.queues.admit(self.pool.free_pages(), now) {
+            let alloc = match self.pool.alloc(a.pages) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.end(a.room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
+                    continue;
+                }
+            };
+            let Some(r) = self.reqs.get_mut(&a.room) else { continue };
+            let dest = alloc.pages().to_vec();
+            r.pages = Some(alloc);
+            if a.local {
+                continue;
+            }
+            let secret = *r.key.secret.as_bytes();
+            match self.receiver.open(a.room, secret, &dest) {
+                Ok(outcome) => r.outcome = Some(outcome),
+                Err(refusal) => {
+                    let why = Refused::new(
+                        Code::Internal,
+                        "room_refused",
+                        format!("receiver refused the room: {}", refusal.label()),
+                    );
+                    self.end(a.room, Err(why));
+                    continue;
+                }
+            }
+            let job = HandshakeJob {
+                room: a.room,
+                key: r.key,
+                bootstrap: r.bootstrap.clone().unwrap_or_default(),
+                dest,
+                data_endpoint: self.cfg.data_endpoint.clone(),
+                backend: self.cfg.backend,
+                layout: self.cfg.layout.clone(),
+            };
+            self.handshakes.start(job);
+        }
+    }
+
+    /// Cancelled clients, ended transfers, timeouts.
+    fn reap(&mut self, now: Instant) {
+        let mut ended = Vec::new();
+        for (&room, r) in &mut self.reqs {
+            if r.out.is_closed() {
+                ended.push((room, Err(Refused::new(Code::Cancelled, "client_cancelled", "the client went away"))));
+                continue;
+            }
+            let Some(rx) = &mut r.outcome else { continue };
+            match rx.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => {}
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    ended.push((room, Err(Refused::new(Code::Internal, "room_lost", "the transfer room vanished"))));
+                }
+                Ok(Outcome::Failed(reason)) => ended.push((room, Err(transfer_refusal(&reason)))),
+                Ok(Outcome::Success(aux)) => {
+                    r.outcome = None;
+                    self.receiver.close(room);
+                    r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
+                    self.queues.advance(room, Stage::Waiting, now);
+                }
+            }
+        }
+        for (room, stage) in self.queues.expired(now) {
+            let why = match stage {
+                Stage::Prealloc => Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time"),
+                _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
+            };
+            ended.push((room, Err(why)));
+        }
+        for (room, why) in ended {
+            self.end(room, why);
+        }
+    }
+
+    /// Ends a request: a last message to the client, its room closed, its pages freed (after
+    /// any write still landing in them).
+    fn end(&mut self, room: u64, result: Result<FinishReason, Refused>) {
+        let stage = self.queues.remove(room);
+        let Some(mut r) = self.reqs.remove(&room) else { return };
+        let outcome = match &result {
+            Ok(f) => match f {
+                FinishReason::Stop => "stop",
+                FinishReason::Length => "length",
+                FinishReason::Abort => "abort",
+            },
+            Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",
+            Err(_) => "error",
+        };
+        metrics::counter!(m::REQUESTS, "role" => "decode", "outcome" => outcome).increment(1);
+        if let Err(why) = result {
+            tracing::debug!(room, reason = why.reason, message = %why.message, "request ended");
+            let _ = r.out.send(Err(why));
+        }
+        if r.outcome.take().is_some() || stage == Some(Stage::Transfer) {
+            self.receiver.close(room);
+            if let Some(p) = r.pages.take()
+                && self.receiver.inbox().writing(room)
+            {
+                self.draining.push((room, p));
+            }
+        }
+    }
+
+    fn emit(&mut self, room: u64, s: Sampled) -> Option<FinishReason> {
+        let r = self.reqs.get_mut(&room)?;
+        let tok = s.token;
+        r.generated.push(tok);
+        let p = r.sampler.params();
+        let ctx = self.model.config().max_position_embeddings;
+        let finish = if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) {
+            Some(FinishReason::Stop)
+        } else if r.generated.len() >= p.max_new_tokens as usize || r.prompt.len() + r.generated.len() >= ctx {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        metrics::counter!(m::GENERATED_TOKENS).increment(1);
+        let _ = r.out.send(Ok(Emit { sampled: s, finish }));
+        finish
+    }
+
+    /// One batch: waiting requests join, running ones decode a token, local prefills advance.
+    fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
+        let now = Instant::now();
+        // Waiting → running: the first token (sampled by the prefill node) goes out first.
+        let joined: Vec<u64> =
+            self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Waiting)).collect();
+        for room in joined {
+            let Some(first) = self.reqs.get_mut(&room).and_then(|r| r.first.take()) else { continue };
+            if let Some(r) = self.reqs.get_mut(&room) {
+                r.sampler.observe(first.token);
+            }
+            self.queues.advance(room, Stage::Running, now);
+            if let Some(f) = self.emit(room, first) {
+                self.end(room, Ok(f));
+            }
+        }
+        // Plan: every running request's next token; local prefill chunks within the budget.
+        let mut plan: Vec<(u64, usize, usize)> = Vec::new(); // (room, start, n)
+        let mut budget = self.cfg.chunk_size.max(1);
+        let mut rooms: Vec<u64> = self.reqs.keys().copied().collect();
+        rooms.sort_unstable();
+        let mut out_of_pages = Vec::new();
+        for room in rooms {
+            let stage = self.queues.stage(room);
+            let Some(r) = self.reqs.get(&room) else { continue };
+            let (start, n) = match stage {
+                Some(Stage::Running) => (r.prompt.len() + r.generated.len() - 1, 1),
+                Some(Stage::Prefill) if budget > 0 => {
+                    let n = (r.prompt.len() - r.computed).min(budget);
+                    budget -= n;
+                    (r.computed, n)
+                }
+                _ => continue,
+            };
+            let need = self.pool.pages_for(start + n);
+            let have = r.pages.as_ref().map_or(0, PageAlloc::len);
+            if need > have {
+                let free = self.pool.free_pages();
+                if !self.queues.may_grow(room, free) {
+                    out_of_pages.push(room);
+                    continue;
+                }
+                let grown = self.reqs.get_mut(&room).and_then(|r| r.pages.as_mut()).map(|p| p.grow(need - have));
+                if !matches!(grown, Some(Ok(()))) {
+                    out_of_pages.push(room);
+                    continue;
+                }
+                self.queues.grew(room, need - have);
+            }
+            plan.push((room, start, n));
+        }
+        for room in out_of_pages {
+            // Beyond its reservation with no page to spare: ends at its length so far.
+            self.end(room, Ok(FinishReason::Length));
+        }
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let tokens: Vec<Vec<u32>> = plan
+            .iter()
+            .map(|&(room, start, n)| {
+                let r = &self.reqs[&room];
+                if start < r.prompt.len() {
+                    r.prompt[start..start + n].to_vec()
+                } else {
+                    vec![r.generated[r.generated.len() - 1]]
+                }
+            })
+            .collect();
+        let batch: Vec<SeqChunk<'_>> = plan
+            .iter()
+            .zip(&tokens)
+            .map(|(&(room, start, n), toks)| {
+                let r = &self.reqs[&room];
+                SeqChunk {
+                    tokens: toks,
+                    start,
+                    pages: r.pages.as_ref().map_or(&[][..], PageAlloc::pages),
+                    logits: start + n >= r.prompt.len(),
+                }
+            })
+            .collect();
+        let mut logits = self.model.forward(&mut self.pool, &batch)?.into_iter();
+        drop(batch);
+        metrics::histogram!(m::STEP_SECONDS, "role" => "decode").record(t0.elapsed().as_secs_f64());
+        for &(room, start, n) in &plan {
+            let Some(r) = self.reqs.get_mut(&room) else { continue };
+            if start < r.prompt.len() {
+                r.computed = start + n;
+                metrics::counter!(m::PREFILL_TOKENS, "role" => "decode").increment(n as u64);
+                if r.computed < r.prompt.len() {
+                    continue;
+                }
+            }
+            let Some(mut l) = logits.next() else { break };
+            let s = r.sampler.sample(&mut l);
+            if start < r.prompt.len() {
+                self.queues.advance(room, Stage::Running, now);
+            }
+            if let Some(f) = self.emit(room, s) {
+                self.end(room, Ok(f));
+            }
+        }
+        Ok(())
+    }
+
+    fn publish(&mut self) {
+        let depth = self.queues.depth();
+        let w = self.cfg.worker.clone();
+        let mut d: Vec<(&'static str, usize)> = Stage::ALL.iter().map(|s| (s.label(), depth[s])).collect();
+        d.sort_unstable();
+        for &(state, n) in &d {
+            metrics::gauge!(m::QUEUE_DEPTH, "role" => "decode", "worker" => w.clone(), "state" => state).set(n as f64);
+        }
+        let free = self.pool.free_pages();
+        let total = self.pool.num_pages();
+        for (kind, n) in [("free", free), ("used", total - free), ("total", total)] {
+            metrics::gauge!(m::PAGES, "role" => "decode", "worker" => w.clone(), "kind" => kind).set(n as f64);
+        }
+        let load = Load {
+            depth: d,
+            free_pages: free,
+            admissible_pages: free.saturating_sub(self.queues.promised()),
+            total_pages: total,
+        };
+        if let Ok(mut l) = self.load.lock() {
+            *l = load;
+        }
+    }
+}
+
+/// The engine's command channel, shareable with async handlers.
+pub type Commands = Arc<Mutex<CmdSender<Cmd>>>;

@@ -1,0 +1,111 @@
+//! Handshakes with prefill nodes: after preallocating a room's pages, the decode node tells
+//! the prefill node where they are (`Bootstrap.Handshake`). Runs on the async runtime; a
+//! failure goes back to the engine thread, which frees the room.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
+use ferry_proto::v1 as pb;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::engine::{Cmd, Commands};
+
+/// One handshake to make.
+#[derive(Debug, Clone)]
+pub struct HandshakeJob {
+    /// The room.
+    pub room: u64,
+    /// Its key.
+    pub key: RoomKey,
+    /// The prefill node's bootstrap address.
+    pub bootstrap: String,
+    /// Preallocated destination pages, in prompt order.
+    pub dest: Vec<u32>,
+    /// Where pages are to be sent.
+    pub data_endpoint: String,
+    /// Our transfer backend.
+    pub backend: &'static str,
+    /// Our KV layout.
+    pub layout: LayoutDescriptor,
+}
+
+/// Starts handshakes and keeps one gRPC channel per prefill node.
+#[derive(Clone)]
+pub struct Handshakes {
+    rt: tokio::runtime::Handle,
+    channels: Arc<tokio::sync::Mutex<HashMap<String, Channel>>>,
+    engine: Commands,
+    timeout: Duration,
+}
+
+impl Handshakes {
+    /// Handshakes on `rt`, reporting failures to `engine`, each bounded by `timeout`.
+    pub fn new(rt: tokio::runtime::Handle, engine: Commands, timeout: Duration) -> Self {
+        Self { rt, channels: Default::default(), engine, timeout }
+    }
+
+    /// Starts `job` in the background.
+    pub fn start(&self, job: HandshakeJob) {
+        let me = self.clone();
+        self.rt.spawn(async move {
+            let room = job.room;
+            let r = tokio::time::timeout(me.timeout, me.call(job)).await;
+            let why = match r {
+                Ok(Ok(())) => return,
+                Ok(Err(why)) => why,
+                Err(_) => Refused::new(
+                    Code::DeadlineExceeded,
+                    "handshake_timeout",
+                    "the prefill node did not answer the handshake",
+                ),
+            };
+            if let Ok(tx) = me.engine.lock() {
+                let _ = tx.send(Cmd::HandshakeFailed { room, why });
+            }
+        });
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, Refused> {
+        let mut c = self.channels.lock().await;
+        if let Some(ch) = c.get(addr) {
+            return Ok(ch.clone());
+        }
+        let unreachable = |e: &dyn std::fmt::Display| {
+            Refused::new(Code::Unavailable, "prefill_unreachable", format!("prefill node {addr}: {e}"))
+        };
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let ep =
+            Endpoint::from_shared(uri).map_err(|e| Refused::invalid("bad_bootstrap_addr", format!("{addr}: {e}")))?;
+        let ch = ep.connect_timeout(self.timeout).connect().await.map_err(|e| unreachable(&e))?;
+        c.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    async fn call(&self, job: HandshakeJob) -> Result<(), Refused> {
+        let ch = self.channel(&job.bootstrap).await?;
+        let req = pb::HandshakeRequest {
+            room: Some(pb::RoomKey::from(&job.key)),
+            dest_pages: job.dest,
+            data_endpoint: job.data_endpoint,
+            transfer_backend: job.backend.to_string(),
+            layout: Some(pb::LayoutDescriptor::from(&job.layout)),
+            registration: Vec::new(),
+        };
+        match pb::bootstrap_client::BootstrapClient::new(ch).handshake(req).await {
+            Ok(_) => Ok(()),
+            Err(s) => {
+                if s.code() == Code::Unavailable {
+                    self.channels.lock().await.remove(&job.bootstrap);
+                }
+                Err(Refused::new(
+                    s.code(),
+                    "handshake_refused",
+                    format!("the prefill node refused the handshake: {}", s.message()),
+                ))
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The decode daemon's gRPC services: `Decode` (a token stream per request) and `Load`.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use ferry_cluster::{Refused, RoomKey, wire};
+use ferry_proto::v1 as pb;
+use futures::{Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+
+use crate::engine::{Cmd, Commands, Generate, Load};
+
+const ROLE: &str = "decode";
+
+/// What every handler shares.
+pub struct Shared {
+    /// Commands to the engine thread.
+    pub engine: Commands,
+    /// This worker's id.
+    pub worker: String,
+    /// The latest load figures.
+    pub load: Arc<Mutex<Load>>,
+}
+
+impl Shared {
+    fn send(&self, c: Cmd) -> Result<(), Status> {
+        let tx = self.engine.lock().map_err(|_| Status::internal("engine channel poisoned"))?;
+        tx.send(c).map_err(|_| Status::unavailable("the decode engine has stopped"))
+    }
+}
+
+async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>) -> Result<T, Status> {
+    match rx.await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(r)) => Err(r.status(ROLE)),
+        Err(_) => Err(Status::unavailable("the decode engine dropped the call (shutting down?)")),
+    }
+}
+
+fn refused(r: impl Into<Refused>) -> Status {
+    r.into().status(ROLE)
+}
+
+/// `ferry.v1.Decode`.
+pub struct DecodeSvc(pub Arc<Shared>);
+
+type TokenStream = Pin<Box<dyn Stream<Item = Result<pb::DecodeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::decode_server::Decode for DecodeSvc {
+    type GenerateStream = TokenStream;
+
+    async fn generate(&self, req: Request<pb::DecodeRequest>) -> Result<Response<TokenStream>, Status> {
+        let r = req.into_inner();
+        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let params = wire::sampling_from_proto(r.sampling);
+        let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
+        let (out, rx) = mpsc::unbounded_channel();
+        let (accepted, ok) = oneshot::channel();
+        self.0.send(Cmd::Generate(Generate { key, bootstrap, prompt: r.token_ids, params, out, accepted }))?;
+        answer(ok).await?;
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|m| match m {
+            Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
+            Err(r) => Err(Status::new(r.code, r.message)),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        let r = req.into_inner();
+        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let (reply, rx) = oneshot::channel();
+        self.0.send(Cmd::Abort { room: key.room.get(), secret: *key.secret.as_bytes(), reason: r.reason, reply })?;
+        Ok(Response::new(pb::AbortResponse { found: answer(rx).await? }))
+    }
+}
+
+/// `ferry.v1.Load`.
+pub struct LoadSvc(pub Arc<Shared>);
+
+#[tonic::async_trait]
+impl pb::load_server::Load for LoadSvc {
+    async fn report(&self, _req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
+        let l = self.0.load.lock().map_err(|_| Status::internal("load poisoned"))?.clone();
+        let depth: HashMap<String, u32> = l.depth.iter().map(|&(k, v)| (k.to_string(), v as u32)).collect();
+        Ok(Response::new(pb::LoadReport {
+            worker_id: self.0.worker.clone(),
+            queue_depth: depth,
+            free_pages: l.admissible_pages as u32,
+            evictable_pages: 0,
+            total_pages: l.total_pages as u32,
+            queued_prefill_tokens: 0,
+            prefill_tokens_per_second: 0.0,
+        }))
+    }
+}
