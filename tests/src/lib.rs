@@ -166,3 +166,17 @@ pub fn prompts_with_shared_prefixes(n: usize, max_len: usize, vocab: u32, seed: 
         })
         .collect()
 }
+
+/// Path of the SmolLM2 GGUF: `FERRY_SMOLLM2` or the `ferry model fetch smollm2-135m` cache
+/// (`scripts/test` fetches it first).
+pub fn smollm2() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let cache = std::env::var("FERRY_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|_| {
+        PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".cache/ferry")
+    });
+    let p = cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m` first", p.display());
+    p
+}
