@@ -73,7 +73,8 @@ pub enum Failure {
     Prefill(tonic::Status),
 }
 
-async fn channel(addr: std::net::SocketAddr) -> Channel {
+/// A gRPC channel to a daemon.
+pub async fn channel(addr: std::net::SocketAddr) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .expect("endpoint")
         .connect()
@@ -179,4 +180,31 @@ pub fn smollm2() -> PathBuf {
     let p = cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m` first", p.display());
     p
+}
+
+/// The body of `GET /metrics` at `addr`.
+pub async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect to /metrics");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: ferry\r\nConnection: close\r\n\r\n").await.expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("response");
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default()
+}
+
+/// Waits (up to 10 s) until every decode page is free and the prefill pool holds only
+/// evictable cache with no room left; panics with the figures otherwise.
+pub async fn settle(p: &ferry_prefill::Running, ds: &[ferry_decode::Running]) {
+    for _ in 0..1000 {
+        let pl = p.load();
+        let prefill_ok = pl.free_pages + pl.evictable_pages == pl.total_pages && pl.depth == (0, 0, 0);
+        let decode_ok = ds.iter().all(|d| d.load().free_pages == d.load().total_pages);
+        if prefill_ok && decode_ok {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let d: Vec<_> = ds.iter().map(|d| d.load()).collect();
+    panic!("pages not back at baseline: prefill {:?}, decode {d:?}", p.load());
 }

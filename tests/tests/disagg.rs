@@ -1,11 +1,9 @@
 //! Prefill and decode daemons in-process, real gRPC and a real data plane between them: the
 //! tokens are exactly the colocated engine's, and every page comes back.
 
-use std::time::Duration;
-
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
-use ferry_tests::{Client, TinyModel, colocated, greedy, prompts_with_shared_prefixes};
+use ferry_tests::{Client, TinyModel, colocated, greedy, prompts_with_shared_prefixes, settle};
 
 struct Setup {
     page_size: usize,
@@ -32,24 +30,6 @@ fn decode_args(m: &TinyModel, s: &Setup) -> DecodeArgs {
     a
 }
 
-/// Waits until every decode page is free and the prefill pool holds only evictable cache.
-async fn settles(p: &ferry_prefill::Running, ds: &[ferry_decode::Running]) {
-    for _ in 0..500 {
-        let pl = p.load();
-        let prefill_ok = pl.free_pages + pl.evictable_pages == pl.total_pages && pl.depth == (0, 0, 0);
-        let decode_ok = ds.iter().all(|d| {
-            let l = d.load();
-            l.free_pages == l.total_pages
-        });
-        if prefill_ok && decode_ok {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let d: Vec<_> = ds.iter().map(|d| d.load()).collect();
-    panic!("pages not back at baseline: prefill {:?}, decode {d:?}", p.load());
-}
-
 async fn parity(s: Setup, n: usize, max_len: usize) {
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(n, max_len, 359, 11);
@@ -74,7 +54,7 @@ async fn parity(s: Setup, n: usize, max_len: usize) {
         let g = g.unwrap_or_else(|e| panic!("prompt {i} ({} tokens): {e:?}", prompts[i].len()));
         assert_eq!(&g, w, "prompt {i} ({} tokens)", prompts[i].len());
     }
-    settles(&p, &ds).await;
+    settle(&p, &ds).await;
     p.stop().await;
     for d in ds {
         d.stop().await;
@@ -113,7 +93,7 @@ async fn fake_transport_schedules_the_same_way() {
         assert_eq!(r.unwrap_or_else(|e| panic!("prompt {i}: {e:?}")).len(), 4);
     }
     let ds = [d];
-    settles(&p, &ds).await;
+    settle(&p, &ds).await;
     p.stop().await;
     for d in ds {
         d.stop().await;
