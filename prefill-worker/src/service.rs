@@ -105,8 +105,13 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let (reply, rx) = oneshot::channel();
         let room = key.room.get();
         let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply };
-        self.0.send(Cmd::Request { room, secret: *key.secret.as_bytes(), req: new })?;
-        let done = answer(rx).await?;
+        let secret = *key.secret.as_bytes();
+        self.0.send(Cmd::Request { room, secret, req: new })?;
+        // If the caller goes away before the answer, the room is aborted (and its pages freed).
+        let guard = AbortOnDrop { shared: Arc::clone(&self.0), room, secret, armed: true };
+        let done = answer(rx).await;
+        guard.disarm();
+        let done = done?;
         Ok(Response::new(pb::PrefillResponse {
             room,
             cached_tokens: done.cached_tokens,
@@ -120,6 +125,30 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let (reply, rx) = oneshot::channel();
         self.0.send(Cmd::Abort { room: key.room.get(), secret: *key.secret.as_bytes(), reason: r.reason, reply })?;
         Ok(Response::new(pb::AbortResponse { found: answer(rx).await? }))
+    }
+}
+
+/// Aborts a room when a Prefill call is cancelled by its caller.
+struct AbortOnDrop {
+    shared: Arc<Shared>,
+    room: u64,
+    secret: [u8; 16],
+    armed: bool,
+}
+
+impl AbortOnDrop {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let (reply, _) = oneshot::channel();
+            let reason = "the Prefill caller went away".to_string();
+            let _ = self.shared.send(Cmd::Abort { room: self.room, secret: self.secret, reason, reply });
+        }
     }
 }
 

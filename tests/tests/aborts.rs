@@ -1,0 +1,242 @@
+//! Requests aborted in every queue state — client cancel, decode daemon stopped, prefill
+//! daemon stopped, handshake never arriving, transfer stalled — leave the survivor with all
+//! its pages back within its timeout, and the client with the reason.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_cluster::RoomKey;
+use ferry_decode::DecodeArgs;
+use ferry_prefill::PrefillArgs;
+use ferry_proto::v1 as pb;
+use ferry_tests::{Client, Failure, TinyModel, channel, greedy, settle};
+use ferry_transfer::memory::HostPages;
+use ferry_transfer::runs::coalesce;
+use ferry_transfer::tcp::{TcpConfig, TcpSender};
+use tonic::Code;
+
+fn args(m: &TinyModel) -> (PrefillArgs, DecodeArgs) {
+    let mut p = PrefillArgs::for_model(m.path());
+    p.worker.pool_pages = 1024;
+    p.worker.chunked_prefill_size = 16;
+    let mut d = DecodeArgs::for_model(m.path());
+    d.worker.pool_pages = 1024;
+    for w in [&mut p.worker, &mut d.worker] {
+        w.bootstrap_timeout = 2.0;
+        w.waiting_timeout = 2.0;
+        w.transfer_timeout = 1.0;
+    }
+    (p, d)
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 31 + 7) % 350) as u32).collect()
+}
+
+/// Polls `cond` every 5 ms for up to 10 s.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn stage(d: &ferry_decode::Running, s: &str) -> usize {
+    d.load().depth.iter().find(|x| x.0 == s).map_or(0, |x| x.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cancel_in_prealloc_transfer_and_running_frees_everything() {
+    let m = TinyModel::new();
+    let (mut pa, mut da) = args(&m);
+    da.worker.pool_pages = 48;
+    da.num_reserved_decode_tokens = 256;
+    pa.worker.chunked_prefill_size = 8;
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
+    // Running: a long generation, cancelled after its first tokens.
+    let long = greedy(1500);
+    let running = tokio::spawn({
+        let c = c.clone();
+        async move { c.generate(&prompt(300), &long).await }
+    });
+    until("the first request running", || stage(&d, "running") == 1).await;
+    // Prealloc: the same again does not fit beside it (19 + 16 reserved pages each of 48).
+    let queued = tokio::spawn({
+        let c = c.clone();
+        let long = greedy(1500);
+        async move { c.generate(&prompt(300), &long).await }
+    });
+    until("the second request waiting for pages", || stage(&d, "prealloc") == 1).await;
+    queued.abort();
+    until("the queued request gone", || stage(&d, "prealloc") == 0).await;
+    running.abort();
+    settle(&p, std::slice::from_ref(&d)).await;
+    // Transfer: a long prompt computed 8 tokens a pass, cancelled while its pages arrive.
+    let slow = tokio::spawn({
+        let c = c.clone();
+        async move { c.generate(&prompt(600), &greedy(4)).await }
+    });
+    until("a transfer in progress", || stage(&d, "transfer") == 1 && p.load().depth.1 == 1).await;
+    slow.abort();
+    settle(&p, std::slice::from_ref(&d)).await;
+    p.stop().await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_decode_daemon_leaves_the_prefill_daemon_clean() {
+    let m = TinyModel::new();
+    let (pa, da) = args(&m);
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let key = RoomKey::random();
+    let decode_call = pb::DecodeRequest {
+        request_id: "x".into(),
+        room: Some(pb::RoomKey::from(&key)),
+        prefill_bootstrap_addr: p.grpc_addr.to_string(),
+        token_ids: prompt(1800),
+        sampling: None,
+    };
+    let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+    let _stream = decode.generate(decode_call).await.expect("accepted");
+    let mut prefill = pb::prefill_client::PrefillClient::new(channel(p.grpc_addr).await);
+    let prefill_call = pb::PrefillRequest {
+        request_id: "x".into(),
+        room: Some(pb::RoomKey::from(&key)),
+        token_ids: prompt(1800),
+        sampling: None,
+        priority: 0,
+    };
+    let r = tokio::spawn(async move { prefill.prefill(prefill_call).await });
+    until("prefill computing the room", || p.load().depth.1 == 1).await;
+    d.stop().await;
+    let e = r.await.expect("join").expect_err("the transfer cannot finish");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("transfer failed"), "{}", e.message());
+    settle(&p, &[]).await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_prefill_daemon_leaves_the_decode_daemon_clean() {
+    let m = TinyModel::new();
+    let (pa, da) = args(&m);
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
+    let r = tokio::spawn(async move { c.generate(&prompt(1800), &greedy(4)).await });
+    until("the room transferring", || stage(&d, "transfer") == 1 && p.load().depth.1 == 1).await;
+    p.stop().await;
+    match r.await.expect("join") {
+        Err(Failure::Decode(s)) => assert!(s.message().contains("KV transfer failed"), "{s:?}"),
+        other => panic!("expected the decode stream to fail with the transfer's reason: {other:?}"),
+    }
+    until("decode pages back", || d.load().free_pages == d.load().total_pages).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_prefill_node_fails_the_handshake_and_frees_the_room() {
+    let m = TinyModel::new();
+    let (_, da) = args(&m);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let c = Client::new(d.grpc_addr, None).await;
+    let key = RoomKey::random();
+    let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+    let req = pb::DecodeRequest {
+        request_id: "x".into(),
+        room: Some(pb::RoomKey::from(&key)),
+        prefill_bootstrap_addr: dead.to_string(),
+        token_ids: prompt(50),
+        sampling: None,
+    };
+    let mut s = decode.generate(req).await.expect("accepted").into_inner();
+    let e = s.message().await.expect_err("the handshake fails");
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("prefill node"), "{}", e.message());
+    until("decode pages back", || d.load().free_pages == d.load().total_pages).await;
+    drop(c);
+    d.stop().await;
+}
+
+/// A stand-in prefill node: accepts handshakes, then sends `pages` of the room's pages (0:
+/// none) and stalls.
+struct Stalling {
+    pages: usize,
+}
+
+#[tonic::async_trait]
+impl pb::bootstrap_server::Bootstrap for Stalling {
+    async fn handshake(
+        &self,
+        req: tonic::Request<pb::HandshakeRequest>,
+    ) -> Result<tonic::Response<pb::HandshakeResponse>, tonic::Status> {
+        let r = req.into_inner();
+        let key = r.room.expect("room");
+        let secret: [u8; 16] = key.secret.as_slice().try_into().expect("secret");
+        let page_bytes = {
+            let l = r.layout.expect("layout");
+            (l.num_layers * 2 * l.page_size * l.num_kv_heads * l.head_dim * 4) as usize
+        };
+        let n = self.pages;
+        tokio::spawn(async move {
+            if n == 0 {
+                return;
+            }
+            let addr: SocketAddr = r.data_endpoint.parse().expect("tcp endpoint");
+            let mem = Arc::new(HostPages::new(page_bytes, n).expect("pages"));
+            let tx = TcpSender::connect(addr, TcpConfig::default()).await.expect("connect");
+            let src: Vec<u32> = (0..n as u32).collect();
+            tx.send_pages(key.room, secret, &coalesce(&src, &r.dest_pages[..n]), &mem).await.expect("send");
+            // Stall with the connection open.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(tx);
+        });
+        Ok(tonic::Response::new(pb::HandshakeResponse { room: key.room }))
+    }
+}
+
+async fn stalling_prefill(pages: usize) -> SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(pb::bootstrap_server::BootstrapServer::new(Stalling { pages }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_transfers_time_out_and_free_the_room() {
+    let m = TinyModel::new();
+    let (_, da) = args(&m);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    for (pages, state) in [(0, "WaitingForInput"), (2, "Transferring")] {
+        let prefill = stalling_prefill(pages).await;
+        let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+        let req = pb::DecodeRequest {
+            request_id: "x".into(),
+            room: Some(pb::RoomKey::from(&RoomKey::random())),
+            prefill_bootstrap_addr: prefill.to_string(),
+            token_ids: prompt(100),
+            sampling: None,
+        };
+        let mut s = decode.generate(req).await.expect("accepted").into_inner();
+        let e = s.message().await.expect_err("the room times out");
+        assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
+        assert!(e.message().contains(state), "{state}: {}", e.message());
+        until("decode pages back", || d.load().free_pages == d.load().total_pages).await;
+    }
+    d.stop().await;
+}
