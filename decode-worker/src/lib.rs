@@ -132,7 +132,11 @@ impl Running {
         let t = self.engine_thread;
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
         for t in self.tasks {
-            let _ = t.await;
+            // Servers finish their open calls first; a call that will not end is cut.
+            let abort = t.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), t).await.is_err() {
+                abort.abort();
+            }
         }
     }
 }

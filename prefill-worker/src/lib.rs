@@ -127,7 +127,11 @@ impl Running {
         let t = self.engine_thread;
         let _ = tokio::task::spawn_blocking(move || t.join()).await;
         for t in self.tasks {
-            let _ = t.await;
+            // Servers finish their open calls first; a call that will not end is cut.
+            let abort = t.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), t).await.is_err() {
+                abort.abort();
+            }
         }
     }
 }
@@ -206,6 +210,7 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         .map_err(|source| StartError::Io { what: "engine thread", source })?;
 
     let engine_tx = Arc::new(Mutex::new(tx));
+    let (trigger, shutdown) = Shutdown::new();
     let shared = Arc::new(Shared {
         engine: Mutex::new(engine_tx.lock().map_err(|_| bad("poisoned"))?.clone()),
         worker: worker_id.clone(),
@@ -217,8 +222,8 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         max_dest_pages: args.max_dest_pages,
         events,
         load: Arc::clone(&load),
+        shutdown: shutdown.clone(),
     });
-    let (trigger, shutdown) = Shutdown::new();
     let (metrics_addr, metrics_task) = ferry_cluster::exporter::serve(w.metrics_addr, shutdown.clone())
         .await
         .map_err(|source| StartError::Io { what: "metrics address", source })?;

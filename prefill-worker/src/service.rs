@@ -72,6 +72,8 @@ pub struct Shared {
     pub events: broadcast::Sender<Vec<KvEvent>>,
     /// The latest load figures.
     pub load: Arc<Mutex<Load>>,
+    /// Ends event streams when the daemon stops.
+    pub shutdown: ferry_cluster::Shutdown,
 }
 
 impl Shared {
@@ -227,6 +229,7 @@ impl pb::kv_events_server::KvEvents for KvEventsSvc {
         let snapshot = rx.await.map_err(|_| Status::unavailable("the prefill engine has stopped"))?;
         let epoch = snapshot.epoch;
         let worker = s.worker.clone();
+        let stop = s.shutdown.clone();
         let out = async_stream(move |tx: tokio::sync::mpsc::Sender<Result<pb::KvEventBatch, Status>>| async move {
             // A subscriber that asks for a snapshot, or knows another epoch, or is behind what
             // we can replay (we keep no history), starts from the snapshot.
@@ -235,8 +238,14 @@ impl pb::kv_events_server::KvEvents for KvEventsSvc {
             if resync && tx.send(Ok(wire::kv_events_to_proto(&worker, epoch, &[snapshot]))).await.is_err() {
                 return;
             }
+            let stop = stop.wait();
+            tokio::pin!(stop);
             loop {
-                match live.recv().await {
+                let next = tokio::select! {
+                    () = &mut stop => return,
+                    n = live.recv() => n,
+                };
+                match next {
                     Ok(events) => {
                         let fresh: Vec<KvEvent> = events.into_iter().filter(|e| e.sequence > after).collect();
                         let Some(last) = fresh.last() else { continue };
