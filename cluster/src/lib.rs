@@ -9,9 +9,12 @@
 //! [`exporter`] installs the process's recorder and serves `/metrics`; [`status`] maps refusals
 //! to gRPC codes and counts them; [`shutdown`] is the graceful-shutdown signal.
 //!
+//! [`discovery`]: static discovery (flags or a file).
+//!
 //! Planned (DESIGN.md §1, §7): discovery through etcd, TLS.
 
 pub mod args;
+pub mod discovery;
 pub mod exporter;
 pub mod ids;
 mod layout;
