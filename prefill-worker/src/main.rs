@@ -4,7 +4,10 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    // RUST_LOG picks what is logged; by default, info (which prints the bound addresses).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).init();
     let args = ferry_prefill::PrefillArgs::parse();
     ferry_prefill::run(args, ferry_cluster::shutdown::signal()).await?;
     Ok(())
