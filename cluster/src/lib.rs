@@ -7,13 +7,15 @@
 //!
 //! [`metrics`] holds every Prometheus metric name Ferry emits, with its help text;
 //! [`exporter`] installs the process's recorder and serves `/metrics`; [`status`] maps refusals
-//! to gRPC codes and counts them; [`shutdown`] is the graceful-shutdown signal.
+//! to gRPC codes and counts them; [`shutdown`] is the graceful-shutdown signal; [`daemon`]
+//! serves and stops a daemon the same way for every role.
 //!
 //! [`discovery`]: static discovery (flags or a file).
 //!
 //! Planned (DESIGN.md §1, §7): discovery through etcd, TLS.
 
 pub mod args;
+pub mod daemon;
 pub mod discovery;
 pub mod exporter;
 pub mod ids;

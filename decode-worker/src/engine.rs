@@ -7,7 +7,7 @@
 //! prefilled here. A finished request's pages go back to the pool at once.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as CmdSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -554,6 +554,3 @@ impl Engine {
         }
     }
 }
-
-/// The engine's command channel, shareable with async handlers.
-pub type Commands = Arc<Mutex<CmdSender<Cmd>>>;

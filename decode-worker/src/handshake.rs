@@ -11,7 +11,8 @@ use ferry_proto::v1 as pb;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::engine::{Cmd, Commands};
+use crate::engine::Cmd;
+use ferry_worker::EngineLink;
 
 /// One handshake to make.
 #[derive(Debug, Clone)]
@@ -37,13 +38,13 @@ pub struct HandshakeJob {
 pub struct Handshakes {
     rt: tokio::runtime::Handle,
     channels: Arc<tokio::sync::Mutex<HashMap<String, Channel>>>,
-    engine: Commands,
+    engine: EngineLink<Cmd>,
     timeout: Duration,
 }
 
 impl Handshakes {
     /// Handshakes on `rt`, reporting failures to `engine`, each bounded by `timeout`.
-    pub fn new(rt: tokio::runtime::Handle, engine: Commands, timeout: Duration) -> Self {
+    pub fn new(rt: tokio::runtime::Handle, engine: EngineLink<Cmd>, timeout: Duration) -> Self {
         Self { rt, channels: Default::default(), engine, timeout }
     }
 
@@ -62,9 +63,7 @@ impl Handshakes {
                     "the prefill node did not answer the handshake",
                 ),
             };
-            if let Ok(tx) = me.engine.lock() {
-                let _ = tx.send(Cmd::HandshakeFailed { room, why });
-            }
+            let _ = me.engine.send(Cmd::HandshakeFailed { room, why });
         });
     }
 

@@ -22,17 +22,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_cluster::{LayoutDescriptor, Shutdown, ShutdownTrigger, WorkerArgs};
-use ferry_engine::{Model, PagePool};
-use ferry_kernels::cpu::CpuBackend;
+use ferry_cluster::daemon::{self, Daemon, Parts};
+use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_worker::Loaded;
+
+pub use ferry_cluster::daemon::StartError;
 use ferry_proto::v1 as pb;
 use ferry_transfer::BackendKind;
-use ferry_transfer::backend::TransferConfig;
-use ferry_transfer::memory::HostPages;
-use ferry_transfer::room::Timeouts;
-use ferry_transfer::tcp::TcpConfig;
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
 use crate::handshake::Handshakes;
@@ -70,25 +66,6 @@ impl DecodeArgs {
     }
 }
 
-/// Why the daemon could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// A flag is wrong.
-    #[error("{0}")]
-    Config(String),
-    /// The model did not load.
-    #[error("loading the model: {0}")]
-    Model(#[from] ferry_engine::EngineError),
-    /// A socket could not be bound.
-    #[error("{what}: {source}")]
-    Io {
-        /// Which socket.
-        what: &'static str,
-        /// The error.
-        source: std::io::Error,
-    },
-}
-
 /// A running decode daemon.
 pub struct Running {
     /// gRPC address.
@@ -103,10 +80,7 @@ pub struct Running {
     pub layout: LayoutDescriptor,
     /// The transfer backend in use.
     pub backend: BackendKind,
-    trigger: ShutdownTrigger,
-    engine: Arc<Mutex<std::sync::mpsc::Sender<Cmd>>>,
-    engine_thread: std::thread::JoinHandle<()>,
-    tasks: Vec<JoinHandle<()>>,
+    daemon: Daemon,
     load: Arc<Mutex<Load>>,
 }
 
@@ -125,84 +99,29 @@ impl Running {
     /// Graceful stop: stop serving, end every request (closing its room), free every page,
     /// wait for the engine thread.
     pub async fn stop(self) {
-        self.trigger.trigger();
-        if let Ok(tx) = self.engine.lock() {
-            let _ = tx.send(Cmd::Shutdown);
-        }
-        let t = self.engine_thread;
-        let _ = tokio::task::spawn_blocking(move || t.join()).await;
-        for t in self.tasks {
-            // Servers finish their open calls first; a call that will not end is cut.
-            let abort = t.abort_handle();
-            if tokio::time::timeout(std::time::Duration::from_secs(5), t).await.is_err() {
-                abort.abort();
-            }
-        }
-    }
-}
-
-fn bad(e: impl std::fmt::Display) -> StartError {
-    StartError::Config(e.to_string())
-}
-
-/// The KV layout descriptor of `model`'s pages at `page_size`.
-pub fn layout_of(model: &Model<CpuBackend>, page_size: usize) -> LayoutDescriptor {
-    let c = model.config();
-    LayoutDescriptor {
-        model_fingerprint: model.fingerprint().to_string(),
-        dtype: "f32".into(),
-        num_layers: c.num_layers as u32,
-        num_kv_heads: c.num_kv_heads as u32,
-        head_dim: c.head_dim as u32,
-        page_size: page_size as u32,
+        self.daemon.stop().await;
     }
 }
 
 /// Loads the model, allocates the pool, binds the transfer receiver and starts serving.
 pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     let w = &args.worker;
-    w.check().map_err(StartError::Config)?;
-    let requested: BackendKind = w.transfer.parse().map_err(bad)?;
-    let backend = ferry_transfer::backend::choose(requested, ferry_transfer::backend::rdma_usable()).map_err(bad)?;
-    let path = w.model.clone();
-    let model = tokio::task::spawn_blocking(move || Model::load(&path, CpuBackend))
-        .await
-        .map_err(|e| StartError::Config(format!("model loader panicked: {e}")))??;
-    let layout = model.kv_layout(w.page_size);
-    let page_bytes = layout.page_floats() * 4;
-    let pages = w.pool_pages(page_bytes);
-    let pool = PagePool::new(model.backend(), layout, pages)?;
-    let arena = Arc::clone(pool.storage());
-    // SAFETY: the arena lives as long as `arena` (kept by the HostPages); the receiver writes
-    // only into pages preallocated for an open room, which no forward pass touches until the
-    // room completed, and a closed room's pages are reused only once no write is in flight.
-    let mem = unsafe { HostPages::external(arena.base_ptr(), page_bytes, pages, arena.clone()) }
-        .ok_or_else(|| StartError::Config("empty KV pool".into()))?;
-    let mem = Arc::new(mem);
-    let descriptor = layout_of(&model, w.page_size);
-    let (t_boot, t_wait, t_xfer) = w.timeouts();
-    let timeouts = Timeouts { bootstrap: t_boot, waiting: t_wait, transferring: t_xfer };
-    let transfer = TransferConfig {
-        tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },
-        rdma: ferry_transfer::rdma::RdmaConfig { timeouts, ..Default::default() },
-    };
+    let Loaded { model, pool, mem, pages, layout: descriptor, backend, timeouts, transfer } = Loaded::load(w).await?;
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
         .map_err(|source| StartError::Io { what: "transfer address", source })?;
     let receiver = Arc::new(receiver);
 
-    let listener =
-        TcpListener::bind(w.grpc_addr).await.map_err(|source| StartError::Io { what: "gRPC address", source })?;
-    let grpc_addr = listener.local_addr().map_err(|source| StartError::Io { what: "gRPC address", source })?;
+    let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
     let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("decode-{}", grpc_addr.port()));
     let load = Arc::new(Mutex::new(Load::default()));
     let (tx, rx) = std::sync::mpsc::channel();
-    let engine_tx = Arc::new(Mutex::new(tx));
-    let handshakes = Handshakes::new(tokio::runtime::Handle::current(), Arc::clone(&engine_tx), t_boot);
+    let link = ferry_worker::EngineLink::new(tx, "decode");
+    let handshakes = Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap);
     let limits = Limits {
         max_running: args.max_running_requests.max(1),
         prealloc_timeout: Duration::from_secs_f64(args.prealloc_timeout.max(0.001)),
-        waiting_timeout: t_wait,
+        waiting_timeout: timeouts.waiting,
     };
     let cfg = EngineConfig {
         worker: worker_id.clone(),
@@ -219,39 +138,29 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
         .spawn(move || engine.run(rx))
         .map_err(|source| StartError::Io { what: "engine thread", source })?;
 
-    let shared =
-        Arc::new(Shared { engine: Arc::clone(&engine_tx), worker: worker_id.clone(), load: Arc::clone(&load) });
+    let shared = Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load) });
     let (trigger, shutdown) = Shutdown::new();
-    let (metrics_addr, metrics_task) = ferry_cluster::exporter::serve(w.metrics_addr, shutdown.clone())
-        .await
-        .map_err(|source| StartError::Io { what: "metrics address", source })?;
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;
-    let server = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(pb::decode_server::DecodeServer::new(DecodeSvc(Arc::clone(&shared))))
         .add_service(pb::load_server::LoadServer::new(LoadSvc(Arc::clone(&shared))));
-    let stop = shutdown.clone();
-    let grpc_task = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        if let Err(e) = server.serve_with_incoming_shutdown(incoming, stop.wait()).await {
-            tracing::error!(error = %e, "decode gRPC server failed");
-        }
+    let drain = Box::new(move || {
+        let _ = link.send(Cmd::Shutdown);
     });
-    tracing::info!(%grpc_addr, %metrics_addr, %data_endpoint, worker = %worker_id, backend = %backend, pages, "decode worker up");
-    Ok(Running {
+    let parts = Parts {
+        listener,
         grpc_addr,
-        metrics_addr,
-        worker_id,
-        data_endpoint,
-        layout: descriptor,
-        backend,
-        trigger,
-        engine: engine_tx,
-        engine_thread,
-        tasks: vec![grpc_task, metrics_task],
-        load,
-    })
+        metrics_addr: w.metrics_addr,
+        worker_id: worker_id.clone(),
+        engine: engine_thread,
+        drain,
+    };
+    let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
+    let metrics_addr = daemon.metrics_addr;
+    tracing::info!(%grpc_addr, %metrics_addr, %data_endpoint, worker = %worker_id, backend = %backend, pages, "decode worker up");
+    Ok(Running { grpc_addr, metrics_addr, worker_id, data_endpoint, layout: descriptor, backend, daemon, load })
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.

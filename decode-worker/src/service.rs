@@ -10,34 +10,22 @@ use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Cmd, Commands, Generate, Load};
+use crate::engine::{Cmd, Generate, Load};
+use ferry_worker::EngineLink;
 
 const ROLE: &str = "decode";
 
 /// What every handler shares.
 pub struct Shared {
     /// Commands to the engine thread.
-    pub engine: Commands,
+    pub engine: EngineLink<Cmd>,
     /// This worker's id.
     pub worker: String,
     /// The latest load figures.
     pub load: Arc<Mutex<Load>>,
 }
 
-impl Shared {
-    fn send(&self, c: Cmd) -> Result<(), Status> {
-        let tx = self.engine.lock().map_err(|_| Status::internal("engine channel poisoned"))?;
-        tx.send(c).map_err(|_| Status::unavailable("the decode engine has stopped"))
-    }
-}
-
-async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>) -> Result<T, Status> {
-    match rx.await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(r)) => Err(r.status(ROLE)),
-        Err(_) => Err(Status::unavailable("the decode engine dropped the call (shutting down?)")),
-    }
-}
+use ferry_worker::answer;
 
 fn refused(r: impl Into<Refused>) -> Status {
     r.into().status(ROLE)
@@ -59,8 +47,8 @@ impl pb::decode_server::Decode for DecodeSvc {
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
         let (accepted, ok) = oneshot::channel();
-        self.0.send(Cmd::Generate(Generate { key, bootstrap, prompt: r.token_ids, params, out, accepted }))?;
-        answer(ok).await?;
+        self.0.engine.send(Cmd::Generate(Generate { key, bootstrap, prompt: r.token_ids, params, out, accepted }))?;
+        answer(ok, ROLE).await?;
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|m| match m {
             Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
             Err(r) => Err(Status::new(r.code, r.message)),
@@ -72,8 +60,13 @@ impl pb::decode_server::Decode for DecodeSvc {
         let r = req.into_inner();
         let key = RoomKey::try_from(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
-        self.0.send(Cmd::Abort { room: key.room.get(), secret: *key.secret.as_bytes(), reason: r.reason, reply })?;
-        Ok(Response::new(pb::AbortResponse { found: answer(rx).await? }))
+        self.0.engine.send(Cmd::Abort {
+            room: key.room.get(),
+            secret: *key.secret.as_bytes(),
+            reason: r.reason,
+            reply,
+        })?;
+        Ok(Response::new(pb::AbortResponse { found: answer(rx, ROLE).await? }))
     }
 }
 

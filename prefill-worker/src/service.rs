@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::mpsc::Sender as CmdSender;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::{LayoutDescriptor, Refused, RoomKey, wire};
@@ -13,6 +12,7 @@ use ferry_radix::events::KvEvent;
 use ferry_transfer::backend::{self, TransferConfig};
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::{BackendKind, Sender};
+use ferry_worker::EngineLink;
 use futures::Stream;
 use tokio::sync::{broadcast, oneshot};
 use tonic::{Code, Request, Response, Status};
@@ -53,7 +53,7 @@ impl SenderPool {
 /// What every handler shares.
 pub struct Shared {
     /// Commands to the engine thread.
-    pub engine: Mutex<CmdSender<Cmd>>,
+    pub engine: EngineLink<Cmd>,
     /// This worker's id.
     pub worker: String,
     /// The KV layout decode nodes must match.
@@ -76,20 +76,7 @@ pub struct Shared {
     pub shutdown: ferry_cluster::Shutdown,
 }
 
-impl Shared {
-    fn send(&self, c: Cmd) -> Result<(), Status> {
-        let tx = self.engine.lock().map_err(|_| Status::internal("engine channel poisoned"))?;
-        tx.send(c).map_err(|_| Status::unavailable("the prefill engine has stopped"))
-    }
-}
-
-async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>) -> Result<T, Status> {
-    match rx.await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(r)) => Err(r.status(ROLE)),
-        Err(_) => Err(Status::unavailable("the prefill engine dropped the call (shutting down?)")),
-    }
-}
+use ferry_worker::answer;
 
 fn refused(r: impl Into<Refused>) -> Status {
     r.into().status(ROLE)
@@ -108,10 +95,10 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let room = key.room.get();
         let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply };
         let secret = *key.secret.as_bytes();
-        self.0.send(Cmd::Request { room, secret, req: new })?;
+        self.0.engine.send(Cmd::Request { room, secret, req: new })?;
         // If the caller goes away before the answer, the room is aborted (and its pages freed).
         let guard = AbortOnDrop { shared: Arc::clone(&self.0), room, secret, armed: true };
-        let done = answer(rx).await;
+        let done = answer(rx, ROLE).await;
         guard.disarm();
         let done = done?;
         Ok(Response::new(pb::PrefillResponse {
@@ -125,8 +112,13 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let r = req.into_inner();
         let key = RoomKey::try_from(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
-        self.0.send(Cmd::Abort { room: key.room.get(), secret: *key.secret.as_bytes(), reason: r.reason, reply })?;
-        Ok(Response::new(pb::AbortResponse { found: answer(rx).await? }))
+        self.0.engine.send(Cmd::Abort {
+            room: key.room.get(),
+            secret: *key.secret.as_bytes(),
+            reason: r.reason,
+            reply,
+        })?;
+        Ok(Response::new(pb::AbortResponse { found: answer(rx, ROLE).await? }))
     }
 }
 
@@ -149,7 +141,7 @@ impl Drop for AbortOnDrop {
         if self.armed {
             let (reply, _) = oneshot::channel();
             let reason = "the Prefill caller went away".to_string();
-            let _ = self.shared.send(Cmd::Abort { room: self.room, secret: self.secret, reason, reply });
+            let _ = self.shared.engine.send(Cmd::Abort { room: self.room, secret: self.secret, reason, reply });
         }
     }
 }
@@ -180,8 +172,8 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
         })?;
         let (reply, rx) = oneshot::channel();
         let hs = Handshake { dest: r.dest_pages, sender };
-        s.send(Cmd::Handshake { room: key.room.get(), secret: *key.secret.as_bytes(), hs, reply })?;
-        answer(rx).await?;
+        s.engine.send(Cmd::Handshake { room: key.room.get(), secret: *key.secret.as_bytes(), hs, reply })?;
+        answer(rx, ROLE).await?;
         Ok(Response::new(pb::HandshakeResponse { room: key.room.get() }))
     }
 }
@@ -225,7 +217,7 @@ impl pb::kv_events_server::KvEvents for KvEventsSvc {
         // Subscribe before the snapshot, so nothing falls between them.
         let mut live = s.events.subscribe();
         let (reply, rx) = oneshot::channel();
-        s.send(Cmd::Snapshot { reply })?;
+        s.engine.send(Cmd::Snapshot { reply })?;
         let snapshot = rx.await.map_err(|_| Status::unavailable("the prefill engine has stopped"))?;
         let epoch = snapshot.epoch;
         let worker = s.worker.clone();

@@ -157,3 +157,35 @@ impl Inbox {
         (t.open_rooms(), t.held_pages())
     }
 }
+
+/// The tasks every receiver runs: accepting connections (each served by `serve`) and failing
+/// rooms past their timeouts every 50 ms. Abort them to stop the receiver.
+pub(crate) fn spawn_receiver_tasks<S, F, Fut>(
+    listener: tokio::net::TcpListener,
+    shared: std::sync::Arc<S>,
+    inbox: fn(&S) -> &Inbox,
+    serve: F,
+) -> Vec<tokio::task::JoinHandle<()>>
+where
+    S: Send + Sync + 'static,
+    F: Fn(std::sync::Arc<S>, tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let s = std::sync::Arc::clone(&shared);
+    let accept = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            conns.spawn(serve(std::sync::Arc::clone(&s), stream));
+            while conns.try_join_next().is_some() {}
+        }
+    });
+    let ticker = tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_millis(50));
+        loop {
+            every.tick().await;
+            inbox(&shared).tick();
+        }
+    });
+    vec![accept, ticker]
+}

@@ -72,24 +72,8 @@ impl<V: Verbs> RdmaReceiver<V> {
         // remote writes land only in pages the room table hands out, by the senders' protocol.
         let keys = unsafe { verbs.register(mem.base_ptr(), mem.len_bytes()) }.map_err(io_err)?;
         let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "rdma"), mem, keys, verbs, limits, cfg });
-        let s = Arc::clone(&shared);
-        let accept = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let _ = stream.set_nodelay(true);
-                conns.spawn(serve(Arc::clone(&s), stream));
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        let s = Arc::clone(&shared);
-        let ticker = tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(50));
-            loop {
-                every.tick().await;
-                s.inbox.tick();
-            }
-        });
-        Ok(Self { addr, shared, tasks: vec![accept, ticker] })
+        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, serve);
+        Ok(Self { addr, shared, tasks })
     }
 
     /// The connection-exchange address to hand to senders.

@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -53,24 +53,8 @@ impl TcpReceiver {
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
         let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "tcp"), mem, limits });
-        let s = Arc::clone(&shared);
-        let accept = tokio::spawn(async move {
-            let mut conns = tokio::task::JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
-                let _ = stream.set_nodelay(true);
-                conns.spawn(serve(Arc::clone(&s), stream));
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        let s = Arc::clone(&shared);
-        let ticker = tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(50));
-            loop {
-                every.tick().await;
-                s.inbox.tick();
-            }
-        });
-        Ok(Self { addr, shared, tasks: vec![accept, ticker] })
+        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, serve);
+        Ok(Self { addr, shared, tasks })
     }
 
     /// The data-plane address to hand to senders.

@@ -1,0 +1,127 @@
+//! What every daemon does the same way: bind its gRPC and `/metrics` listeners, serve until
+//! shutdown, and stop gracefully — trigger shutdown, tell the engine thread to drain, wait for
+//! it, give open calls a few seconds, then cut them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::shutdown::{Shutdown, ShutdownTrigger};
+
+/// Why a daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A flag is wrong.
+    #[error("{0}")]
+    Config(String),
+    /// The model did not load.
+    #[error("loading the model: {0}")]
+    Model(String),
+    /// A socket or thread could not be set up.
+    #[error("{what}: {source}")]
+    Io {
+        /// Which socket or thread.
+        what: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+impl StartError {
+    /// A configuration error from anything printable.
+    pub fn config(e: impl std::fmt::Display) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
+/// Binds the gRPC listener first (so the worker id can name its port).
+pub async fn bind_grpc(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let io = |source| StartError::Io { what: "gRPC address", source };
+    let l = TcpListener::bind(addr).await.map_err(io)?;
+    let a = l.local_addr().map_err(io)?;
+    Ok((l, a))
+}
+
+/// A running daemon's common parts.
+pub struct Daemon {
+    /// gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// `/metrics` address.
+    pub metrics_addr: SocketAddr,
+    /// Worker id.
+    pub worker_id: String,
+    trigger: ShutdownTrigger,
+    drain: Box<dyn FnOnce() + Send>,
+    engine: std::thread::JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Daemon").field("grpc_addr", &self.grpc_addr).field("worker_id", &self.worker_id).finish()
+    }
+}
+
+/// What [`Daemon::serve`] needs.
+pub struct Parts {
+    /// The bound gRPC listener.
+    pub listener: TcpListener,
+    /// Its address.
+    pub grpc_addr: SocketAddr,
+    /// Where `/metrics` listens.
+    pub metrics_addr: SocketAddr,
+    /// Worker id.
+    pub worker_id: String,
+    /// The engine thread, which exits once drained.
+    pub engine: std::thread::JoinHandle<()>,
+    /// Tells the engine thread to drain (stop admitting, end what is in flight, free pages).
+    pub drain: Box<dyn FnOnce() + Send>,
+}
+
+impl Daemon {
+    /// Serves `router` on the listener and `/metrics` until [`stop`](Self::stop).
+    pub async fn serve(
+        parts: Parts,
+        router: tonic::transport::server::Router,
+        trigger: ShutdownTrigger,
+        shutdown: Shutdown,
+    ) -> Result<Self, StartError> {
+        let (metrics_addr, metrics_task) = crate::exporter::serve(parts.metrics_addr, shutdown.clone())
+            .await
+            .map_err(|source| StartError::Io { what: "metrics address", source })?;
+        let worker = parts.worker_id.clone();
+        let listener = parts.listener;
+        let grpc_task = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
+                tracing::error!(worker, error = %e, "gRPC server failed");
+            }
+        });
+        Ok(Self {
+            grpc_addr: parts.grpc_addr,
+            metrics_addr,
+            worker_id: parts.worker_id,
+            trigger,
+            drain: parts.drain,
+            engine: parts.engine,
+            tasks: vec![grpc_task, metrics_task],
+        })
+    }
+
+    /// Graceful stop: stop serving, drain the engine (it ends what is in flight and frees every
+    /// page), wait for it; open calls get 5 s to finish, then are cut.
+    pub async fn stop(self) {
+        self.trigger.trigger();
+        (self.drain)();
+        let engine = self.engine;
+        let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+        for t in self.tasks {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
