@@ -1,8 +1,11 @@
-//! `ferry-router`: the cluster's front door.
+//! `ferry-router`: the cluster's front door (DESIGN.md §6).
 //!
-//! Planned (DESIGN.md §6): a prefix index over token ids fed by the prefill workers' KV
-//! events, cache-aware placement, the public gRPC `ferry.v1.Router` service and an
-//! OpenAI-compatible HTTP API.
+//! Built so far: [`index`], the prefix index — a radix tree over token ids whose pages record
+//! which prefill workers hold them, fed by the workers' KV events and by provisional marks for
+//! the router's own placements.
 //!
-//! Nothing is implemented yet (issue "Router: cache-aware placement, gRPC and OpenAI APIs,
-//! etcd discovery").
+//! To come (issue "Router: cache-aware placement, gRPC and OpenAI APIs, etcd discovery"):
+//! placement, the public gRPC `ferry.v1.Router` service, the OpenAI-compatible HTTP API,
+//! etcd discovery.
+
+pub mod index;
