@@ -1,16 +1,209 @@
 //! `ferry-router`: the cluster's front door (DESIGN.md §6).
 //!
-//! Built so far, both pure:
 //! - [`index`]: the prefix index — a radix tree over token ids whose pages record which
 //!   prefill workers hold them, fed by the workers' KV events and by provisional marks for the
 //!   router's own placements;
 //! - [`placement`]: least estimated time to first token (cached prefix against queue and
 //!   measured rate) with a jitter against herding; round-robin and least-load for comparison;
-//!   decode by admissible room; conditional disaggregation.
+//!   decode by admissible room; conditional disaggregation;
+//! - [`workers`]: channels, load polls and circuit breakers, KV event subscriptions;
+//! - [`generate`]: one request through the cluster (detokenizing, stop strings, usage);
+//! - the public gRPC `ferry.v1.Router` service and gRPC health.
 //!
-//! To come (issue "Router: cache-aware placement, gRPC and OpenAI APIs, etcd discovery"): the
-//! daemon around them — event subscriptions, the public gRPC `ferry.v1.Router` service, the
-//! OpenAI-compatible HTTP API, health checks and circuit breakers, etcd discovery.
+//! To come (issue "Router"): the OpenAI-compatible HTTP API, retries of failed prefills on
+//! another worker, gRPC reflection, etcd discovery, API keys and TLS.
 
+pub mod generate;
 pub mod index;
 pub mod placement;
+mod service;
+pub mod workers;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_cluster::daemon::{StartError, bind_grpc};
+use ferry_cluster::discovery::StaticDiscovery;
+use ferry_cluster::{Shutdown, ShutdownTrigger};
+use ferry_proto::v1 as pb;
+use ferry_tokenize::ServedModel;
+use tokio::task::JoinHandle;
+
+use crate::generate::Ctx;
+use crate::index::PrefixIndex;
+use crate::placement::{Placer, Policy};
+use crate::service::RouterSvc;
+use crate::workers::Registry;
+
+/// The router's flags.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "ferry-router", version, about = "Ferry router")]
+pub struct RouterArgs {
+    /// The served model (HF directory or GGUF file): its tokenizer, chat template and limits
+    /// are read from it; the weights are not loaded.
+    #[arg(long, env = "FERRY_MODEL")]
+    pub model: PathBuf,
+    /// A prefill worker, `ADDR` or `ID=ADDR` (gRPC `host:port`); repeat for more.
+    #[arg(long = "prefill", env = "FERRY_PREFILL", value_delimiter = ',')]
+    pub prefill: Vec<String>,
+    /// A decode worker, `ADDR` or `ID=ADDR`; repeat for more.
+    #[arg(long = "decode", env = "FERRY_DECODE", value_delimiter = ',')]
+    pub decode: Vec<String>,
+    /// A file of workers, one `prefill ENTRY` or `decode ENTRY` per line (added to the flags).
+    #[arg(long, env = "FERRY_WORKERS_FILE")]
+    pub workers_file: Option<PathBuf>,
+    /// gRPC listen address of the public `ferry.v1.Router` service.
+    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0")]
+    pub grpc_addr: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0")]
+    pub metrics_addr: SocketAddr,
+    /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
+    #[arg(long, env = "FERRY_POLICY", default_value = "cache-aware")]
+    pub policy: String,
+    /// Prompts with fewer uncached tokens than this are prefilled on the decode worker
+    /// (0: always on a prefill worker when one is healthy).
+    #[arg(long, env = "FERRY_LOCAL_PREFILL_BELOW", default_value_t = 0)]
+    pub local_prefill_below: usize,
+    /// Tokens per KV page; must match the workers' `--page-size`.
+    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16)]
+    pub page_size: usize,
+    /// Most pages the prefix index holds (memory bound).
+    #[arg(long, env = "FERRY_MAX_INDEX_PAGES", default_value_t = 1 << 20)]
+    pub max_index_pages: usize,
+    /// Milliseconds between load polls of every worker.
+    #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
+    pub load_poll_ms: u64,
+}
+
+impl RouterArgs {
+    /// Defaults for `model` and the given workers.
+    pub fn new(model: impl Into<PathBuf>, prefill: Vec<String>, decode: Vec<String>) -> Self {
+        Self {
+            model: model.into(),
+            prefill,
+            decode,
+            workers_file: None,
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            policy: "cache-aware".into(),
+            local_prefill_below: 0,
+            page_size: 16,
+            max_index_pages: 1 << 20,
+            load_poll_ms: 100,
+        }
+    }
+}
+
+/// A running router.
+pub struct Running {
+    /// gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// `/metrics` address.
+    pub metrics_addr: SocketAddr,
+    ctx: Arc<Ctx>,
+    trigger: ShutdownTrigger,
+    tasks: Vec<JoinHandle<()>>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Pages in the prefix index.
+    pub fn index_pages(&self) -> usize {
+        self.ctx.index.lock().map_or(0, |i| i.pages())
+    }
+
+    /// The workers.
+    pub fn workers(&self) -> &Registry {
+        &self.ctx.workers
+    }
+
+    /// Stops serving; open streams get 5 s.
+    pub async fn stop(self) {
+        self.trigger.trigger();
+        for t in self.background {
+            t.abort();
+        }
+        for t in self.tasks {
+            let abort = t.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), t).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+}
+
+/// Reads the model's metadata, connects to the workers and starts serving.
+pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
+    let policy: Policy = args.policy.parse().map_err(StartError::Config)?;
+    let mut d = StaticDiscovery::from_flags(&args.prefill, &args.decode).map_err(StartError::config)?;
+    if let Some(f) = &args.workers_file {
+        let text = std::fs::read_to_string(f).map_err(|source| StartError::Io { what: "workers file", source })?;
+        let more = StaticDiscovery::parse(&text).map_err(StartError::config)?;
+        let mut all = d.all().to_vec();
+        all.extend(more.all().iter().cloned());
+        let p: Vec<String> = all
+            .iter()
+            .filter(|w| w.role == ferry_cluster::discovery::Role::Prefill)
+            .map(|w| format!("{}={}", w.id, w.addr))
+            .collect();
+        let q: Vec<String> = all
+            .iter()
+            .filter(|w| w.role == ferry_cluster::discovery::Role::Decode)
+            .map(|w| format!("{}={}", w.id, w.addr))
+            .collect();
+        d = StaticDiscovery::from_flags(&p, &q).map_err(StartError::config)?;
+    }
+    if d.workers(ferry_cluster::discovery::Role::Decode).next().is_none() {
+        return Err(StartError::Config("no decode worker: pass --decode ADDR".into()));
+    }
+    let path = args.model.clone();
+    let model = tokio::task::spawn_blocking(move || ServedModel::load(&path))
+        .await
+        .map_err(|e| StartError::Config(format!("model reader panicked: {e}")))?
+        .map_err(|e| StartError::Model(e.to_string()))?;
+    let registry = Arc::new(Registry::new(&d).map_err(StartError::Config)?);
+    let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
+    let placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
+    let ctx = Arc::new(Ctx {
+        model,
+        workers: Arc::clone(&registry),
+        index: Arc::clone(&index),
+        placer: Mutex::new(placer),
+        local_prefill_below: args.local_prefill_below,
+        page_size: args.page_size,
+    });
+    let mut background =
+        vec![tokio::spawn(Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1))))];
+    for (slot, w) in registry.prefill.iter().enumerate() {
+        background.push(tokio::spawn(workers::follow_events(Arc::clone(w), slot, Arc::clone(&index))));
+    }
+    let (listener, grpc_addr) = bind_grpc(args.grpc_addr).await?;
+    let (trigger, shutdown) = Shutdown::new();
+    let (metrics_addr, metrics_task) = ferry_cluster::exporter::serve(args.metrics_addr, shutdown.clone())
+        .await
+        .map_err(|source| StartError::Io { what: "metrics address", source })?;
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<pb::router_server::RouterServer<RouterSvc>>().await;
+    let router = tonic::transport::Server::builder()
+        .add_service(health_svc)
+        .add_service(pb::router_server::RouterServer::new(RouterSvc(Arc::clone(&ctx))));
+    let grpc_task = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
+            tracing::error!(error = %e, "router gRPC server failed");
+        }
+    });
+    tracing::info!(%grpc_addr, %metrics_addr, prefill = registry.prefill.len(), decode = registry.decode.len(), "router up");
+    Ok(Running { grpc_addr, metrics_addr, ctx, trigger, tasks: vec![grpc_task, metrics_task], background })
+}
+
+/// Runs the router until `shutdown` resolves.
+pub async fn run(args: RouterArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    let r = start(args).await?;
+    shutdown.await;
+    r.stop().await;
+    Ok(())
+}

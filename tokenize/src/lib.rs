@@ -7,7 +7,9 @@
 //!   GGUF vocabulary and merges, with the model's BOS/EOS rules;
 //! - [`ChatTemplate`]: the model's own Jinja chat template, rendered with minijinja;
 //! - [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character;
-//! - [`SamplingParams`] and [`FinishReason`]: what a request asks for and how it ended.
+//! - [`SamplingParams`] and [`FinishReason`]: what a request asks for and how it ended;
+//! - [`ServedModel`]: name, tokenizer, vocabulary and context of a model, from its metadata
+//!   alone (what the router needs).
 
 mod chat;
 mod detok;
@@ -16,10 +18,12 @@ pub mod gguf;
 mod gguf_vocab;
 pub mod gguf_write;
 mod request;
+mod served;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
 pub use error::TokenizeError;
 pub use request::{FinishReason, SamplingError, SamplingParams};
+pub use served::ServedModel;
 pub use tokenizer::Tokenizer;

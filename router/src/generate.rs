@@ -1,0 +1,342 @@
+//! One request through the cluster: place it, mint a room, call the decode worker's
+//! `Generate` and the prefill worker's `Prefill` at once, and turn the decode stream into text
+//! — detokenized incrementally, cut at stop strings, with usage on the last message.
+//! Dropping the returned stream (a client gone) drops both calls, which frees the request's
+//! pages on both workers.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_cluster::{RoomKey, wire};
+use ferry_proto::v1 as pb;
+use ferry_tokenize::{Detokenizer, FinishReason, SamplingParams, ServedModel};
+use futures::{Stream, StreamExt};
+use tonic::{Code, Status};
+
+use crate::index::PrefixIndex;
+use crate::placement::{DecodeState, Placer, PrefillState, disaggregate};
+use crate::workers::Registry;
+
+/// A validated request.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// Echoed back.
+    pub request_id: String,
+    /// The prompt's token ids.
+    pub tokens: Vec<u32>,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop strings.
+    pub stop: Vec<String>,
+}
+
+/// What every request shares.
+pub struct Ctx {
+    /// The served model's tokenizer and limits.
+    pub model: ServedModel,
+    /// The workers.
+    pub workers: Arc<Registry>,
+    /// Who holds which prefix.
+    pub index: Arc<Mutex<PrefixIndex>>,
+    /// Placement.
+    pub placer: Mutex<Placer>,
+    /// Prompts with fewer uncached tokens are prefilled on the decode worker.
+    pub local_prefill_below: usize,
+    /// Tokens per KV page (for the decode worker's room estimate).
+    pub page_size: usize,
+}
+
+/// One piece of output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Piece {
+    /// New text.
+    pub text: String,
+    /// New token ids with their logprobs.
+    pub tokens: Vec<(u32, f32)>,
+    /// On the last piece: why it ended and the usage.
+    pub end: Option<End>,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct End {
+    /// Why.
+    pub finish: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// Prompt tokens found in a prefill cache.
+    pub cached_tokens: u32,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The longest suffix of `text` that is a proper prefix of some stop string (held back in
+/// case the next token completes it).
+fn held_back(text: &str, stop: &[String]) -> usize {
+    let mut keep = 0;
+    for s in stop {
+        for (i, _) in s.char_indices().skip(1) {
+            if text.ends_with(&s[..i]) {
+                keep = keep.max(i);
+            }
+        }
+    }
+    keep
+}
+
+impl Ctx {
+    /// Checks a request against the model.
+    pub fn validate(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Status> {
+        if tokens.is_empty() {
+            return Err(Status::invalid_argument("the prompt is empty"));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.model.vocab_size) {
+            return Err(Status::invalid_argument(format!(
+                "token id {t} is outside the vocabulary of {}",
+                self.model.vocab_size
+            )));
+        }
+        if tokens.len() >= self.model.context_length {
+            return Err(Status::invalid_argument(format!(
+                "the prompt has {} tokens; the context holds {} (including at least one generated token)",
+                tokens.len(),
+                self.model.context_length
+            )));
+        }
+        sampling.validate(self.model.vocab_size).map_err(|e| Status::invalid_argument(e.to_string()))
+    }
+
+    /// Places and starts `req`; the stream yields its output.
+    pub fn generate(
+        self: &Arc<Self>,
+        req: Prepared,
+    ) -> Result<impl Stream<Item = Result<Piece, Status>> + use<>, Status> {
+        let len = req.tokens.len();
+        let prefill_states: Vec<PrefillState> = self
+            .workers
+            .prefill
+            .iter()
+            .map(|w| {
+                let l = w.load().unwrap_or_default();
+                PrefillState {
+                    healthy: w.healthy(),
+                    queued_tokens: l.queued_prefill_tokens,
+                    tokens_per_second: l.prefill_tokens_per_second,
+                }
+            })
+            .collect();
+        let cached = lock(&self.index).matched(&req.tokens[..len - 1], prefill_states.len());
+        let jitter = rand_jitter();
+        let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
+        let decode_states: Vec<DecodeState> = self
+            .workers
+            .decode
+            .iter()
+            .map(|w| DecodeState {
+                healthy: w.healthy(),
+                admissible_pages: w.load().map_or(0, |l| u64::from(l.free_pages)),
+            })
+            .collect();
+        let need =
+            (len + req.sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(self.page_size.max(1));
+        let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {
+            let mut s = Status::resource_exhausted(e.to_string());
+            if let Ok(v) = e.retry_after_ms.to_string().parse() {
+                s.metadata_mut().insert("retry-after-ms", v);
+            }
+            s
+        })?;
+        let prefill = choice.filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true));
+        let key = RoomKey::random();
+        if let Some(c) = prefill {
+            let _ = lock(&self.index).provisional(c.worker, &req.tokens, Instant::now() + Duration::from_secs(10));
+        }
+        let me = Arc::clone(self);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let out = me.run(req, key, prefill.map(|c| (c.worker, c.cached_tokens)), d, &tx).await;
+            if let Err(s) = out {
+                let _ = tx.send(Err(s)).await;
+            }
+        });
+        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+    }
+
+    async fn run(
+        &self,
+        req: Prepared,
+        key: RoomKey,
+        prefill: Option<(usize, usize)>,
+        decode: usize,
+        tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
+    ) -> Result<(), Status> {
+        let dw = Arc::clone(&self.workers.decode[decode]);
+        let sampling = Some(wire::sampling_to_proto(&req.sampling));
+        let room = Some(pb::RoomKey::from(&key));
+        let pw = prefill.map(|(w, _)| Arc::clone(&self.workers.prefill[w]));
+        let dreq = pb::DecodeRequest {
+            request_id: req.request_id.clone(),
+            room: room.clone(),
+            prefill_bootstrap_addr: pw.as_ref().map(|w| w.addr.clone()).unwrap_or_default(),
+            token_ids: req.tokens.clone(),
+            sampling: sampling.clone(),
+        };
+        let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone());
+        let prefill_call = {
+            let pw = pw.clone();
+            let preq = pb::PrefillRequest {
+                request_id: req.request_id.clone(),
+                room,
+                token_ids: req.tokens.clone(),
+                sampling,
+                priority: 0,
+            };
+            async move {
+                let Some(pw) = pw else { return Ok(None) };
+                let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
+                match pc.prefill(preq).await {
+                    Ok(r) => {
+                        pw.ok();
+                        Ok(Some(r.into_inner().cached_tokens))
+                    }
+                    Err(s) => {
+                        if s.code() == Code::Unavailable {
+                            pw.failed();
+                        }
+                        Err(s)
+                    }
+                }
+            }
+        };
+        let prefill_task = tokio::spawn(prefill_call);
+        let stream = match dc.generate(dreq).await {
+            Ok(s) => {
+                dw.ok();
+                s.into_inner()
+            }
+            Err(s) => {
+                if s.code() == Code::Unavailable {
+                    dw.failed();
+                }
+                prefill_task.abort();
+                return Err(s);
+            }
+        };
+        let mut out = Output::new(&self.model, &req.stop);
+        let mut stream = stream;
+        let mut completion = 0u32;
+        let mut finish = None;
+        while let Some(msg) = stream.next().await {
+            let msg = match msg {
+                Ok(m) => m,
+                Err(s) => {
+                    prefill_task.abort();
+                    return Err(s);
+                }
+            };
+            completion += msg.token_ids.len() as u32;
+            let lps: Vec<(u32, f32)> = msg.logprobs.iter().map(|l| (l.token_id, l.logprob)).collect();
+            let (text, stopped) = out.push(&msg.token_ids);
+            let end = wire::finish_from_proto(msg.finish_reason()).or(stopped.then_some(FinishReason::Stop));
+            if tx.send(Ok(Piece { text, tokens: lps, end: None })).await.is_err() {
+                prefill_task.abort();
+                return Ok(()); // the client went away: dropping the calls frees both workers
+            }
+            if end.is_some() {
+                finish = end;
+                break;
+            }
+        }
+        drop(stream);
+        let cached = match prefill_task.await {
+            Ok(Ok(c)) => c.unwrap_or(0),
+            Ok(Err(s)) if finish.is_none() => return Err(s),
+            _ => prefill.map_or(0, |p| p.1 as u32),
+        };
+        let finish = finish.ok_or_else(|| Status::internal("the decode stream ended without a finish reason"))?;
+        let tail = out.flush();
+        let end = End {
+            finish,
+            prompt_tokens: req.tokens.len() as u32,
+            completion_tokens: completion,
+            cached_tokens: cached,
+        };
+        let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;
+        Ok(())
+    }
+}
+
+fn rand_jitter() -> impl Fn(usize) -> f64 {
+    let seed: u64 = rand::random();
+    move |w| {
+        let mut x = seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Incremental text with stop strings.
+struct Output<'a> {
+    model: &'a ServedModel,
+    detok: Detokenizer,
+    stop: &'a [String],
+    /// Text decoded but not yet sent (it may be the start of a stop string).
+    pending: String,
+    stopped: bool,
+}
+
+impl<'a> Output<'a> {
+    fn new(model: &'a ServedModel, stop: &'a [String]) -> Self {
+        Self { model, detok: Detokenizer::new(true), stop, pending: String::new(), stopped: false }
+    }
+
+    /// Adds tokens; returns the text that can go out now, and whether a stop string ended it.
+    fn push(&mut self, ids: &[u32]) -> (String, bool) {
+        if self.stopped {
+            return (String::new(), true);
+        }
+        for &id in ids {
+            if let Ok(t) = self.detok.push(&self.model.tokenizer, id) {
+                self.pending.push_str(&t);
+            }
+        }
+        if let Some(at) = self.stop.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            self.stopped = true;
+            self.pending.truncate(at);
+            return (std::mem::take(&mut self.pending), true);
+        }
+        let keep = held_back(&self.pending, self.stop);
+        let out = self.pending[..self.pending.len() - keep].to_string();
+        self.pending.drain(..self.pending.len() - keep);
+        (out, false)
+    }
+
+    fn flush(&mut self) -> String {
+        if !self.stopped
+            && let Ok(t) = self.detok.flush(&self.model.tokenizer)
+        {
+            self.pending.push_str(&t);
+        }
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_back;
+
+    #[test]
+    fn stop_string_prefixes_are_held_back() {
+        let stop = vec!["</end>".to_string(), "STOP".to_string()];
+        assert_eq!(held_back("hello </e", &stop), 3);
+        assert_eq!(held_back("hello ST", &stop), 2);
+        assert_eq!(held_back("hello", &stop), 0);
+        assert_eq!(held_back("x<", &stop), 1);
+    }
+}

@@ -1,0 +1,102 @@
+//! The public gRPC service `ferry.v1.Router`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use ferry_cluster::wire;
+use ferry_proto::v1 as pb;
+use ferry_tokenize::ChatMessage;
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use crate::generate::{Ctx, Prepared};
+
+/// `ferry.v1.Router`.
+pub struct RouterSvc(pub Arc<Ctx>);
+
+type Out = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send>>;
+
+fn bad(reason: &'static str, message: impl Into<String>) -> Status {
+    ferry_cluster::Refused::invalid(reason, message).status("router")
+}
+
+impl RouterSvc {
+    fn chat(&self, messages: &[pb::ChatMessage]) -> Result<Vec<u32>, Status> {
+        let msgs: Vec<ChatMessage> =
+            messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+        let t = self.0.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
+        let text = t.render(&msgs, true).map_err(|e| bad("bad_chat", e.to_string()))?;
+        self.text(&text)
+    }
+
+    fn text(&self, text: &str) -> Result<Vec<u32>, Status> {
+        self.0.model.tokenizer.encode(text).map_err(|e| bad("tokenize", e.to_string()))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::router_server::Router for RouterSvc {
+    type GenerateStream = Out;
+
+    async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<Out>, Status> {
+        let r = req.into_inner();
+        let tokens = match r.prompt {
+            Some(pb::generate_request::Prompt::Text(t)) => self.text(&t)?,
+            Some(pb::generate_request::Prompt::Chat(c)) => self.chat(&c.messages)?,
+            Some(pb::generate_request::Prompt::TokenIds(t)) => t.ids,
+            None => return Err(bad("empty_prompt", "the prompt is missing")),
+        };
+        let sampling = wire::sampling_from_proto(r.sampling);
+        self.0.validate(&tokens, &sampling).inspect_err(|_| {
+            metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => "invalid_request")
+                .increment(1);
+        })?;
+        let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
+        let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop };
+        let ids = r.return_token_ids;
+        let out = self.0.generate(prepared)?.map(move |p| {
+            p.map(|p| {
+                let mut m = pb::GenerateResponse { request_id: id.clone(), text: p.text, ..Default::default() };
+                if ids {
+                    m.token_ids = p.tokens.iter().map(|t| t.0).collect();
+                }
+                m.logprobs =
+                    p.tokens.iter().map(|&(token_id, logprob)| pb::TokenLogprob { token_id, logprob }).collect();
+                if let Some(e) = p.end {
+                    m.finish_reason = wire::finish_to_proto(e.finish) as i32;
+                    m.prompt_tokens = e.prompt_tokens;
+                    m.completion_tokens = e.completion_tokens;
+                    m.cached_tokens = e.cached_tokens;
+                }
+                m
+            })
+        });
+        Ok(Response::new(Box::pin(out)))
+    }
+
+    async fn tokenize(&self, req: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
+        let token_ids = match req.into_inner().input {
+            Some(pb::tokenize_request::Input::Text(t)) => self.text(&t)?,
+            Some(pb::tokenize_request::Input::Chat(c)) => self.chat(&c.messages)?,
+            None => return Err(bad("empty_input", "nothing to tokenize")),
+        };
+        Ok(Response::new(pb::TokenizeResponse { token_ids }))
+    }
+
+    async fn list_workers(
+        &self,
+        _req: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        let w = &self.0.workers;
+        let info = |x: &crate::workers::Worker, role: pb::WorkerRole| pb::WorkerInfo {
+            worker_id: x.id.clone(),
+            role: role as i32,
+            address: x.addr.clone(),
+            healthy: x.healthy(),
+            load: x.load(),
+        };
+        let mut workers: Vec<pb::WorkerInfo> = w.prefill.iter().map(|x| info(x, pb::WorkerRole::Prefill)).collect();
+        workers.extend(w.decode.iter().map(|x| info(x, pb::WorkerRole::Decode)));
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+}

@@ -1,0 +1,107 @@
+//! Through the router: 2 prefill + 2 decode daemons over TCP give the colocated engine's
+//! tokens; the cache-aware placement sends a prompt where its prefix is; a client that goes
+//! away frees the pages on both workers.
+
+use std::time::Duration;
+
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, channel, colocated, greedy, prompts_with_shared_prefixes, settle};
+
+async fn cluster(m: &TinyModel) -> (Vec<ferry_prefill::Running>, Vec<ferry_decode::Running>, ferry_router::Running) {
+    let mut ps = Vec::new();
+    let mut ds = Vec::new();
+    for _ in 0..2 {
+        let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+        a.worker.pool_pages = 2048;
+        a.worker.chunked_prefill_size = 128;
+        ps.push(ferry_prefill::start(a).await.expect("prefill up"));
+        let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+        a.worker.pool_pages = 2048;
+        ds.push(ferry_decode::start(a).await.expect("decode up"));
+    }
+    let args = ferry_router::RouterArgs::new(
+        m.path(),
+        ps.iter().map(|p| p.grpc_addr.to_string()).collect(),
+        ds.iter().map(|d| d.grpc_addr.to_string()).collect(),
+    );
+    let r = ferry_router::start(args).await.expect("router up");
+    // Wait for the first load reports.
+    for _ in 0..200 {
+        if r.workers().decode.iter().all(|w| w.healthy()) && r.workers().prefill.iter().all(|w| w.healthy()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (ps, ds, r)
+}
+
+fn by_ids(ids: &[u32], n: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        request_id: String::new(),
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: ids.to_vec() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
+        stop: Vec::new(),
+        return_token_ids: true,
+    }
+}
+
+async fn collect(r: &mut tonic::Streaming<pb::GenerateResponse>) -> (Vec<u32>, pb::GenerateResponse) {
+    let mut ids = Vec::new();
+    let mut last = pb::GenerateResponse::default();
+    while let Some(m) = r.message().await.expect("stream") {
+        ids.extend(&m.token_ids);
+        last = m;
+    }
+    (ids, last)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_the_router_outputs_equal_the_colocated_engine() {
+    let m = TinyModel::new();
+    let (ps, ds, r) = cluster(&m).await;
+    let prompts = prompts_with_shared_prefixes(16, 1200, 359, 21);
+    let want = colocated(&m.path(), &prompts, &greedy(5));
+    let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
+    let runs = prompts.iter().map(|p| {
+        let mut c = client.clone();
+        let req = by_ids(p, 5);
+        async move { collect(&mut c.generate(req).await.expect("accepted").into_inner()).await }
+    });
+    let got = futures::future::join_all(runs).await;
+    for (i, ((ids, last), w)) in got.into_iter().zip(&want).enumerate() {
+        assert_eq!(&ids, w, "prompt {i}");
+        assert_eq!(last.finish_reason(), pb::FinishReason::Length);
+        assert_eq!((last.prompt_tokens as usize, last.completion_tokens), (prompts[i].len(), 5));
+    }
+    // The index learnt the cached prefixes from the workers' events.
+    assert!(r.index_pages() > 0);
+    // The same long prompt again: it goes where its prefix is, and reports it cached.
+    let again = by_ids(&prompts[0], 2);
+    let (_, last) = collect(&mut client.clone().generate(again).await.expect("ok").into_inner()).await;
+    assert!(
+        last.cached_tokens as usize >= prompts[0].len() / 16 * 16 - 16,
+        "cached {} of {}",
+        last.cached_tokens,
+        prompts[0].len()
+    );
+    // A client that goes away mid-stream frees the pages on both workers.
+    let mut c = client.clone();
+    let mut s = c.generate(by_ids(&prompts[1], 1500)).await.expect("ok").into_inner();
+    for _ in 0..3 {
+        s.message().await.expect("a token");
+    }
+    drop(s);
+    for p in &ps {
+        settle(p, &ds).await;
+    }
+    let list = client.clone().list_workers(pb::ListWorkersRequest {}).await.expect("list").into_inner();
+    assert_eq!(list.workers.len(), 4);
+    assert!(list.workers.iter().all(|w| w.healthy));
+    r.stop().await;
+    for p in ps {
+        p.stop().await;
+    }
+    for d in ds {
+        d.stop().await;
+    }
+}
