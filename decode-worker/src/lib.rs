@@ -114,7 +114,12 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
 
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
     let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("decode-{}", grpc_addr.port()));
-    let load = Arc::new(Mutex::new(Load::default()));
+    let load = Arc::new(Mutex::new(Load {
+        free_pages: pages,
+        admissible_pages: pages,
+        total_pages: pages,
+        ..Load::default()
+    }));
     let (tx, rx) = std::sync::mpsc::channel();
     let link = ferry_worker::EngineLink::new(tx, "decode");
     let handshakes = Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap);

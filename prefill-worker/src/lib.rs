@@ -107,7 +107,7 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
     let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("prefill-{}", grpc_addr.port()));
 
     let (events, _) = tokio::sync::broadcast::channel(1024);
-    let load = Arc::new(Mutex::new(Load::default()));
+    let load = Arc::new(Mutex::new(Load { free_pages: pages, total_pages: pages, ..Load::default() }));
     let senders = Arc::new(SenderPool::default());
     let (tx, rx) = std::sync::mpsc::channel();
     let sched_cfg =

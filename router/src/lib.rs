@@ -8,13 +8,15 @@
 //!   decode by admissible room; conditional disaggregation;
 //! - [`workers`]: channels, load polls and circuit breakers, KV event subscriptions;
 //! - [`generate`]: one request through the cluster (detokenizing, stop strings, usage);
-//! - the public gRPC `ferry.v1.Router` service and gRPC health.
+//! - the public gRPC `ferry.v1.Router` service and gRPC health;
+//! - [`openai`]: the OpenAI-compatible HTTP API.
 //!
-//! To come (issue "Router"): the OpenAI-compatible HTTP API, retries of failed prefills on
+//! To come (issue "Router"): retries of failed prefills on
 //! another worker, gRPC reflection, etcd discovery, API keys and TLS.
 
 pub mod generate;
 pub mod index;
+pub mod openai;
 pub mod placement;
 mod service;
 pub mod workers;
@@ -57,6 +59,10 @@ pub struct RouterArgs {
     /// gRPC listen address of the public `ferry.v1.Router` service.
     #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0")]
     pub grpc_addr: SocketAddr,
+    /// OpenAI-compatible HTTP API listen address (`/v1/completions`, `/v1/chat/completions`,
+    /// `/v1/models`, `/health`, `/metrics`).
+    #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "127.0.0.1:0")]
+    pub http_addr: SocketAddr,
     /// Prometheus `/metrics` listen address.
     #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0")]
     pub metrics_addr: SocketAddr,
@@ -87,6 +93,7 @@ impl RouterArgs {
             decode,
             workers_file: None,
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             policy: "cache-aware".into(),
             local_prefill_below: 0,
@@ -101,6 +108,8 @@ impl RouterArgs {
 pub struct Running {
     /// gRPC address.
     pub grpc_addr: SocketAddr,
+    /// OpenAI HTTP address.
+    pub http_addr: SocketAddr,
     /// `/metrics` address.
     pub metrics_addr: SocketAddr,
     ctx: Arc<Ctx>,
@@ -182,6 +191,7 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
     }
     let (listener, grpc_addr) = bind_grpc(args.grpc_addr).await?;
     let (trigger, shutdown) = Shutdown::new();
+    let shutdown_http = shutdown.clone();
     let (metrics_addr, metrics_task) = ferry_cluster::exporter::serve(args.metrics_addr, shutdown.clone())
         .await
         .map_err(|source| StartError::Io { what: "metrics address", source })?;
@@ -196,8 +206,27 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
             tracing::error!(error = %e, "router gRPC server failed");
         }
     });
-    tracing::info!(%grpc_addr, %metrics_addr, prefill = registry.prefill.len(), decode = registry.decode.len(), "router up");
-    Ok(Running { grpc_addr, metrics_addr, ctx, trigger, tasks: vec![grpc_task, metrics_task], background })
+    let http = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|source| StartError::Io { what: "HTTP address", source })?;
+    let http_addr = http.local_addr().map_err(|source| StartError::Io { what: "HTTP address", source })?;
+    let app = openai::routes(Arc::clone(&ctx));
+    let stop = shutdown_http;
+    let http_task = tokio::spawn(async move {
+        if let Err(e) = axum::serve(http, app).with_graceful_shutdown(stop.wait()).await {
+            tracing::error!(error = %e, "router HTTP server failed");
+        }
+    });
+    tracing::info!(%grpc_addr, %http_addr, %metrics_addr, prefill = registry.prefill.len(), decode = registry.decode.len(), "router up");
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        metrics_addr,
+        ctx,
+        trigger,
+        tasks: vec![grpc_task, http_task, metrics_task],
+        background,
+    })
 }
 
 /// Runs the router until `shutdown` resolves.

@@ -127,8 +127,8 @@ impl Registry {
                 let mut c = pb::load_client::LoadClient::new(w.channel.clone());
                 match tokio::time::timeout(Duration::from_secs(1), c.report(pb::LoadRequest {})).await {
                     Ok(Ok(r)) => {
-                        w.ok();
                         lock(&w.health).load = Some(r.into_inner());
+                        w.ok();
                     }
                     _ => {
                         if w.failed() {

@@ -208,3 +208,50 @@ pub async fn settle(p: &ferry_prefill::Running, ds: &[ferry_decode::Running]) {
     let d: Vec<_> = ds.iter().map(|d| d.load()).collect();
     panic!("pages not back at baseline: prefill {:?}, decode {d:?}", p.load());
 }
+
+/// A minimal HTTP/1.1 call (`Connection: close`): returns the status, the headers
+/// (lower-cased names) and the body, de-chunked.
+pub async fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: ferry\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("write");
+    s.write_all(body).await.expect("write");
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.expect("read");
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |p| p + 4);
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let rest = &raw[split.min(raw.len())..];
+    let mut lines = head.lines();
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)?.parse().ok()).unwrap_or(0);
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())))
+        .collect();
+    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        let mut out = Vec::new();
+        let mut r = rest;
+        while let Some(eol) = r.windows(2).position(|w| w == b"\r\n") {
+            let n =
+                std::str::from_utf8(&r[..eol]).ok().and_then(|x| usize::from_str_radix(x.trim(), 16).ok()).unwrap_or(0);
+            let after = &r[eol + 2..];
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.extend_from_slice(&after[..n]);
+            r = after[n..].strip_prefix(b"\r\n").unwrap_or(&after[n..]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    } else {
+        String::from_utf8_lossy(rest).into_owned()
+    };
+    (status, headers, body)
+}

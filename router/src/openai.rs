@@ -1,0 +1,353 @@
+//! The OpenAI-compatible HTTP API: `POST /v1/completions`, `POST /v1/chat/completions`
+//! (streamed over SSE or not), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//!
+//! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
+//! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
+//! unknown fields, an unknown model, invalid sampling values, an empty prompt or one over the
+//! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
+//! `Retry-After` header. A client that disconnects drops the request on both workers.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use ferry_tokenize::{ChatMessage, FinishReason, SamplingParams};
+use futures::{Stream, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::generate::{Ctx, Piece, Prepared};
+
+/// Largest request body.
+pub const MAX_BODY: usize = 4 << 20;
+
+fn err(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Response {
+    let message = message.into();
+    metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => reason).increment(1);
+    let kind = if status == StatusCode::TOO_MANY_REQUESTS { "rate_limit_error" } else { "invalid_request_error" };
+    let body = json!({"error": {"message": message, "type": kind, "code": reason}});
+    (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn from_status(s: &tonic::Status) -> Response {
+    use tonic::Code;
+    let status = match s.code() {
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let mut r = err(status, "upstream", s.message().to_string());
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        let secs = s
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .map_or(1, |ms| ms.div_ceil(1000).max(1));
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    r
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum PromptIn {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StopIn {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Fields both endpoints accept (unknown ones are refused).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Common {
+    model: String,
+    #[serde(default)]
+    prompt: Option<PromptIn>,
+    #[serde(default)]
+    messages: Option<Vec<MessageIn>>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    temperature: Option<f32>,
+    #[serde(default)]
+    top_p: Option<f32>,
+    #[serde(default)]
+    top_k: Option<u32>,
+    #[serde(default)]
+    min_p: Option<f32>,
+    #[serde(default)]
+    presence_penalty: Option<f32>,
+    #[serde(default)]
+    frequency_penalty: Option<f32>,
+    #[serde(default)]
+    repetition_penalty: Option<f32>,
+    #[serde(default)]
+    seed: Option<u64>,
+    #[serde(default)]
+    stop: Option<StopIn>,
+    #[serde(default)]
+    stream: bool,
+    #[serde(default)]
+    n: Option<u32>,
+    /// Accepted and ignored (OpenAI clients send it).
+    #[serde(default, rename = "user")]
+    _user: Option<String>,
+    #[serde(default)]
+    ignore_eos: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageIn {
+    role: String,
+    content: String,
+    /// Accepted and ignored.
+    #[serde(default, rename = "name")]
+    _name: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The HTTP routes over `ctx`.
+pub fn routes(ctx: Arc<Ctx>) -> Router {
+    Router::new()
+        .route(
+            "/v1/completions",
+            post(|s: State<Arc<Ctx>>, b: Result<Bytes, BytesRejection>| handle(s, b, Kind::Completion)),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|s: State<Arc<Ctx>>, b: Result<Bytes, BytesRejection>| handle(s, b, Kind::Chat)),
+        )
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(|| async { ferry_cluster::exporter::handle().map(|h| h.render()).unwrap_or_default() }))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(ctx)
+}
+
+async fn models(State(ctx): State<Arc<Ctx>>) -> Response {
+    let body = json!({"object": "list", "data": [{"id": ctx.model.name, "object": "model", "created": 0, "owned_by": "ferry"}]});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
+    if ctx.workers.decode.iter().any(|w| w.healthy()) {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no healthy decode worker").into_response()
+    }
+}
+
+fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
+    if c.model != ctx.model.name {
+        return Err(err(
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!("model {:?} is not served here (try {:?})", c.model, ctx.model.name),
+        ));
+    }
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(err(StatusCode::BAD_REQUEST, "unsupported", "only n = 1 is supported"));
+    }
+    let bad = |reason, m: String| err(StatusCode::BAD_REQUEST, reason, m);
+    let tokens = match (kind, &c.prompt, &c.messages) {
+        (Kind::Completion, Some(PromptIn::Text(t)), None) => {
+            ctx.model.tokenizer.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
+        }
+        (Kind::Completion, Some(PromptIn::Texts(ts)), None) if ts.len() == 1 => {
+            ctx.model.tokenizer.encode(&ts[0]).map_err(|e| bad("tokenize", e.to_string()))?
+        }
+        (Kind::Completion, Some(PromptIn::Ids(ids)), None) => ids.clone(),
+        (Kind::Completion, _, _) => {
+            return Err(bad("bad_prompt", "`prompt` must be one string or one list of token ids".into()));
+        }
+        (Kind::Chat, None, Some(ms)) => {
+            let msgs: Vec<ChatMessage> =
+                ms.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+            let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
+            let text = t.render(&msgs, true).map_err(|e| bad("bad_messages", e.to_string()))?;
+            ctx.model.tokenizer.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
+        }
+        (Kind::Chat, _, _) => {
+            return Err(bad("bad_messages", "`messages` is required (and `prompt` is not accepted)".into()));
+        }
+    };
+    let d = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: c.temperature.unwrap_or(1.0),
+        top_p: c.top_p.unwrap_or(d.top_p),
+        top_k: c.top_k.unwrap_or(0),
+        min_p: c.min_p.unwrap_or(0.0),
+        repetition_penalty: c.repetition_penalty.unwrap_or(1.0),
+        frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: c.presence_penalty.unwrap_or(0.0),
+        seed: c.seed,
+        max_new_tokens: c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens),
+        ignore_eos: c.ignore_eos,
+        ..d
+    };
+    ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(StopIn::One(s)) => vec![s.clone()],
+        Some(StopIn::Many(v)) => v.clone(),
+    };
+    if stop.iter().any(String::is_empty) {
+        return Err(bad("bad_stop", "stop strings must not be empty".into()));
+    }
+    Ok(Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop })
+}
+
+fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    }
+}
+
+async fn handle(State(ctx): State<Arc<Ctx>>, body: Result<Bytes, BytesRejection>, kind: Kind) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return err(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", format!("the body is over {MAX_BODY} bytes"));
+        }
+        Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
+    };
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8");
+    };
+    let c: Common = match serde_json::from_str(text) {
+        Ok(c) => c,
+        Err(e) => return err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")),
+    };
+    let p = match prepare(&ctx, &c, kind) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let id = p.request_id.clone();
+    let model = ctx.model.name.clone();
+    let stream = match ctx.generate(p) {
+        Ok(s) => s,
+        Err(s) => return from_status(&s),
+    };
+    if c.stream { sse(stream, id, model, kind).into_response() } else { whole(stream, id, model, kind).await }
+}
+
+async fn whole(
+    mut s: impl Stream<Item = Result<Piece, tonic::Status>> + Unpin,
+    id: String,
+    model: String,
+    kind: Kind,
+) -> Response {
+    let mut text = String::new();
+    let mut end = None;
+    while let Some(p) = s.next().await {
+        match p {
+            Ok(p) => {
+                text.push_str(&p.text);
+                if p.end.is_some() {
+                    end = p.end;
+                }
+            }
+            Err(st) => return from_status(&st),
+        }
+    }
+    let Some(e) = end else {
+        return from_status(&tonic::Status::internal("the request ended without a finish reason"));
+    };
+    let usage = json!({
+        "prompt_tokens": e.prompt_tokens,
+        "completion_tokens": e.completion_tokens,
+        "total_tokens": e.prompt_tokens + e.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
+    });
+    let choice = match kind {
+        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish_name(e.finish), "logprobs": null}),
+        Kind::Chat => {
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_name(e.finish)})
+        }
+    };
+    let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
+    let body =
+        json!({"id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+fn sse(
+    s: impl Stream<Item = Result<Piece, tonic::Status>> + Send + 'static,
+    id: String,
+    model: String,
+    kind: Kind,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let created = now();
+    let mut first = true;
+    let events = s
+        .map(move |p| {
+            let data = match p {
+                Ok(p) => {
+                    let finish = p.end.map(|e| finish_name(e.finish));
+                    let choice = match kind {
+                        Kind::Completion => {
+                            json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": null})
+                        }
+                        Kind::Chat => {
+                            let delta = if first {
+                                json!({"role": "assistant", "content": p.text})
+                            } else {
+                                json!({"content": p.text})
+                            };
+                            json!({"index": 0, "delta": delta, "finish_reason": finish})
+                        }
+                    };
+                    first = false;
+                    let mut chunk =
+                        json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                    if let Some(e) = p.end {
+                        chunk["usage"] = json!({
+                            "prompt_tokens": e.prompt_tokens,
+                            "completion_tokens": e.completion_tokens,
+                            "total_tokens": e.prompt_tokens + e.completion_tokens,
+                            "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
+                        });
+                    }
+                    chunk
+                }
+                Err(st) => json!({"error": {"message": st.message(), "type": "upstream_error"}}),
+            };
+            Ok(Event::default().data(data.to_string()))
+        })
+        .chain(futures::stream::once(async { Ok(Event::default().data("[DONE]")) }));
+    Sse::new(events)
+}

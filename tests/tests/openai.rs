@@ -1,0 +1,151 @@
+//! The router's OpenAI-compatible HTTP API against real workers: completions and chat
+//! completions, streamed and not, models and health; bad input gets a 4xx with a message,
+//! is counted, and disturbs nothing.
+
+use std::time::Duration;
+
+use ferry_tests::{TinyModel, http, settle};
+
+async fn up(m: &TinyModel) -> (ferry_prefill::Running, ferry_decode::Running, ferry_router::Running) {
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let r = ferry_router::start(ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        vec![d.grpc_addr.to_string()],
+    ))
+    .await
+    .expect("router up");
+    for _ in 0..200 {
+        if r.workers().decode.iter().all(|w| w.healthy()) && r.workers().prefill.iter().all(|w| w.healthy()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (p, d, r)
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_endpoints_work_and_refuse_bad_input() {
+    let m = TinyModel::new();
+    let (p, d, r) = up(&m).await;
+    let a = r.http_addr;
+    let (s, _, body) = http(a, "GET", "/v1/models", b"").await;
+    assert_eq!(s, 200);
+    let model = json(&body)["data"][0]["id"].as_str().expect("a model id").to_string();
+    assert_eq!(http(a, "GET", "/health", b"").await.0, 200);
+
+    // A completion, whole.
+    let req = serde_json::json!({"model": model, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "ignore_eos": true});
+    let (s, _, body) = http(a, "POST", "/v1/completions", req.to_string().as_bytes()).await;
+    assert_eq!(s, 200, "{body}");
+    let v = json(&body);
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let whole = v["choices"][0]["text"].as_str().expect("text").to_string();
+
+    // The same, streamed over SSE: the pieces add up to the same text, usage on the last.
+    let mut sreq = req.clone();
+    sreq["stream"] = true.into();
+    let (s, h, body) = http(a, "POST", "/v1/completions", sreq.to_string().as_bytes()).await;
+    assert_eq!(s, 200);
+    assert!(h.iter().any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream")));
+    let events: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(events.last(), Some(&"[DONE]"));
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1].iter().map(|e| json(e)).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(streamed, whole);
+    assert_eq!(chunks.last().map(|c| c["usage"]["completion_tokens"].clone()), Some(6.into()));
+
+    // Chat, whole and streamed.
+    let chat = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 4, "temperature": 0});
+    let (s, _, body) = http(a, "POST", "/v1/chat/completions", chat.to_string().as_bytes()).await;
+    assert_eq!(s, 200, "{body}");
+    let v = json(&body);
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let mut schat = chat.clone();
+    schat["stream"] = true.into();
+    let (s, _, body) = http(a, "POST", "/v1/chat/completions", schat.to_string().as_bytes()).await;
+    assert_eq!(s, 200);
+    let first = body.lines().find_map(|l| l.strip_prefix("data: ")).map(json).expect("a chunk");
+    assert_eq!(first["object"], "chat.completion.chunk");
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+
+    // Bad input: each a 4xx with a message.
+    let long: Vec<u32> = vec![5; 2048];
+    let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        ("/v1/completions", b"{not json".to_vec(), 400, "bad_json"),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": "gpt-9", "prompt": "x"}).to_string().into_bytes(),
+            404,
+            "model_not_found",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": "x", "temperature": -1}).to_string().into_bytes(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": long}).to_string().into_bytes(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": ""}).to_string().into_bytes(),
+            400,
+            "invalid_request",
+        ),
+        ("/v1/completions", vec![b'{', 0xff, 0xfe, b'}'], 400, "invalid_utf8"),
+        ("/v1/completions", vec![b' '; ferry_router::openai::MAX_BODY + 1], 413, "body_too_large"),
+        (
+            "/v1/completions",
+            serde_json::json!({"model": model, "prompt": "x", "frobnicate": 1}).to_string().into_bytes(),
+            400,
+            "bad_json",
+        ),
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": model, "prompt": "x"}).to_string().into_bytes(),
+            400,
+            "bad_messages",
+        ),
+    ];
+    for (path, body, status, code) in cases {
+        let (s, _, text) = http(a, "POST", path, &body).await;
+        assert_eq!(s, status, "{code}: {text}");
+        let v = json(&text);
+        assert_eq!(v["error"]["code"], code, "{text}");
+        assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
+    }
+    let (_, _, metrics) = http(a, "GET", "/metrics", b"").await;
+    for code in ["bad_json", "model_not_found", "invalid_request", "invalid_utf8", "body_too_large"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("ferry_bad_requests_total") && l.contains(&format!("reason=\"{code}\""))),
+            "{code}"
+        );
+    }
+    // Nothing was disturbed.
+    let (s, _, body) = http(a, "POST", "/v1/completions", req.to_string().as_bytes()).await;
+    assert_eq!(s, 200);
+    assert_eq!(json(&body)["choices"][0]["text"].as_str(), Some(whole.as_str()));
+    settle(&p, std::slice::from_ref(&d)).await;
+    r.stop().await;
+    p.stop().await;
+    d.stop().await;
+}
