@@ -168,6 +168,8 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
     }
 }
 
+// The error is the finished HTTP response, returned once per request: its size is no concern.
+#[allow(clippy::result_large_err)]
 fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
     if c.model != ctx.model.name {
         return Err(err(
