@@ -548,7 +548,8 @@ impl RoomTask {
         let limit = self.limit;
         let result = loop {
             let Some(msg) = chunks.recv().await else {
-                room.abort("the prefill node abandoned the room").await;
+                // Bounded: a peer that stopped reading must not hold the room (or a shutdown) up.
+                let _ = tokio::time::timeout(limit, room.abort("the prefill node abandoned the room")).await;
                 break Err("abandoned".to_string());
             };
             let last = msg.last.is_some();
@@ -559,7 +560,7 @@ impl RoomTask {
                     break Err(format!("{e:?}"));
                 }
                 Err(_) => {
-                    room.abort("transfer stalled").await;
+                    let _ = tokio::time::timeout(limit, room.abort("transfer stalled")).await;
                     break Err(format!("no progress for {limit:?}"));
                 }
             }
