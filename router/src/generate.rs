@@ -14,6 +14,9 @@ use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 
 use crate::index::PrefixIndex;
+
+/// The prefill call of one attempt: the prompt tokens it found cached (None: no prefill worker).
+type PrefillTask = tokio::task::JoinHandle<Result<Option<u32>, Status>>;
 use crate::placement::{DecodeState, Placer, PrefillState, disaggregate};
 use crate::workers::Registry;
 
@@ -166,18 +169,18 @@ impl Ctx {
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 
-    async fn run(
+    /// Starts one attempt: the decode call and, when `prefill` is given, the prefill call.
+    async fn attempt(
         &self,
-        req: Prepared,
+        req: &Prepared,
         key: RoomKey,
-        prefill: Option<(usize, usize)>,
+        prefill: Option<usize>,
         decode: usize,
-        tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
-    ) -> Result<(), Status> {
+    ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask), Status> {
         let dw = Arc::clone(&self.workers.decode[decode]);
         let sampling = Some(wire::sampling_to_proto(&req.sampling));
         let room = Some(pb::RoomKey::from(&key));
-        let pw = prefill.map(|(w, _)| Arc::clone(&self.workers.prefill[w]));
+        let pw = prefill.map(|w| Arc::clone(&self.workers.prefill[w]));
         let dreq = pb::DecodeRequest {
             request_id: req.request_id.clone(),
             room: room.clone(),
@@ -186,51 +189,99 @@ impl Ctx {
             sampling: sampling.clone(),
         };
         let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone());
-        let prefill_call = {
-            let pw = pw.clone();
-            let preq = pb::PrefillRequest {
-                request_id: req.request_id.clone(),
-                room,
-                token_ids: req.tokens.clone(),
-                sampling,
-                priority: 0,
-            };
-            async move {
-                let Some(pw) = pw else { return Ok(None) };
-                let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
-                match pc.prefill(preq).await {
-                    Ok(r) => {
-                        pw.ok();
-                        Ok(Some(r.into_inner().cached_tokens))
+        let preq = pb::PrefillRequest {
+            request_id: req.request_id.clone(),
+            room,
+            token_ids: req.tokens.clone(),
+            sampling,
+            priority: 0,
+        };
+        let prefill_task = tokio::spawn(async move {
+            let Some(pw) = pw else { return Ok(None) };
+            let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
+            match pc.prefill(preq).await {
+                Ok(r) => {
+                    pw.ok();
+                    Ok(Some(r.into_inner().cached_tokens))
+                }
+                Err(s) => {
+                    if s.code() == Code::Unavailable {
+                        pw.failed();
                     }
-                    Err(s) => {
-                        if s.code() == Code::Unavailable {
-                            pw.failed();
-                        }
-                        Err(s)
-                    }
+                    Err(s)
                 }
             }
-        };
-        let prefill_task = tokio::spawn(prefill_call);
-        let stream = match dc.generate(dreq).await {
+        });
+        match dc.generate(dreq).await {
             Ok(s) => {
                 dw.ok();
-                s.into_inner()
+                Ok((s.into_inner(), prefill_task))
             }
             Err(s) => {
                 if s.code() == Code::Unavailable {
                     dw.failed();
                 }
                 prefill_task.abort();
-                return Err(s);
+                Err(s)
             }
+        }
+    }
+
+    /// Another healthy prefill worker than those in `tried`, the one holding most of the
+    /// prompt; None: prefill on the decode worker.
+    fn fallback(&self, tokens: &[u32], tried: &[usize]) -> Option<usize> {
+        let n = self.workers.prefill.len();
+        let cached = lock(&self.index).matched(&tokens[..tokens.len() - 1], n);
+        (0..n)
+            .filter(|w| !tried.contains(w) && self.workers.prefill[*w].healthy())
+            .max_by_key(|&w| (cached[w], std::cmp::Reverse(w)))
+    }
+
+    async fn run(
+        &self,
+        req: Prepared,
+        key: RoomKey,
+        prefill: Option<(usize, usize)>,
+        decode: usize,
+        tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
+    ) -> Result<(), Status> {
+        // A prefill that fails before the first token is retried once on another prefill worker
+        // (or on the decode worker itself) with a new room; the failed attempt's calls are
+        // dropped, which frees its pages on both workers.
+        let mut target = prefill.map(|p| p.0);
+        let mut key = key;
+        let mut tried = Vec::new();
+        let (mut stream, prefill_task, first) = loop {
+            let (mut stream, mut task) = self.attempt(&req, key, target, decode).await?;
+            let first = tokio::select! {
+                m = stream.next() => Some(m),
+                r = &mut task => match r {
+                    Ok(Err(s)) if tried.len() < 1 => {
+                        tracing::warn!(worker = ?target, error = %s, "prefill failed before the first token; retrying");
+                        tried.extend(target);
+                        target = self.fallback(&req.tokens, &tried);
+                        key = RoomKey::random();
+                        continue;
+                    }
+                    other => {
+                        // Done (or failed for good): put the outcome back for the end of the request.
+                        task = tokio::spawn(async move { other.unwrap_or_else(|e| Err(Status::internal(e.to_string()))) });
+                        None
+                    }
+                },
+            };
+            break (stream, task, first);
         };
         let mut out = Output::new(&self.model, &req.stop);
-        let mut stream = stream;
         let mut completion = 0u32;
         let mut finish = None;
-        while let Some(msg) = stream.next().await {
+        let mut pending = first;
+        loop {
+            let msg = match pending.take() {
+                Some(m) => m,
+                None => stream.next().await,
+            };
+            let Some(msg) = msg else { break };
             let msg = match msg {
                 Ok(m) => m,
                 Err(s) => {

@@ -105,3 +105,52 @@ async fn through_the_router_outputs_equal_the_colocated_engine() {
         d.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
+    let m = TinyModel::new();
+    let mut ps = Vec::new();
+    for _ in 0..2 {
+        let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+        a.worker.pool_pages = 512;
+        ps.push(ferry_prefill::start(a).await.expect("prefill up"));
+    }
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let mut args = ferry_router::RouterArgs::new(
+        m.path(),
+        ps.iter().map(|p| p.grpc_addr.to_string()).collect(),
+        vec![d.grpc_addr.to_string()],
+    );
+    // One load poll at start, then none for the test's length: the router keeps believing in
+    // the worker this test stops.
+    args.load_poll_ms = 60_000;
+    let r = ferry_router::start(args).await.expect("router up");
+    for _ in 0..200 {
+        if r.workers().prefill.iter().chain(&r.workers().decode).all(|w| w.healthy()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 11 % 350) as u32).collect();
+    let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(4));
+    let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
+    let (first, _) = collect(&mut client.clone().generate(by_ids(&prompt, 4)).await.expect("ok").into_inner()).await;
+    assert_eq!(first, want[0]);
+    // The prompt is now cached on one worker: stop that one; the router sends the repeat there
+    // (it holds the prefix), the call fails, and the request is retried on the other.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let holder = ps.iter().position(|p| p.load().evictable_pages > 0).expect("a worker cached the prompt");
+    let gone = ps.remove(holder);
+    gone.stop().await;
+    let (again, last) = collect(&mut client.clone().generate(by_ids(&prompt, 4)).await.expect("ok").into_inner()).await;
+    assert_eq!(again, want[0], "same tokens after the retry");
+    assert_eq!(last.cached_tokens, 0, "the other worker had nothing cached");
+    settle(&ps[0], std::slice::from_ref(&d)).await;
+    r.stop().await;
+    for p in ps {
+        p.stop().await;
+    }
+    d.stop().await;
+}
