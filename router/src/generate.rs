@@ -251,12 +251,14 @@ impl Ctx {
         let mut target = prefill.map(|p| p.0);
         let mut key = key;
         let mut tried = Vec::new();
+        let mut retried = false;
         let (mut stream, prefill_task, first) = loop {
             let (mut stream, mut task) = self.attempt(&req, key, target, decode).await?;
             let first = tokio::select! {
                 m = stream.next() => Some(m),
                 r = &mut task => match r {
-                    Ok(Err(s)) if tried.len() < 1 => {
+                    Ok(Err(s)) if !retried => {
+                        retried = true;
                         tracing::warn!(worker = ?target, error = %s, "prefill failed before the first token; retrying");
                         tried.extend(target);
                         target = self.fallback(&req.tokens, &tried);
