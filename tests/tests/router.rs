@@ -154,3 +154,48 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     }
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_router_calls_are_refused_and_harm_nothing() {
+    let m = TinyModel::new();
+    let (ps, ds, r) = cluster(&m).await;
+    let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
+    let text = |t: &str| pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(t.into())),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(2))),
+        ..Default::default()
+    };
+    let mut bad_sampling = text("hello");
+    if let Some(s) = bad_sampling.sampling.as_mut() {
+        s.top_p = 2.0;
+    }
+    let cases = [
+        ("no prompt", pb::GenerateRequest::default()),
+        ("empty prompt", text("")),
+        ("token id past the vocabulary", by_ids(&[1, 2, 100_000], 2)),
+        ("prompt over the context", by_ids(&vec![7; 2048], 2)),
+        ("invalid sampling", bad_sampling),
+    ];
+    for (what, req) in cases {
+        let e = client.clone().generate(req).await.map(|_| ()).expect_err(what);
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
+        assert!(!e.message().is_empty(), "{what}");
+    }
+    let (ids, _) =
+        collect(&mut client.clone().generate(by_ids(&[5, 6, 7, 8], 3)).await.expect("ok").into_inner()).await;
+    assert_eq!(ids.len(), 3, "a good request after the bad ones");
+    let mut c = client.clone();
+    let t =
+        c.tokenize(pb::TokenizeRequest { input: Some(pb::tokenize_request::Input::Text("Once upon".into())) }).await;
+    assert!(!t.expect("tokenize").into_inner().token_ids.is_empty());
+    for p in &ps {
+        settle(p, &ds).await;
+    }
+    r.stop().await;
+    for p in ps {
+        p.stop().await;
+    }
+    for d in ds {
+        d.stop().await;
+    }
+}
