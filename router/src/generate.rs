@@ -47,6 +47,16 @@ pub struct Ctx {
     pub local_prefill_below: usize,
     /// Tokens per KV page (for the decode worker's room estimate).
     pub page_size: usize,
+    /// Keys accepted as `Authorization: Bearer <key>`; empty: no key needed.
+    pub api_keys: Vec<String>,
+}
+
+impl Ctx {
+    /// Whether an `authorization` header value is accepted.
+    pub fn authorized(&self, header: Option<&str>) -> bool {
+        self.api_keys.is_empty()
+            || header.and_then(|h| h.strip_prefix("Bearer ")).is_some_and(|k| self.api_keys.iter().any(|x| x == k))
+    }
 }
 
 /// One piece of output.

@@ -79,6 +79,10 @@ pub struct RouterArgs {
     /// Most pages the prefix index holds (memory bound).
     #[arg(long, env = "FERRY_MAX_INDEX_PAGES", default_value_t = 1 << 20)]
     pub max_index_pages: usize,
+    /// API keys the public endpoints accept (`Authorization: Bearer <key>` over HTTP, the
+    /// same as `authorization` metadata over gRPC); none: the endpoints are open.
+    #[arg(long = "api-key", env = "FERRY_API_KEYS", value_delimiter = ',')]
+    pub api_keys: Vec<String>,
     /// Milliseconds between load polls of every worker.
     #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
     pub load_poll_ms: u64,
@@ -99,6 +103,7 @@ impl RouterArgs {
             local_prefill_below: 0,
             page_size: 16,
             max_index_pages: 1 << 20,
+            api_keys: Vec::new(),
             load_poll_ms: 100,
         }
     }
@@ -183,9 +188,11 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         placer: Mutex::new(placer),
         local_prefill_below: args.local_prefill_below,
         page_size: args.page_size,
+        api_keys: args.api_keys.clone(),
     });
-    let mut background =
-        vec![tokio::spawn(Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1))))];
+    let mut background = vec![tokio::spawn(
+        Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1)), Arc::clone(&index)),
+    )];
     for (slot, w) in registry.prefill.iter().enumerate() {
         background.push(tokio::spawn(workers::follow_events(Arc::clone(w), slot, Arc::clone(&index))));
     }
@@ -197,9 +204,19 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         .map_err(|source| StartError::Io { what: "metrics address", source })?;
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::router_server::RouterServer<RouterSvc>>().await;
-    let router = tonic::transport::Server::builder()
-        .add_service(health_svc)
-        .add_service(pb::router_server::RouterServer::new(RouterSvc(Arc::clone(&ctx))));
+    let router = tonic::transport::Server::builder().add_service(health_svc).add_service(
+        pb::router_server::RouterServer::with_interceptor(RouterSvc(Arc::clone(&ctx)), {
+            let ctx = Arc::clone(&ctx);
+            move |req: tonic::Request<()>| {
+                let h = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+                if ctx.authorized(h) {
+                    Ok(req)
+                } else {
+                    Err(tonic::Status::unauthenticated("a valid API key is required: authorization: Bearer <key>"))
+                }
+            }
+        }),
+    );
     let grpc_task = tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {

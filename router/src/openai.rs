@@ -5,7 +5,9 @@
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
 //! unknown fields, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
-//! `Retry-After` header. A client that disconnects drops the request on both workers.
+//! `Retry-After` header. A client that disconnects drops the request on both workers. With
+//! API keys configured, `/v1/*` needs `Authorization: Bearer <key>` (else 401); `/health` and
+//! `/metrics` stay open.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -142,11 +144,13 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
     Router::new()
         .route(
             "/v1/completions",
-            post(|s: State<Arc<Ctx>>, b: Result<Bytes, BytesRejection>| handle(s, b, Kind::Completion)),
+            post(|s: State<Arc<Ctx>>, h: HeaderMap, b: Result<Bytes, BytesRejection>| {
+                handle(s, h, b, Kind::Completion)
+            }),
         )
         .route(
             "/v1/chat/completions",
-            post(|s: State<Arc<Ctx>>, b: Result<Bytes, BytesRejection>| handle(s, b, Kind::Chat)),
+            post(|s: State<Arc<Ctx>>, h: HeaderMap, b: Result<Bytes, BytesRejection>| handle(s, h, b, Kind::Chat)),
         )
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -155,7 +159,17 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
         .with_state(ctx)
 }
 
-async fn models(State(ctx): State<Arc<Ctx>>) -> Response {
+fn unauthorized(ctx: &Ctx, headers: &HeaderMap) -> Option<Response> {
+    let h = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    (!ctx.authorized(h)).then(|| {
+        err(StatusCode::UNAUTHORIZED, "invalid_api_key", "a valid API key is required: Authorization: Bearer <key>")
+    })
+}
+
+async fn models(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> Response {
+    if let Some(r) = unauthorized(&ctx, &headers) {
+        return r;
+    }
     let body = json!({"object": "list", "data": [{"id": ctx.model.name, "object": "model", "created": 0, "owned_by": "ferry"}]});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
@@ -238,7 +252,15 @@ fn finish_name(f: FinishReason) -> &'static str {
     }
 }
 
-async fn handle(State(ctx): State<Arc<Ctx>>, body: Result<Bytes, BytesRejection>, kind: Kind) -> Response {
+async fn handle(
+    State(ctx): State<Arc<Ctx>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Response {
+    if let Some(r) = unauthorized(&ctx, &headers) {
+        return r;
+    }
     let body = match body {
         Ok(b) => b,
         Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => {

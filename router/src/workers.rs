@@ -117,22 +117,30 @@ impl Registry {
         Ok(Self { prefill, decode: make(Role::Decode)? })
     }
 
-    /// Polls every worker's load every `every`, forever.
-    pub async fn poll_loads(self: Arc<Self>, every: Duration) {
+    /// Polls every worker's load every `every`, forever. A prefill worker whose circuit opens
+    /// loses its entries in `index` (its event stream resyncs them when it is back).
+    pub async fn poll_loads(self: Arc<Self>, every: Duration, index: Arc<Mutex<PrefixIndex>>) {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            let all = self.prefill.iter().chain(&self.decode).cloned();
-            let polls = all.map(|w| async move {
-                let mut c = pb::load_client::LoadClient::new(w.channel.clone());
-                match tokio::time::timeout(Duration::from_secs(1), c.report(pb::LoadRequest {})).await {
-                    Ok(Ok(r)) => {
-                        lock(&w.health).load = Some(r.into_inner());
-                        w.ok();
-                    }
-                    _ => {
-                        if w.failed() {
-                            tracing::warn!(worker = %w.id, "worker unreachable: taken out of placement");
+            let slots = (0..self.prefill.len()).map(Some).chain(self.decode.iter().map(|_| None));
+            let all = self.prefill.iter().chain(&self.decode).cloned().zip(slots);
+            let polls = all.map(|(w, slot)| {
+                let index = Arc::clone(&index);
+                async move {
+                    let mut c = pb::load_client::LoadClient::new(w.channel.clone());
+                    match tokio::time::timeout(Duration::from_secs(1), c.report(pb::LoadRequest {})).await {
+                        Ok(Ok(r)) => {
+                            lock(&w.health).load = Some(r.into_inner());
+                            w.ok();
+                        }
+                        _ => {
+                            if w.failed() {
+                                tracing::warn!(worker = %w.id, "worker unreachable: taken out of placement");
+                                if let Some(slot) = slot {
+                                    let _ = lock(&index).clear_worker(slot);
+                                }
+                            }
                         }
                     }
                 }

@@ -217,10 +217,22 @@ pub async fn http(
     path: &str,
     body: &[u8],
 ) -> (u16, Vec<(String, String)>, String) {
+    http_with(addr, method, path, &[], body).await
+}
+
+/// [`http`] with extra request headers.
+pub async fn http_with(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, Vec<(String, String)>, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: ferry\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: ferry\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n",
         body.len()
     );
     s.write_all(head.as_bytes()).await.expect("write");

@@ -149,3 +149,30 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     p.stop().await;
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_guard_the_public_endpoints() {
+    let m = TinyModel::new();
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let mut args = ferry_router::RouterArgs::new(m.path(), Vec::new(), vec![d.grpc_addr.to_string()]);
+    args.api_keys = vec!["k-one".into(), "k-two".into()];
+    let r = ferry_router::start(args).await.expect("router up");
+    let (s, _, body) = http(r.http_addr, "GET", "/v1/models", b"").await;
+    assert_eq!(s, 401, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "invalid_api_key");
+    let wrong = [("Authorization", "Bearer k-wrong")];
+    assert_eq!(ferry_tests::http_with(r.http_addr, "GET", "/v1/models", &wrong, b"").await.0, 401);
+    let right = [("Authorization", "Bearer k-two")];
+    assert_eq!(ferry_tests::http_with(r.http_addr, "GET", "/v1/models", &right, b"").await.0, 200);
+    assert_ne!(http(r.http_addr, "GET", "/health", b"").await.0, 401, "health needs no key");
+    let mut c = ferry_proto::v1::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let e = c.list_workers(ferry_proto::v1::ListWorkersRequest {}).await.expect_err("no key");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let mut req = tonic::Request::new(ferry_proto::v1::ListWorkersRequest {});
+    req.metadata_mut().insert("authorization", "Bearer k-one".parse().expect("ascii"));
+    assert_eq!(c.list_workers(req).await.expect("with a key").into_inner().workers.len(), 1);
+    r.stop().await;
+    d.stop().await;
+}
