@@ -7,12 +7,12 @@
 //!   measured rate) with a jitter against herding; round-robin and least-load for comparison;
 //!   decode by admissible room; conditional disaggregation;
 //! - [`workers`]: channels, load polls and circuit breakers, KV event subscriptions;
-//! - [`generate`]: one request through the cluster (detokenizing, stop strings, usage);
+//! - [`generate`]: one request through the cluster (detokenizing, stop strings, usage; a
+//!   prefill failing before the first token is retried once elsewhere);
 //! - the public gRPC `ferry.v1.Router` service and gRPC health;
-//! - [`openai`]: the OpenAI-compatible HTTP API.
+//! - [`openai`]: the OpenAI-compatible HTTP API; optional API keys on both.
 //!
-//! To come (issue "Router"): retries of failed prefills on
-//! another worker, gRPC reflection, etcd discovery, API keys and TLS.
+//! To come (issue "Router"): gRPC reflection, etcd discovery, TLS.
 
 pub mod generate;
 pub mod index;
