@@ -243,10 +243,7 @@ impl Engine {
                 self.stopping = true;
                 let rooms: Vec<u64> = self.reqs.keys().copied().collect();
                 for room in rooms {
-                    self.end(
-                        room,
-                        Err(Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")),
-                    );
+                    self.end(room, Err(shutting_down()));
                 }
             }
         }
@@ -257,7 +254,7 @@ impl Engine {
     fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
         let Generate { key, bootstrap, prompt, params, out, accepted } = g;
         if self.stopping {
-            return Err((Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"), accepted));
+            return Err((shutting_down(), accepted));
         }
         let req = ferry_engine::Request { prompt: prompt.clone(), params: params.clone() };
         if let Err(e) = ferry_engine::generate::validate(&self.model, &req) {
@@ -553,4 +550,9 @@ impl Engine {
             *l = load;
         }
     }
+}
+
+/// The refusal of anything arriving while the worker shuts down.
+fn shutting_down() -> Refused {
+    Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")
 }

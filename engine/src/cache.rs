@@ -17,7 +17,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use ferry_kernels::Backend;
-use ferry_radix::events::{EventKind, KvEvent, ROOT_HASH, Stored, page_hash};
+use ferry_radix::events::{EventKind, KvEvent, ROOT_HASH, Stored, page_hashes};
 use ferry_radix::{NodeId, Payload, RadixTree};
 
 use crate::EngineError;
@@ -293,12 +293,7 @@ impl RadixCache {
             parent_hash = e.hashes.last().copied().unwrap_or(ROOT_HASH);
         }
         let key = self.tree.key(new).to_vec();
-        let mut hashes = Vec::with_capacity(key.len() / ps);
-        let mut h = parent_hash;
-        for page in key.chunks_exact(ps) {
-            h = page_hash(h, page);
-            hashes.push(h);
-        }
+        let hashes = page_hashes(parent_hash, &key, ps);
         if let Some(e) = self.tree.value_mut(new) {
             e.hashes = hashes.clone();
         }

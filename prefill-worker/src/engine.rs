@@ -220,11 +220,7 @@ impl Engine {
         match c {
             Cmd::Request { room, secret, req } => {
                 if self.draining {
-                    let _ = req.reply.send(Err(Refused::new(
-                        Code::Unavailable,
-                        "shutting_down",
-                        "the worker is shutting down",
-                    )));
+                    let _ = req.reply.send(Err(shutting_down()));
                     return;
                 }
                 if let Err(e) = self.check_prompt(&req.tokens, &req.sampling) {
@@ -241,11 +237,7 @@ impl Engine {
             }
             Cmd::Handshake { room, secret, hs, reply } => {
                 if self.draining {
-                    let _ = reply.send(Err(Refused::new(
-                        Code::Unavailable,
-                        "shutting_down",
-                        "the worker is shutting down",
-                    )));
+                    let _ = reply.send(Err(shutting_down()));
                     return;
                 }
                 match self.rooms.handshake(room, secret, hs, now) {
@@ -280,14 +272,11 @@ impl Engine {
                 let all: Vec<u64> = self.live.keys().copied().collect();
                 for room in all {
                     if let Ok(Some(gone)) = self.rooms.abort(room, None) {
-                        self.abandon(
-                            gone,
-                            Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"),
-                        );
+                        self.abandon(gone, shutting_down());
                     }
                 }
                 for gone in self.rooms.expired(now + Duration::from_secs(1 << 30)) {
-                    self.abandon(gone, Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down"));
+                    self.abandon(gone, shutting_down());
                 }
             }
         }
@@ -570,4 +559,9 @@ impl RoomTask {
         };
         let _ = self.engine.send(Cmd::Sent { room: id, result });
     }
+}
+
+/// The refusal of anything arriving while the worker shuts down.
+fn shutting_down() -> Refused {
+    Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")
 }

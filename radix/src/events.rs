@@ -27,6 +27,19 @@ pub fn page_hash(parent: u64, tokens: &[u32]) -> u64 {
     if h == ROOT_HASH { 1 } else { h }
 }
 
+/// The chained hashes of the whole pages of `tokens` (`page_size` tokens each) following a
+/// page whose hash is `parent`; a partial last page is ignored.
+pub fn page_hashes(parent: u64, tokens: &[u32], page_size: usize) -> Vec<u64> {
+    let mut h = parent;
+    tokens
+        .chunks_exact(page_size.max(1))
+        .map(|page| {
+            h = page_hash(h, page);
+            h
+        })
+        .collect()
+}
+
 /// Pages added to the cache, as one run below `parent_hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored {

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use ferry_radix::events::{ROOT_HASH, page_hash};
+use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_router::index::PrefixIndex;
 use ferry_router::placement::{Placer, Policy, PrefillState};
 
@@ -30,14 +30,7 @@ impl Rng {
 }
 
 fn hashes(parent: u64, tokens: &[u32]) -> Vec<u64> {
-    let mut h = parent;
-    tokens
-        .chunks_exact(PS)
-        .map(|p| {
-            h = page_hash(h, p);
-            h
-        })
-        .collect()
+    page_hashes(parent, tokens, PS)
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use ferry_radix::events::{ROOT_HASH, page_hash};
+use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_radix::{NodeId, Payload, RadixTree};
 
 /// Most prefill workers one index tracks.
@@ -121,12 +121,7 @@ impl PrefixIndex {
         let mut full = prefix.to_vec();
         full.extend_from_slice(tokens);
         // The hashes of every page on the path, for the payload of whatever node is new.
-        let mut all = Vec::with_capacity(full.len() / ps);
-        let mut h = ROOT_HASH;
-        for page in prefix.chunks_exact(ps) {
-            h = page_hash(h, page);
-            all.push(h);
-        }
+        let mut all = page_hashes(ROOT_HASH, prefix, ps);
         all.extend_from_slice(hashes);
         self.tree.insert(&full, |existing| Hashes(all[existing..].to_vec()));
         let mut up = parent;
@@ -203,12 +198,7 @@ impl PrefixIndex {
         let b = bit(worker)?;
         let ps = self.page_size();
         let full = &prompt[..prompt.len() / ps * ps];
-        let mut hashes = Vec::with_capacity(full.len() / ps);
-        let mut h = ROOT_HASH;
-        for page in full.chunks_exact(ps) {
-            h = page_hash(h, page);
-            hashes.push(h);
-        }
+        let hashes = page_hashes(ROOT_HASH, full, ps);
         self.add_path(&[], ROOT_HASH, full, &hashes)?;
         for h in hashes {
             if let Some(p) = self.pages.get_mut(&h)
@@ -316,14 +306,7 @@ mod tests {
     const PS: usize = 4;
 
     fn hashes(tokens: &[u32], parent: u64) -> Vec<u64> {
-        let mut h = parent;
-        tokens
-            .chunks_exact(PS)
-            .map(|p| {
-                h = page_hash(h, p);
-                h
-            })
-            .collect()
+        page_hashes(parent, tokens, PS)
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use ferry_radix::events::{ROOT_HASH, page_hash};
+use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_router::index::PrefixIndex;
 use proptest::prelude::*;
 
@@ -26,14 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn hashes(tokens: &[u32]) -> Vec<u64> {
-    let mut h = ROOT_HASH;
-    tokens
-        .chunks_exact(PS)
-        .map(|p| {
-            h = page_hash(h, p);
-            h
-        })
-        .collect()
+    page_hashes(ROOT_HASH, tokens, PS)
 }
 
 proptest! {
