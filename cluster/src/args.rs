@@ -5,6 +5,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::discovery::Role;
+use crate::discovery::etcd::EtcdConfig;
+
+/// A worker's etcd registration, made once it serves.
+#[derive(Debug, Clone)]
+pub struct Announce {
+    /// Where and under which cluster.
+    pub etcd: EtcdConfig,
+    /// Its id, role and advertised address.
+    pub worker: crate::discovery::Worker,
+    /// Lease seconds.
+    pub ttl: i64,
+}
+
 /// Flags shared by the prefill and decode daemons.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
@@ -59,6 +73,39 @@ pub struct WorkerArgs {
     /// Seconds a transfer may go without progress.
     #[arg(long, env = "FERRY_TRANSFER_TIMEOUT", default_value_t = 30.0)]
     pub transfer_timeout: f64,
+    /// etcd discovery: where etcd is and the cluster's name.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+    /// The gRPC `host:port` routers reach this worker at, registered in etcd. Default: the
+    /// bound --grpc-addr (required when that is a wildcard such as 0.0.0.0).
+    #[arg(long, env = "FERRY_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+    /// Seconds of the worker's etcd lease: a worker that stops renewing it (killed, cut off)
+    /// leaves the cluster after this long.
+    #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5)]
+    pub etcd_lease_ttl: i64,
+}
+
+/// etcd discovery flags, shared by workers (which register) and routers (which watch).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EtcdArgs {
+    /// etcd client endpoints (`host:port` or `http://host:port`, comma-separated). Unset: no
+    /// etcd; workers are named statically to the router.
+    #[arg(long = "etcd", env = "FERRY_ETCD", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    /// The cluster's name; its workers register under `/ferry/<cluster>/<role>/<id>`.
+    #[arg(long, env = "FERRY_CLUSTER", default_value = "default")]
+    pub cluster: String,
+}
+
+impl EtcdArgs {
+    /// The etcd configuration, when endpoints are given.
+    pub fn config(&self) -> Result<Option<EtcdConfig>, String> {
+        if self.endpoints.is_empty() {
+            return Ok(None);
+        }
+        EtcdConfig::new(self.endpoints.clone(), self.cluster.clone()).map(Some).map_err(|e| e.to_string())
+    }
 }
 
 impl WorkerArgs {
@@ -81,7 +128,24 @@ impl WorkerArgs {
             bootstrap_timeout: 30.0,
             waiting_timeout: 300.0,
             transfer_timeout: 30.0,
+            etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
+            advertise_addr: None,
+            etcd_lease_ttl: 5,
         }
+    }
+
+    /// What to register in etcd for this worker (None without --etcd).
+    pub fn announce(&self, role: Role, id: &str, grpc_addr: SocketAddr) -> Result<Option<Announce>, String> {
+        let Some(etcd) = self.etcd.config()? else { return Ok(None) };
+        let addr = match &self.advertise_addr {
+            Some(a) => a.clone(),
+            None if grpc_addr.ip().is_unspecified() => {
+                return Err(format!("--grpc-addr {grpc_addr} is a wildcard: pass --advertise-addr for etcd"));
+            }
+            None => grpc_addr.to_string(),
+        };
+        let worker = super::discovery::parse_entry(role, &format!("{id}={addr}")).map_err(|e| e.0)?;
+        Ok(Some(Announce { etcd, worker, ttl: self.etcd_lease_ttl }))
     }
 
     /// The three room timeouts.
@@ -100,6 +164,10 @@ impl WorkerArgs {
         }
         if self.page_size == 0 || self.chunked_prefill_size == 0 {
             return Err("--page-size and --chunked-prefill-size must be positive".into());
+        }
+        self.etcd.config()?;
+        if self.etcd_lease_ttl < 2 {
+            return Err(format!("--etcd-lease-ttl {}: at least 2 seconds", self.etcd_lease_ttl));
         }
         if self.pool_pages == 0 && !(self.mem_fraction > 0.0 && self.mem_fraction < 1.0) {
             return Err(format!("--mem-fraction {} must be in (0, 1)", self.mem_fraction));

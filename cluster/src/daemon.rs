@@ -1,6 +1,7 @@
-//! What every daemon does the same way: bind its gRPC and `/metrics` listeners, serve until
-//! shutdown, and stop gracefully — trigger shutdown, tell the engine thread to drain, wait for
-//! it, give open calls a few seconds, then cut them.
+//! What every daemon does the same way: bind its gRPC and `/metrics` listeners, register in
+//! etcd when asked, serve until shutdown, and stop gracefully — leave etcd and report
+//! NOT_SERVING (routers stop placing here), trigger shutdown, tell the engine thread to drain,
+//! wait for it, give open calls a few seconds, then cut them.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -8,6 +9,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
+use crate::args::Announce;
+use crate::discovery::etcd::{Registration, register};
 use crate::shutdown::{Shutdown, ShutdownTrigger};
 
 /// Why a daemon could not start.
@@ -19,6 +22,9 @@ pub enum StartError {
     /// The model did not load.
     #[error("loading the model: {0}")]
     Model(String),
+    /// etcd could not be reached or refused the registration.
+    #[error("etcd discovery: {0}")]
+    Discovery(String),
     /// A socket or thread could not be set up.
     #[error("{what}: {source}")]
     Io {
@@ -56,6 +62,8 @@ pub struct Daemon {
     drain: Box<dyn FnOnce() + Send>,
     engine: std::thread::JoinHandle<()>,
     tasks: Vec<JoinHandle<()>>,
+    health: tonic_health::server::HealthReporter,
+    registration: Option<Registration>,
 }
 
 impl std::fmt::Debug for Daemon {
@@ -78,6 +86,10 @@ pub struct Parts {
     pub engine: std::thread::JoinHandle<()>,
     /// Tells the engine thread to drain (stop admitting, end what is in flight, free pages).
     pub drain: Box<dyn FnOnce() + Send>,
+    /// The gRPC health service's reporter (set NOT_SERVING at stop).
+    pub health: tonic_health::server::HealthReporter,
+    /// Register in etcd once serving.
+    pub announce: Option<Announce>,
 }
 
 impl Daemon {
@@ -88,6 +100,19 @@ impl Daemon {
         trigger: ShutdownTrigger,
         shutdown: Shutdown,
     ) -> Result<Self, StartError> {
+        let registration = match &parts.announce {
+            None => None,
+            Some(a) => match register(&a.etcd, &a.worker, a.ttl).await {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    trigger.trigger();
+                    (parts.drain)();
+                    let engine = parts.engine;
+                    let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+                    return Err(StartError::Discovery(e.to_string()));
+                }
+            },
+        };
         let (metrics_addr, metrics_task) = crate::exporter::serve(parts.metrics_addr, shutdown.clone())
             .await
             .map_err(|source| StartError::Io { what: "metrics address", source })?;
@@ -107,12 +132,18 @@ impl Daemon {
             drain: parts.drain,
             engine: parts.engine,
             tasks: vec![grpc_task, metrics_task],
+            health: parts.health,
+            registration,
         })
     }
 
     /// Graceful stop: stop serving, drain the engine (it ends what is in flight and frees every
     /// page), wait for it; open calls get 5 s to finish, then are cut.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
+        self.health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+        if let Some(r) = self.registration.take() {
+            r.leave().await;
+        }
         self.trigger.trigger();
         (self.drain)();
         let engine = self.engine;

@@ -21,6 +21,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
+use ferry_cluster::discovery::Role;
 use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
 use ferry_worker::Loaded;
 
@@ -162,6 +163,8 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         worker_id: worker_id.clone(),
         engine: engine_thread,
         drain,
+        health,
+        announce: w.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
     };
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;

@@ -18,7 +18,7 @@ use crate::index::PrefixIndex;
 /// The prefill call of one attempt: the prompt tokens it found cached (None: no prefill worker).
 type PrefillTask = tokio::task::JoinHandle<Result<Option<u32>, Status>>;
 use crate::placement::{DecodeState, Placer, PrefillState, disaggregate};
-use crate::workers::Registry;
+use crate::workers::{Registry, Worker};
 
 /// A validated request.
 #[derive(Debug, Clone)]
@@ -129,11 +129,14 @@ impl Ctx {
         req: Prepared,
     ) -> Result<impl Stream<Item = Result<Piece, Status>> + use<>, Status> {
         let len = req.tokens.len();
-        let prefill_states: Vec<PrefillState> = self
-            .workers
+        let snap = self.workers.snapshot();
+        let prefill_states: Vec<PrefillState> = snap
             .prefill
             .iter()
             .map(|w| {
+                let Some(w) = w else {
+                    return PrefillState { healthy: false, queued_tokens: 0, tokens_per_second: 0.0 };
+                };
                 let l = w.load().unwrap_or_default();
                 PrefillState {
                     healthy: w.healthy(),
@@ -145,8 +148,7 @@ impl Ctx {
         let cached = lock(&self.index).matched(&req.tokens[..len - 1], prefill_states.len());
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
-        let decode_states: Vec<DecodeState> = self
-            .workers
+        let decode_states: Vec<DecodeState> = snap
             .decode
             .iter()
             .map(|w| DecodeState {
@@ -163,15 +165,18 @@ impl Ctx {
             }
             s
         })?;
-        let prefill = choice.filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true));
+        let prefill = choice
+            .filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true))
+            .and_then(|c| Some((c.worker, Arc::clone(snap.prefill[c.worker].as_ref()?), c.cached_tokens)));
+        let decode = Arc::clone(&snap.decode[d]);
         let key = RoomKey::random();
-        if let Some(c) = prefill {
-            let _ = lock(&self.index).provisional(c.worker, &req.tokens, Instant::now() + Duration::from_secs(10));
+        if let Some((slot, ..)) = &prefill {
+            let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now() + Duration::from_secs(10));
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
-            let out = me.run(req, key, prefill.map(|c| (c.worker, c.cached_tokens)), d, &tx).await;
+            let out = me.run(req, key, prefill, decode, &tx).await;
             if let Err(s) = out {
                 let _ = tx.send(Err(s)).await;
             }
@@ -184,13 +189,12 @@ impl Ctx {
         &self,
         req: &Prepared,
         key: RoomKey,
-        prefill: Option<usize>,
-        decode: usize,
+        prefill: Option<Arc<Worker>>,
+        dw: &Arc<Worker>,
     ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask), Status> {
-        let dw = Arc::clone(&self.workers.decode[decode]);
         let sampling = Some(wire::sampling_to_proto(&req.sampling));
         let room = Some(pb::RoomKey::from(&key));
-        let pw = prefill.map(|w| Arc::clone(&self.workers.prefill[w]));
+        let pw = prefill;
         let dreq = pb::DecodeRequest {
             request_id: req.request_id.clone(),
             room: room.clone(),
@@ -239,38 +243,41 @@ impl Ctx {
 
     /// Another healthy prefill worker than those in `tried`, the one holding most of the
     /// prompt; None: prefill on the decode worker.
-    fn fallback(&self, tokens: &[u32], tried: &[usize]) -> Option<usize> {
-        let n = self.workers.prefill.len();
-        let cached = lock(&self.index).matched(&tokens[..tokens.len() - 1], n);
-        (0..n)
-            .filter(|w| !tried.contains(w) && self.workers.prefill[*w].healthy())
-            .max_by_key(|&w| (cached[w], std::cmp::Reverse(w)))
+    fn fallback(&self, tokens: &[u32], tried: &[String]) -> Option<Arc<Worker>> {
+        let snap = self.workers.snapshot();
+        let cached = lock(&self.index).matched(&tokens[..tokens.len() - 1], snap.prefill.len());
+        let open = snap.prefill.iter().enumerate().filter_map(|(s, w)| Some((s, w.as_ref()?)));
+        open.filter(|(_, w)| !tried.contains(&w.id) && w.healthy())
+            .max_by_key(|&(s, _)| (cached[s], std::cmp::Reverse(s)))
+            .map(|(_, w)| Arc::clone(w))
     }
 
     async fn run(
         &self,
         req: Prepared,
         key: RoomKey,
-        prefill: Option<(usize, usize)>,
-        decode: usize,
+        prefill: Option<(usize, Arc<Worker>, usize)>,
+        decode: Arc<Worker>,
         tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
     ) -> Result<(), Status> {
         // A prefill that fails before the first token is retried once on another prefill worker
         // (or on the decode worker itself) with a new room; the failed attempt's calls are
         // dropped, which frees its pages on both workers.
-        let mut target = prefill.map(|p| p.0);
+        let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
+        let mut target = prefill.map(|p| p.1);
         let mut key = key;
         let mut tried = Vec::new();
         let mut retried = false;
         let (mut stream, prefill_task, first) = loop {
-            let (mut stream, mut task) = self.attempt(&req, key, target, decode).await?;
+            let (mut stream, mut task) = self.attempt(&req, key, target.clone(), &decode).await?;
             let first = tokio::select! {
                 m = stream.next() => Some(m),
                 r = &mut task => match r {
                     Ok(Err(s)) if !retried => {
                         retried = true;
-                        tracing::warn!(worker = ?target, error = %s, "prefill failed before the first token; retrying");
-                        tried.extend(target);
+                        let failed = target.as_ref().map(|w| w.id.clone());
+                        tracing::warn!(worker = ?failed, error = %s, "prefill failed before the first token; retrying");
+                        tried.extend(failed);
                         target = self.fallback(&req.tokens, &tried);
                         key = RoomKey::random();
                         continue;
@@ -318,7 +325,7 @@ impl Ctx {
         let cached = match prefill_task.await {
             Ok(Ok(c)) => c.unwrap_or(0),
             Ok(Err(s)) if finish.is_none() => return Err(s),
-            _ => prefill.map_or(0, |p| p.1 as u32),
+            _ => cached_guess,
         };
         let finish = finish.ok_or_else(|| Status::internal("the decode stream ended without a finish reason"))?;
         let tail = out.flush();

@@ -12,7 +12,7 @@
 //! - the public gRPC `ferry.v1.Router` service and gRPC health;
 //! - [`openai`]: the OpenAI-compatible HTTP API; optional API keys on both.
 //!
-//! To come (issue "Router"): gRPC reflection, etcd discovery, TLS.
+//! Workers are named statically or discovered through etcd (they join and leave at any time).
 
 pub mod generate;
 pub mod index;
@@ -26,8 +26,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_cluster::args::EtcdArgs;
 use ferry_cluster::daemon::{StartError, bind_grpc};
-use ferry_cluster::discovery::StaticDiscovery;
+use ferry_cluster::discovery::{Role, StaticDiscovery};
 use ferry_cluster::{Shutdown, ShutdownTrigger};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ServedModel;
@@ -83,9 +84,13 @@ pub struct RouterArgs {
     /// same as `authorization` metadata over gRPC); none: the endpoints are open.
     #[arg(long = "api-key", env = "FERRY_API_KEYS", value_delimiter = ',')]
     pub api_keys: Vec<String>,
-    /// Milliseconds between load polls of every worker.
+    /// Milliseconds between active checks (gRPC health and load report) of every worker.
     #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
     pub load_poll_ms: u64,
+    /// etcd discovery: workers registered under `/ferry/<cluster>/` join and leave as they
+    /// come and go (in addition to any named by flags or file).
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 }
 
 impl RouterArgs {
@@ -105,6 +110,7 @@ impl RouterArgs {
             max_index_pages: 1 << 20,
             api_keys: Vec::new(),
             load_poll_ms: 100,
+            etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
         }
     }
 }
@@ -134,6 +140,12 @@ impl Running {
         &self.ctx.workers
     }
 
+    /// Whether it knows `prefill` prefill and `decode` decode workers, all healthy.
+    pub fn ready(&self, prefill: usize, decode: usize) -> bool {
+        let s = self.ctx.workers.snapshot();
+        s.prefill.iter().flatten().count() == prefill && s.decode.len() == decode && s.all().all(|w| w.healthy())
+    }
+
     /// Stops serving; open streams get 5 s.
     pub async fn stop(self) {
         self.trigger.trigger();
@@ -155,31 +167,22 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
     let mut d = StaticDiscovery::from_flags(&args.prefill, &args.decode).map_err(StartError::config)?;
     if let Some(f) = &args.workers_file {
         let text = std::fs::read_to_string(f).map_err(|source| StartError::Io { what: "workers file", source })?;
-        let more = StaticDiscovery::parse(&text).map_err(StartError::config)?;
-        let mut all = d.all().to_vec();
-        all.extend(more.all().iter().cloned());
-        let p: Vec<String> = all
-            .iter()
-            .filter(|w| w.role == ferry_cluster::discovery::Role::Prefill)
-            .map(|w| format!("{}={}", w.id, w.addr))
-            .collect();
-        let q: Vec<String> = all
-            .iter()
-            .filter(|w| w.role == ferry_cluster::discovery::Role::Decode)
-            .map(|w| format!("{}={}", w.id, w.addr))
-            .collect();
-        d = StaticDiscovery::from_flags(&p, &q).map_err(StartError::config)?;
+        d = d.merged(&StaticDiscovery::parse(&text).map_err(StartError::config)?).map_err(StartError::config)?;
     }
-    if d.workers(ferry_cluster::discovery::Role::Decode).next().is_none() {
-        return Err(StartError::Config("no decode worker: pass --decode ADDR".into()));
+    let etcd = args.etcd.config().map_err(StartError::Config)?;
+    if etcd.is_none() && d.workers(Role::Decode).next().is_none() {
+        return Err(StartError::Config("no decode worker: pass --decode ADDR (or --etcd)".into()));
     }
     let path = args.model.clone();
     let model = tokio::task::spawn_blocking(move || ServedModel::load(&path))
         .await
         .map_err(|e| StartError::Config(format!("model reader panicked: {e}")))?
         .map_err(|e| StartError::Model(e.to_string()))?;
-    let registry = Arc::new(Registry::new(&d).map_err(StartError::Config)?);
     let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
+    let registry = Arc::new(Registry::new(Arc::clone(&index)));
+    for w in d.all() {
+        registry.upsert(w).map_err(StartError::Config)?;
+    }
     let placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
     let ctx = Arc::new(Ctx {
         model,
@@ -190,11 +193,12 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         page_size: args.page_size,
         api_keys: args.api_keys.clone(),
     });
-    let mut background = vec![tokio::spawn(
-        Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1)), Arc::clone(&index)),
-    )];
-    for (slot, w) in registry.prefill.iter().enumerate() {
-        background.push(tokio::spawn(workers::follow_events(Arc::clone(w), slot, Arc::clone(&index))));
+    let mut background =
+        vec![tokio::spawn(Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1))))];
+    if let Some(etcd) = etcd {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        background.push(tokio::spawn(ferry_cluster::discovery::etcd::watch(etcd, tx)));
+        background.push(tokio::spawn(Arc::clone(&registry).follow(rx)));
     }
     let (listener, grpc_addr) = bind_grpc(args.grpc_addr).await?;
     let (trigger, shutdown) = Shutdown::new();
@@ -234,7 +238,7 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
             tracing::error!(error = %e, "router HTTP server failed");
         }
     });
-    tracing::info!(%grpc_addr, %http_addr, %metrics_addr, prefill = registry.prefill.len(), decode = registry.decode.len(), "router up");
+    tracing::info!(%grpc_addr, %http_addr, %metrics_addr, ?registry, "router up");
     Ok(Running {
         grpc_addr,
         http_addr,

@@ -175,7 +175,7 @@ async fn models(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> Response {
 }
 
 async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
-    if ctx.workers.decode.iter().any(|w| w.healthy()) {
+    if ctx.workers.snapshot().decode.iter().any(|w| w.healthy()) {
         (StatusCode::OK, "ok").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "no healthy decode worker").into_response()

@@ -87,7 +87,7 @@ impl pb::router_server::Router for RouterSvc {
         &self,
         _req: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
-        let w = &self.0.workers;
+        let w = self.0.workers.snapshot();
         let info = |x: &crate::workers::Worker, role: pb::WorkerRole| pb::WorkerInfo {
             worker_id: x.id.clone(),
             role: role as i32,
@@ -95,7 +95,8 @@ impl pb::router_server::Router for RouterSvc {
             healthy: x.healthy(),
             load: x.load(),
         };
-        let mut workers: Vec<pb::WorkerInfo> = w.prefill.iter().map(|x| info(x, pb::WorkerRole::Prefill)).collect();
+        let mut workers: Vec<pb::WorkerInfo> =
+            w.prefill.iter().flatten().map(|x| info(x, pb::WorkerRole::Prefill)).collect();
         workers.extend(w.decode.iter().map(|x| info(x, pb::WorkerRole::Decode)));
         Ok(Response::new(pb::ListWorkersResponse { workers }))
     }

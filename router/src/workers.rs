@@ -1,12 +1,15 @@
-//! The workers a router knows: their gRPC channels, health (a circuit breaker fed by load
-//! polls and calls), last load report; and the tasks that keep them current — a load poll
-//! every `poll` interval and, for each prefill worker, a KV event subscription feeding the
-//! prefix index (resubscribing with a snapshot after any gap, epoch change or error).
+//! The workers a router knows — static or discovered through etcd, joining and leaving at any
+//! time — with their gRPC channels, health (a circuit breaker fed by active checks and by
+//! calls) and last load report; and the tasks that keep them current: an active check every
+//! poll interval (gRPC health and the load report) and, for each prefill worker, a KV event
+//! subscription feeding the prefix index (resubscribing with a snapshot after any gap, epoch
+//! change or error).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ferry_cluster::discovery::{Role, StaticDiscovery};
+use ferry_cluster::discovery::etcd::Change;
+use ferry_cluster::discovery::{self, Role};
 use ferry_proto::v1 as pb;
 use tonic::transport::{Channel, Endpoint};
 
@@ -41,6 +44,8 @@ pub struct Worker {
     /// A lazily connected channel.
     pub channel: Channel,
     health: Mutex<Health>,
+    /// Still a member of the registry (events for its slot are applied only while it is).
+    member: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
@@ -75,13 +80,44 @@ impl Worker {
     }
 }
 
-/// All workers, prefill ones in index slot order.
-#[derive(Debug)]
-pub struct Registry {
+/// The workers at one moment: prefill workers by index slot (None: a free slot).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
     /// Prefill workers; a worker's position is its slot in the prefix index.
-    pub prefill: Vec<Arc<Worker>>,
+    pub prefill: Vec<Option<Arc<Worker>>>,
     /// Decode workers.
     pub decode: Vec<Arc<Worker>>,
+}
+
+impl Snapshot {
+    /// Every worker, prefill first.
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.prefill.iter().flatten().chain(&self.decode)
+    }
+}
+
+struct Member {
+    worker: Arc<Worker>,
+    /// Prefill workers: the task following its KV events.
+    events: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The workers a router knows, which discovery may change at any time. A prefill worker
+/// holds a prefix-index slot while it is a member; leaving frees the slot and the index
+/// entries in it.
+pub struct Registry {
+    index: Arc<Mutex<PrefixIndex>>,
+    members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.snapshot();
+        f.debug_struct("Registry")
+            .field("prefill", &s.prefill.iter().flatten().count())
+            .field("decode", &s.decode.len())
+            .finish()
+    }
 }
 
 fn channel(addr: &str) -> Result<Channel, String> {
@@ -91,53 +127,154 @@ fn channel(addr: &str) -> Result<Channel, String> {
 }
 
 impl Registry {
-    /// The workers `d` names (at most [`crate::index::MAX_WORKERS`] prefill workers).
-    pub fn new(d: &StaticDiscovery) -> Result<Self, String> {
-        let make = |role: Role| -> Result<Vec<Arc<Worker>>, String> {
-            d.workers(role)
-                .map(|w| {
-                    Ok(Arc::new(Worker {
-                        id: w.id.clone(),
-                        role,
-                        addr: w.addr.clone(),
-                        channel: channel(&w.addr)?,
-                        health: Mutex::new(Health::default()),
-                    }))
-                })
-                .collect()
-        };
-        let prefill = make(Role::Prefill)?;
-        if prefill.len() > crate::index::MAX_WORKERS {
-            return Err(format!(
-                "{} prefill workers; a router tracks at most {}",
-                prefill.len(),
-                crate::index::MAX_WORKERS
-            ));
-        }
-        Ok(Self { prefill, decode: make(Role::Decode)? })
+    /// No workers yet; prefill workers' KV events will feed `index`.
+    pub fn new(index: Arc<Mutex<PrefixIndex>>) -> Self {
+        Self { index, members: Mutex::new((Vec::new(), Vec::new())) }
     }
 
-    /// Polls every worker's load every `every`, forever. A prefill worker whose circuit opens
-    /// loses its entries in `index` (its event stream resyncs them when it is back).
-    pub async fn poll_loads(self: Arc<Self>, every: Duration, index: Arc<Mutex<PrefixIndex>>) {
+    /// The workers now.
+    pub fn snapshot(&self) -> Snapshot {
+        let m = lock(&self.members);
+        Snapshot {
+            prefill: m.0.iter().map(|s| s.as_ref().map(|m| Arc::clone(&m.worker))).collect(),
+            decode: m.1.iter().map(|m| Arc::clone(&m.worker)).collect(),
+        }
+    }
+
+    /// Adds `w`, or replaces the worker of the same role and id when its address changed.
+    /// Needs a Tokio runtime (a prefill worker's event subscription starts here).
+    pub fn upsert(&self, w: &discovery::Worker) -> Result<(), String> {
+        let mut m = lock(&self.members);
+        let same = |x: &Member| x.worker.id == w.id;
+        let existing = match w.role {
+            Role::Prefill => m.0.iter().flatten().find(|x| same(x)).map(|x| x.worker.addr.clone()),
+            Role::Decode => m.1.iter().find(|x| same(x)).map(|x| x.worker.addr.clone()),
+        };
+        if existing.as_deref() == Some(w.addr.as_str()) {
+            return Ok(());
+        }
+        let worker = Arc::new(Worker {
+            id: w.id.clone(),
+            role: w.role,
+            addr: w.addr.clone(),
+            channel: channel(&w.addr)?,
+            health: Mutex::new(Health::default()),
+            member: std::sync::atomic::AtomicBool::new(true),
+        });
+        if existing.is_some() {
+            self.remove_locked(&mut m, w.role, &w.id);
+        }
+        match w.role {
+            Role::Decode => m.1.push(Member { worker, events: None }),
+            Role::Prefill => {
+                let slot = match m.0.iter().position(Option::is_none) {
+                    Some(s) => s,
+                    None if m.0.len() < crate::index::MAX_WORKERS => {
+                        m.0.push(None);
+                        m.0.len() - 1
+                    }
+                    None => {
+                        return Err(format!(
+                            "prefill worker {}: a router tracks at most {} prefill workers",
+                            w.id,
+                            crate::index::MAX_WORKERS
+                        ));
+                    }
+                };
+                let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(&self.index)));
+                m.0[slot] = Some(Member { worker, events: Some(events) });
+            }
+        }
+        tracing::info!(worker = %w.id, role = w.role.as_str(), addr = %w.addr, "worker joined");
+        Ok(())
+    }
+
+    /// Removes the worker of `role` named `id`; false when there is none.
+    pub fn remove(&self, role: Role, id: &str) -> bool {
+        let mut m = lock(&self.members);
+        self.remove_locked(&mut m, role, id)
+    }
+
+    fn remove_locked(&self, m: &mut (Vec<Option<Member>>, Vec<Member>), role: Role, id: &str) -> bool {
+        let gone = match role {
+            Role::Decode => m.1.iter().position(|x| x.worker.id == id).map(|i| (m.1.remove(i), None)),
+            Role::Prefill => {
+                m.0.iter()
+                    .position(|x| x.as_ref().is_some_and(|x| x.worker.id == id))
+                    .and_then(|s| m.0[s].take().map(|x| (x, Some(s))))
+            }
+        };
+        let Some((member, slot)) = gone else { return false };
+        member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = member.events {
+            t.abort();
+        }
+        if let Some(slot) = slot {
+            let _ = lock(&self.index).clear_worker(slot);
+        }
+        tracing::info!(worker = %id, role = role.as_str(), "worker left");
+        true
+    }
+
+    /// Makes the members exactly `all` (after a discovery relist).
+    pub fn reset(&self, all: &[discovery::Worker]) {
+        let s = self.snapshot();
+        for w in s.all() {
+            if !all.iter().any(|x| x.role == w.role && x.id == w.id) {
+                self.remove(w.role, &w.id);
+            }
+        }
+        for w in all {
+            if let Err(e) = self.upsert(w) {
+                tracing::warn!(error = %e, "worker not added");
+            }
+        }
+    }
+
+    /// Follows etcd discovery `changes` until the channel closes.
+    pub async fn follow(self: Arc<Self>, mut changes: tokio::sync::mpsc::Receiver<Change>) {
+        while let Some(c) = changes.recv().await {
+            let r = match c {
+                Change::Reset(all) => {
+                    self.reset(&all);
+                    Ok(())
+                }
+                Change::Put(w) => self.upsert(&w),
+                Change::Delete { role, id } => {
+                    self.remove(role, &id);
+                    Ok(())
+                }
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, "worker not added");
+            }
+        }
+    }
+
+    /// Actively checks every worker every `every`, forever: its gRPC health must say SERVING
+    /// and its load report must come back, within a second. A prefill worker whose circuit
+    /// opens loses its entries in the index (its event stream resyncs them when it is back).
+    pub async fn poll_loads(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            let slots = (0..self.prefill.len()).map(Some).chain(self.decode.iter().map(|_| None));
-            let all = self.prefill.iter().chain(&self.decode).cloned().zip(slots);
+            let snap = self.snapshot();
+            let slots = snap.prefill.iter().enumerate().filter_map(|(s, w)| w.clone().map(|w| (w, Some(s))));
+            let all = slots.chain(snap.decode.iter().map(|w| (Arc::clone(w), None)));
             let polls = all.map(|(w, slot)| {
-                let index = Arc::clone(&index);
+                let index = Arc::clone(&self.index);
                 async move {
-                    let mut c = pb::load_client::LoadClient::new(w.channel.clone());
-                    match tokio::time::timeout(Duration::from_secs(1), c.report(pb::LoadRequest {})).await {
+                    match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
                         Ok(Ok(r)) => {
-                            lock(&w.health).load = Some(r.into_inner());
+                            lock(&w.health).load = Some(r);
                             w.ok();
                         }
                         _ => {
                             if w.failed() {
-                                tracing::warn!(worker = %w.id, "worker unreachable: taken out of placement");
-                                if let Some(slot) = slot {
+                                tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
+                                if let Some(slot) = slot
+                                    && w.member.load(std::sync::atomic::Ordering::SeqCst)
+                                {
                                     let _ = lock(&index).clear_worker(slot);
                                 }
                             }
@@ -150,15 +287,32 @@ impl Registry {
     }
 }
 
+/// One active check: gRPC health, then the load report.
+async fn check(w: &Worker) -> Result<pb::LoadReport, String> {
+    let mut h = tonic_health::pb::health_client::HealthClient::new(w.channel.clone());
+    let status =
+        h.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.map_err(|s| s.to_string())?;
+    if status.into_inner().status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+        return Err("not serving".into());
+    }
+    let mut c = pb::load_client::LoadClient::new(w.channel.clone());
+    Ok(c.report(pb::LoadRequest {}).await.map_err(|s| s.to_string())?.into_inner())
+}
+
 /// Keeps `index` fed with prefill worker `slot`'s KV events, forever: subscribes with a
 /// snapshot, applies batches in sequence, and on any gap, epoch change or error forgets the
 /// worker's entries and resubscribes.
 pub async fn follow_events(w: Arc<Worker>, slot: usize, index: Arc<Mutex<PrefixIndex>>) {
-    loop {
+    while w.member.load(std::sync::atomic::Ordering::SeqCst) {
         if let Err(why) = follow_once(&w, slot, &index).await {
             tracing::debug!(worker = %w.id, %why, "KV event stream ended; resyncing");
         }
-        let _ = lock(&index).clear_worker(slot);
+        {
+            let mut ix = lock(&index);
+            if w.member.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = ix.clear_worker(slot);
+            }
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -170,6 +324,9 @@ async fn follow_once(w: &Worker, slot: usize, index: &Mutex<PrefixIndex>) -> Res
     let mut at: Option<(u64, u64)> = None; // (epoch, last sequence)
     while let Some(batch) = stream.message().await.map_err(|s| s.to_string())? {
         let mut ix = lock(index);
+        if !w.member.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("left the cluster".into());
+        }
         for e in batch.events {
             let fresh = match (at, &e.kind) {
                 (_, Some(pb::kv_event::Kind::Snapshot(_))) => true,

@@ -3,6 +3,9 @@
 //! [`Client`] plays the router's part for a request: mint a room, call the decode node's
 //! `Generate` and the prefill node's `Prefill` concurrently, collect the tokens.
 
+pub mod etcd;
+pub mod proxy;
+
 use std::path::{Path, PathBuf};
 
 use ferry_cluster::RoomKey;

@@ -41,7 +41,7 @@ async fn run(m: &TinyModel, policy: &str) -> (u64, u64) {
     args.policy = policy.into();
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
-        if r.workers().prefill.iter().chain(&r.workers().decode).all(|w| w.healthy()) {
+        if r.workers().snapshot().all().all(|w| w.healthy()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -21,7 +21,7 @@ async fn up(m: &TinyModel) -> (ferry_prefill::Running, ferry_decode::Running, fe
     .await
     .expect("router up");
     for _ in 0..200 {
-        if r.workers().decode.iter().all(|w| w.healthy()) && r.workers().prefill.iter().all(|w| w.healthy()) {
+        if r.workers().snapshot().all().all(|w| w.healthy()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -27,7 +27,7 @@ async fn cluster(m: &TinyModel) -> (Vec<ferry_prefill::Running>, Vec<ferry_decod
     let r = ferry_router::start(args).await.expect("router up");
     // Wait for the first load reports.
     for _ in 0..200 {
-        if r.workers().decode.iter().all(|w| w.healthy()) && r.workers().prefill.iter().all(|w| w.healthy()) {
+        if r.workers().snapshot().all().all(|w| w.healthy()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -128,7 +128,7 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     args.load_poll_ms = 60_000;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
-        if r.workers().prefill.iter().chain(&r.workers().decode).all(|w| w.healthy()) {
+        if r.workers().snapshot().all().all(|w| w.healthy()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -1,8 +1,11 @@
-//! Static discovery: the workers of a cluster named on the command line or in a file, for one
-//! machine or a fixed fleet (etcd discovery comes with the router).
+//! Discovery: who the cluster's workers are.
 //!
-//! Each entry is `ADDR` or `ID=ADDR`, where `ADDR` is the worker's gRPC `host:port`; a file
-//! holds one `prefill ENTRY` or `decode ENTRY` per line (`#` starts a comment).
+//! - Static: the workers named on the command line or in a file, for one machine or a fixed
+//!   fleet. Each entry is `ADDR` or `ID=ADDR`, where `ADDR` is the worker's gRPC `host:port`; a
+//!   file holds one `prefill ENTRY` or `decode ENTRY` per line (`#` starts a comment).
+//! - [`etcd`]: workers register under a lease they keep alive; routers watch.
+
+pub mod etcd;
 
 use std::collections::HashSet;
 
@@ -23,6 +26,15 @@ impl Role {
             Self::Decode => "decode",
         }
     }
+
+    /// The role named `s` (`prefill` or `decode`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "prefill" => Some(Self::Prefill),
+            "decode" => Some(Self::Decode),
+            _ => None,
+        }
+    }
 }
 
 /// One worker.
@@ -38,7 +50,7 @@ pub struct Worker {
 
 /// A bad entry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("static discovery: {0}")]
+#[error("discovery: {0}")]
 pub struct DiscoveryError(pub String);
 
 /// A fixed list of workers.
@@ -47,7 +59,8 @@ pub struct StaticDiscovery {
     workers: Vec<Worker>,
 }
 
-fn entry(role: Role, s: &str) -> Result<Worker, DiscoveryError> {
+/// One `ADDR` or `ID=ADDR` entry of `role`.
+pub fn parse_entry(role: Role, s: &str) -> Result<Worker, DiscoveryError> {
     let s = s.trim();
     let (id, addr) = match s.split_once('=') {
         Some((id, addr)) => (id.trim().to_string(), addr.trim()),
@@ -68,10 +81,10 @@ impl StaticDiscovery {
     pub fn from_flags(prefill: &[String], decode: &[String]) -> Result<Self, DiscoveryError> {
         let mut workers = Vec::new();
         for p in prefill {
-            workers.push(entry(Role::Prefill, p)?);
+            workers.push(parse_entry(Role::Prefill, p)?);
         }
         for d in decode {
-            workers.push(entry(Role::Decode, d)?);
+            workers.push(parse_entry(Role::Decode, d)?);
         }
         Self::checked(workers)
     }
@@ -85,12 +98,9 @@ impl StaticDiscovery {
                 continue;
             }
             let (role, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
-            let role = match role {
-                "prefill" => Role::Prefill,
-                "decode" => Role::Decode,
-                other => return Err(DiscoveryError(format!("line {}: unknown role {other:?}", n + 1))),
-            };
-            workers.push(entry(role, rest).map_err(|e| DiscoveryError(format!("line {}: {}", n + 1, e.0)))?);
+            let role =
+                Role::parse(role).ok_or_else(|| DiscoveryError(format!("line {}: unknown role {role:?}", n + 1)))?;
+            workers.push(parse_entry(role, rest).map_err(|e| DiscoveryError(format!("line {}: {}", n + 1, e.0)))?);
         }
         Self::checked(workers)
     }
@@ -113,6 +123,11 @@ impl StaticDiscovery {
     /// Every worker.
     pub fn all(&self) -> &[Worker] {
         &self.workers
+    }
+
+    /// These workers and `more`'s (ids must stay unique).
+    pub fn merged(&self, more: &Self) -> Result<Self, DiscoveryError> {
+        Self::checked(self.workers.iter().chain(&more.workers).cloned().collect())
     }
 }
 

@@ -1,0 +1,98 @@
+//! A real etcd server for discovery tests: the Debian `etcd-server` binary (`scripts/test`
+//! installs it), on free loopback ports with its own data directory, killed on drop.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running etcd.
+pub struct Etcd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+fn binary() -> PathBuf {
+    let p = std::env::var("FERRY_ETCD_BIN").map_or_else(|_| PathBuf::from("/usr/bin/etcd"), PathBuf::from);
+    assert!(p.exists(), "{} is missing: install Debian `etcd-server` (scripts/test does)", p.display());
+    p
+}
+
+impl Etcd {
+    /// Starts etcd and waits until it answers.
+    pub fn start() -> Self {
+        let mut e = Self {
+            child: None,
+            dir: tempfile::tempdir().expect("temp dir"),
+            client_port: free_port(),
+            peer_port: free_port(),
+        };
+        e.spawn();
+        e
+    }
+
+    fn spawn(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new(binary())
+            .args(["--name", "ferry-test", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("ferry-test={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file")))
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let health = format!("127.0.0.1:{}", self.client_port);
+        while Instant::now() < deadline {
+            if let Ok(mut s) = std::net::TcpStream::connect(&health) {
+                use std::io::{Read, Write};
+                let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                if out.contains("\"health\":\"true\"") {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "etcd did not come up; its log: {}",
+            std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+        );
+    }
+
+    /// Its client endpoint, `127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.client_port)
+    }
+
+    /// Kills it (SIGKILL), keeping its data.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same ports and data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
