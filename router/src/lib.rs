@@ -208,8 +208,21 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         .map_err(|source| StartError::Io { what: "metrics address", source })?;
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::router_server::RouterServer<RouterSvc>>().await;
-    let router = tonic::transport::Server::builder().add_service(health_svc).add_service(
-        pb::router_server::RouterServer::with_interceptor(RouterSvc(Arc::clone(&ctx)), {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferry_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(StartError::config)?;
+    let reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(ferry_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .map_err(StartError::config)?;
+    let router = tonic::transport::Server::builder()
+        .add_service(health_svc)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(pb::router_server::RouterServer::with_interceptor(RouterSvc(Arc::clone(&ctx)), {
             let ctx = Arc::clone(&ctx);
             move |req: tonic::Request<()>| {
                 let h = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
@@ -219,8 +232,7 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
                     Err(tonic::Status::unauthenticated("a valid API key is required: authorization: Bearer <key>"))
                 }
             }
-        }),
-    );
+        }));
     let grpc_task = tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {

@@ -188,6 +188,7 @@ async fn bad_router_calls_are_refused_and_harm_nothing() {
     let t =
         c.tokenize(pb::TokenizeRequest { input: Some(pb::tokenize_request::Input::Text("Once upon".into())) }).await;
     assert!(!t.expect("tokenize").into_inner().token_ids.is_empty());
+    assert_reflection(r.grpc_addr).await;
     for p in &ps {
         settle(p, &ds).await;
     }
@@ -198,4 +199,38 @@ async fn bad_router_calls_are_refused_and_harm_nothing() {
     for d in ds {
         d.stop().await;
     }
+}
+
+/// Server reflection lists the public services and serves the Router's descriptor (what
+/// `grpcurl` needs without the .proto files).
+async fn assert_reflection(addr: std::net::SocketAddr) {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+    let mut c = ServerReflectionClient::new(channel(addr).await);
+    let ask = |m: MessageRequest| ServerReflectionRequest { host: String::new(), message_request: Some(m) };
+    let reqs = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol("ferry.v1.Router".into())),
+    ];
+    let mut out = c.server_reflection_info(tokio_stream::iter(reqs)).await.expect("reflection").into_inner();
+    let mut answers: Vec<ServerReflectionResponse> = Vec::new();
+    while let Some(r) = out.message().await.expect("an answer") {
+        answers.push(r);
+        if answers.len() == 2 {
+            break;
+        }
+    }
+    let Some(MessageResponse::ListServicesResponse(list)) = answers[0].message_response.clone() else {
+        panic!("not a service list: {:?}", answers[0])
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for want in ["ferry.v1.Router", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+    let Some(MessageResponse::FileDescriptorResponse(files)) = answers[1].message_response.clone() else {
+        panic!("no descriptor for ferry.v1.Router: {:?}", answers[1])
+    };
+    assert!(files.file_descriptor_proto.iter().any(|f| String::from_utf8_lossy(f).contains("Generate")));
 }
