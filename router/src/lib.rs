@@ -10,7 +10,8 @@
 //! - [`generate`]: one request through the cluster (detokenizing, stop strings, usage; a
 //!   prefill failing before the first token is retried once elsewhere);
 //! - the public gRPC `ferry.v1.Router` service and gRPC health;
-//! - [`openai`]: the OpenAI-compatible HTTP API; optional API keys on both.
+//! - [`openai`]: the OpenAI-compatible HTTP API; optional API keys on both;
+//! - [`tls`]: optional TLS on both; gRPC server reflection.
 //!
 //! Workers are named statically or discovered through etcd (they join and leave at any time).
 
@@ -19,6 +20,7 @@ pub mod index;
 pub mod openai;
 pub mod placement;
 mod service;
+pub mod tls;
 pub mod workers;
 
 use std::net::SocketAddr;
@@ -91,6 +93,13 @@ pub struct RouterArgs {
     /// come and go (in addition to any named by flags or file).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// PEM certificate chain for TLS on the public gRPC and HTTP endpoints (with --tls-key);
+    /// unset: plaintext.
+    #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "FERRY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl RouterArgs {
@@ -111,6 +120,8 @@ impl RouterArgs {
             api_keys: Vec::new(),
             load_poll_ms: 100,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -170,6 +181,11 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         d = d.merged(&StaticDiscovery::parse(&text).map_err(StartError::config)?).map_err(StartError::config)?;
     }
     let etcd = args.etcd.config().map_err(StartError::Config)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some(tls::Tls::load(c, k).map_err(|e| StartError::Config(format!("TLS: {e}")))?),
+        (None, None) => None,
+        _ => return Err(StartError::Config("--tls-cert and --tls-key go together".into())),
+    };
     if etcd.is_none() && d.workers(Role::Decode).next().is_none() {
         return Err(StartError::Config("no decode worker: pass --decode ADDR (or --etcd)".into()));
     }
@@ -218,11 +234,12 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .map_err(StartError::config)?;
-    let router = tonic::transport::Server::builder()
-        .add_service(health_svc)
-        .add_service(reflection)
-        .add_service(reflection_alpha)
-        .add_service(pb::router_server::RouterServer::with_interceptor(RouterSvc(Arc::clone(&ctx)), {
+    let mut server = tonic::transport::Server::builder();
+    if let Some(t) = &tls {
+        server = server.tls_config(t.grpc()).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+    }
+    let router = server.add_service(health_svc).add_service(reflection).add_service(reflection_alpha).add_service(
+        pb::router_server::RouterServer::with_interceptor(RouterSvc(Arc::clone(&ctx)), {
             let ctx = Arc::clone(&ctx);
             move |req: tonic::Request<()>| {
                 let h = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
@@ -232,7 +249,8 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
                     Err(tonic::Status::unauthenticated("a valid API key is required: authorization: Bearer <key>"))
                 }
             }
-        }));
+        }),
+    );
     let grpc_task = tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
@@ -245,12 +263,22 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
     let http_addr = http.local_addr().map_err(|source| StartError::Io { what: "HTTP address", source })?;
     let app = openai::routes(Arc::clone(&ctx));
     let stop = shutdown_http;
-    let http_task = tokio::spawn(async move {
-        if let Err(e) = axum::serve(http, app).with_graceful_shutdown(stop.wait()).await {
-            tracing::error!(error = %e, "router HTTP server failed");
+    let http_task = match &tls {
+        None => tokio::spawn(async move {
+            if let Err(e) = axum::serve(http, app).with_graceful_shutdown(stop.wait()).await {
+                tracing::error!(error = %e, "router HTTP server failed");
+            }
+        }),
+        Some(t) => {
+            let l = t.http_listener(http).map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, app).with_graceful_shutdown(stop.wait()).await {
+                    tracing::error!(error = %e, "router HTTPS server failed");
+                }
+            })
         }
-    });
-    tracing::info!(%grpc_addr, %http_addr, %metrics_addr, ?registry, "router up");
+    };
+    tracing::info!(%grpc_addr, %http_addr, %metrics_addr, tls = tls.is_some(), ?registry, "router up");
     Ok(Running {
         grpc_addr,
         http_addr,
