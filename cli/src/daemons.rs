@@ -1,37 +1,112 @@
 //! `ferry prefill`, `ferry decode`, `ferry router`: the three daemons from one binary (the
-//! same as `ferry-prefill`, `ferry-decode`, `ferry-router`); `ferry up --processes` starts
-//! its daemons this way. Each serves until SIGINT or SIGTERM, then stops gracefully.
+//! same flags as `ferry-prefill`, `ferry-decode`, `ferry-router`); `ferry up --processes`
+//! starts its daemons this way. Each serves until SIGINT or SIGTERM, then stops gracefully.
 
 use std::future::Future;
 
 /// Logs at info unless RUST_LOG says otherwise.
 pub fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logs at `level` unless RUST_LOG says otherwise.
+pub fn init_logging_at(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
     let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
 }
 
-/// Runs `serve` on a fresh multi-threaded runtime.
-pub fn block_on<E: std::error::Error + Send + Sync + 'static>(
-    serve: impl Future<Output = Result<(), E>>,
-) -> anyhow::Result<()> {
-    init_logging();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(serve)?;
-    Ok(())
-}
+/// The line a daemon started with `--ready-line` prints once it serves.
+pub const READY: &str = "FERRY_READY";
 
 /// `ferry prefill`.
-pub fn prefill(args: ferry_prefill::PrefillArgs) -> anyhow::Result<()> {
-    block_on(async { ferry_prefill::run(args, ferry_cluster::shutdown::signal()).await })
+#[derive(Debug, clap::Args)]
+pub struct PrefillCmd {
+    #[command(flatten)]
+    args: ferry_prefill::PrefillArgs,
+    /// Print `FERRY_READY grpc=ADDR metrics=ADDR` on stdout once serving (for supervisors
+    /// such as `ferry up --processes`).
+    #[arg(long)]
+    ready_line: bool,
 }
 
 /// `ferry decode`.
-pub fn decode(args: ferry_decode::DecodeArgs) -> anyhow::Result<()> {
-    block_on(async { ferry_decode::run(args, ferry_cluster::shutdown::signal()).await })
+#[derive(Debug, clap::Args)]
+pub struct DecodeCmd {
+    #[command(flatten)]
+    args: ferry_decode::DecodeArgs,
+    /// Print `FERRY_READY grpc=ADDR metrics=ADDR` on stdout once serving.
+    #[arg(long)]
+    ready_line: bool,
 }
 
 /// `ferry router`.
-pub fn router(args: ferry_router::RouterArgs) -> anyhow::Result<()> {
-    block_on(async { ferry_router::run(args, ferry_cluster::shutdown::signal()).await })
+#[derive(Debug, clap::Args)]
+pub struct RouterCmd {
+    #[command(flatten)]
+    args: ferry_router::RouterArgs,
+    /// Print `FERRY_READY grpc=ADDR http=ADDR metrics=ADDR` on stdout once serving and every
+    /// worker named by flags answers its health checks (or 60 s have passed).
+    #[arg(long)]
+    ready_line: bool,
+}
+
+fn serve<R, E, S, F>(
+    start: S,
+    ready: impl AsyncFnOnce(&R) -> Option<String>,
+    stop: impl FnOnce(R) -> F,
+) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+    S: Future<Output = Result<R, E>>,
+    F: Future<Output = ()>,
+{
+    init_logging();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async {
+        let running = start.await?;
+        if let Some(line) = ready(&running).await {
+            println!("{READY} {line}");
+        }
+        ferry_cluster::shutdown::signal().await;
+        stop(running).await;
+        Ok(())
+    })
+}
+
+/// Runs `ferry prefill`.
+pub fn prefill(c: PrefillCmd) -> anyhow::Result<()> {
+    serve(
+        ferry_prefill::start(c.args),
+        async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
+        |r| r.stop(),
+    )
+}
+
+/// Runs `ferry decode`.
+pub fn decode(c: DecodeCmd) -> anyhow::Result<()> {
+    serve(
+        ferry_decode::start(c.args),
+        async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
+        |r| r.stop(),
+    )
+}
+
+/// Runs `ferry router`.
+pub fn router(c: RouterCmd) -> anyhow::Result<()> {
+    let (np, nd) = (c.args.prefill.len(), c.args.decode.len());
+    serve(
+        ferry_router::start(c.args),
+        async |r| {
+            if !c.ready_line {
+                return None;
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !r.ready(np, nd) && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Some(format!("grpc={} http={} metrics={}", r.grpc_addr, r.http_addr, r.metrics_addr))
+        },
+        |r| r.stop(),
+    )
 }

@@ -45,6 +45,19 @@ pub fn run(args: FetchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The path of `model`: itself when it names an existing file or directory, else a known
+/// model fetched into the cache (or found there).
+pub fn resolve(model: &str, cache_dir: Option<PathBuf>, python: &str) -> anyhow::Result<PathBuf> {
+    let p = PathBuf::from(model);
+    if p.exists() {
+        return Ok(p);
+    }
+    if !KNOWN.iter().any(|k| k.name == model) {
+        bail!("--model {model:?} is neither a file or directory nor a known model (known: smollm2-135m)");
+    }
+    fetch(&FetchArgs { name: model.to_string(), cache_dir, python: python.to_string() })
+}
+
 fn cache_dir(args: &FetchArgs) -> anyhow::Result<PathBuf> {
     if let Some(d) = &args.cache_dir {
         return Ok(d.clone());

@@ -2,11 +2,14 @@
 //!
 //! - `ferry generate`: run the engine colocated on this machine and print the completion;
 //! - `ferry model fetch NAME`: place a known model in the local cache and print its path;
+//! - `ferry up`: a whole cluster on this machine (see [`up`]);
 //! - `ferry prefill`, `ferry decode`, `ferry router`: the daemons (see [`daemons`]).
 
 mod daemons;
 mod fetch;
 mod generate;
+mod procs;
+mod up;
 
 use clap::{Parser, Subcommand};
 
@@ -20,14 +23,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a whole cluster on this machine (router, prefill and decode daemons) and serve
+    /// until Ctrl-C.
+    Up(up::UpArgs),
     /// Generate a completion with the engine on this machine (no cluster).
     Generate(generate::GenerateArgs),
     /// Run a prefill daemon (the same flags as `ferry-prefill`).
-    Prefill(ferry_prefill::PrefillArgs),
+    Prefill(daemons::PrefillCmd),
     /// Run a decode daemon (the same flags as `ferry-decode`).
-    Decode(ferry_decode::DecodeArgs),
+    Decode(daemons::DecodeCmd),
     /// Run a router (the same flags as `ferry-router`).
-    Router(ferry_router::RouterArgs),
+    Router(daemons::RouterCmd),
     /// Manage cached models.
     Model {
         #[command(subcommand)]
@@ -44,6 +50,7 @@ enum ModelCommand {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Up(args) => up::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Model { command: ModelCommand::Fetch(args) } => fetch::run(args),
         Command::Prefill(args) => daemons::prefill(args),

