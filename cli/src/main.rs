@@ -3,8 +3,10 @@
 //! - `ferry generate`: run the engine colocated on this machine and print the completion;
 //! - `ferry model fetch NAME`: place a known model in the local cache and print its path;
 //! - `ferry up`: a whole cluster on this machine (see [`up`]);
+//! - `ferry bench`: a load generator against a router (see [`bench`]);
 //! - `ferry prefill`, `ferry decode`, `ferry router`: the daemons (see [`daemons`]).
 
+mod bench;
 mod daemons;
 mod fetch;
 mod generate;
@@ -26,6 +28,8 @@ enum Command {
     /// Start a whole cluster on this machine (router, prefill and decode daemons) and serve
     /// until Ctrl-C.
     Up(up::UpArgs),
+    /// Load a router with a workload and report latency, throughput and goodput.
+    Bench(Box<bench::BenchArgs>),
     /// Generate a completion with the engine on this machine (no cluster).
     Generate(generate::GenerateArgs),
     /// Run a prefill daemon (the same flags as `ferry-prefill`).
@@ -51,6 +55,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Up(args) => up::run(args),
+        Command::Bench(args) => bench::run(*args),
         Command::Generate(args) => generate::run(args),
         Command::Model { command: ModelCommand::Fetch(args) } => fetch::run(args),
         Command::Prefill(args) => daemons::prefill(args),
