@@ -2,40 +2,14 @@
 //! and a ready line, answers a chat completion in the OpenAI JSON shape coherently, stops on
 //! SIGINT with a clean exit, and leaves no daemon process behind.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+mod common;
 
-use ferry_tests::{http, smollm2};
+use ferry_tests::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
-    let mut up = Command::new(env!("CARGO_BIN_EXE_ferry"))
-        .args(["up", "--processes", "--pool-pages", "256", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
-        .arg("--model")
-        .arg(smollm2())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start `ferry up`");
-    let out = BufReader::new(up.stdout.take().expect("stdout"));
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for l in out.lines().map_while(Result::ok) {
-            println!("{l}");
-            let _ = tx.send(l);
-        }
-    });
-    let mut pids = Vec::new();
-    let http_addr = loop {
-        let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
-        if let Some((_, pid)) = line.rsplit_once("pid ") {
-            pids.push(pid.trim().parse::<u32>().expect("a pid"));
-        }
-        if line.starts_with("ferry up: ready") {
-            let at = line.split("http://").nth(1).and_then(|r| r.split("/v1").next()).expect("the HTTP address");
-            break at.parse::<std::net::SocketAddr>().expect("an address");
-        }
-    };
+    let up = common::Up::start(&[]);
+    let (http_addr, pids) = (up.http, up.pids.clone());
     assert_eq!(pids.len(), 3, "router, one prefill and one decode process");
 
     let (s, _, body) = http(http_addr, "GET", "/v1/models", b"").await;
@@ -57,12 +31,7 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
     assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0));
 
     // SIGINT, as Ctrl-C: a clean exit, and no daemon left.
-    // SAFETY: kill(2) on the child we spawned.
-    unsafe {
-        libc::kill(up.id() as libc::pid_t, libc::SIGINT);
-    }
-    let status = up.wait().expect("wait for `ferry up`");
-    assert!(status.success(), "`ferry up` exited with {status}");
+    assert!(up.interrupt(), "`ferry up` exits cleanly");
     for pid in pids {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "daemon process {pid} is still there");
     }

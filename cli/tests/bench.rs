@@ -1,0 +1,138 @@
+//! `ferry bench` against `ferry up --processes` (SmolLM2, loopback) for a few seconds, over
+//! HTTP (closed loop, shared-prefix) and over gRPC (a Mooncake-format trace): it writes its
+//! JSON and PNG, and the report is consistent — counts add up, percentiles are ordered, no
+//! time is negative, the timeline holds every token, the chart decodes.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bench(args: &[&str], dir: &Path, name: &str) -> Value {
+    let json = dir.join(format!("{name}.json"));
+    let png = dir.join(format!("{name}.png"));
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .arg("--png")
+        .arg(&png)
+        .arg("--quiet")
+        .output()
+        .expect("run `ferry bench`");
+    let table = String::from_utf8_lossy(&out.stdout);
+    println!("{table}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "`ferry bench` failed");
+    assert!(table.contains("TTFT") && table.contains("throughput"), "the table is printed");
+    let bytes = std::fs::read(&png).expect("the PNG is written");
+    let info = png::Decoder::new(std::io::Cursor::new(bytes)).read_info().expect("a PNG");
+    assert!(info.info().width >= 800 && info.info().height >= 400);
+    serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON is written")).expect("JSON")
+}
+
+fn f(v: &Value, path: &[&str]) -> f64 {
+    path.iter().fold(v, |v, k| &v[*k]).as_f64().unwrap_or_else(|| panic!("{path:?} missing in {v}"))
+}
+
+/// The invariants every report keeps.
+fn check(r: &Value, tokens_per_request: Option<u64>) {
+    let (sent, done, failed) = (f(r, &["sent"]), f(r, &["completed"]), f(r, &["failed"]));
+    assert_eq!(sent, done + failed, "counts add up");
+    assert!(done > 0.0, "some requests completed");
+    assert_eq!(failed, 0.0, "none failed: {}", r["errors"]);
+    let dur = f(r, &["duration_s"]);
+    assert!(dur > 0.0);
+    for d in ["ttft_ms", "itl_ms", "e2e_ms"] {
+        let q = |k: &str| f(r, &[d, k]);
+        assert!(q("min") >= 0.0, "{d}: no negative time");
+        assert!(
+            q("min") <= q("p50") && q("p50") <= q("p90") && q("p90") <= q("p99") && q("p99") <= q("max"),
+            "{d} ordered: {}",
+            r[d]
+        );
+        assert!(q("mean") >= q("min") && q("mean") <= q("max"));
+    }
+    assert!(f(r, &["ttft_ms", "p50"]) <= f(r, &["e2e_ms", "p50"]), "first token before the end");
+    assert_eq!(f(r, &["ttft_ms", "count"]), done);
+    assert!((f(r, &["requests_per_s"]) - done / dur).abs() < 1e-6);
+    let timeline = r["timeline"].as_array().expect("timeline");
+    let tl_done: u64 = timeline.iter().map(|b| b["completed"].as_u64().unwrap_or(0)).sum();
+    let tl_tokens: u64 = timeline.iter().map(|b| b["output_tokens"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(tl_done as f64, done, "the timeline holds every completion");
+    assert_eq!(tl_tokens as f64, f(r, &["itl_ms", "count"]) + done, "one arrival per token: gaps + firsts");
+    if let Some(n) = tokens_per_request {
+        assert_eq!(tl_tokens, n * done as u64, "every request generated its {n} tokens");
+    }
+    let (cached, prompt) = (f(r, &["prefix_cache", "cached_tokens"]), f(r, &["prefix_cache", "prompt_tokens"]));
+    assert!(cached <= prompt && prompt > 0.0);
+    assert!(f(r, &["goodput", "requests"]) <= done);
+}
+
+#[test]
+fn bench_reports_are_consistent() {
+    let up = common::Up::start(&[]);
+    let dir = tempfile::tempdir().expect("temp dir");
+
+    // HTTP, closed loop, shared prefixes, with an SLO.
+    let url = format!("http://{}", up.http);
+    let r = bench(
+        &[
+            "--url",
+            &url,
+            "--duration",
+            "6",
+            "--concurrency",
+            "2",
+            "--output-len",
+            "6",
+            "--prefix-words",
+            "60",
+            "--slo-ttft-ms",
+            "60000",
+        ],
+        dir.path(),
+        "http",
+    );
+    check(&r, Some(6));
+    assert_eq!(r["workload"], "shared-prefix");
+    assert!(f(&r, &["prefix_cache", "cached_tokens"]) > 0.0, "shared system prompts hit the prefix cache");
+    assert_eq!(f(&r, &["goodput", "requests"]), f(&r, &["completed"]), "a 60 s TTFT SLO is met by all");
+
+    // gRPC, a Mooncake-format trace replayed at its timestamps (blocks of 32 tokens).
+    let trace = dir.path().join("trace.jsonl");
+    let lines: Vec<String> = (0..6)
+        .map(|i| {
+            format!(
+                r#"{{"timestamp": {}, "input_length": {}, "output_length": 4, "hash_ids": [1, 2, {}]}}"#,
+                i * 300,
+                70 + i,
+                10 + i
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines.join("\n")).expect("write the trace");
+    let url = format!("grpc://{}", up.grpc);
+    let r = bench(
+        &[
+            "--url",
+            &url,
+            "--workload",
+            "trace",
+            "--trace",
+            trace.to_str().expect("utf-8"),
+            "--trace-block-size",
+            "32",
+            "--duration",
+            "10",
+        ],
+        dir.path(),
+        "grpc",
+    );
+    check(&r, Some(4));
+    assert_eq!(f(&r, &["sent"]), 6.0, "every trace line was sent");
+    assert!(f(&r, &["prefix_cache", "cached_tokens"]) > 0.0, "trace blocks 1 and 2 are shared");
+    assert!(up.interrupt());
+}

@@ -1,0 +1,68 @@
+//! `ferry up --processes` as a test fixture.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `ferry up --processes`.
+pub struct Up {
+    pub child: Child,
+    /// The router's OpenAI HTTP address.
+    pub http: std::net::SocketAddr,
+    /// The router's gRPC address.
+    pub grpc: std::net::SocketAddr,
+    /// The daemons' process ids.
+    pub pids: Vec<u32>,
+}
+
+impl Up {
+    /// Starts it with SmolLM2 on free loopback ports and waits for its ready line.
+    pub fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args([
+                "up",
+                "--processes",
+                "--pool-pages",
+                "256",
+                "--http-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .arg("--model")
+            .arg(ferry_tests::smollm2())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start `ferry up`");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                println!("{l}");
+                let _ = tx.send(l);
+            }
+        });
+        let mut pids = Vec::new();
+        loop {
+            let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
+            if let Some((_, pid)) = line.rsplit_once("pid ") {
+                pids.push(pid.trim().parse::<u32>().expect("a pid"));
+            }
+            if let Some(rest) = line.strip_prefix("ferry up: ready; OpenAI API at http://") {
+                let http = rest.split("/v1").next().and_then(|a| a.parse().ok()).expect("the HTTP address");
+                let grpc = rest.split("gRPC at ").nth(1).and_then(|r| r.split(';').next()).and_then(|a| a.parse().ok());
+                return Self { child, http, grpc: grpc.expect("the gRPC address"), pids };
+            }
+        }
+    }
+
+    /// SIGINT, as Ctrl-C; returns whether it exited cleanly.
+    pub fn interrupt(mut self) -> bool {
+        // SAFETY: kill(2) on the child we spawned.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
+        }
+        self.child.wait().expect("wait for `ferry up`").success()
+    }
+}
