@@ -110,6 +110,10 @@ struct Common {
     stop: Option<StopIn>,
     #[serde(default)]
     stream: bool,
+    /// Accepted (OpenAI clients send `{"include_usage": true}`); usage always comes with the
+    /// last streamed chunk.
+    #[serde(default, rename = "stream_options")]
+    _stream_options: Option<serde_json::Value>,
     #[serde(default)]
     n: Option<u32>,
     /// Accepted and ignored (OpenAI clients send it).

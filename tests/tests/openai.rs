@@ -56,6 +56,7 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     // The same, streamed over SSE: the pieces add up to the same text, usage on the last.
     let mut sreq = req.clone();
     sreq["stream"] = true.into();
+    sreq["stream_options"] = serde_json::json!({"include_usage": true});
     let (s, h, body) = http(a, "POST", "/v1/completions", sreq.to_string().as_bytes()).await;
     assert_eq!(s, 200);
     assert!(h.iter().any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream")));

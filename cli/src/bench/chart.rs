@@ -105,13 +105,14 @@ fn nice_ceiling(x: f64) -> f64 {
 
 /// The chart of `r` with the raw latencies (seconds) behind its CDFs, as PNG bytes.
 pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<u8>, String> {
-    let mut c = Canvas::new(1200, 520);
+    let mut c = Canvas::new(1200, 560);
     c.text(20, 12, &format!("ferry bench: {} ({}), {} requests", r.workload, r.mode, r.completed), BLACK);
 
     // Left: latency CDFs over log10(ms).
-    let a = Area { x0: 70.0, y0: 70.0, x1: 560.0, y1: 440.0 };
+    let a = Area { x0: 70.0, y0: 70.0, x1: 560.0, y1: 430.0 };
     let all_ms = || ttft.iter().chain(itl).chain(e2e).map(|s| s * 1000.0).filter(|v| *v > 0.0);
-    let smallest = all_ms().fold(f64::INFINITY, f64::min);
+    let largest = all_ms().fold(0.0f64, f64::max);
+    let smallest = all_ms().fold(f64::INFINITY, f64::min).max(largest / 1e4);
     let lo = if smallest.is_finite() { smallest.max(0.01).log10().floor() } else { 0.0 };
     let hi = all_ms().fold(0.0f64, f64::max).max(1.0).log10().ceil().clamp(lo + 1.0, lo + 8.0);
     for d in (lo as i64)..=(hi as i64) {
@@ -145,7 +146,7 @@ pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<
             c.line(p_lo, p_hi, col);
             prev = Some(p_hi);
         }
-        let ly = a.y1 as i64 - 56 + 14 * k as i64;
+        let ly = a.y1 as i64 + 32 + 14 * k as i64;
         c.rect(a.x0 as i64 + 12, ly + 2, a.x0 as i64 + 28, ly + 4, col);
         c.text(
             a.x0 as i64 + 34,
@@ -163,7 +164,7 @@ pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<
     }
 
     // Right: throughput over time.
-    let b = Area { x0: 690.0, y0: 70.0, x1: 1170.0, y1: 440.0 };
+    let b = Area { x0: 690.0, y0: 70.0, x1: 1170.0, y1: 430.0 };
     let secs = r.timeline.len().max(1) as f64;
     let max_tok = r.timeline.iter().map(|x| x.output_tokens).max().unwrap_or(0) as f64;
     let max_req = r.timeline.iter().map(|x| x.completed).max().unwrap_or(0) as f64;
@@ -198,13 +199,18 @@ pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<
             c.rect(p.0 as i64 - 2, p.1 as i64 - 2, p.0 as i64 + 2, p.1 as i64 + 2, col);
         }
     }
-    c.rect(b.x0 as i64 + 12, 92, b.x0 as i64 + 28, 94, BLUE);
-    c.text(b.x0 as i64 + 34, 90, &format!("output tokens/s (mean {:.1})", r.output_tokens_per_s), BLUE);
-    c.rect(b.x0 as i64 + 12, 106, b.x0 as i64 + 28, 108, GREEN);
-    c.text(b.x0 as i64 + 34, 104, &format!("requests/s x {req_scale:.0} (mean {:.2})", r.requests_per_s), GREEN);
+    c.rect(b.x0 as i64 + 12, b.y1 as i64 + 34, b.x0 as i64 + 28, b.y1 as i64 + 36, BLUE);
+    c.text(b.x0 as i64 + 34, b.y1 as i64 + 32, &format!("output tokens/s (mean {:.1})", r.output_tokens_per_s), BLUE);
+    c.rect(b.x0 as i64 + 12, b.y1 as i64 + 48, b.x0 as i64 + 28, b.y1 as i64 + 50, GREEN);
+    c.text(
+        b.x0 as i64 + 34,
+        b.y1 as i64 + 46,
+        &format!("requests/s x {req_scale:.0} (mean {:.2})", r.requests_per_s),
+        GREEN,
+    );
     c.text(
         20,
-        490,
+        536,
         &format!(
             "TTFT p50/p90/p99 {:.0}/{:.0}/{:.0} ms   ITL p50 {:.1} ms   prefix cache hit {:.1} %",
             r.ttft_ms.p50,
@@ -235,7 +241,7 @@ mod tests {
         let png = render(&r, &[0.05, 0.1], &[0.01, 0.02, 0.012], &[0.5, 0.9]).expect("png");
         let d = png::Decoder::new(std::io::Cursor::new(png));
         let reader = d.read_info().expect("a PNG");
-        assert_eq!((reader.info().width, reader.info().height), (1200, 520));
+        assert_eq!((reader.info().width, reader.info().height), (1200, 560));
         // Empty runs render too.
         render(&Report::default(), &[], &[], &[]).expect("empty");
     }
