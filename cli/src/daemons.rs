@@ -1,6 +1,7 @@
 //! `ferry prefill`, `ferry decode`, `ferry router`: the three daemons from one binary (the
 //! same flags as `ferry-prefill`, `ferry-decode`, `ferry-router`); `ferry up --processes`
-//! starts its daemons this way. Each serves until SIGINT or SIGTERM, then stops gracefully.
+//! starts its daemons this way. Each serves until SIGINT or SIGTERM, then stops gracefully;
+//! under systemd (`Type=notify`) each reports READY=1 once serving and STOPPING=1.
 
 use std::future::Future;
 
@@ -68,7 +69,9 @@ where
         if let Some(line) = ready(&running).await {
             println!("{READY} {line}");
         }
+        ferry_cluster::notify::notify("READY=1");
         ferry_cluster::shutdown::signal().await;
+        ferry_cluster::notify::notify("STOPPING=1");
         stop(running).await;
         Ok(())
     })

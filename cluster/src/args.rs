@@ -80,6 +80,11 @@ pub struct WorkerArgs {
     /// bound --grpc-addr (required when that is a wildcard such as 0.0.0.0).
     #[arg(long, env = "FERRY_ADVERTISE_ADDR")]
     pub advertise_addr: Option<String>,
+    /// Decode nodes: the data-plane `host:port` prefill nodes connect to, sent in the
+    /// handshake. Default: the bound --transfer-addr; when that is a wildcard, the
+    /// --advertise-addr host with the bound port.
+    #[arg(long, env = "FERRY_TRANSFER_ADVERTISE_ADDR")]
+    pub transfer_advertise_addr: Option<String>,
     /// Seconds of the worker's etcd lease: a worker that stops renewing it (killed, cut off)
     /// leaves the cluster after this long.
     #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5)]
@@ -130,7 +135,28 @@ impl WorkerArgs {
             transfer_timeout: 30.0,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
             advertise_addr: None,
+            transfer_advertise_addr: None,
             etcd_lease_ttl: 5,
+        }
+    }
+
+    /// The data-plane endpoint to advertise for a receiver bound at `bound` (see
+    /// --transfer-advertise-addr). Endpoints that are not socket addresses (the fake backend's)
+    /// are kept.
+    pub fn data_endpoint(&self, bound: &str) -> Result<String, String> {
+        if let Some(a) = &self.transfer_advertise_addr {
+            return Ok(a.clone());
+        }
+        let Ok(addr) = bound.parse::<SocketAddr>() else { return Ok(bound.to_string()) };
+        if !addr.ip().is_unspecified() {
+            return Ok(bound.to_string());
+        }
+        let host = self.advertise_addr.as_deref().and_then(|a| a.rsplit_once(':')).map(|(h, _)| h);
+        match host {
+            Some(h) => Ok(format!("{h}:{}", addr.port())),
+            None => Err(format!(
+                "--transfer-addr {bound} is a wildcard: pass --transfer-advertise-addr (or --advertise-addr)"
+            )),
         }
     }
 
@@ -189,5 +215,34 @@ impl WorkerArgs {
             })
             .map_or(8 << 30, |kib| kib * 1024);
         ((total as f64 * self.mem_fraction) as usize / page_bytes.max(1)).max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advertised_addresses_replace_wildcards() {
+        let mut a = WorkerArgs::for_model("m");
+        assert_eq!(a.data_endpoint("127.0.0.1:7101").as_deref(), Ok("127.0.0.1:7101"));
+        assert_eq!(a.data_endpoint("fake-3").as_deref(), Ok("fake-3"));
+        assert!(a.data_endpoint("0.0.0.0:7101").expect_err("wildcard").contains("--transfer-advertise-addr"));
+        a.advertise_addr = Some("10.1.2.3:7001".into());
+        assert_eq!(a.data_endpoint("0.0.0.0:7101").as_deref(), Ok("10.1.2.3:7101"));
+        a.transfer_advertise_addr = Some("10.9.9.9:9000".into());
+        assert_eq!(a.data_endpoint("0.0.0.0:7101").as_deref(), Ok("10.9.9.9:9000"));
+
+        let wild: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
+        let mut b = WorkerArgs::for_model("m");
+        assert!(b.announce(Role::Prefill, "p0", wild).expect("no etcd").is_none());
+        b.etcd.endpoints = vec!["127.0.0.1:2379".into()];
+        assert!(b.announce(Role::Prefill, "p0", wild).expect_err("wildcard").contains("--advertise-addr"));
+        b.advertise_addr = Some("10.1.2.3:7001".into());
+        let a = b.announce(Role::Prefill, "p0", wild).expect("valid").expect("etcd");
+        assert_eq!(
+            (a.worker.addr.as_str(), a.etcd.key(a.worker.role, &a.worker.id)),
+            ("10.1.2.3:7001", "/ferry/default/prefill/p0".to_string())
+        );
     }
 }

@@ -8,11 +8,10 @@
 //! [`metrics`] holds every Prometheus metric name Ferry emits, with its help text;
 //! [`exporter`] installs the process's recorder and serves `/metrics`; [`status`] maps refusals
 //! to gRPC codes and counts them; [`shutdown`] is the graceful-shutdown signal; [`daemon`]
-//! serves and stops a daemon the same way for every role.
+//! serves and stops a daemon the same way for every role; [`notify`] tells systemd when it is
+//! ready.
 //!
-//! [`discovery`]: static discovery (flags or a file).
-//!
-//! Planned (DESIGN.md §1, §7): discovery through etcd, TLS.
+//! [`discovery`]: static (flags or a file) and through etcd.
 
 pub mod args;
 pub mod daemon;
@@ -21,6 +20,7 @@ pub mod exporter;
 pub mod ids;
 mod layout;
 pub mod metrics;
+pub mod notify;
 pub mod shutdown;
 pub mod status;
 pub mod wire;

@@ -111,6 +111,7 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
         .map_err(|source| StartError::Io { what: "transfer address", source })?;
+    let data_endpoint = w.data_endpoint(&data_endpoint).map_err(StartError::Config)?;
     let receiver = Arc::new(receiver);
 
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
@@ -174,7 +175,9 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.
 pub async fn run(args: DecodeArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
     let r = start(args).await?;
+    ferry_cluster::notify::notify("READY=1");
     shutdown.await;
+    ferry_cluster::notify::notify("STOPPING=1");
     r.stop().await;
     Ok(())
 }

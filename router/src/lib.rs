@@ -301,7 +301,9 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
 /// Runs the router until `shutdown` resolves.
 pub async fn run(args: RouterArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
     let r = start(args).await?;
+    ferry_cluster::notify::notify("READY=1");
     shutdown.await;
+    ferry_cluster::notify::notify("STOPPING=1");
     r.stop().await;
     Ok(())
 }

@@ -1,12 +1,14 @@
-//! `ferry up --processes` as a test fixture.
+//! `ferry up --processes` as a test fixture. (Each test binary uses part of it.)
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// A running `ferry up --processes`.
+/// A running `ferry up --processes`; killed (SIGKILL) if dropped without
+/// [`interrupt`](Self::interrupt), so a failing test leaves nothing behind.
 pub struct Up {
-    pub child: Child,
+    child: Option<Child>,
     /// The router's OpenAI HTTP address.
     pub http: std::net::SocketAddr,
     /// The router's gRPC address.
@@ -18,7 +20,7 @@ pub struct Up {
 impl Up {
     /// Starts it with SmolLM2 on free loopback ports and waits for its ready line.
     pub fn start(extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
             .args([
                 "up",
                 "--processes",
@@ -35,7 +37,9 @@ impl Up {
             .stdout(Stdio::piped())
             .spawn()
             .expect("start `ferry up`");
-        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let unspecified = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
+        let mut up = Self { child: Some(child), http: unspecified, grpc: unspecified, pids: Vec::new() };
+        let out = BufReader::new(up.child.as_mut().and_then(|c| c.stdout.take()).expect("stdout"));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         std::thread::spawn(move || {
             for l in out.lines().map_while(Result::ok) {
@@ -43,26 +47,36 @@ impl Up {
                 let _ = tx.send(l);
             }
         });
-        let mut pids = Vec::new();
         loop {
             let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
             if let Some((_, pid)) = line.rsplit_once("pid ") {
-                pids.push(pid.trim().parse::<u32>().expect("a pid"));
+                up.pids.push(pid.trim().parse::<u32>().expect("a pid"));
             }
             if let Some(rest) = line.strip_prefix("ferry up: ready; OpenAI API at http://") {
-                let http = rest.split("/v1").next().and_then(|a| a.parse().ok()).expect("the HTTP address");
+                up.http = rest.split("/v1").next().and_then(|a| a.parse().ok()).expect("the HTTP address");
                 let grpc = rest.split("gRPC at ").nth(1).and_then(|r| r.split(';').next()).and_then(|a| a.parse().ok());
-                return Self { child, http, grpc: grpc.expect("the gRPC address"), pids };
+                up.grpc = grpc.expect("the gRPC address");
+                return up;
             }
         }
     }
 
     /// SIGINT, as Ctrl-C; returns whether it exited cleanly.
     pub fn interrupt(mut self) -> bool {
-        // SAFETY: kill(2) on the child we spawned.
+        let Some(mut child) = self.child.take() else { return false };
+        // SAFETY: kill(2) on the child we spawned and have not reaped.
         unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGINT);
+            libc::kill(child.id() as libc::pid_t, libc::SIGINT);
         }
-        self.child.wait().expect("wait for `ferry up`").success()
+        child.wait().expect("wait for `ferry up`").success()
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

@@ -1,0 +1,67 @@
+{{/* The release's base name. */}}
+{{- define "ferry.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object; pass (dict "ctx" $ "component" "router"). */}}
+{{- define "ferry.labels" -}}
+app.kubernetes.io/name: ferry
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/component: {{ .component }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version }}
+{{- end -}}
+
+{{- define "ferry.selector" -}}
+app.kubernetes.io/name: ferry
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* The image of a component; pass (dict "ctx" $ "gpu" bool). */}}
+{{- define "ferry.image" -}}
+{{- $tag := .ctx.Values.image.tag | default .ctx.Chart.AppVersion -}}
+{{- if .gpu -}}
+{{ .ctx.Values.image.gpuRepository }}:{{ $tag }}
+{{- else -}}
+{{ .ctx.Values.image.repository }}:{{ $tag }}
+{{- end -}}
+{{- end -}}
+
+{{/* etcd client endpoints. */}}
+{{- define "ferry.etcd" -}}
+{{- if .Values.etcd.enabled -}}
+{{ include "ferry.fullname" . }}-etcd:2379
+{{- else -}}
+{{ .Values.etcd.external }}
+{{- end -}}
+{{- end -}}
+
+{{/* The container security context every Ferry container gets. */}}
+{{- define "ferry.securityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+{{- if .rdma }}
+  # Registering (pinning) the KV pool for RDMA needs IPC_LOCK.
+  add: ["IPC_LOCK"]
+{{- end }}
+{{- end -}}
+
+{{/* The model volume's source. */}}
+{{- define "ferry.modelVolume" -}}
+{{- if .Values.model.volume -}}
+{{ toYaml .Values.model.volume }}
+{{- else -}}
+persistentVolumeClaim:
+  claimName: {{ .Values.model.claimName }}
+  readOnly: true
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,144 @@
+{{/* A worker Deployment; pass (dict "ctx" $ "role" "prefill" "w" .Values.prefill). */}}
+{{- define "ferry.worker" -}}
+{{- $ := .ctx -}}
+{{- $w := .w -}}
+{{- $name := printf "%s-%s" (include "ferry.fullname" $) .role -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "ferry.labels" (dict "ctx" $ "component" .role) | nindent 4 }}
+spec:
+  replicas: {{ $w.replicas }}
+  selector:
+    matchLabels:
+      {{- include "ferry.selector" (dict "ctx" $ "component" .role) | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "ferry.selector" (dict "ctx" $ "component" .role) | nindent 8 }}
+    spec:
+      {{- with $.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $.Values.podSecurityContext | nindent 8 }}
+      {{- if $w.hostNetwork }}
+      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet
+      {{- end }}
+      # Time to finish requests in flight and free every page.
+      terminationGracePeriodSeconds: 60
+      containers:
+        - name: {{ .role }}
+          image: {{ include "ferry.image" (dict "ctx" $ "gpu" $w.gpu.enabled) | quote }}
+          imagePullPolicy: {{ $.Values.image.pullPolicy }}
+          command: ["ferry"]
+          args:
+            - {{ .role }}
+            - --model={{ $.Values.model.path }}
+            - --device={{ $w.device }}
+            - --page-size={{ $.Values.pageSize }}
+            - --pool-pages={{ $w.poolPages }}
+            - --mem-fraction={{ $w.memFraction }}
+            - --chunked-prefill-size={{ $w.chunkedPrefillSize }}
+            - --worker-id=$(POD_NAME)
+            - --grpc-addr=0.0.0.0:{{ $w.grpcPort }}
+            - --metrics-addr=0.0.0.0:{{ $w.metricsPort }}
+            - --advertise-addr=$(POD_IP):{{ $w.grpcPort }}
+            - --transfer={{ $w.transfer }}
+            - --etcd={{ include "ferry.etcd" $ }}
+            - --cluster={{ $.Values.cluster }}
+            - --etcd-lease-ttl={{ $.Values.etcd.leaseTtl }}
+            {{- if eq .role "decode" }}
+            - --transfer-addr=0.0.0.0:{{ $w.transferPort }}
+            - --transfer-advertise-addr=$(POD_IP):{{ $w.transferPort }}
+            - --max-running-requests={{ $w.maxRunningRequests }}
+            {{- end }}
+            {{- range $w.extraArgs }}
+            - {{ . }}
+            {{- end }}
+          env:
+            - name: POD_NAME
+              valueFrom: {fieldRef: {fieldPath: metadata.name}}
+            - name: POD_IP
+              valueFrom: {fieldRef: {fieldPath: status.podIP}}
+          ports:
+            - {name: grpc, containerPort: {{ $w.grpcPort }}}
+            - {name: metrics, containerPort: {{ $w.metricsPort }}}
+            {{- if eq .role "decode" }}
+            - {name: kv, containerPort: {{ $w.transferPort }}}
+            {{- end }}
+          # gRPC health: SERVING once the model is loaded and the pool touched; NOT_SERVING
+          # while stopping.
+          startupProbe:
+            grpc: {port: {{ $w.grpcPort }}}
+            periodSeconds: 5
+            failureThreshold: 120
+          readinessProbe:
+            grpc: {port: {{ $w.grpcPort }}}
+            periodSeconds: 5
+          livenessProbe:
+            grpc: {port: {{ $w.grpcPort }}}
+            periodSeconds: 10
+            failureThreshold: 6
+          resources:
+            {{- $res := deepCopy ($w.resources | default dict) }}
+            {{- $limits := get $res "limits" | default dict }}
+            {{- if $w.gpu.enabled }}
+            {{- $_ := set $limits $w.gpu.resourceName $w.gpu.count }}
+            {{- end }}
+            {{- if $w.rdma.enabled }}
+            {{- $_ := set $limits $w.rdma.resourceName $w.rdma.count }}
+            {{- end }}
+            {{- if $limits }}
+            {{- $_ := set $res "limits" $limits }}
+            {{- end }}
+            {{- toYaml $res | nindent 12 }}
+          securityContext:
+            {{- include "ferry.securityContext" (dict "rdma" $w.rdma.enabled) | nindent 12 }}
+          volumeMounts:
+            - {name: model, mountPath: /models, readOnly: true}
+            - {name: tmp, mountPath: /tmp}
+            {{- if $w.shm.enabled }}
+            - {name: shm, mountPath: /dev/shm}
+            {{- end }}
+      volumes:
+        - name: model
+          {{- include "ferry.modelVolume" $ | nindent 10 }}
+        - name: tmp
+          emptyDir: {}
+        {{- if $w.shm.enabled }}
+        - name: shm
+          emptyDir: {medium: Memory, sizeLimit: {{ $w.shm.sizeLimit }}}
+        {{- end }}
+      {{- with $w.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $w.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $w.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+---
+# Headless: the workers' metrics for the ServiceMonitor (placement goes through etcd).
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "ferry.labels" (dict "ctx" $ "component" .role) | nindent 4 }}
+spec:
+  clusterIP: None
+  selector:
+    {{- include "ferry.selector" (dict "ctx" $ "component" .role) | nindent 4 }}
+  ports:
+    - {name: grpc, port: {{ $w.grpcPort }}, targetPort: grpc}
+    - {name: metrics, port: {{ $w.metricsPort }}, targetPort: metrics}
+{{- end -}}
