@@ -37,6 +37,23 @@ pub const GENERATED_TOKENS: &str = "ferry_generated_tokens_total";
 /// Seconds one forward pass took, by `role` (histogram).
 pub const STEP_SECONDS: &str = "ferry_step_seconds";
 
+/// Requests the router placed, by `target` (prefill | local: the decode worker prefills) and
+/// `worker` (the prefill worker, or the decode worker for local) (counter).
+pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
+/// Prefills that failed before the first token and were retried elsewhere (counter).
+pub const ROUTER_RETRIES: &str = "ferry_router_prefill_retries_total";
+/// Requests the router finished, by `outcome` (stop | length | abort | error | cancelled | refused)
+/// (counter).
+pub const ROUTER_REQUESTS: &str = "ferry_router_requests_total";
+/// Seconds from a request's arrival at the router to its first token (histogram).
+pub const ROUTER_TTFT: &str = "ferry_router_ttft_seconds";
+/// Prompt tokens of the router's finished requests, by `kind` (prompt | cached) (counter).
+pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
+/// Workers the router knows, by `role` and `state` (healthy | unhealthy) (gauge).
+pub const ROUTER_WORKERS: &str = "ferry_router_workers";
+/// Pages in the router's prefix index (gauge).
+pub const ROUTER_INDEX_PAGES: &str = "ferry_router_index_pages";
+
 /// Registers help texts for every metric with the installed recorder.
 pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
@@ -55,4 +72,11 @@ pub fn describe() {
     describe_counter!(TRANSFER_ROOMS, "Transfer rooms ended, by backend, side, outcome and reason");
     describe_counter!(TRANSFER_REFUSALS, "Frames or rooms refused by a receiver, by reason");
     describe_gauge!(TRANSFER_BACKEND, "Transfer backend in use (1), with the one requested");
+    describe_counter!(ROUTER_PLACEMENTS, "Requests placed, by target (prefill, local) and worker");
+    describe_counter!(ROUTER_RETRIES, "Prefills retried on another worker after failing before the first token");
+    describe_counter!(ROUTER_REQUESTS, "Requests finished by the router, by outcome");
+    describe_histogram!(ROUTER_TTFT, metrics::Unit::Seconds, "Time from arrival at the router to the first token");
+    describe_counter!(ROUTER_PROMPT_TOKENS, "Prompt tokens of finished requests, by kind (prompt, cached)");
+    describe_gauge!(ROUTER_WORKERS, "Workers known to the router, by role and state");
+    describe_gauge!(ROUTER_INDEX_PAGES, "Pages in the router's prefix index");
 }

@@ -7,6 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ferry_cluster::metrics as M;
 use ferry_cluster::{RoomKey, wire};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::{Detokenizer, FinishReason, SamplingParams, ServedModel};
@@ -159,6 +160,7 @@ impl Ctx {
         let need =
             (len + req.sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(self.page_size.max(1));
         let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {
+            metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
             let mut s = Status::resource_exhausted(e.to_string());
             if let Ok(v) = e.retry_after_ms.to_string().parse() {
                 s.metadata_mut().insert("retry-after-ms", v);
@@ -169,6 +171,12 @@ impl Ctx {
             .filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true))
             .and_then(|c| Some((c.worker, Arc::clone(snap.prefill[c.worker].as_ref()?), c.cached_tokens)));
         let decode = Arc::clone(&snap.decode[d]);
+        match &prefill {
+            Some((_, w, _)) => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "prefill", "worker" => w.id.clone()),
+            None => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "local", "worker" => decode.id.clone()),
+        }
+        .increment(1);
+        let arrived = Instant::now();
         let key = RoomKey::random();
         if let Some((slot, ..)) = &prefill {
             let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now() + Duration::from_secs(10));
@@ -176,8 +184,9 @@ impl Ctx {
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
-            let out = me.run(req, key, prefill, decode, &tx).await;
+            let out = me.run(req, key, prefill, decode, arrived, &tx).await;
             if let Err(s) = out {
+                metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
                 let _ = tx.send(Err(s)).await;
             }
         });
@@ -258,6 +267,7 @@ impl Ctx {
         key: RoomKey,
         prefill: Option<(usize, Arc<Worker>, usize)>,
         decode: Arc<Worker>,
+        arrived: Instant,
         tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
     ) -> Result<(), Status> {
         // A prefill that fails before the first token is retried once on another prefill worker
@@ -275,6 +285,7 @@ impl Ctx {
                 r = &mut task => match r {
                     Ok(Err(s)) if !retried => {
                         retried = true;
+                        metrics::counter!(M::ROUTER_RETRIES).increment(1);
                         let failed = target.as_ref().map(|w| w.id.clone());
                         tracing::warn!(worker = ?failed, error = %s, "prefill failed before the first token; retrying");
                         tried.extend(failed);
@@ -308,12 +319,16 @@ impl Ctx {
                     return Err(s);
                 }
             };
+            if completion == 0 && !msg.token_ids.is_empty() {
+                metrics::histogram!(M::ROUTER_TTFT).record(arrived.elapsed().as_secs_f64());
+            }
             completion += msg.token_ids.len() as u32;
             let lps: Vec<(u32, f32)> = msg.logprobs.iter().map(|l| (l.token_id, l.logprob)).collect();
             let (text, stopped) = out.push(&msg.token_ids);
             let end = wire::finish_from_proto(msg.finish_reason()).or(stopped.then_some(FinishReason::Stop));
             if tx.send(Ok(Piece { text, tokens: lps, end: None })).await.is_err() {
                 prefill_task.abort();
+                metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
                 return Ok(()); // the client went away: dropping the calls frees both workers
             }
             if end.is_some() {
@@ -335,6 +350,10 @@ impl Ctx {
             completion_tokens: completion,
             cached_tokens: cached,
         };
+        let outcome = format!("{finish:?}").to_ascii_lowercase();
+        metrics::counter!(M::ROUTER_REQUESTS, "outcome" => outcome).increment(1);
+        metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
+        metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
         let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;
         Ok(())
     }

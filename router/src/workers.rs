@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
+use ferry_cluster::metrics as M;
 use ferry_proto::v1 as pb;
 use tonic::transport::{Channel, Endpoint};
 
@@ -283,6 +284,20 @@ impl Registry {
                 }
             });
             futures::future::join_all(polls).await;
+            let count = |ws: &mut dyn Iterator<Item = &Arc<Worker>>| {
+                let (mut up, mut down) = (0usize, 0usize);
+                for w in ws {
+                    if w.healthy() { up += 1 } else { down += 1 }
+                }
+                (up as f64, down as f64)
+            };
+            for (role, (up, down)) in
+                [("prefill", count(&mut snap.prefill.iter().flatten())), ("decode", count(&mut snap.decode.iter()))]
+            {
+                metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
+                metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
+            }
+            metrics::gauge!(M::ROUTER_INDEX_PAGES).set(lock(&self.index).pages() as f64);
         }
     }
 }

@@ -133,6 +133,15 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
         assert!(!v["error"]["message"].as_str().unwrap_or("").is_empty());
     }
     let (_, _, metrics) = http(a, "GET", "/metrics", b"").await;
+    for m in [
+        "ferry_router_placements_total{target=\"prefill\"",
+        "ferry_router_requests_total{outcome=\"length\"}",
+        "ferry_router_ttft_seconds_count",
+        "ferry_router_prompt_tokens_total{kind=\"prompt\"}",
+        "ferry_router_workers{role=\"decode\",state=\"healthy\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l.starts_with(m)), "{m} missing from the router's /metrics");
+    }
     for code in ["bad_json", "model_not_found", "invalid_request", "invalid_utf8", "body_too_large"] {
         assert!(
             metrics
