@@ -11,6 +11,7 @@ mod daemons;
 mod fetch;
 mod generate;
 mod procs;
+mod reference;
 mod up;
 
 use clap::{Parser, Subcommand};
