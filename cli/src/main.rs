@@ -11,6 +11,7 @@ mod daemons;
 mod fetch;
 mod generate;
 mod procs;
+#[cfg(test)]
 mod reference;
 mod up;
 
