@@ -133,9 +133,12 @@ struct MessageIn {
     _name: Option<String>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `/v1/completions`.
     Completion,
+    /// `/v1/chat/completions`.
     Chat,
 }
 
@@ -272,15 +275,8 @@ async fn handle(
         }
         Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
-    let Ok(text) = std::str::from_utf8(&body) else {
-        return err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8");
-    };
-    let c: Common = match serde_json::from_str(text) {
-        Ok(c) => c,
-        Err(e) => return err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")),
-    };
-    let p = match prepare(&ctx, &c, kind) {
-        Ok(p) => p,
+    let (p, streamed) = match parse(&ctx, &body, kind) {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let id = p.request_id.clone();
@@ -289,7 +285,21 @@ async fn handle(
         Ok(s) => s,
         Err(s) => return from_status(&s),
     };
-    if c.stream { sse(stream, id, model, kind).into_response() } else { whole(stream, id, model, kind).await }
+    if streamed { sse(stream, id, model, kind).into_response() } else { whole(stream, id, model, kind).await }
+}
+
+/// Reads a request body: UTF-8, JSON with known fields only, the model, the prompt or
+/// messages (tokenized), sampling and stop strings, all checked. Returns the request and
+/// whether it asked for a stream, or the finished 4xx response.
+// The error is the finished HTTP response, returned once per request: its size is no concern.
+#[allow(clippy::result_large_err)]
+pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, bool), Response> {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Err(err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8"));
+    };
+    let c: Common = serde_json::from_str(text)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
+    Ok((prepare(ctx, &c, kind)?, c.stream))
 }
 
 async fn whole(

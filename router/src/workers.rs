@@ -342,20 +342,34 @@ async fn follow_once(w: &Worker, slot: usize, index: &Mutex<PrefixIndex>) -> Res
         if !w.member.load(std::sync::atomic::Ordering::SeqCst) {
             return Err("left the cluster".into());
         }
-        for e in batch.events {
-            let fresh = match (at, &e.kind) {
-                (_, Some(pb::kv_event::Kind::Snapshot(_))) => true,
-                (Some((epoch, seq)), _) => epoch == batch.epoch && e.sequence == seq + 1,
-                (None, _) => false,
-            };
-            if !fresh {
-                return Err(format!("gap: {:?} then {} in epoch {}", at, e.sequence, batch.epoch));
-            }
-            at = Some((batch.epoch, e.sequence));
-            apply(&mut ix, slot, e.kind).map_err(|x| x.to_string())?;
-        }
+        apply_batch(&mut ix, slot, batch, &mut at)?;
     }
     Err("stream closed".into())
+}
+
+/// Applies one batch of worker `slot`'s KV events to `ix`, in sequence: `at` is the (epoch,
+/// last sequence) applied so far (None: nothing yet, so the batch must start with a snapshot).
+/// A gap, an epoch change without a snapshot or an event the index refuses is an error, after
+/// which the caller forgets the worker's entries and resubscribes.
+pub fn apply_batch(
+    ix: &mut PrefixIndex,
+    slot: usize,
+    batch: pb::KvEventBatch,
+    at: &mut Option<(u64, u64)>,
+) -> Result<(), String> {
+    for e in batch.events {
+        let fresh = match (*at, &e.kind) {
+            (_, Some(pb::kv_event::Kind::Snapshot(_))) => true,
+            (Some((epoch, seq)), _) => epoch == batch.epoch && e.sequence == seq.wrapping_add(1),
+            (None, _) => false,
+        };
+        if !fresh {
+            return Err(format!("gap: {:?} then {} in epoch {}", at, e.sequence, batch.epoch));
+        }
+        *at = Some((batch.epoch, e.sequence));
+        apply(ix, slot, e.kind).map_err(|x| x.to_string())?;
+    }
+    Ok(())
 }
 
 fn apply(ix: &mut PrefixIndex, slot: usize, kind: Option<pb::kv_event::Kind>) -> Result<(), crate::index::IndexError> {

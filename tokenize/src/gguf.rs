@@ -322,7 +322,9 @@ pub fn parse(buf: &[u8]) -> Result<GgufHeader, TokenizeError> {
                     t.name, t.elements
                 )));
             }
-            let size = t.elements / per as u64 * bytes as u64;
+            let size = (t.elements / per as u64)
+                .checked_mul(bytes as u64)
+                .ok_or_else(|| TokenizeError::Gguf(format!("tensor {}: size overflow", t.name)))?;
             if t.offset.saturating_add(size) > buf.len() as u64 {
                 return Err(TokenizeError::Gguf(format!(
                     "tensor {} ends at byte {} but the file has {} bytes (truncated file?)",

@@ -1,0 +1,48 @@
+//! The router's OpenAI request parsing (`openai::parse`): any body to either endpoint gives a
+//! checked request or a 4xx, never a panic. The first input byte picks the endpoint.
+#![no_main]
+
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ferry_router::generate::Ctx;
+use ferry_router::index::PrefixIndex;
+use ferry_router::openai::{Kind, parse};
+use ferry_router::placement::Placer;
+use ferry_router::workers::Registry;
+use libfuzzer_sys::fuzz_target;
+
+fn ctx() -> &'static Ctx {
+    static CTX: OnceLock<(tempfile::TempDir, Ctx)> = OnceLock::new();
+    &CTX.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Served as "hf", the name the seed inputs use.
+        let path = dir.path().join("hf");
+        ferry_engine::tiny::write_hf(&path, &ferry_engine::tiny::TinySpec::default()).expect("tiny model");
+        let model = ferry_tokenize::ServedModel::load(&path).expect("served model");
+        let index = Arc::new(Mutex::new(PrefixIndex::new(16, 1024)));
+        let ctx = Ctx {
+            model,
+            workers: Arc::new(Registry::new(Arc::clone(&index))),
+            index,
+            placer: Mutex::new(Placer::new("cache-aware".parse().expect("policy"), 1000.0, 0.0, 2.5e9)),
+            local_prefill_below: 0,
+            page_size: 16,
+            api_keys: Vec::new(),
+        };
+        (dir, ctx)
+    })
+    .1
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&first, body)) = data.split_first() else { return };
+    let kind = if first & 1 == 0 { Kind::Completion } else { Kind::Chat };
+    let c = ctx();
+    match parse(c, body, kind) {
+        Ok((p, _)) => {
+            assert!(!p.tokens.is_empty() && p.tokens.len() < c.model.context_length);
+            assert!(p.tokens.iter().all(|&t| (t as usize) < c.model.vocab_size));
+        }
+        Err(r) => assert!(r.status().is_client_error(), "{}", r.status()),
+    }
+});
