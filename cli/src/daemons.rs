@@ -69,10 +69,7 @@ where
         if let Some(line) = ready(&running).await {
             println!("{READY} {line}");
         }
-        ferry_cluster::notify::notify("READY=1");
-        ferry_cluster::shutdown::signal().await;
-        ferry_cluster::notify::notify("STOPPING=1");
-        stop(running).await;
+        ferry_cluster::daemon::serve_until(running, ferry_cluster::shutdown::signal(), stop).await;
         Ok(())
     })
 }

@@ -74,6 +74,7 @@ fn check(r: &Value, tokens_per_request: Option<u64>) {
 #[test]
 fn bench_reports_are_consistent() {
     let up = common::Up::start(&[]);
+    assert_eq!(up.pids.len(), 3);
     let dir = tempfile::tempdir().expect("temp dir");
 
     // HTTP, closed loop, shared prefixes, with an SLO.

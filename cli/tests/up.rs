@@ -11,6 +11,7 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
     let up = common::Up::start(&[]);
     let (http_addr, pids) = (up.http, up.pids.clone());
     assert_eq!(pids.len(), 3, "router, one prefill and one decode process");
+    assert!(std::net::TcpStream::connect(up.grpc).is_ok(), "the router's gRPC address answers");
 
     let (s, _, body) = http(http_addr, "GET", "/v1/models", b"").await;
     assert_eq!(s, 200, "{body}");

@@ -156,3 +156,15 @@ impl Daemon {
         }
     }
 }
+
+/// Serves until `shutdown` resolves, telling systemd (when it supervises) that the daemon is
+/// ready and then stopping, and stops `running` with `stop`.
+pub async fn serve_until<R, F>(running: R, shutdown: impl std::future::Future<Output = ()>, stop: impl FnOnce(R) -> F)
+where
+    F: std::future::Future<Output = ()>,
+{
+    crate::notify::notify("READY=1");
+    shutdown.await;
+    crate::notify::notify("STOPPING=1");
+    stop(running).await;
+}

@@ -174,10 +174,6 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.
 pub async fn run(args: DecodeArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    let r = start(args).await?;
-    ferry_cluster::notify::notify("READY=1");
-    shutdown.await;
-    ferry_cluster::notify::notify("STOPPING=1");
-    r.stop().await;
+    ferry_cluster::daemon::serve_until(start(args).await?, shutdown, Running::stop).await;
     Ok(())
 }

@@ -94,12 +94,16 @@ impl PrefixIndex {
         self.dropped
     }
 
-    /// The tokens from the root to the end of page `hash` (None when unknown).
+    /// The tokens from the root to the end of page `hash` (None when unknown, or when the
+    /// parent links loop: events are a worker's word, so a malformed stream could make one).
     fn path_of(&self, hash: u64) -> Option<Vec<u32>> {
         let mut chain = Vec::new();
         let mut h = hash;
         while h != ROOT_HASH {
             let p = self.pages.get(&h)?;
+            if chain.len() > self.pages.len() {
+                return None;
+            }
             chain.push(&p.tokens);
             h = p.parent;
         }

@@ -300,10 +300,6 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
 
 /// Runs the router until `shutdown` resolves.
 pub async fn run(args: RouterArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    let r = start(args).await?;
-    ferry_cluster::notify::notify("READY=1");
-    shutdown.await;
-    ferry_cluster::notify::notify("STOPPING=1");
-    r.stop().await;
+    ferry_cluster::daemon::serve_until(start(args).await?, shutdown, Running::stop).await;
     Ok(())
 }

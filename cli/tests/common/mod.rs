@@ -1,5 +1,4 @@
-//! `ferry up --processes` as a test fixture. (Each test binary uses part of it.)
-#![allow(dead_code)]
+//! `ferry up --processes` as a test fixture.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
