@@ -173,7 +173,17 @@ impl ModelConfig {
             || self.head_dim == 0
             || self.head_dim % 2 != 0
             || self.max_position_embeddings == 0;
-        if bad { Err(format!("inconsistent architecture: {self:?}")) } else { Ok(()) }
+        // Far beyond any real model: a file claiming more is corrupt (and would make the
+        // loader size vectors from it).
+        let huge = self.num_layers > 4096
+            || self.hidden_size > 1 << 20
+            || self.num_heads > 1 << 14
+            || self.num_kv_heads > 1 << 14
+            || self.head_dim > 1 << 14
+            || self.intermediate_size > 1 << 22
+            || self.vocab_size > 1 << 24
+            || self.max_position_embeddings > 1 << 24;
+        if bad || huge { Err(format!("inconsistent architecture: {self:?}")) } else { Ok(()) }
     }
 
     /// Width of the query projection.

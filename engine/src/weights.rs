@@ -58,7 +58,7 @@ impl<B: Backend> Weights<B> {
             vec(name, n).map(Some)
         };
         let (q, kv, ff) = (cfg.q_dim(), cfg.kv_dim(), cfg.intermediate_size);
-        let mut layers = Vec::with_capacity(cfg.num_layers);
+        let mut layers = Vec::new();
         for i in 0..cfg.num_layers {
             let p = format!("model.layers.{i}");
             layers.push(Layer {
