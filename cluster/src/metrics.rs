@@ -40,8 +40,9 @@ pub const STEP_SECONDS: &str = "ferry_step_seconds";
 /// Requests the router placed, by `target` (prefill | local: the decode worker prefills) and
 /// `worker` (the prefill worker, or the decode worker for local) (counter).
 pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
-/// Prefills that failed before the first token and were retried elsewhere (counter).
-pub const ROUTER_RETRIES: &str = "ferry_router_prefill_retries_total";
+/// Requests retried elsewhere after a worker failed before the first token, by `stage`
+/// (prefill | decode) (counter).
+pub const ROUTER_RETRIES: &str = "ferry_router_retries_total";
 /// Requests the router finished, by `outcome` (stop | length | abort | error | cancelled | refused)
 /// (counter).
 pub const ROUTER_REQUESTS: &str = "ferry_router_requests_total";
@@ -53,6 +54,13 @@ pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
 pub const ROUTER_WORKERS: &str = "ferry_router_workers";
 /// Pages in the router's prefix index (gauge).
 pub const ROUTER_INDEX_PAGES: &str = "ferry_router_index_pages";
+/// Requests through the router's admission queue, by `outcome` (immediate | queued |
+/// queue_full | timeout) (counter).
+pub const ROUTER_ADMISSION: &str = "ferry_router_admission_total";
+/// Requests waiting in the router's admission queue (gauge).
+pub const ROUTER_QUEUED: &str = "ferry_router_queued_requests";
+/// Seconds a request admitted from the queue waited there (histogram).
+pub const ROUTER_QUEUE_SECONDS: &str = "ferry_router_queue_seconds";
 
 /// A metric's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +128,12 @@ pub const ALL: &[Metric] = &[
         "target, worker",
         "Requests placed (target: prefill, or local on the decode worker)",
     ),
-    m(ROUTER_RETRIES, Kind::Counter, "", "Prefills retried on another worker after failing before the first token"),
+    m(
+        ROUTER_RETRIES,
+        Kind::Counter,
+        "stage",
+        "Requests retried on another worker after it failed before the first token (prefill, decode)",
+    ),
     m(
         ROUTER_REQUESTS,
         Kind::Counter,
@@ -131,6 +144,14 @@ pub const ALL: &[Metric] = &[
     m(ROUTER_PROMPT_TOKENS, Kind::Counter, "kind", "Prompt tokens of finished requests (prompt, cached)"),
     m(ROUTER_WORKERS, Kind::Gauge, "role, state", "Workers known to the router (healthy, unhealthy)"),
     m(ROUTER_INDEX_PAGES, Kind::Gauge, "", "Pages in the router's prefix index"),
+    m(
+        ROUTER_ADMISSION,
+        Kind::Counter,
+        "outcome",
+        "Requests through the admission queue (immediate, queued, queue_full, timeout)",
+    ),
+    m(ROUTER_QUEUED, Kind::Gauge, "", "Requests waiting in the admission queue"),
+    m(ROUTER_QUEUE_SECONDS, Kind::Histogram, "", "Time a queued request waited for a slot, seconds"),
 ];
 
 /// Registers help texts for every metric with the installed recorder.

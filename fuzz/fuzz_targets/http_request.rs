@@ -3,7 +3,9 @@
 #![no_main]
 
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
+use ferry_router::admission::{Admission, Limits};
 use ferry_router::generate::Ctx;
 use ferry_router::index::PrefixIndex;
 use ferry_router::openai::{Kind, parse};
@@ -28,6 +30,7 @@ fn ctx() -> &'static Ctx {
             local_prefill_below: 0,
             page_size: 16,
             api_keys: Vec::new(),
+            admission: Admission::new(Limits { max_running: 0, max_queued: 0, timeout: Duration::ZERO }),
         };
         (dir, ctx)
     })

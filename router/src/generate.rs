@@ -14,10 +14,51 @@ use ferry_tokenize::{Detokenizer, FinishReason, SamplingParams, ServedModel};
 use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 
+use crate::admission::Admission;
 use crate::index::PrefixIndex;
 
 /// The prefill call of one attempt: the prompt tokens it found cached (None: no prefill worker).
 type PrefillTask = tokio::task::JoinHandle<Result<Option<u32>, Status>>;
+/// An attempt's first decode message: `Some(None)` when the stream ended without one, `None`
+/// when the prefill finished first.
+type FirstMessage = Option<Option<Result<pb::DecodeResponse, Status>>>;
+
+/// Retries of a request that failed before its first token.
+const MAX_RETRIES: usize = 2;
+/// How long a failed decode call waits for its prefill call to report a failure of its own
+/// (then the prefill worker is blamed).
+const BLAME_GRACE: Duration = Duration::from_millis(300);
+
+/// Which worker failed an attempt.
+#[derive(Debug, Clone, Copy)]
+enum Stage {
+    Prefill,
+    Decode,
+}
+
+impl Stage {
+    fn label(self) -> &'static str {
+        match self {
+            Stage::Prefill => "prefill",
+            Stage::Decode => "decode",
+        }
+    }
+}
+
+/// Whether a failure before the first token is worth another attempt elsewhere: not when the
+/// request itself is at fault.
+fn retriable(code: Code) -> bool {
+    !matches!(
+        code,
+        Code::InvalidArgument
+            | Code::OutOfRange
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+            | Code::FailedPrecondition
+            | Code::NotFound
+    )
+}
 use crate::placement::{DecodeState, Placer, PrefillState, disaggregate};
 use crate::workers::{Registry, Worker};
 
@@ -50,6 +91,8 @@ pub struct Ctx {
     pub page_size: usize,
     /// Keys accepted as `Authorization: Bearer <key>`; empty: no key needed.
     pub api_keys: Vec<String>,
+    /// Bounded concurrency with a queue.
+    pub admission: Admission,
 }
 
 impl Ctx {
@@ -124,11 +167,12 @@ impl Ctx {
         sampling.validate(self.model.vocab_size).map_err(|e| Status::invalid_argument(e.to_string()))
     }
 
-    /// Places and starts `req`; the stream yields its output.
-    pub fn generate(
+    /// Waits for admission, then places and starts `req`; the stream yields its output.
+    pub async fn generate(
         self: &Arc<Self>,
         req: Prepared,
     ) -> Result<impl Stream<Item = Result<Piece, Status>> + use<>, Status> {
+        let slot = self.admission.admit().await?;
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let prefill_states: Vec<PrefillState> = snap
@@ -184,6 +228,7 @@ impl Ctx {
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
+            let _slot = slot; // held while the request runs
             let out = me.run(req, key, prefill, decode, arrived, &tx).await;
             if let Err(s) = out {
                 metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
@@ -261,6 +306,89 @@ impl Ctx {
             .map(|(_, w)| Arc::clone(w))
     }
 
+    /// The healthy decode worker, not among `tried`, with the most admissible pages for a
+    /// request needing `need` pages.
+    fn other_decode(&self, need: u64, tried: &[String]) -> Option<Arc<Worker>> {
+        let snap = self.workers.snapshot();
+        let states: Vec<DecodeState> = snap
+            .decode
+            .iter()
+            .map(|w| DecodeState {
+                healthy: w.healthy() && !tried.contains(&w.id),
+                admissible_pages: w.load().map_or(0, |l| u64::from(l.free_pages)),
+            })
+            .collect();
+        let d = lock(&self.placer).decode(need, &states).ok()?;
+        Some(Arc::clone(&snap.decode[d]))
+    }
+
+    /// Runs attempts until one produces its first message (or ends cleanly), retrying a
+    /// failure before the first token on other workers: a failed prefill worker is replaced
+    /// by another (or by prefilling on the decode worker), a failed decode worker by another
+    /// decode worker. Each retry uses a new room; the failed attempt's calls are dropped, which
+    /// frees its pages on both workers.
+    async fn first_message(
+        &self,
+        req: &Prepared,
+        key: RoomKey,
+        mut target: Option<Arc<Worker>>,
+        mut decode: Arc<Worker>,
+    ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask, FirstMessage), Status> {
+        let need = (req.tokens.len() + req.sampling.max_new_tokens as usize)
+            .min(self.model.context_length)
+            .div_ceil(self.page_size.max(1)) as u64;
+        let (mut key, mut tried_prefill, mut tried_decode) = (key, Vec::new(), Vec::new());
+        for retry in 0..=MAX_RETRIES {
+            let (stage, status) = match self.attempt(req, key, target.clone(), &decode).await {
+                Err(s) => (Stage::Decode, s),
+                Ok((mut stream, mut task)) => tokio::select! {
+                    m = stream.next() => match m {
+                        Some(Err(s)) => match tokio::time::timeout(BLAME_GRACE, &mut task).await {
+                            // The decode worker failed because its prefill did: blame the prefill.
+                            Ok(Ok(Err(p))) => (Stage::Prefill, p),
+                            _ => {
+                                task.abort();
+                                (Stage::Decode, s)
+                            }
+                        },
+                        m => return Ok((stream, task, Some(m))),
+                    },
+                    r = &mut task => match r {
+                        Ok(Err(s)) => (Stage::Prefill, s),
+                        other => {
+                            // Done: put the outcome back for the end of the request.
+                            let task = tokio::spawn(async move {
+                                other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
+                            });
+                            return Ok((stream, task, None));
+                        }
+                    },
+                },
+            };
+            if retry == MAX_RETRIES || !retriable(status.code()) {
+                return Err(status);
+            }
+            metrics::counter!(M::ROUTER_RETRIES, "stage" => stage.label()).increment(1);
+            match stage {
+                Stage::Prefill => {
+                    let failed = target.as_ref().map(|w| w.id.clone());
+                    tracing::warn!(worker = ?failed, error = %status, "prefill failed before the first token; retrying");
+                    tried_prefill.extend(failed);
+                    target = self.fallback(&req.tokens, &tried_prefill);
+                }
+                Stage::Decode => {
+                    tracing::warn!(worker = %decode.id, error = %status, "decode failed before the first token; retrying");
+                    tried_decode.push(decode.id.clone());
+                    if let Some(d) = self.other_decode(need, &tried_decode) {
+                        decode = d;
+                    }
+                }
+            }
+            key = RoomKey::random();
+        }
+        unreachable!("the last attempt returns")
+    }
+
     async fn run(
         &self,
         req: Prepared,
@@ -270,38 +398,8 @@ impl Ctx {
         arrived: Instant,
         tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
     ) -> Result<(), Status> {
-        // A prefill that fails before the first token is retried once on another prefill worker
-        // (or on the decode worker itself) with a new room; the failed attempt's calls are
-        // dropped, which frees its pages on both workers.
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
-        let mut target = prefill.map(|p| p.1);
-        let mut key = key;
-        let mut tried = Vec::new();
-        let mut retried = false;
-        let (mut stream, prefill_task, first) = loop {
-            let (mut stream, mut task) = self.attempt(&req, key, target.clone(), &decode).await?;
-            let first = tokio::select! {
-                m = stream.next() => Some(m),
-                r = &mut task => match r {
-                    Ok(Err(s)) if !retried => {
-                        retried = true;
-                        metrics::counter!(M::ROUTER_RETRIES).increment(1);
-                        let failed = target.as_ref().map(|w| w.id.clone());
-                        tracing::warn!(worker = ?failed, error = %s, "prefill failed before the first token; retrying");
-                        tried.extend(failed);
-                        target = self.fallback(&req.tokens, &tried);
-                        key = RoomKey::random();
-                        continue;
-                    }
-                    other => {
-                        // Done (or failed for good): put the outcome back for the end of the request.
-                        task = tokio::spawn(async move { other.unwrap_or_else(|e| Err(Status::internal(e.to_string()))) });
-                        None
-                    }
-                },
-            };
-            break (stream, task, first);
-        };
+        let (mut stream, prefill_task, first) = self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
         let mut out = Output::new(&self.model, &req.stop);
         let mut completion = 0u32;
         let mut finish = None;

@@ -15,6 +15,7 @@
 //!
 //! Workers are named statically or discovered through etcd (they join and leave at any time).
 
+pub mod admission;
 pub mod generate;
 pub mod index;
 pub mod openai;
@@ -36,6 +37,7 @@ use ferry_proto::v1 as pb;
 use ferry_tokenize::ServedModel;
 use tokio::task::JoinHandle;
 
+use crate::admission::{Admission, Limits};
 use crate::generate::Ctx;
 use crate::index::PrefixIndex;
 use crate::placement::{Placer, Policy};
@@ -90,6 +92,17 @@ pub struct RouterArgs {
     /// same as `authorization` metadata over gRPC); none: the endpoints are open.
     #[arg(long = "api-key", env = "FERRY_API_KEYS", value_delimiter = ',')]
     pub api_keys: Vec<String>,
+    /// Requests running through the router at once; more wait in the admission queue
+    /// (0: no bound).
+    #[arg(long, env = "FERRY_MAX_RUNNING_REQUESTS", default_value_t = 256)]
+    pub max_running_requests: usize,
+    /// Requests waiting for a slot beyond --max-running-requests; more are refused at once
+    /// (429 / RESOURCE_EXHAUSTED with a retry-after hint).
+    #[arg(long, env = "FERRY_MAX_QUEUED_REQUESTS", default_value_t = 1024)]
+    pub max_queued_requests: usize,
+    /// Milliseconds a request waits in the admission queue at most before it is refused.
+    #[arg(long, env = "FERRY_QUEUE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub queue_timeout_ms: u64,
     /// Milliseconds between active checks (gRPC health and load report) of every worker.
     #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
     pub load_poll_ms: u64,
@@ -123,6 +136,9 @@ impl RouterArgs {
             page_size: 16,
             max_index_pages: 1 << 20,
             api_keys: Vec::new(),
+            max_running_requests: 256,
+            max_queued_requests: 1024,
+            queue_timeout_ms: 30_000,
             load_poll_ms: 100,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
             tls_cert: None,
@@ -216,6 +232,11 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         local_prefill_below: args.local_prefill_below,
         page_size: args.page_size,
         api_keys: args.api_keys.clone(),
+        admission: Admission::new(Limits {
+            max_running: args.max_running_requests,
+            max_queued: args.max_queued_requests,
+            timeout: Duration::from_millis(args.queue_timeout_ms),
+        }),
     });
     let mut background =
         vec![tokio::spawn(Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1))))];

@@ -281,7 +281,7 @@ async fn handle(
     };
     let id = p.request_id.clone();
     let model = ctx.model.name.clone();
-    let stream = match ctx.generate(p) {
+    let stream = match ctx.generate(p).await {
         Ok(s) => s,
         Err(s) => return from_status(&s),
     };

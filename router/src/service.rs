@@ -54,7 +54,7 @@ impl pb::router_server::Router for RouterSvc {
         let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop };
         let ids = r.return_token_ids;
-        let out = self.0.generate(prepared)?.map(move |p| {
+        let out = self.0.generate(prepared).await?.map(move |p| {
             p.map(|p| {
                 let mut m = pb::GenerateResponse { request_id: id.clone(), text: p.text, ..Default::default() };
                 if ids {

@@ -156,6 +156,54 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_worker_failing_before_the_first_token_is_retried_on_another() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut ds = Vec::new();
+    for pages in [512, 256] {
+        let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+        a.worker.pool_pages = pages;
+        ds.push(ferry_decode::start(a).await.expect("decode up"));
+    }
+    let mut args = ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        ds.iter().map(|d| d.grpc_addr.to_string()).collect(),
+    );
+    // As above: the router keeps believing in the decode worker this test stops.
+    args.load_poll_ms = 60_000;
+    let r = ferry_router::start(args).await.expect("router up");
+    for _ in 0..200 {
+        if r.ready(1, 2) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The router places on the decode worker with the most free pages: stop that one.
+    let gone = ds.remove(0);
+    gone.stop().await;
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();
+    let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(4));
+    let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
+    let (got, last) = collect(&mut client.clone().generate(by_ids(&prompt, 4)).await.expect("ok").into_inner()).await;
+    assert_eq!(got, want[0], "same tokens after the retry");
+    assert_eq!(last.completion_tokens, 4);
+    let metrics = ferry_tests::scrape(r.metrics_addr).await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("ferry_router_retries_total{stage=\"decode\"}")),
+        "the retry is counted:\n{metrics}"
+    );
+    settle(&p, &ds).await;
+    r.stop().await;
+    p.stop().await;
+    for d in ds {
+        d.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_router_calls_are_refused_and_harm_nothing() {
     let m = TinyModel::new();
     let (ps, ds, r) = cluster(&m).await;
