@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::discovery::Role;
 use crate::discovery::etcd::EtcdConfig;
+use crate::mtls::InternalTlsArgs;
 
 /// A worker's etcd registration, made once it serves.
 #[derive(Debug, Clone)]
@@ -89,6 +90,9 @@ pub struct WorkerArgs {
     /// leaves the cluster after this long.
     #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5)]
     pub etcd_lease_ttl: i64,
+    /// Mutual TLS between daemons.
+    #[command(flatten)]
+    pub internal_tls: InternalTlsArgs,
 }
 
 /// etcd discovery flags, shared by workers (which register) and routers (which watch).
@@ -137,6 +141,7 @@ impl WorkerArgs {
             advertise_addr: None,
             transfer_advertise_addr: None,
             etcd_lease_ttl: 5,
+            internal_tls: InternalTlsArgs::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! wait for it, give open calls a few seconds, then cut them.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -11,6 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::args::Announce;
 use crate::discovery::etcd::{Registration, register};
+use crate::mtls::InternalTls;
 use crate::shutdown::{Shutdown, ShutdownTrigger};
 
 /// Why a daemon could not start.
@@ -90,6 +92,10 @@ pub struct Parts {
     pub health: tonic_health::server::HealthReporter,
     /// Register in etcd once serving.
     pub announce: Option<Announce>,
+    /// Mutual TLS on the gRPC listener (clients must present a certificate the CA signed).
+    pub tls: Option<Arc<InternalTls>>,
+    /// The daemon's role (a metrics label).
+    pub role: &'static str,
 }
 
 impl Daemon {
@@ -118,12 +124,22 @@ impl Daemon {
             .map_err(|source| StartError::Io { what: "metrics address", source })?;
         let worker = parts.worker_id.clone();
         let listener = parts.listener;
-        let grpc_task = tokio::spawn(async move {
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
-                tracing::error!(worker, error = %e, "gRPC server failed");
+        let grpc_task = match parts.tls {
+            None => tokio::spawn(async move {
+                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
+                    tracing::error!(worker, error = %e, "gRPC server failed");
+                }
+            }),
+            Some(tls) => {
+                let incoming = tls.incoming(listener, parts.role);
+                tokio::spawn(async move {
+                    if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
+                        tracing::error!(worker, error = %e, "gRPC server (mutual TLS) failed");
+                    }
+                })
             }
-        });
+        };
         Ok(Self {
             grpc_addr: parts.grpc_addr,
             metrics_addr,

@@ -11,7 +11,8 @@
 //! serves and stops a daemon the same way for every role; [`notify`] tells systemd when it is
 //! ready.
 //!
-//! [`discovery`]: static (flags or a file) and through etcd.
+//! [`discovery`]: static (flags or a file) and through etcd. [`mtls`]: mutual TLS between
+//! daemons.
 
 pub mod args;
 pub mod daemon;
@@ -20,6 +21,7 @@ pub mod exporter;
 pub mod ids;
 mod layout;
 pub mod metrics;
+pub mod mtls;
 pub mod notify;
 pub mod shutdown;
 pub mod status;

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::engine::Cmd;
 use ferry_worker::EngineLink;
@@ -40,12 +41,19 @@ pub struct Handshakes {
     channels: Arc<tokio::sync::Mutex<HashMap<String, Channel>>>,
     engine: EngineLink<Cmd>,
     timeout: Duration,
+    tls: Option<Arc<InternalTls>>,
 }
 
 impl Handshakes {
-    /// Handshakes on `rt`, reporting failures to `engine`, each bounded by `timeout`.
-    pub fn new(rt: tokio::runtime::Handle, engine: EngineLink<Cmd>, timeout: Duration) -> Self {
-        Self { rt, channels: Default::default(), engine, timeout }
+    /// Handshakes on `rt` (over mutual TLS when `tls` is given), reporting failures to
+    /// `engine`, each bounded by `timeout`.
+    pub fn new(
+        rt: tokio::runtime::Handle,
+        engine: EngineLink<Cmd>,
+        timeout: Duration,
+        tls: Option<Arc<InternalTls>>,
+    ) -> Self {
+        Self { rt, channels: Default::default(), engine, timeout, tls }
     }
 
     /// Starts `job` in the background.
@@ -75,9 +83,8 @@ impl Handshakes {
         let unreachable = |e: &dyn std::fmt::Display| {
             Refused::new(Code::Unavailable, "prefill_unreachable", format!("prefill node {addr}: {e}"))
         };
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let ep =
-            Endpoint::from_shared(uri).map_err(|e| Refused::invalid("bad_bootstrap_addr", format!("{addr}: {e}")))?;
+        let ep = ferry_cluster::mtls::endpoint(addr, self.tls.as_deref())
+            .map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
         let ch = ep.connect_timeout(self.timeout).connect().await.map_err(|e| unreachable(&e))?;
         c.insert(addr.to_string(), ch.clone());
         Ok(ch)

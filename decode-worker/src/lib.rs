@@ -107,6 +107,7 @@ impl Running {
 /// Loads the model, allocates the pool, binds the transfer receiver and starts serving.
 pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     let w = &args.worker;
+    let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
     let Loaded { model, pool, mem, pages, layout: descriptor, backend, timeouts, transfer } = Loaded::load(w).await?;
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
@@ -124,7 +125,8 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     }));
     let (tx, rx) = std::sync::mpsc::channel();
     let link = ferry_worker::EngineLink::new(tx, "decode");
-    let handshakes = Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap);
+    let handshakes =
+        Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap, internal_tls.clone());
     let limits = Limits {
         max_running: args.max_running_requests.max(1),
         prealloc_timeout: Duration::from_secs_f64(args.prealloc_timeout.max(0.001)),
@@ -165,6 +167,8 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
         drain,
         health,
         announce: w.announce(Role::Decode, &worker_id, grpc_addr).map_err(StartError::Config)?,
+        tls: internal_tls,
+        role: "decode",
     };
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;

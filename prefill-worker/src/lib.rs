@@ -102,6 +102,7 @@ impl Running {
 /// Loads the model, allocates the pool, and starts serving.
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
     let w = &args.worker;
+    let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
     let policy: Policy = args.schedule_policy.parse().map_err(StartError::config)?;
     let Loaded { model, pool, mem, pages, layout: descriptor, backend, timeouts, transfer } = Loaded::load(w).await?;
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
@@ -165,6 +166,8 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         drain,
         health,
         announce: w.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
+        tls: internal_tls,
+        role: "prefill",
     };
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;

@@ -32,6 +32,7 @@ use std::time::Duration;
 use ferry_cluster::args::EtcdArgs;
 use ferry_cluster::daemon::{StartError, bind_grpc};
 use ferry_cluster::discovery::{Role, StaticDiscovery};
+use ferry_cluster::mtls::{InternalTls, InternalTlsArgs};
 use ferry_cluster::{Shutdown, ShutdownTrigger};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ServedModel;
@@ -110,6 +111,9 @@ pub struct RouterArgs {
     /// come and go (in addition to any named by flags or file).
     #[command(flatten)]
     pub etcd: EtcdArgs,
+    /// Mutual TLS to the workers.
+    #[command(flatten)]
+    pub internal_tls: InternalTlsArgs,
     /// PEM certificate chain for TLS on the public gRPC and HTTP endpoints (with --tls-key);
     /// unset: plaintext.
     #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key")]
@@ -141,6 +145,7 @@ impl RouterArgs {
             queue_timeout_ms: 30_000,
             load_poll_ms: 100,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
+            internal_tls: InternalTlsArgs::default(),
             tls_cert: None,
             tls_key: None,
         }
@@ -219,7 +224,8 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         model.name = n.clone();
     }
     let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
-    let registry = Arc::new(Registry::new(Arc::clone(&index)));
+    let internal_tls = InternalTls::load(&args.internal_tls).map_err(StartError::config)?;
+    let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {
         registry.upsert(w).map_err(StartError::Config)?;
     }

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
 use ferry_cluster::metrics as M;
+use ferry_cluster::mtls::InternalTls;
 use ferry_proto::v1 as pb;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::index::PrefixIndex;
 
@@ -108,6 +109,7 @@ struct Member {
 /// entries in it.
 pub struct Registry {
     index: Arc<Mutex<PrefixIndex>>,
+    tls: Option<Arc<InternalTls>>,
     members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
 }
 
@@ -121,16 +123,21 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-fn channel(addr: &str) -> Result<Channel, String> {
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-    let ep = Endpoint::from_shared(uri).map_err(|e| format!("{addr}: {e}"))?;
+fn channel(addr: &str, tls: Option<&InternalTls>) -> Result<Channel, String> {
+    let ep = ferry_cluster::mtls::endpoint(addr, tls)?;
     Ok(ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(600)).connect_lazy())
 }
 
 impl Registry {
     /// No workers yet; prefill workers' KV events will feed `index`.
     pub fn new(index: Arc<Mutex<PrefixIndex>>) -> Self {
-        Self { index, members: Mutex::new((Vec::new(), Vec::new())) }
+        Self { index, tls: None, members: Mutex::new((Vec::new(), Vec::new())) }
+    }
+
+    /// Calls workers over mutual TLS.
+    pub fn with_tls(mut self, tls: Option<Arc<InternalTls>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The workers now.
@@ -158,7 +165,7 @@ impl Registry {
             id: w.id.clone(),
             role: w.role,
             addr: w.addr.clone(),
-            channel: channel(&w.addr)?,
+            channel: channel(&w.addr, self.tls.as_deref())?,
             health: Mutex::new(Health::default()),
             member: std::sync::atomic::AtomicBool::new(true),
         });

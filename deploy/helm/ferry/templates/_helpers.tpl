@@ -65,3 +65,26 @@ persistentVolumeClaim:
   readOnly: true
 {{- end -}}
 {{- end -}}
+
+{{/* Mutual TLS flags (container args) when internalTls.secret is set. */}}
+{{- define "ferry.internalTlsArgs" -}}
+{{- if .Values.internalTls.secret }}
+- --internal-tls-cert=/internal-tls/tls.crt
+- --internal-tls-key=/internal-tls/tls.key
+- --internal-tls-ca=/internal-tls/ca.crt
+- --internal-tls-server-name={{ .Values.internalTls.serverName }}
+{{- end }}
+{{- end -}}
+
+{{/* The mutual TLS volume mount and volume. */}}
+{{- define "ferry.internalTlsMount" -}}
+{{- if .Values.internalTls.secret }}
+- {name: internal-tls, mountPath: /internal-tls, readOnly: true}
+{{- end }}
+{{- end -}}
+{{- define "ferry.internalTlsVolume" -}}
+{{- if .Values.internalTls.secret }}
+- name: internal-tls
+  secret: {secretName: {{ .Values.internalTls.secret }}}
+{{- end }}
+{{- end -}}

@@ -57,6 +57,7 @@ spec:
             - --transfer-advertise-addr=$(POD_IP):{{ $w.transferPort }}
             - --max-running-requests={{ $w.maxRunningRequests }}
             {{- end }}
+            {{- include "ferry.internalTlsArgs" $ | nindent 12 }}
             {{- range $w.extraArgs }}
             - {{ . }}
             {{- end }}
@@ -72,16 +73,20 @@ spec:
             - {name: kv, containerPort: {{ $w.transferPort }}}
             {{- end }}
           # gRPC health: SERVING once the model is loaded and the pool touched; NOT_SERVING
-          # while stopping.
+          # while stopping. Under mutual TLS the kubelet cannot speak gRPC to the worker: TCP.
+          {{- $probe := printf "grpc: {port: %v}" $w.grpcPort }}
+          {{- if $.Values.internalTls.secret }}
+          {{- $probe = "tcpSocket: {port: grpc}" }}
+          {{- end }}
           startupProbe:
-            grpc: {port: {{ $w.grpcPort }}}
+            {{ $probe }}
             periodSeconds: 5
             failureThreshold: 120
           readinessProbe:
-            grpc: {port: {{ $w.grpcPort }}}
+            {{ $probe }}
             periodSeconds: 5
           livenessProbe:
-            grpc: {port: {{ $w.grpcPort }}}
+            {{ $probe }}
             periodSeconds: 10
             failureThreshold: 6
           resources:
@@ -102,6 +107,7 @@ spec:
           volumeMounts:
             - {name: model, mountPath: /models, readOnly: true}
             - {name: tmp, mountPath: /tmp}
+            {{- include "ferry.internalTlsMount" $ | nindent 12 }}
             {{- if $w.shm.enabled }}
             - {name: shm, mountPath: /dev/shm}
             {{- end }}
@@ -110,6 +116,7 @@ spec:
           {{- include "ferry.modelVolume" $ | nindent 10 }}
         - name: tmp
           emptyDir: {}
+        {{- include "ferry.internalTlsVolume" $ | nindent 8 }}
         {{- if $w.shm.enabled }}
         - name: shm
           emptyDir: {medium: Memory, sizeLimit: {{ $w.shm.sizeLimit }}}

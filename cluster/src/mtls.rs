@@ -1,0 +1,205 @@
+//! Mutual TLS between Ferry's daemons: the workers' gRPC (prefill, decode, bootstrap, load, KV
+//! events, health) accepts only clients presenting a certificate signed by the cluster's CA,
+//! and the router and decode workers present theirs and check the worker's against the same
+//! CA. Certificates and keys come from PEM files. Failed handshakes are counted as bad input
+//! (`reason="mtls_handshake"`). KV pages on the data plane are guarded by each room's secret,
+//! which only travels over this channel.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// Mutual TLS flags, shared by every daemon.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct InternalTlsArgs {
+    /// PEM certificate chain this daemon presents to the other Ferry daemons, as a gRPC server
+    /// (workers) and as a client (router, decode → prefill); with --internal-tls-key and
+    /// --internal-tls-ca it turns on mutual TLS between daemons. Unset: plaintext.
+    #[arg(long, env = "FERRY_INTERNAL_TLS_CERT", requires_all = ["internal_tls_key", "internal_tls_ca"])]
+    pub internal_tls_cert: Option<PathBuf>,
+    /// PEM private key of --internal-tls-cert.
+    #[arg(long, env = "FERRY_INTERNAL_TLS_KEY", requires = "internal_tls_cert")]
+    pub internal_tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) of the cluster: peers must present a certificate it signed.
+    #[arg(long, env = "FERRY_INTERNAL_TLS_CA", requires = "internal_tls_cert")]
+    pub internal_tls_ca: Option<PathBuf>,
+    /// The name workers' certificates are checked against. Default: the host of the address
+    /// the worker is reached at (its certificate must then name that host or IP).
+    #[arg(long, env = "FERRY_INTERNAL_TLS_SERVER_NAME")]
+    pub internal_tls_server_name: Option<String>,
+}
+
+/// Why the TLS files are unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The PEM contents are wrong.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Loaded mutual TLS material.
+#[derive(Clone)]
+pub struct InternalTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    ca: Vec<u8>,
+    server_name: Option<String>,
+    server: Arc<ServerConfig>,
+}
+
+impl std::fmt::Debug for InternalTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InternalTls").field("server_name", &self.server_name).finish_non_exhaustive()
+    }
+}
+
+fn read(p: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(p).map_err(|source| TlsError::Read { path: p.to_path_buf(), source })
+}
+
+fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let c: Vec<_> = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Invalid(format!("{what}: {e}")))?;
+    if c.is_empty() {
+        return Err(TlsError::Invalid(format!("{what}: no certificate in the PEM file")));
+    }
+    Ok(c)
+}
+
+impl InternalTls {
+    /// Reads and checks the files named by `args`; None when mutual TLS is off.
+    pub fn load(args: &InternalTlsArgs) -> Result<Option<Arc<Self>>, TlsError> {
+        let (cert, key, ca) = match (&args.internal_tls_cert, &args.internal_tls_key, &args.internal_tls_ca) {
+            (None, None, None) => return Ok(None),
+            (Some(c), Some(k), Some(a)) => (read(c)?, read(k)?, read(a)?),
+            _ => {
+                return Err(TlsError::Invalid(
+                    "--internal-tls-cert, --internal-tls-key and --internal-tls-ca go together".into(),
+                ));
+            }
+        };
+        let server = Arc::new(server_config(&cert, &key, &ca)?);
+        Ok(Some(Arc::new(Self { cert, key, ca, server_name: args.internal_tls_server_name.clone(), server })))
+    }
+
+    /// The TLS settings for calls to another daemon.
+    pub fn client(&self) -> ClientTlsConfig {
+        let c = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca))
+            .identity(Identity::from_pem(&self.cert, &self.key));
+        match &self.server_name {
+            Some(n) => c.domain_name(n.clone()),
+            None => c,
+        }
+    }
+
+    /// Wraps `listener`: yields connections whose client presented a certificate the CA
+    /// signed; failed handshakes are counted for `role` and dropped.
+    pub fn incoming(&self, listener: TcpListener, role: &'static str) -> Incoming {
+        let acceptor = TlsAcceptor::from(Arc::clone(&self.server));
+        let (tx, rx) = mpsc::channel(64);
+        let task = tokio::spawn(async move {
+            loop {
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send(tls).await;
+                        }
+                        Ok(Err(e)) => {
+                            metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => "mtls_handshake")
+                                .increment(1);
+                            tracing::warn!(%peer, error = %e, "mutual TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Incoming { rx, task }
+    }
+}
+
+fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, TlsError> {
+    let chain = certs(cert, "--internal-tls-cert")?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Invalid(format!("--internal-tls-key: {e}")))?;
+    let mut roots = RootCertStore::empty();
+    for c in certs(ca, "--internal-tls-ca")? {
+        roots.add(c).map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
+    }
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+        .build()
+        .map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
+    let mut c = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Invalid(format!("--internal-tls-cert / --internal-tls-key: {e}")))?;
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(c)
+}
+
+/// An endpoint for another daemon's gRPC at `addr` (`host:port` or a URI): `https` with the
+/// client certificate when `tls` is given, else `http`.
+pub fn endpoint(addr: &str, tls: Option<&InternalTls>) -> Result<Endpoint, String> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
+    let ep = Endpoint::from_shared(uri).map_err(|e| format!("{addr}: {e}"))?;
+    match tls {
+        Some(t) => ep.tls_config(t.client()).map_err(|e| format!("{addr}: TLS: {e}")),
+        None => Ok(ep),
+    }
+}
+
+/// Finished mutual TLS connections of one listener (a stream for tonic's
+/// `serve_with_incoming`).
+pub struct Incoming {
+    rx: mpsc::Receiver<TlsStream<TcpStream>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Incoming {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Stream for Incoming {
+    type Item = std::io::Result<TlsStream<TcpStream>>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx).map(|c| c.map(Ok))
+    }
+}

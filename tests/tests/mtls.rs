@@ -1,0 +1,123 @@
+//! Mutual TLS between daemons: with `--internal-tls-*` on every daemon, the router reaches
+//! the workers and the decode worker the prefill worker over TLS with client certificates,
+//! and a request gives the colocated engine's tokens. A worker's gRPC refuses plaintext,
+//! a client without a certificate and one whose certificate another CA signed; the failed
+//! handshakes are counted. Unreadable files stop a daemon at start with a clear error.
+
+use std::time::Duration;
+
+use ferry_proto::v1 as pb;
+use ferry_tests::pki::Pki;
+use ferry_tests::{TinyModel, colocated, greedy, scrape, settle};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+/// Whether a health check over `ep` answers SERVING.
+async fn serving(ep: Endpoint) -> Result<(), String> {
+    let ch = ep.connect_timeout(Duration::from_secs(2)).connect().await.map_err(|e| format!("connect: {e:?}"))?;
+    let r = tokio::time::timeout(Duration::from_secs(5), HealthClient::new(ch).check(HealthCheckRequest::default()))
+        .await
+        .map_err(|_| "timed out".to_string())?
+        .map_err(|e| format!("check: {e}"))?;
+    if r.into_inner().status == 1 { Ok(()) } else { Err("not serving".into()) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
+    let m = TinyModel::new();
+    let pki = Pki::new("ferry test CA");
+    let names = ["localhost", "127.0.0.1"];
+    let (pl, dl, rl) = (pki.issue("prefill", &names), pki.issue("decode", &names), pki.issue("router", &names));
+
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    a.worker.internal_tls = pki.args(&pl);
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    a.worker.internal_tls = pki.args(&dl);
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
+    ra.internal_tls = pki.args(&rl);
+    let r = ferry_router::start(ra).await.expect("router up");
+    for _ in 0..500 {
+        if r.ready(1, 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(r.ready(1, 1), "the router reaches both workers over mutual TLS");
+
+    // A request through the whole cluster.
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 13 % 300) as u32).collect();
+    let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(5));
+    let mut client = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(5))),
+        return_token_ids: true,
+        ..Default::default()
+    };
+    let mut s = client.generate(req).await.expect("accepted").into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = s.message().await.expect("a message") {
+        got.extend(m.token_ids);
+    }
+    assert_eq!(got, want[0]);
+
+    // Strangers at the prefill worker's gRPC port.
+    let addr = p.grpc_addr;
+    let https = || Endpoint::from_shared(format!("https://{addr}")).expect("uri");
+    let plain = Endpoint::from_shared(format!("http://{addr}")).expect("uri");
+    assert!(serving(plain).await.is_err(), "plaintext is refused");
+    let ca = Certificate::from_pem(&pki.ca_pem);
+    let no_cert = https().tls_config(ClientTlsConfig::new().ca_certificate(ca.clone())).expect("tls");
+    assert!(serving(no_cert).await.is_err(), "a client without a certificate is refused");
+    let other = Pki::new("another CA");
+    let stranger = other.issue("stranger", &names);
+    let wrong_ca = https()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(ca.clone())
+                .identity(Identity::from_pem(&stranger.cert_pem, &stranger.key_pem)),
+        )
+        .expect("tls");
+    assert!(serving(wrong_ca).await.is_err(), "a certificate from another CA is refused");
+    let member = pki.issue("member", &names);
+    let good = https()
+        .tls_config(
+            ClientTlsConfig::new().ca_certificate(ca).identity(Identity::from_pem(&member.cert_pem, &member.key_pem)),
+        )
+        .expect("tls");
+    serving(good).await.expect("a cluster member is served");
+
+    let metrics = scrape(p.metrics_addr).await;
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("ferry_bad_requests_total") && l.contains("reason=\"mtls_handshake\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused >= 2.0, "failed handshakes counted: {refused}\n{metrics}");
+    settle(&p, std::slice::from_ref(&d)).await;
+    r.stop().await;
+    d.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn unreadable_tls_files_stop_a_daemon_with_a_clear_error() {
+    let m = TinyModel::new();
+    let pki = Pki::new("ferry test CA");
+    let leaf = pki.issue("w", &["localhost"]);
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 64;
+    a.worker.internal_tls = pki.args(&leaf);
+    a.worker.internal_tls.internal_tls_ca = Some("/nonexistent/ca.pem".into());
+    let e = ferry_prefill::start(a.clone()).await.expect_err("refused");
+    assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+    a.worker.internal_tls = pki.args(&leaf);
+    a.worker.internal_tls.internal_tls_key = Some(leaf.cert.clone());
+    let e = ferry_prefill::start(a).await.expect_err("refused");
+    assert!(e.to_string().contains("--internal-tls-key"), "{e}");
+}
