@@ -95,6 +95,8 @@ pub fn decode(c: DecodeCmd) -> anyhow::Result<()> {
 /// Runs `ferry router`.
 pub fn router(c: RouterCmd) -> anyhow::Result<()> {
     let (np, nd) = (c.args.prefill.len(), c.args.decode.len());
+    // With etcd, workers beyond those named join as they come: ready once a decode worker has.
+    let discovered = !c.args.etcd.endpoints.is_empty();
     serve(
         ferry_router::start(c.args),
         async |r| {
@@ -102,7 +104,10 @@ pub fn router(c: RouterCmd) -> anyhow::Result<()> {
                 return None;
             }
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-            while !r.ready(np, nd) && std::time::Instant::now() < deadline {
+            let ready = |r: &ferry_router::Running| {
+                if discovered { r.ready_at_least(np, nd.max(1)) } else { r.ready(np, nd) }
+            };
+            while !ready(r) && std::time::Instant::now() < deadline {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             Some(format!("grpc={} http={} metrics={}", r.grpc_addr, r.http_addr, r.metrics_addr))

@@ -45,6 +45,20 @@ impl Stage {
     }
 }
 
+/// A decode stream that broke after tokens went out cannot be retried transparently: the
+/// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
+/// as an opaque transport error); the worker's own refusals keep their code.
+fn mid_stream(s: Status, worker: &str, sent: u32) -> Status {
+    if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
+        tracing::warn!(worker, error = %s, "decode worker failed mid-stream");
+        return Status::unavailable(format!(
+            "decode worker {worker} failed after {sent} tokens ({}); retry the request",
+            s.message()
+        ));
+    }
+    s
+}
+
 /// Whether a failure before the first token is worth another attempt elsewhere: not when the
 /// request itself is at fault.
 fn retriable(code: Code) -> bool {
@@ -333,7 +347,7 @@ impl Ctx {
         key: RoomKey,
         mut target: Option<Arc<Worker>>,
         mut decode: Arc<Worker>,
-    ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask, FirstMessage), Status> {
+    ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask, FirstMessage, Arc<Worker>), Status> {
         let need = (req.tokens.len() + req.sampling.max_new_tokens as usize)
             .min(self.model.context_length)
             .div_ceil(self.page_size.max(1)) as u64;
@@ -351,7 +365,7 @@ impl Ctx {
                                 (Stage::Decode, s)
                             }
                         },
-                        m => return Ok((stream, task, Some(m))),
+                        m => return Ok((stream, task, Some(m), decode)),
                     },
                     r = &mut task => match r {
                         Ok(Err(s)) => (Stage::Prefill, s),
@@ -360,7 +374,7 @@ impl Ctx {
                             let task = tokio::spawn(async move {
                                 other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
                             });
-                            return Ok((stream, task, None));
+                            return Ok((stream, task, None, decode));
                         }
                     },
                 },
@@ -399,7 +413,8 @@ impl Ctx {
         tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
     ) -> Result<(), Status> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
-        let (mut stream, prefill_task, first) = self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
+        let (mut stream, prefill_task, first, decode) =
+            self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
         let mut out = Output::new(&self.model, &req.stop);
         let mut completion = 0u32;
         let mut finish = None;
@@ -414,7 +429,7 @@ impl Ctx {
                 Ok(m) => m,
                 Err(s) => {
                     prefill_task.abort();
-                    return Err(s);
+                    return Err(mid_stream(s, &decode.id, completion));
                 }
             };
             if completion == 0 && !msg.token_ids.is_empty() {

@@ -183,6 +183,13 @@ impl Running {
         s.prefill.iter().flatten().count() == prefill && s.decode.len() == decode && s.all().all(|w| w.healthy())
     }
 
+    /// Whether it knows at least `prefill` prefill and `decode` decode workers, all healthy
+    /// (with discovery, more may join).
+    pub fn ready_at_least(&self, prefill: usize, decode: usize) -> bool {
+        let s = self.ctx.workers.snapshot();
+        s.prefill.iter().flatten().count() >= prefill && s.decode.len() >= decode && s.all().all(|w| w.healthy())
+    }
+
     /// Stops serving; open streams get 5 s.
     pub async fn stop(self) {
         self.trigger.trigger();

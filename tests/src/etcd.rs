@@ -14,7 +14,8 @@ pub struct Etcd {
     peer_port: u16,
 }
 
-fn free_port() -> u16 {
+/// A loopback port free now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 

@@ -1,11 +1,14 @@
 //! A loopback TCP proxy that can cut the network: every connection through it is dropped and
 //! new ones are refused until it is restored. It simulates a partition between two real
-//! parts (a router and etcd, say).
+//! parts (a router and etcd, say, or a prefill node and a decode node's data plane). It can
+//! also delay every chunk it forwards, a slow link.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -13,6 +16,7 @@ use tokio::sync::watch;
 pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
+    delay_us: Arc<AtomicU64>,
     epoch: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -23,25 +27,31 @@ impl Proxy {
         let l = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = l.local_addr().expect("proxy address");
         let cut = Arc::new(AtomicBool::new(false));
+        let delay_us = Arc::new(AtomicU64::new(0));
         let (epoch, _) = watch::channel(0u64);
-        let (c, e) = (Arc::clone(&cut), epoch.clone());
+        let (c, e, delay) = (Arc::clone(&cut), epoch.clone(), Arc::clone(&delay_us));
         let task = tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = l.accept().await {
+            while let Ok((inbound, _)) = l.accept().await {
                 if c.load(Ordering::SeqCst) {
                     continue; // dropped at once
                 }
                 let mut gone = e.subscribe();
                 let target = target.clone();
+                let delay = Arc::clone(&delay);
                 tokio::spawn(async move {
-                    let Ok(mut out) = TcpStream::connect(&target).await else { return };
+                    let Ok(out) = TcpStream::connect(&target).await else { return };
+                    let _ = (inbound.set_nodelay(true), out.set_nodelay(true));
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = out.into_split();
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
+                        _ = pump(ri, wo, Arc::clone(&delay)) => {}
+                        _ = pump(ro, wi, delay) => {}
                         _ = gone.changed() => {}
                     }
                 });
             }
         });
-        Self { addr, cut, epoch, task }
+        Self { addr, cut, delay_us, epoch, task }
     }
 
     /// Its address.
@@ -59,6 +69,34 @@ impl Proxy {
     pub fn restore(&self) {
         self.cut.store(false, Ordering::SeqCst);
     }
+
+    /// Holds every chunk read from either side for `d` before forwarding it (zero: none).
+    pub fn delay(&self, d: Duration) {
+        self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
+    }
+}
+
+/// Copies `from` to `to`, one read at a time, each held for the current delay.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    delay_us: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let d = delay_us.load(Ordering::Relaxed);
+        if d > 0 {
+            tokio::time::sleep(Duration::from_micros(d)).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
 }
 
 impl Drop for Proxy {

@@ -1,0 +1,225 @@
+//! A cluster of real processes for the chaos suite: etcd, `ferry prefill` ×2, `ferry decode`
+//! ×2 (each decode node's data plane reached through a cuttable, delayable proxy) and
+//! `ferry router`, all on fixed loopback ports so that a killed process restarts where it was.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_proto::v1 as pb;
+use ferry_tests::etcd::{Etcd, free_port};
+use ferry_tests::proxy::Proxy;
+
+/// One daemon process, restartable with the same flags.
+pub struct Daemon {
+    /// Its name (`p0`, `d1`, `router`).
+    pub name: String,
+    args: Vec<String>,
+    child: Option<Child>,
+    /// Its gRPC address.
+    pub grpc: String,
+}
+
+impl Daemon {
+    fn new(name: &str, args: Vec<String>, grpc: String) -> Self {
+        Self { name: name.into(), args, child: None, grpc }
+    }
+
+    /// Starts it and waits for its ready line.
+    pub fn start(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(&self.args)
+            .arg("--ready-line")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a daemon");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let name = self.name.clone();
+        std::thread::spawn(move || {
+            for l in out.lines().map_while(Result::ok) {
+                if l.starts_with("FERRY_READY") {
+                    let _ = tx.send(());
+                } else {
+                    println!("[{name}] {l}");
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(180)).unwrap_or_else(|_| panic!("{} printed no ready line", self.name));
+        self.child = Some(child);
+    }
+
+    /// SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// The whole cluster.
+pub struct Cluster {
+    /// etcd.
+    pub etcd: Etcd,
+    /// Prefill daemons.
+    pub prefill: Vec<Daemon>,
+    /// Decode daemons.
+    pub decode: Vec<Daemon>,
+    /// The data-plane proxies in front of the decode daemons.
+    pub proxies: Vec<Proxy>,
+    /// The router.
+    pub router: Daemon,
+    /// The router's gRPC address.
+    pub router_grpc: String,
+    /// The router's `/metrics` address.
+    pub router_metrics: String,
+}
+
+fn addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
+}
+
+impl Cluster {
+    /// Starts everything with the model at `model`.
+    pub async fn start(model: &std::path::Path) -> Self {
+        let etcd = Etcd::start();
+        let model = model.display().to_string();
+        let common = |role: &str, id: &str, grpc: &str| {
+            let mut a = strings(&[role, "--model", &model, "--worker-id", id, "--grpc-addr", grpc]);
+            a.extend(strings(&["--metrics-addr", "127.0.0.1:0", "--pool-pages", "192"]));
+            a.extend(strings(&["--etcd", &etcd.endpoint(), "--cluster", "chaos", "--etcd-lease-ttl", "2"]));
+            // Short enough that a stuck room ends well inside the clients' 60 s.
+            a.extend(strings(&["--transfer-timeout", "10", "--bootstrap-timeout", "10"]));
+            a
+        };
+        let mut prefill = Vec::new();
+        for i in 0..2 {
+            let (id, grpc) = (format!("p{i}"), addr());
+            prefill.push(Daemon::new(&id, common("prefill", &id, &grpc), grpc));
+        }
+        let (mut decode, mut proxies) = (Vec::new(), Vec::new());
+        for i in 0..2 {
+            let (id, grpc, data) = (format!("d{i}"), addr(), addr());
+            let proxy = Proxy::start(data.clone()).await;
+            let mut a = common("decode", &id, &grpc);
+            a.extend(strings(&["--transfer-addr", &data, "--transfer-advertise-addr", &proxy.addr().to_string()]));
+            decode.push(Daemon::new(&id, a, grpc));
+            proxies.push(proxy);
+        }
+        let (router_grpc, router_metrics) = (addr(), addr());
+        let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &addr()]);
+        ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
+        let router = Daemon::new("router", ra, router_grpc.clone());
+        let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics };
+        // Workers load the model in parallel; the router last.
+        std::thread::scope(|s| {
+            for d in c.prefill.iter_mut().chain(c.decode.iter_mut()) {
+                s.spawn(|| d.start());
+            }
+        });
+        c.router.start();
+        c.wait_members(&["p0", "p1"], &["d0", "d1"], Duration::from_secs(60)).await;
+        c
+    }
+
+    /// The router's workers now: (healthy prefill ids, healthy decode ids), sorted; None
+    /// when the router does not answer.
+    pub async fn members(&self) -> Option<(Vec<String>, Vec<String>)> {
+        let all = self.listed().await?;
+        let (mut p, mut d) = (Vec::new(), Vec::new());
+        for w in all.into_iter().filter(|w| w.healthy) {
+            if w.role == pb::WorkerRole::Prefill as i32 { p.push(w.worker_id) } else { d.push(w.worker_id) }
+        }
+        p.sort();
+        d.sort();
+        Some((p, d))
+    }
+
+    /// Every worker the router lists, healthy or not.
+    async fn listed(&self) -> Option<Vec<pb::WorkerInfo>> {
+        let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", self.router_grpc))
+            .ok()?
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .ok()?;
+        let r = pb::router_client::RouterClient::new(ch).list_workers(pb::ListWorkersRequest {}).await.ok()?;
+        Some(r.into_inner().workers)
+    }
+
+    /// Waits until the router no longer lists `id` at all (its etcd lease expired and the
+    /// router removed it, index entries included); returns how long it took.
+    pub async fn wait_absent(&self, id: &str, within: Duration) -> Duration {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            if self.listed().await.is_some_and(|l| l.iter().all(|w| w.worker_id != id)) {
+                return t.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the router still lists {id} after {within:?}");
+    }
+
+    /// The router's retries so far, by stage (prefill, decode).
+    pub async fn router_retries(&self) -> [f64; 2] {
+        let body = match self.router_metrics.parse() {
+            Ok(a) => ferry_tests::scrape(a).await,
+            Err(_) => String::new(),
+        };
+        let get = |stage: &str| {
+            body.lines()
+                .filter(|l| l.starts_with("ferry_router_retries_total") && l.contains(&format!("stage=\"{stage}\"")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        [get("prefill"), get("decode")]
+    }
+
+    /// Waits until the router's healthy workers are exactly these; returns how long it took.
+    pub async fn wait_members(&self, prefill: &[&str], decode: &[&str], within: Duration) -> Duration {
+        let t = Instant::now();
+        let want = (strings(prefill), strings(decode));
+        let mut last = None;
+        while t.elapsed() < within {
+            last = self.members().await;
+            if last.as_ref() == Some(&want) {
+                return t.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the router's workers are {last:?}, not {want:?}, after {within:?}");
+    }
+
+    /// A gauge or counter summed over its series in the router's `/metrics` (0 when absent).
+    pub async fn router_metric(&self, name: &str) -> f64 {
+        let body = ferry_tests::scrape(self.router_metrics.parse().expect("addr")).await;
+        body.lines()
+            .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(' ') || r.starts_with('{')))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Each worker's load report: (name, report).
+    pub async fn loads(&self) -> Vec<(String, pb::LoadReport)> {
+        let mut out = Vec::new();
+        for d in self.prefill.iter().chain(&self.decode) {
+            let ch = ferry_tests::channel(d.grpc.parse().expect("addr")).await;
+            let r = pb::load_client::LoadClient::new(ch).report(pb::LoadRequest {}).await.expect("load report");
+            out.push((d.name.clone(), r.into_inner()));
+        }
+        out
+    }
+}

@@ -1,0 +1,244 @@
+//! The chaos suite: under steady load through the router, real processes are killed with
+//! SIGKILL — a prefill daemon, a decode daemon, the router (then restarted), etcd — and the
+//! decode nodes' data plane is cut and slowed. Every request must complete with the
+//! colocated engine's tokens (retrying retriable errors, as a client would) within its
+//! deadline; nothing may hang; the router must drop dead workers; and at the end every
+//! worker's page pool must be back at its baseline. The figures per fault are printed and
+//! written to `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
+//!
+//! Loopback only, bounded: about 8 fault phases of a few seconds, 3 clients, 8-token answers.
+
+mod cluster;
+mod load;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cluster::Cluster;
+use ferry_proto::v1 as pb;
+use load::{Load, Tally};
+
+const MAX_TOKENS: u32 = 8;
+const CLIENTS: usize = 3;
+
+const SHARED: &str = "You are a helpful assistant for a shipping company. Answer in one short sentence, \
+    politely, without lists, and never mention that you are an AI. Our ferries cross the bay every hour \
+    from six in the morning to ten at night, and tickets can be bought at the pier or online.";
+const QUESTIONS: [&str; 8] = [
+    "When does the first ferry leave?",
+    "Where can I buy a ticket?",
+    "How often do the ferries cross?",
+    "What is the capital of France?",
+    "Can I bring my bicycle?",
+    "When is the last crossing?",
+    "Is there a ferry at noon?",
+    "Name a colour of the sea.",
+];
+
+async fn prompts(c: &Cluster, model: &std::path::Path) -> Vec<(Vec<u32>, Vec<u32>)> {
+    let ch = ferry_tests::channel(c.router_grpc.parse().expect("addr")).await;
+    let mut r = pb::router_client::RouterClient::new(ch);
+    let mut ids = Vec::new();
+    for q in QUESTIONS {
+        let req = pb::TokenizeRequest { input: Some(pb::tokenize_request::Input::Text(format!("{SHARED}\n\n{q}"))) };
+        ids.push(r.tokenize(req).await.expect("tokenize").into_inner().token_ids);
+    }
+    let want = ferry_tests::colocated(model, &ids, &ferry_tests::greedy(MAX_TOKENS));
+    ids.into_iter().zip(want).collect()
+}
+
+/// Phase boundaries with the router's retry counters at each.
+struct Phases {
+    marks: Vec<(String, [f64; 2])>,
+    retries: Vec<[f64; 2]>,
+}
+
+impl Phases {
+    async fn begin(&mut self, c: &Cluster, load: &Load, name: &str) {
+        let now = c.router_retries().await;
+        if let Some((_, start)) = self.marks.last() {
+            // A restarted router counts from zero again.
+            let d = |i: usize| if now[i] >= start[i] { now[i] - start[i] } else { now[i] };
+            self.retries.push([d(0), d(1)]);
+        }
+        self.marks.push((name.into(), now));
+        load.phase(name);
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn report(
+    tallies: &[(String, Tally)],
+    retries: &[[f64; 2]],
+    notes: &[String],
+    pages: &[(String, pb::LoadReport)],
+) -> String {
+    let mut s = String::from(
+        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|\n",
+    );
+    for (i, (name, t)) in tallies.iter().enumerate() {
+        let r = retries.get(i).copied().unwrap_or_default();
+        let errors: Vec<String> = t.errors.iter().map(|(k, n)| format!("{n}× {k}")).collect();
+        let max = t.latencies.iter().copied().fold(0.0, f64::max);
+        s += &format!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {:.2} / {:.2} |\n",
+            t.sent,
+            t.completed,
+            t.wrong,
+            t.failed,
+            if errors.is_empty() { "none".into() } else { errors.join("; ") },
+            t.retried,
+            r[0] as u64,
+            r[1] as u64,
+            t.hung,
+            t.lost,
+            median(&t.latencies),
+            max
+        );
+    }
+    s += "\n| worker | pages total | free | evictable (prefix cache) | in use by requests (leaked) |\n|---|---:|---:|---:|---:|\n";
+    for (name, l) in pages {
+        let leaked = l.total_pages - l.free_pages - l.evictable_pages;
+        s += &format!("| {name} | {} | {} | {} | {leaked} |\n", l.total_pages, l.free_pages, l.evictable_pages);
+    }
+    s += "\n";
+    for n in notes {
+        s += &format!("- {n}\n");
+    }
+    s
+}
+
+/// Whether no worker holds a page for a request: decode pools all free, prefill pools free or
+/// evictable cache, and no queue holds anything.
+fn at_baseline(loads: &[(String, pb::LoadReport)]) -> bool {
+    loads
+        .iter()
+        .all(|(_, l)| l.free_pages + l.evictable_pages == l.total_pages && l.queue_depth.values().all(|&n| n == 0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
+    let model = ferry_tests::smollm2();
+    let t0 = Instant::now();
+    let mut c = Cluster::start(&model).await;
+    let all = (["p0", "p1"], ["d0", "d1"]);
+    let prompts = Arc::new(prompts(&c, &model).await);
+    let mut notes = vec![format!(
+        "cluster of 5 processes + etcd up and references computed in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    )];
+    let load = Load::new("steady load");
+    let mut phases = Phases { marks: vec![("steady load".into(), c.router_retries().await)], retries: Vec::new() };
+    let tasks = load.spawn(CLIENTS, c.router_grpc.clone(), Arc::clone(&prompts), MAX_TOKENS);
+    // FERRY_CHAOS_SCALE=3 makes every phase three times longer (more requests per fault).
+    let scale: f64 = std::env::var("FERRY_CHAOS_SCALE").ok().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let pause = |s: f64| tokio::time::sleep(Duration::from_secs_f64(s * scale));
+    pause(6.0).await;
+
+    phases.begin(&c, &load, "kill -9 prefill p0").await;
+    pause(0.5).await;
+    let index_before = c.router_metric("ferry_router_index_pages").await;
+    c.prefill[0].kill9();
+    let unhealthy = c.wait_members(&["p1"], &all.1, Duration::from_secs(20)).await;
+    let gone = c.wait_absent("p0", Duration::from_secs(20)).await;
+    let index_after = c.router_metric("ferry_router_index_pages").await;
+    notes.push(format!(
+        "p0 killed: the router stopped placing on it after {:.2} s (failed health check) and removed it, with its prefix-index entries, after {:.2} s (etcd lease TTL 2 s); the index went from {index_before} to {index_after} pages",
+        unhealthy.as_secs_f64(),
+        gone.as_secs_f64()
+    ));
+    pause(3.0).await;
+    c.prefill[0].start();
+    c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
+
+    phases.begin(&c, &load, "kill -9 decode d0").await;
+    pause(0.5).await;
+    c.decode[0].kill9();
+    let unhealthy = c.wait_members(&all.0, &["d1"], Duration::from_secs(20)).await;
+    let gone = c.wait_absent("d0", Duration::from_secs(20)).await;
+    notes.push(format!(
+        "d0 killed: the router stopped placing on it after {:.2} s and removed it after {:.2} s",
+        unhealthy.as_secs_f64(),
+        gone.as_secs_f64()
+    ));
+    pause(3.0).await;
+    c.decode[0].start();
+    c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
+
+    phases.begin(&c, &load, "kill -9 router, restart").await;
+    pause(0.5).await;
+    c.router.kill9();
+    pause(2.0).await;
+    let t = Instant::now();
+    c.router.start();
+    c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
+    notes.push(format!("router restarted and saw all 4 workers {:.2} s after its start", t.elapsed().as_secs_f64()));
+    pause(3.0).await;
+
+    phases.begin(&c, &load, "kill -9 etcd, restart").await;
+    pause(0.5).await;
+    c.etcd.kill();
+    pause(5.0).await;
+    let t = Instant::now();
+    c.etcd.restart();
+    c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
+    notes.push(format!(
+        "etcd down 5 s: serving went on from the router's last view; all 4 workers listed {:.2} s after etcd restarted",
+        t.elapsed().as_secs_f64()
+    ));
+    pause(3.0).await;
+
+    phases.begin(&c, &load, "data plane cut 1.5 s").await;
+    pause(0.5).await;
+    for p in &c.proxies {
+        p.cut();
+    }
+    pause(1.5).await;
+    for p in &c.proxies {
+        p.restore();
+    }
+    pause(4.0).await;
+
+    phases.begin(&c, &load, "data plane +20 ms per read").await;
+    for p in &c.proxies {
+        p.delay(Duration::from_millis(20));
+    }
+    pause(5.0).await;
+    for p in &c.proxies {
+        p.delay(Duration::ZERO);
+    }
+
+    phases.begin(&c, &load, "recovery").await;
+    pause(3.0).await;
+    let t = Instant::now();
+    load.finish(tasks).await;
+    phases.begin(&c, &load, "end").await;
+    notes.push(format!("the last requests finished {:.2} s after the load stopped", t.elapsed().as_secs_f64()));
+
+    // Pools back at baseline on every worker (the restarted ones too).
+    let t = Instant::now();
+    let mut loads = c.loads().await;
+    while !at_baseline(&loads) && t.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        loads = c.loads().await;
+    }
+    notes.push(format!("whole run {:.0} s", t0.elapsed().as_secs_f64()));
+    let tallies: Vec<_> = load.tallies().into_iter().filter(|(n, _)| n != "end").collect();
+    let text = report(&tallies, &phases.retries, &notes, &loads);
+    println!("\n{text}");
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("chaos-report.md");
+    std::fs::write(&out, &text).expect("write the report");
+    println!("written to {}", out.display());
+
+    assert!(at_baseline(&loads), "pages or queues not back at baseline:\n{text}");
+    for (name, t) in &tallies {
+        assert!(t.sent > 0, "{name}: no request sent\n{text}");
+        assert_eq!((t.wrong, t.failed, t.hung, t.lost), (0, 0, 0, 0), "{name}\n{text}");
+        assert_eq!(t.completed, t.sent, "{name}: every request completes\n{text}");
+    }
+}
