@@ -6,20 +6,24 @@
 use super::report::Report;
 
 type Rgb = [u8; 3];
-const BLACK: Rgb = [30, 30, 30];
-const GRID: Rgb = [225, 225, 225];
+pub(super) const BLACK: Rgb = [30, 30, 30];
+pub(super) const GRID: Rgb = [225, 225, 225];
 const BLUE: Rgb = [31, 119, 180];
 const ORANGE: Rgb = [230, 120, 20];
 const GREEN: Rgb = [44, 160, 44];
+/// Colours for several series.
+pub(super) const PALETTE: [Rgb; 8] =
+    [BLUE, ORANGE, GREEN, [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
 
-struct Canvas {
+/// An RGB raster.
+pub(super) struct Canvas {
     w: usize,
     h: usize,
     px: Vec<u8>,
 }
 
 impl Canvas {
-    fn new(w: usize, h: usize) -> Self {
+    pub(super) fn new(w: usize, h: usize) -> Self {
         Self { w, h, px: vec![255; w * h * 3] }
     }
 
@@ -30,7 +34,7 @@ impl Canvas {
         }
     }
 
-    fn rect(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb) {
+    pub(super) fn rect(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb) {
         for y in y0..=y1 {
             for x in x0..=x1 {
                 self.set(x, y, c);
@@ -39,7 +43,7 @@ impl Canvas {
     }
 
     /// A line two pixels wide.
-    fn line(&mut self, (x0, y0): (f64, f64), (x1, y1): (f64, f64), c: Rgb) {
+    pub(super) fn line(&mut self, (x0, y0): (f64, f64), (x1, y1): (f64, f64), c: Rgb) {
         let n = (x1 - x0).abs().max((y1 - y0).abs()).ceil().max(1.0) as usize;
         for i in 0..=n {
             let t = i as f64 / n as f64;
@@ -48,7 +52,7 @@ impl Canvas {
         }
     }
 
-    fn text(&mut self, x: i64, y: i64, s: &str, c: Rgb) {
+    pub(super) fn text(&mut self, x: i64, y: i64, s: &str, c: Rgb) {
         for (k, ch) in s.chars().enumerate() {
             let glyph = font8x8::legacy::BASIC_LEGACY[(ch as usize).min(127)];
             for (row, bits) in glyph.iter().enumerate() {
@@ -61,7 +65,7 @@ impl Canvas {
         }
     }
 
-    fn png(&self) -> Result<Vec<u8>, String> {
+    pub(super) fn png(&self) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         let mut e = png::Encoder::new(&mut out, self.w as u32, self.h as u32);
         e.set_color(png::ColorType::Rgb);
@@ -75,19 +79,19 @@ impl Canvas {
 
 /// A plot area: pixels `[x0, x1] × [y0, y1]`.
 #[derive(Clone, Copy)]
-struct Area {
-    x0: f64,
-    y0: f64,
-    x1: f64,
-    y1: f64,
+pub(super) struct Area {
+    pub(super) x0: f64,
+    pub(super) y0: f64,
+    pub(super) x1: f64,
+    pub(super) y1: f64,
 }
 
 impl Area {
-    fn at(&self, fx: f64, fy: f64) -> (f64, f64) {
+    pub(super) fn at(&self, fx: f64, fy: f64) -> (f64, f64) {
         (self.x0 + (self.x1 - self.x0) * fx.clamp(0.0, 1.0), self.y1 - (self.y1 - self.y0) * fy.clamp(0.0, 1.0))
     }
 
-    fn frame(&self, c: &mut Canvas, title: &str) {
+    pub(super) fn frame(&self, c: &mut Canvas, title: &str) {
         let (x0, y0, x1, y1) = (self.x0 as i64, self.y0 as i64, self.x1 as i64, self.y1 as i64);
         c.rect(x0, y1, x1, y1 + 1, BLACK);
         c.rect(x0 - 1, y0, x0, y1, BLACK);
@@ -95,7 +99,7 @@ impl Area {
     }
 }
 
-fn nice_ceiling(x: f64) -> f64 {
+pub(super) fn nice_ceiling(x: f64) -> f64 {
     if x <= 0.0 {
         return 1.0;
     }

@@ -2,7 +2,8 @@
 //!
 //! - [`workload`]: what to send (`shared-prefix`, `few-shot`, `random`, a Mooncake `trace`);
 //! - [`client`]: sending one request and timing its tokens;
-//! - [`report`]: the figures (table, JSON); [`chart`]: the PNG.
+//! - [`report`]: the figures (table, JSON); [`chart`]: the PNG;
+//! - [`watch`]: daemons' memory and workers' free pages over the run (the soak record).
 //!
 //! Pacing: closed loop (`--concurrency N` requests in flight), open loop (`--rate R`
 //! requests per second, Poisson arrivals), or a trace's own timestamps. Requests are sent for
@@ -12,6 +13,7 @@
 pub mod chart;
 pub mod client;
 pub mod report;
+pub mod watch;
 pub mod workload;
 
 use std::path::PathBuf;
@@ -122,6 +124,26 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Watch a daemon's resident memory over the run, `NAME=PID`; repeat for more.
+    #[arg(long = "watch-pid", value_parser = watch::parse_pid)]
+    pub watch_pids: Vec<(String, u32)>,
+    /// The router's gRPC `host:port` to read every worker's free KV pages from over the run
+    /// (default: the --url when it is grpc://).
+    #[arg(long)]
+    pub watch_router: Option<String>,
+    /// Seconds between watch samples (0: no watching unless --watch-pid or --watch-csv is set,
+    /// then 5).
+    #[arg(long, default_value_t = 0.0)]
+    pub watch_every: f64,
+    /// Write the watch samples (memory per process, pages per worker) as CSV here.
+    #[arg(long)]
+    pub watch_csv: Option<PathBuf>,
+    /// Draw the watch samples as PNG here.
+    #[arg(long)]
+    pub watch_png: Option<PathBuf>,
+    /// Seconds of warm-up before the watch summary's first sample.
+    #[arg(long, default_value_t = 60.0)]
+    pub watch_warmup: f64,
 }
 
 enum Pace {
@@ -276,6 +298,20 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
         }
     };
 
+    let watching =
+        args.watch_every > 0.0 || !args.watch_pids.is_empty() || args.watch_csv.is_some() || args.watch_png.is_some();
+    let watch_cfg = watch::Watch {
+        pids: args.watch_pids.clone(),
+        router: args
+            .watch_router
+            .clone()
+            .or_else(|| args.url.strip_prefix("grpc://").map(|s| s.trim_end_matches('/').to_string())),
+        every: if args.watch_every > 0.0 { args.watch_every } else { 5.0 },
+    };
+    let points = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let watcher = watching
+        .then(|| watch::start(watch_cfg.clone(), clock, Arc::clone(&done), Arc::clone(&failed), Arc::clone(&points)));
+
     let mut samples: Vec<Sample> = Vec::new();
     match pace {
         Pace::Closed(c) => {
@@ -325,6 +361,20 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
     }
     ticker.abort();
     progress.finish_and_clear();
+    if let Some(w) = watcher {
+        w.abort();
+        let pts = points.lock().map(|p| p.clone()).unwrap_or_default();
+        print!("{}", watch::summary(&watch_cfg, &pts, args.watch_warmup));
+        if let Some(p) = &args.watch_csv {
+            std::fs::write(p, watch::csv(&watch_cfg, &pts)).with_context(|| format!("write {}", p.display()))?;
+        }
+        if let Some(p) = &args.watch_png {
+            let title =
+                format!("ferry bench watch: {} ({}), {:.0} s", args.workload, mode, clock.elapsed().as_secs_f64());
+            let png = watch::render(&watch_cfg, &pts, &title).map_err(anyhow::Error::msg)?;
+            std::fs::write(p, png).with_context(|| format!("write {}", p.display()))?;
+        }
+    }
 
     let slo = Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms, e2e_ms: args.slo_e2e_ms };
     let mut report = Report::new(&samples, slo);

@@ -203,13 +203,22 @@ impl Cluster {
         panic!("the router's workers are {last:?}, not {want:?}, after {within:?}");
     }
 
-    /// A gauge or counter summed over its series in the router's `/metrics` (0 when absent).
-    pub async fn router_metric(&self, name: &str) -> f64 {
-        let body = ferry_tests::scrape(self.router_metrics.parse().expect("addr")).await;
-        body.lines()
-            .filter(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with(' ') || r.starts_with('{')))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+    /// Waits (up to 10 s) until the worker `d` holds pages or queue entries for requests, so
+    /// that a fault there hits work in flight; returns whether it did.
+    pub async fn wait_busy(d: &Daemon) -> bool {
+        let ch = ferry_tests::channel(d.grpc.parse().expect("addr")).await;
+        let mut c = pb::load_client::LoadClient::new(ch);
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if let Ok(r) = c.report(pb::LoadRequest {}).await {
+                let l = r.into_inner();
+                if l.free_pages + l.evictable_pages < l.total_pages || l.queue_depth.values().any(|&n| n > 0) {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
     }
 
     /// Each worker's load report: (name, report).

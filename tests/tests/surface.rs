@@ -1,0 +1,86 @@
+//! No endpoint accepts a write it did not expect: every HTTP listener answers other methods
+//! and paths with 405 / 404 and changes nothing; the router's gRPC port serves only the
+//! public `Router` service (a worker's `Prefill`, `Decode` or `Bootstrap` called there is
+//! UNIMPLEMENTED); a worker serves only its own role's services.
+
+use std::time::Duration;
+
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, channel, http, settle};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_refuse_what_they_do_not_serve() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 128;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 128;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let r = ferry_router::start(ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        vec![d.grpc_addr.to_string()],
+    ))
+    .await
+    .expect("router up");
+    for _ in 0..500 {
+        if r.ready(1, 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // HTTP: /metrics is read-only everywhere; the OpenAI API takes only its own methods.
+    for addr in [p.metrics_addr, d.metrics_addr, r.metrics_addr] {
+        for method in ["POST", "PUT", "DELETE", "PATCH"] {
+            let (s, _, _) = http(addr, method, "/metrics", b"x").await;
+            assert_eq!(s, 405, "{method} /metrics on {addr}");
+        }
+        assert_eq!(http(addr, "GET", "/admin", b"").await.0, 404);
+    }
+    let api = r.http_addr;
+    for (method, path, want) in [
+        ("POST", "/v1/models", 405),
+        ("DELETE", "/v1/models", 405),
+        ("GET", "/v1/completions", 405),
+        ("PUT", "/v1/chat/completions", 405),
+        ("POST", "/health", 405),
+        ("POST", "/v1/embeddings", 404),
+        ("POST", "/v1/files", 404),
+        ("GET", "/../etc/passwd", 404),
+    ] {
+        let (s, _, body) = http(api, method, path, b"{}").await;
+        assert_eq!(s, want, "{method} {path}: {body}");
+    }
+
+    // gRPC: the router's port serves no worker service; a worker serves only its role's.
+    let router = channel(r.grpc_addr).await;
+    let prefill_req = pb::PrefillRequest::default();
+    let e = pb::prefill_client::PrefillClient::new(router.clone()).prefill(prefill_req.clone()).await.expect_err("no");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e = pb::bootstrap_client::BootstrapClient::new(router.clone())
+        .handshake(pb::HandshakeRequest::default())
+        .await
+        .expect_err("no");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e = pb::decode_client::DecodeClient::new(router).generate(pb::DecodeRequest::default()).await.expect_err("no");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e = pb::decode_client::DecodeClient::new(channel(p.grpc_addr).await)
+        .generate(pb::DecodeRequest::default())
+        .await
+        .expect_err("no");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let e =
+        pb::prefill_client::PrefillClient::new(channel(d.grpc_addr).await).prefill(prefill_req).await.expect_err("no");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+
+    // Nothing changed: a request still works and no page is held.
+    let body = serde_json::json!({"model": "hf", "prompt": "Hello", "max_tokens": 2, "temperature": 0}).to_string();
+    let (_, _, models) = http(api, "GET", "/v1/models", b"").await;
+    let model: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    let body = body.replace("\"hf\"", &model["data"][0]["id"].to_string());
+    let (s, _, text) = http(api, "POST", "/v1/completions", body.as_bytes()).await;
+    assert_eq!(s, 200, "{text}");
+    settle(&p, std::slice::from_ref(&d)).await;
+}
