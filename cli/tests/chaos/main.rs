@@ -128,9 +128,12 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     let mut c = Cluster::start(&model).await;
     let all = (["p0", "p1"], ["d0", "d1"]);
     let prompts = Arc::new(prompts(&c, &model).await);
+    let lens = prompts.iter().map(|p| p.0.len());
     let mut notes = vec![format!(
-        "cluster of 5 processes + etcd up and references computed in {:.1} s",
-        t0.elapsed().as_secs_f64()
+        "cluster of 5 processes + etcd up and references computed in {:.1} s; prompts of {}–{} tokens",
+        t0.elapsed().as_secs_f64(),
+        lens.clone().min().unwrap_or(0),
+        lens.max().unwrap_or(0)
     )];
     let load = Load::new("steady load");
     let mut phases = Phases { marks: vec![("steady load".into(), c.router_retries().await)], retries: Vec::new() };
