@@ -60,11 +60,38 @@ pub struct GenerateArgs {
     /// Print one JSON object (token ids, text, logprobs, timings) instead of the text.
     #[arg(long, help_heading = "Output")]
     json: bool,
+    /// Compute device: `cpu`, or `cuda` (an NVIDIA GPU; needs a build with `--features cuda`
+    /// and the CUDA 12 driver and libraries at run time), `cuda:N` for GPU N.
+    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu", help_heading = "Engine")]
+    device: String,
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    match a.device.as_str() {
+        "cpu" => run_on(a, CpuBackend),
+        d if d == "cuda" || d.starts_with("cuda:") => cuda(a),
+        d => anyhow::bail!("--device {d}: use cpu, cuda or cuda:N"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(a: GenerateArgs) -> anyhow::Result<()> {
+    let ordinal = match a.device.strip_prefix("cuda:") {
+        Some(n) => n.parse().with_context(|| format!("--device {}: N must be a GPU index", a.device))?,
+        None => 0,
+    };
+    let backend = ferry_kernels::cuda::CudaBackend::new(ordinal)?;
+    run_on(a, backend)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: GenerateArgs) -> anyhow::Result<()> {
+    anyhow::bail!("--device cuda: this ferry was built without CUDA support; rebuild with `--features cuda`")
+}
+
+fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Result<()> {
     let t0 = Instant::now();
-    let model = Model::load(&a.model, CpuBackend).with_context(|| format!("loading {}", a.model.display()))?;
+    let model = Model::load(&a.model, backend).with_context(|| format!("loading {}", a.model.display()))?;
     let load_time = t0.elapsed();
     let tok = model.tokenizer();
     let prompt_ids = match &a.prompt_ids {

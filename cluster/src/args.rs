@@ -27,7 +27,8 @@ pub struct WorkerArgs {
     /// GGUF file.
     #[arg(long, env = "FERRY_MODEL")]
     pub model: PathBuf,
-    /// Compute device. Only `cpu` is built today; `cuda` arrives with the CUDA backend.
+    /// Compute device. The daemons run on `cpu`; the CUDA backend exists (`ferry generate
+    /// --device cuda`) but the daemons do not use it yet, and `cuda` is refused with that reason.
     #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
     pub device: String,
     /// Element type of activations and KV pages. The CPU backend computes in `f32`.
@@ -187,8 +188,14 @@ impl WorkerArgs {
 
     /// Checks what can be checked before loading anything.
     pub fn check(&self) -> Result<(), String> {
+        if self.device == "cuda" || self.device.starts_with("cuda:") {
+            return Err(format!(
+                "--device {}: the prefill and decode daemons do not run on the CUDA backend yet (the engine does: `ferry generate --device cuda`); use cpu",
+                self.device
+            ));
+        }
         if self.device != "cpu" {
-            return Err(format!("--device {}: only cpu is built in this binary", self.device));
+            return Err(format!("--device {}: use cpu", self.device));
         }
         if self.dtype != "f32" {
             return Err(format!("--dtype {}: the CPU backend computes in f32", self.dtype));

@@ -1,19 +1,24 @@
 //! Engine benchmarks, printed as tables (run: `cargo bench -p ferry-engine --bench engine`).
 //!
-//! 1. SmolLM2-135M on the CPU backend: prefill and decode tokens/s at batch 1, 8 and 32
-//!    (median of several runs).
+//! 1. Prefill and decode tokens/s at batch 1, 8, 32 and 128 (median of several runs), on
+//!    each backend of `FERRY_BENCH_DEVICES` (default `cpu`; `cpu,cuda` with `--features
+//!    cuda` on a GPU machine, with the CUDA/CPU ratio), for SmolLM2-135M and, with
+//!    `FERRY_BENCH_SHAPES=smollm2,llama3-8b`, a random model shaped like Llama-3-8B (4096
+//!    wide, 32 layers, 32 query and 8 KV heads, MLP 14336, Q4_1 weights; a small vocabulary,
+//!    so its LM head is cheap).
 //! 2. Copying page runs out of the KV pool into a send buffer, page-major (Ferry's layout:
 //!    one copy per run) against layer-major (one copy per layer, K/V and run), same pages.
 //!
-//! `FERRY_BENCH_QUICK=1` shortens both (for CI smoke runs). The model comes from
-//! `FERRY_SMOLLM2` or the `ferry model fetch smollm2-135m` cache.
+//! `FERRY_BENCH_QUICK=1` shortens both (batch 1, 8 and 32; for CI smoke runs). The model
+//! comes from `FERRY_SMOLLM2` or the `ferry model fetch smollm2-135m` cache.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use ferry_engine::tiny::{TinySpec, write_gguf};
 use ferry_engine::{Model, PagePool, SeqChunk};
-use ferry_kernels::KvLayout;
 use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::{Backend, KvLayout};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -29,20 +34,40 @@ fn model_path() -> PathBuf {
     PathBuf::from(cache).join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-fn throughput(quick: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let path = model_path();
-    let model = Model::load(&path, CpuBackend)?;
+/// A random model shaped like Llama-3-8B (but for its vocabulary), written as GGUF Q4_1.
+fn llama3_8b_shape(dir: &std::path::Path) -> BenchResult<PathBuf> {
+    let spec = TinySpec {
+        hidden: 4096,
+        ffn: 14336,
+        layers: 32,
+        heads: 32,
+        kv_heads: 8,
+        ctx: 8192,
+        tie: false,
+        merges: 256,
+        rope_scaling: true,
+        gguf_matrix_type: 3,
+        ..TinySpec::default()
+    };
+    let path = dir.join("llama3-8b-shape.gguf");
+    write_gguf(&path, &spec)?;
+    Ok(path)
+}
+
+/// (batch, prefill tokens/s, decode tokens/s).
+type Row = (usize, f64, f64);
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// Prefill and decode tokens/s per batch.
+fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>> {
     let page: usize = 16;
     let prompt_len: usize = 64;
     let steps = if quick { 4 } else { 16 };
     let reps = if quick { 1 } else { 3 };
-    println!(
-        "SmolLM2-135M ({}), CPU backend, {} threads, prompt {prompt_len} tokens, {steps} decode steps",
-        model.format_name(),
-        rayon_threads()
-    );
-    println!("{:>6} {:>16} {:>16} {:>18}", "batch", "prefill tok/s", "decode tok/s", "decode ms/step");
-    for batch in [1usize, 8, 32] {
+    let vocab = model.config().vocab_size as u32;
+    let batches: &[usize] = if quick { &[1, 8, 32] } else { &[1, 8, 32, 128] };
+    let mut rows = Vec::new();
+    for &batch in batches {
         let mut pre = Vec::new();
         let mut dec = Vec::new();
         for _ in 0..reps {
@@ -50,7 +75,7 @@ fn throughput(quick: bool) -> Result<(), Box<dyn std::error::Error>> {
             let mut pool = PagePool::new(model.backend(), model.kv_layout(page), batch * per_seq)?;
             let allocs: Vec<_> = (0..batch).map(|_| pool.alloc(per_seq)).collect::<Result<_, _>>()?;
             let prompts: Vec<Vec<u32>> = (0..batch)
-                .map(|b| (0..prompt_len as u32).map(|i| 1000 + (i * 31 + b as u32 * 7) % 20000).collect())
+                .map(|b| (0..prompt_len as u32).map(|i| 3 + (1000 + i * 31 + b as u32 * 7) % (vocab - 3)).collect())
                 .collect();
             let t = Instant::now();
             let chunks: Vec<SeqChunk<'_>> = prompts
@@ -73,10 +98,71 @@ fn throughput(quick: bool) -> Result<(), Box<dyn std::error::Error>> {
             }
             dec.push((batch * steps) as f64 / t.elapsed().as_secs_f64());
         }
-        let (p, d) = (median(pre), median(dec));
-        println!("{batch:>6} {p:>16.1} {d:>16.1} {:>18.1}", batch as f64 / d * 1e3);
+        rows.push((batch, median(pre), median(dec)));
+    }
+    Ok(rows)
+}
+
+fn print_rows(title: &str, rows: &[Row], baseline: Option<&[Row]>) {
+    println!("{title}");
+    println!(
+        "{:>6} {:>16} {:>16} {:>18} {:>15} {:>14}",
+        "batch", "prefill tok/s", "decode tok/s", "decode ms/step", "prefill ratio", "decode ratio"
+    );
+    for (i, &(batch, p, d)) in rows.iter().enumerate() {
+        let (rp, rd) = match baseline.and_then(|b| b.get(i)) {
+            Some(&(_, bp, bd)) => (format!("{:.1}x", p / bp), format!("{:.1}x", d / bd)),
+            None => ("-".into(), "-".into()),
+        };
+        println!("{batch:>6} {p:>16.1} {d:>16.1} {:>18.2} {rp:>15} {rd:>14}", batch as f64 / d * 1e3);
+    }
+}
+
+fn throughput_all(quick: bool) -> BenchResult<()> {
+    let devices = std::env::var("FERRY_BENCH_DEVICES").unwrap_or_else(|_| "cpu".into());
+    let shapes = std::env::var("FERRY_BENCH_SHAPES").unwrap_or_else(|_| "smollm2".into());
+    let tmp = tempfile::tempdir()?;
+    for shape in shapes.split(',') {
+        let path = match shape {
+            "smollm2" => model_path(),
+            "llama3-8b" => llama3_8b_shape(tmp.path())?,
+            s => return Err(format!("FERRY_BENCH_SHAPES: unknown shape {s} (smollm2, llama3-8b)").into()),
+        };
+        let mut cpu_rows = None;
+        for device in devices.split(',') {
+            match device {
+                "cpu" => {
+                    let model = Model::load(&path, CpuBackend)?;
+                    let rows = throughput(&model, quick)?;
+                    let title = format!(
+                        "\n{shape} ({}), CPU backend, {} threads, prompt 64 tokens",
+                        model.format_name(),
+                        rayon_threads()
+                    );
+                    print_rows(&title, &rows, None);
+                    cpu_rows = Some(rows);
+                }
+                "cuda" => cuda(&path, shape, quick, cpu_rows.as_deref())?,
+                d => return Err(format!("FERRY_BENCH_DEVICES: unknown device {d} (cpu, cuda)").into()),
+            }
+        }
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(path: &std::path::Path, shape: &str, quick: bool, cpu: Option<&[Row]>) -> BenchResult<()> {
+    let backend = ferry_kernels::cuda::CudaBackend::new(0)?;
+    let name = backend.device_name().to_string();
+    let model = Model::load(path, backend)?;
+    let rows = throughput(&model, quick)?;
+    print_rows(&format!("\n{shape}, CUDA backend on {name} (ratios against the CPU run above)"), &rows, cpu);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &std::path::Path, _: &str, _: bool, _: Option<&[Row]>) -> BenchResult<()> {
+    Err("FERRY_BENCH_DEVICES=cuda needs `cargo bench --features cuda`".into())
 }
 
 fn rayon_threads() -> usize {
@@ -142,8 +228,8 @@ fn page_copy(quick: bool) {
 
 fn main() {
     let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
-    if let Err(e) = throughput(quick) {
-        eprintln!("throughput benchmark skipped: {e} (run `ferry model fetch smollm2-135m`)");
+    if let Err(e) = throughput_all(quick) {
+        eprintln!("throughput benchmark failed: {e} (SmolLM2 comes from `ferry model fetch smollm2-135m`)");
         std::process::exit(1);
     }
     page_copy(quick);

@@ -8,13 +8,19 @@
 //!   pages is one contiguous region (one write on the wire).
 //! - [`RopeTable`]: rotary embedding frequencies, including Llama-3 `rope_scaling`.
 //! - [`cpu::CpuBackend`]: f32 on the CPU, GEMMs with `matrixmultiply`, both cores via rayon.
+//! - `cuda::CudaBackend` (feature `cuda`): an NVIDIA GPU through cudarc (cuBLAS GEMMs in bf16
+//!   with f32 accumulation, NVRTC-compiled kernels), loading CUDA at run time.
 //!
 //! The trait works on backend-owned buffers (`Backend::Buf`, `Backend::Mat`) so that a GPU
 //! backend keeps activations, weights and the KV pool in device memory.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod layout;
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod plan;
 mod rope;
 
 pub use error::KernelError;

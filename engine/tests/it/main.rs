@@ -5,6 +5,8 @@ mod common;
 mod against_ggml;
 mod bad_input;
 mod cache_props;
+#[cfg(feature = "cuda")]
+mod cuda_parity;
 mod loading;
 mod parity;
 mod pool_props;

@@ -1,0 +1,110 @@
+//! The CUDA backend computes what the CPU backend computes: the same prompts through both,
+//! last-token logits within bf16 tolerance (weights and GEMM inputs are bf16 on the GPU) and
+//! the same greedy tokens on SmolLM2, whose top choices are far apart.
+//!
+//! Needs a GPU: where none is (`CudaBackend::new` fails), the test checks the failure is the
+//! clear "unavailable" error and stops, unless FERRY_REQUIRE_GPU is set (the GPU machine's
+//! script sets it), which makes a missing GPU a failure.
+
+use ferry_engine::tiny::TinySpec;
+use ferry_engine::{BatchOptions, Model, PagePool, Request, SamplingParams, SeqChunk, generate};
+use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::cuda::CudaBackend;
+use ferry_kernels::{Backend, KernelError};
+
+use crate::common::{TinyModel, prompt, rel_diff, smollm2};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert!(matches!(e, KernelError::Unavailable(_)), "{e}");
+            assert!(std::env::var_os("FERRY_REQUIRE_GPU").is_none(), "FERRY_REQUIRE_GPU is set: {e}");
+            eprintln!("no GPU here, parity not checked: {e}");
+            None
+        }
+    }
+}
+
+/// Last-token logits of each prompt, all in one batch, chunked by `chunk`.
+fn logits<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], chunk: usize) -> Vec<Vec<f32>> {
+    let page = 16;
+    let need: usize = prompts.iter().map(|p| p.len().div_ceil(page)).sum();
+    let mut pool = PagePool::new(model.backend(), model.kv_layout(page), need + 1).expect("pool");
+    let allocs: Vec<_> = prompts.iter().map(|p| pool.alloc(p.len().div_ceil(page)).expect("pages")).collect();
+    let pages: Vec<Vec<u32>> = allocs.iter().map(|a| a.pages().to_vec()).collect();
+    let mut last = vec![Vec::new(); prompts.len()];
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut start = 0;
+    while start < longest {
+        let mut batch = Vec::new();
+        let mut which = Vec::new();
+        for (i, p) in prompts.iter().enumerate() {
+            if start < p.len() {
+                let end = (start + chunk).min(p.len());
+                batch.push(SeqChunk { tokens: &p[start..end], start, pages: &pages[i], logits: end == p.len() });
+                which.push((i, end == p.len()));
+            }
+        }
+        let out = model.forward(&mut pool, &batch).expect("forward");
+        let mut out = out.into_iter();
+        for (i, done) in which {
+            if done {
+                last[i] = out.next().expect("logits");
+            }
+        }
+        start += chunk;
+    }
+    last
+}
+
+fn greedy<B: Backend>(model: &Model<B>, prompts: &[Vec<u32>], n: u32) -> Vec<Vec<u32>> {
+    let mut pool = PagePool::new(model.backend(), model.kv_layout(16), 512).expect("pool");
+    let reqs: Vec<Request> = prompts
+        .iter()
+        .map(|p| Request {
+            prompt: p.clone(),
+            params: SamplingParams { max_new_tokens: n, ignore_eos: true, ..Default::default() },
+        })
+        .collect();
+    let out =
+        generate(model, &mut pool, &reqs, BatchOptions { chunk_size: 64, max_batch_tokens: 4096 }).expect("generate");
+    out.into_iter().map(|o| o.tokens).collect()
+}
+
+#[test]
+fn cpu_and_cuda_agree_on_logits_and_greedy_tokens() {
+    let Some(_) = gpu() else { return };
+    // A tiny random Llama: decode (chunk 1) and prefill-chunk (chunk 64) shapes, 3 sequences.
+    let tiny = TinyModel::new(TinySpec::default());
+    let cpu = Model::load(&tiny.hf(), CpuBackend).expect("cpu model");
+    let cuda = Model::load(&tiny.hf(), gpu().expect("gpu")).expect("cuda model");
+    let vocab = cpu.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = [5, 70, 150].iter().zip(1..).map(|(&n, s)| prompt(n, s, vocab)).collect();
+    for chunk in [1, 64] {
+        let (a, b) = (logits(&cpu, &prompts, chunk), logits(&cuda, &prompts, chunk));
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            let d = rel_diff(b, a);
+            eprintln!("tiny, chunk {chunk}, prompt {i}: relative logit difference {d:.2e}");
+            assert!(d < 3e-2, "tiny chunk {chunk} prompt {i}: {d}");
+        }
+    }
+
+    // SmolLM2: logits close and greedy tokens equal.
+    let path = smollm2();
+    let cpu = Model::load(&path, CpuBackend).expect("cpu model");
+    let cuda = Model::load(&path, gpu().expect("gpu")).expect("cuda model");
+    let tok = cpu.tokenizer();
+    let prompts: Vec<Vec<u32>> =
+        ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village"]
+            .iter()
+            .map(|t| tok.encode(t).expect("encode"))
+            .collect();
+    let (a, b) = (logits(&cpu, &prompts, 64), logits(&cuda, &prompts, 64));
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let d = rel_diff(b, a);
+        eprintln!("SmolLM2 prompt {i}: relative logit difference {d:.2e}");
+        assert!(d < 3e-2, "SmolLM2 prompt {i}: {d}");
+    }
+    assert_eq!(greedy(&cuda, &prompts, 16), greedy(&cpu, &prompts, 16), "greedy tokens");
+}

@@ -1,0 +1,173 @@
+//! Host-side preparation a device backend needs before it launches a kernel: the checks the
+//! CPU backend makes inline, and the index tables (row → sequence and position, flattened
+//! page tables, slot offsets, cos/sin rows) that a kernel reads. Pure functions, tested here
+//! without a GPU.
+
+use crate::error::check;
+use crate::{AttnSeq, AttnShape, KernelError, KvLayout, RopeTable};
+
+/// What the attention kernel reads besides Q and the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttnPlan {
+    /// Query rows.
+    pub rows: usize,
+    /// Per row: its sequence (-1: in none; its output is zero).
+    pub row_seq: Vec<i32>,
+    /// Per row: its position (it attends to positions `0..=pos`).
+    pub row_pos: Vec<i32>,
+    /// Every sequence's pages, one after another.
+    pub pages: Vec<u32>,
+    /// Per sequence: where its pages start in `pages`.
+    pub seq_page0: Vec<u32>,
+}
+
+/// Checks an attention call and builds its tables; `q_len` values of Q, `pool_pages` pages.
+pub fn attention(
+    layout: &KvLayout,
+    shape: AttnShape,
+    seqs: &[AttnSeq<'_>],
+    q_len: usize,
+    out_len: usize,
+    pool_pages: usize,
+) -> Result<AttnPlan, KernelError> {
+    let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
+    let width = n_heads * head_dim;
+    check(
+        "attention",
+        n_kv_heads == layout.num_kv_heads
+            && head_dim == layout.head_dim
+            && n_kv_heads > 0
+            && n_heads % n_kv_heads == 0
+            && width > 0,
+        || format!("{n_heads} heads / {n_kv_heads} kv heads of {head_dim} against {layout:?}"),
+    )?;
+    check("attention", q_len == out_len && q_len % width == 0, || format!("q {q_len} out {out_len}"))?;
+    let rows = q_len / width;
+    let mut plan =
+        AttnPlan { rows, row_seq: vec![-1; rows], row_pos: vec![0; rows], pages: Vec::new(), seq_page0: Vec::new() };
+    for (s, seq) in seqs.iter().enumerate() {
+        check("attention", seq.q_row + seq.n_q <= rows, || format!("sequence {s} rows past {rows}"))?;
+        let need = (seq.pos0 + seq.n_q).div_ceil(layout.page_size);
+        check("attention", seq.pages.len() >= need, || {
+            format!("sequence {s} has {} pages, needs {need}", seq.pages.len())
+        })?;
+        if let Some(&p) = seq.pages[..need].iter().find(|&&p| p as usize >= pool_pages) {
+            return Err(KernelError::PageOutOfRange { page: p, slot: 0 });
+        }
+        let pos_max = seq.pos0 + seq.n_q;
+        check("attention", i32::try_from(pos_max).is_ok() && u32::try_from(plan.pages.len() + need).is_ok(), || {
+            format!("sequence {s} is too long for the kernel's indices")
+        })?;
+        plan.seq_page0.push(plan.pages.len() as u32);
+        plan.pages.extend_from_slice(&seq.pages[..need]);
+        for i in 0..seq.n_q {
+            plan.row_seq[seq.q_row + i] = s as i32;
+            plan.row_pos[seq.q_row + i] = (seq.pos0 + i) as i32;
+        }
+    }
+    Ok(plan)
+}
+
+/// Checks a K/V write and returns, per slot, the pool offset (in values) of its K; its V is
+/// `page_size * slot_floats` further.
+pub fn kv_offsets(
+    layout: &KvLayout,
+    layer: usize,
+    slots: &[(u32, u32)],
+    k_len: usize,
+    v_len: usize,
+    pool_pages: usize,
+) -> Result<Vec<u64>, KernelError> {
+    let w = layout.slot_floats();
+    check("write_kv", k_len == slots.len() * w && v_len == k_len && layer < layout.num_layers, || {
+        format!("k {k_len} v {v_len} for {} slots of {w}, layer {layer}", slots.len())
+    })?;
+    slots
+        .iter()
+        .map(|&(page, slot)| {
+            if page as usize >= pool_pages || slot as usize >= layout.page_size {
+                return Err(KernelError::PageOutOfRange { page, slot });
+            }
+            Ok(layout.offset(page, layer, false, slot as usize) as u64)
+        })
+        .collect()
+}
+
+/// The cos rows then the sin rows (`[positions.len()][head_dim / 2]` each) of `positions`.
+pub fn rope_rows(table: &RopeTable, positions: &[u32]) -> Result<Vec<f32>, KernelError> {
+    let half = table.head_dim() / 2;
+    let mut cos = Vec::with_capacity(positions.len() * half * 2);
+    let mut sin = Vec::with_capacity(positions.len() * half);
+    for &p in positions {
+        check("rope", (p as usize) < table.max_positions(), || {
+            format!("position {p} past the table's {}", table.max_positions())
+        })?;
+        let (c, s) = table.row(p as usize);
+        cos.extend_from_slice(c);
+        sin.extend_from_slice(s);
+    }
+    cos.extend_from_slice(&sin);
+    Ok(cos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout { num_layers: 2, num_kv_heads: 2, head_dim: 4, page_size: 4 }
+    }
+
+    #[test]
+    fn attention_tables_map_rows_to_sequences_and_pages() {
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 4 };
+        let a = [7u32, 3, 9];
+        let b = [1u32];
+        let seqs = [
+            AttnSeq { pages: &a, q_row: 0, n_q: 3, pos0: 6 }, // positions 6..9: pages 7, 3, 9
+            AttnSeq { pages: &b, q_row: 4, n_q: 1, pos0: 0 },
+        ];
+        let p = attention(&layout(), shape, &seqs, 5 * 16, 5 * 16, 10).expect("a plan");
+        assert_eq!(p.rows, 5);
+        assert_eq!(p.row_seq, vec![0, 0, 0, -1, 1]);
+        assert_eq!(p.row_pos, vec![6, 7, 8, 0, 0]);
+        assert_eq!(p.pages, vec![7, 3, 9, 1]);
+        assert_eq!(p.seq_page0, vec![0, 3]);
+    }
+
+    #[test]
+    fn attention_refusals_match_the_cpu_backend() {
+        let shape = AttnShape { n_heads: 4, n_kv_heads: 2, head_dim: 4 };
+        let short = [0u32];
+        let e = attention(&layout(), shape, &[AttnSeq { pages: &short, q_row: 0, n_q: 5, pos0: 0 }], 80, 80, 10);
+        assert!(matches!(e, Err(KernelError::Shape { .. })));
+        let far = [10u32];
+        let e = attention(&layout(), shape, &[AttnSeq { pages: &far, q_row: 0, n_q: 1, pos0: 0 }], 16, 16, 10);
+        assert!(matches!(e, Err(KernelError::PageOutOfRange { page: 10, .. })));
+        let bad = AttnShape { n_heads: 3, n_kv_heads: 2, head_dim: 4 };
+        assert!(attention(&layout(), bad, &[], 12, 12, 10).is_err());
+    }
+
+    #[test]
+    fn kv_offsets_follow_the_layout() {
+        let l = layout();
+        let o = kv_offsets(&l, 1, &[(2, 3), (0, 0)], 16, 16, 4).expect("offsets");
+        assert_eq!(o, vec![l.offset(2, 1, false, 3) as u64, l.offset(0, 1, false, 0) as u64]);
+        // V sits page_size slots after K.
+        assert_eq!(l.offset(2, 1, true, 3) as u64, o[0] + (l.page_size * l.slot_floats()) as u64);
+        assert!(matches!(kv_offsets(&l, 0, &[(4, 0)], 8, 8, 4), Err(KernelError::PageOutOfRange { page: 4, .. })));
+        assert!(kv_offsets(&l, 2, &[(0, 0)], 8, 8, 4).is_err());
+    }
+
+    #[test]
+    fn rope_rows_are_cos_then_sin() {
+        let t = RopeTable::new(4, 10_000.0, 8, None);
+        let r = rope_rows(&t, &[0, 3]).expect("rows");
+        assert_eq!(r.len(), 8);
+        assert_eq!(&r[..2], &[1.0, 1.0]); // cos at position 0
+        assert_eq!(&r[4..6], &[0.0, 0.0]); // sin at position 0
+        assert_eq!(&r[2..4], t.row(3).0);
+        assert_eq!(&r[6..8], t.row(3).1);
+        assert!(rope_rows(&t, &[8]).is_err());
+    }
+}
