@@ -14,9 +14,19 @@ pub struct Etcd {
     peer_port: u16,
 }
 
-/// A loopback port free now.
+/// A loopback port free now, drawn below the kernel's ephemeral range (32768 and up on
+/// Linux): no outgoing connection can take it before etcd binds it, nor while a killed etcd
+/// is down before its restart on the same port.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    use std::hash::{BuildHasher, Hasher};
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        let port = 20_000 + (h.finish() % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 fn binary() -> PathBuf {

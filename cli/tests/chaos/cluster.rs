@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_proto::v1 as pb;
-use ferry_tests::etcd::{Etcd, free_port};
+use ferry_tests::etcd::Etcd;
 use ferry_tests::proxy::Proxy;
 
 /// One daemon process, restartable with the same flags.
@@ -84,8 +84,23 @@ pub struct Cluster {
     pub router_metrics: String,
 }
 
-fn addr() -> String {
-    format!("127.0.0.1:{}", free_port())
+/// Fixed ports for the daemons, held (bound) until the daemons start. They are drawn below
+/// the kernel's ephemeral range (32768 and up on Linux), so that no outgoing connection (a
+/// worker's to etcd, say) can take one between our choice and a daemon's bind, nor while a
+/// killed daemon is down before its restart.
+struct Ports(Vec<std::net::TcpListener>);
+
+impl Ports {
+    fn take(&mut self) -> String {
+        loop {
+            // free_port draws below the ephemeral range; hold it until the daemons start.
+            let port = ferry_tests::etcd::free_port();
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                self.0.push(l);
+                return format!("127.0.0.1:{port}");
+            }
+        }
+    }
 }
 
 fn strings(a: &[&str]) -> Vec<String> {
@@ -105,26 +120,28 @@ impl Cluster {
             a.extend(strings(&["--transfer-timeout", "10", "--bootstrap-timeout", "10"]));
             a
         };
+        let mut ports = Ports(Vec::new());
         let mut prefill = Vec::new();
         for i in 0..2 {
-            let (id, grpc) = (format!("p{i}"), addr());
+            let (id, grpc) = (format!("p{i}"), ports.take());
             prefill.push(Daemon::new(&id, common("prefill", &id, &grpc), grpc));
         }
         let (mut decode, mut proxies) = (Vec::new(), Vec::new());
         for i in 0..2 {
-            let (id, grpc, data) = (format!("d{i}"), addr(), addr());
+            let (id, grpc, data) = (format!("d{i}"), ports.take(), ports.take());
             let proxy = Proxy::start(data.clone()).await;
             let mut a = common("decode", &id, &grpc);
             a.extend(strings(&["--transfer-addr", &data, "--transfer-advertise-addr", &proxy.addr().to_string()]));
             decode.push(Daemon::new(&id, a, grpc));
             proxies.push(proxy);
         }
-        let (router_grpc, router_metrics) = (addr(), addr());
-        let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &addr()]);
+        let (router_grpc, router_metrics, router_http) = (ports.take(), ports.take(), ports.take());
+        let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &router_http]);
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
         let router = Daemon::new("router", ra, router_grpc.clone());
         let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics };
         // Workers load the model in parallel; the router last.
+        drop(ports);
         std::thread::scope(|s| {
             for d in c.prefill.iter_mut().chain(c.decode.iter_mut()) {
                 s.spawn(|| d.start());
