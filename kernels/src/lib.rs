@@ -19,7 +19,6 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 mod layout;
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod plan;
 mod rope;
 

@@ -1,10 +1,10 @@
-//! Host-side preparation a device backend needs before it launches a kernel: the checks the
-//! CPU backend makes inline, and the index tables (row → sequence and position, flattened
-//! page tables, slot offsets, cos/sin rows) that a kernel reads. Pure functions, tested here
-//! without a GPU.
+//! Host-side preparation of attention and K/V writes, shared by the backends: the shape and
+//! bounds checks, and the index tables (row → sequence and position, flattened
+//! page tables, slot offsets) that a device kernel reads. Pure functions, tested here without a
+//! GPU.
 
 use crate::error::check;
-use crate::{AttnSeq, AttnShape, KernelError, KvLayout, RopeTable};
+use crate::{AttnSeq, AttnShape, KernelError, KvLayout};
 
 /// What the attention kernel reads besides Q and the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,23 +93,6 @@ pub fn kv_offsets(
         .collect()
 }
 
-/// The cos rows then the sin rows (`[positions.len()][head_dim / 2]` each) of `positions`.
-pub fn rope_rows(table: &RopeTable, positions: &[u32]) -> Result<Vec<f32>, KernelError> {
-    let half = table.head_dim() / 2;
-    let mut cos = Vec::with_capacity(positions.len() * half * 2);
-    let mut sin = Vec::with_capacity(positions.len() * half);
-    for &p in positions {
-        check("rope", (p as usize) < table.max_positions(), || {
-            format!("position {p} past the table's {}", table.max_positions())
-        })?;
-        let (c, s) = table.row(p as usize);
-        cos.extend_from_slice(c);
-        sin.extend_from_slice(s);
-    }
-    cos.extend_from_slice(&sin);
-    Ok(cos)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,17 +140,5 @@ mod tests {
         assert_eq!(l.offset(2, 1, true, 3) as u64, o[0] + (l.page_size * l.slot_floats()) as u64);
         assert!(matches!(kv_offsets(&l, 0, &[(4, 0)], 8, 8, 4), Err(KernelError::PageOutOfRange { page: 4, .. })));
         assert!(kv_offsets(&l, 2, &[(0, 0)], 8, 8, 4).is_err());
-    }
-
-    #[test]
-    fn rope_rows_are_cos_then_sin() {
-        let t = RopeTable::new(4, 10_000.0, 8, None);
-        let r = rope_rows(&t, &[0, 3]).expect("rows");
-        assert_eq!(r.len(), 8);
-        assert_eq!(&r[..2], &[1.0, 1.0]); // cos at position 0
-        assert_eq!(&r[4..6], &[0.0, 0.0]); // sin at position 0
-        assert_eq!(&r[2..4], t.row(3).0);
-        assert_eq!(&r[6..8], t.row(3).1);
-        assert!(rope_rows(&t, &[8]).is_err());
     }
 }

@@ -4,7 +4,6 @@ use rayon::prelude::*;
 
 use super::arena::KvArena;
 use super::dot::{axpy, dot};
-use crate::error::check;
 use crate::{AttnSeq, AttnShape, KernelError, KvLayout};
 
 pub(super) fn attention(
@@ -18,29 +17,15 @@ pub(super) fn attention(
 ) -> Result<(), KernelError> {
     let AttnShape { n_heads, n_kv_heads, head_dim } = shape;
     let width = n_heads * head_dim;
-    check(
-        "attention",
-        n_kv_heads == layout.num_kv_heads && head_dim == layout.head_dim && n_heads % n_kv_heads == 0,
-        || format!("{n_heads} heads / {n_kv_heads} kv heads of {head_dim} against {layout:?}"),
-    )?;
-    check("attention", q.len() == out.len() && q.len() % width == 0, || format!("q {} out {}", q.len(), out.len()))?;
-    let rows = q.len() / width;
     let pages_in_pool = pool.len() / layout.page_floats().max(1);
     // Row → (sequence, position) for every query row; rows not in any sequence stay zero.
-    let mut row_seq = vec![None; rows];
-    for (s, seq) in seqs.iter().enumerate() {
-        check("attention", seq.q_row + seq.n_q <= rows, || format!("sequence {s} rows past {rows}"))?;
-        let need = (seq.pos0 + seq.n_q).div_ceil(layout.page_size);
-        check("attention", seq.pages.len() >= need, || {
-            format!("sequence {s} has {} pages, needs {need}", seq.pages.len())
-        })?;
-        if let Some(&p) = seq.pages[..need].iter().find(|&&p| p as usize >= pages_in_pool) {
-            return Err(KernelError::PageOutOfRange { page: p, slot: 0 });
-        }
-        for i in 0..seq.n_q {
-            row_seq[seq.q_row + i] = Some((s, seq.pos0 + i));
-        }
-    }
+    let plan = crate::plan::attention(layout, shape, seqs, q.len(), out.len(), pages_in_pool)?;
+    let row_seq: Vec<Option<(usize, usize)>> = plan
+        .row_seq
+        .iter()
+        .zip(&plan.row_pos)
+        .map(|(&s, &p)| usize::try_from(s).ok().map(|s| (s, p as usize)))
+        .collect();
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {

@@ -169,18 +169,15 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
     ) -> Result<(), KernelError> {
         let w = layout.slot_floats();
-        check("write_kv", k.len() == slots.len() * w && v.len() == k.len() && layer < layout.num_layers, || {
-            format!("k {} v {} for {} slots of {w}, layer {layer}", k.len(), v.len(), slots.len())
-        })?;
         let pages = pool.len() / layout.page_floats().max(1);
-        for (i, &(page, slot)) in slots.iter().enumerate() {
-            if page as usize >= pages || slot as usize >= layout.page_size {
-                return Err(KernelError::PageOutOfRange { page, slot });
-            }
-            // SAFETY: the forward pass owns the pages of the sequences it computes.
+        let offsets = crate::plan::kv_offsets(layout, layer, slots, k.len(), v.len(), pages)?;
+        let v_skip = layout.page_size * w;
+        for (i, &ko) in offsets.iter().enumerate() {
+            // SAFETY: the forward pass owns the pages of the sequences it computes; the plan
+            // checked every page and slot against the pool.
             unsafe {
-                pool.write(layout.offset(page, layer, false, slot as usize), &k[i * w..(i + 1) * w])?;
-                pool.write(layout.offset(page, layer, true, slot as usize), &v[i * w..(i + 1) * w])?;
+                pool.write(ko as usize, &k[i * w..(i + 1) * w])?;
+                pool.write(ko as usize + v_skip, &v[i * w..(i + 1) * w])?;
             }
         }
         Ok(())

@@ -163,6 +163,23 @@ impl CudaBackend {
     }
 }
 
+/// The cos rows then the sin rows (`[positions.len()][head_dim / 2]` each) of `positions`.
+fn rope_rows(table: &RopeTable, positions: &[u32]) -> Result<Vec<f32>, KernelError> {
+    let half = table.head_dim() / 2;
+    let mut cos = Vec::with_capacity(positions.len() * half * 2);
+    let mut sin = Vec::with_capacity(positions.len() * half);
+    for &p in positions {
+        check("rope", (p as usize) < table.max_positions(), || {
+            format!("position {p} past the table's {}", table.max_positions())
+        })?;
+        let (c, s) = table.row(p as usize);
+        cos.extend_from_slice(c);
+        sin.extend_from_slice(s);
+    }
+    cos.extend_from_slice(&sin);
+    Ok(cos)
+}
+
 fn elementwise(n: usize) -> LaunchConfig {
     LaunchConfig { grid_dim: ((n as u32).div_ceil(BLOCK).max(1), 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 }
 }
@@ -315,7 +332,7 @@ impl Backend for CudaBackend {
         check("rope", x.len() == positions.len() * n_heads * hd, || {
             format!("x {} for {} rows", x.len(), positions.len())
         })?;
-        let cs = plan::rope_rows(table, positions)?;
+        let cs = rope_rows(table, positions)?;
         if positions.is_empty() {
             return Ok(());
         }
@@ -489,6 +506,18 @@ mod tests {
         for k in KERNELS {
             assert!(ptx.contains(&format!(".entry {k}(")), "{k} is not an entry point of the PTX");
         }
+    }
+
+    #[test]
+    fn rope_rows_are_cos_then_sin() {
+        let t = RopeTable::new(4, 10_000.0, 8, None);
+        let r = rope_rows(&t, &[0, 3]).expect("rows");
+        assert_eq!(r.len(), 8);
+        assert_eq!(&r[..2], &[1.0, 1.0]); // cos at position 0
+        assert_eq!(&r[4..6], &[0.0, 0.0]); // sin at position 0
+        assert_eq!(&r[2..4], t.row(3).0);
+        assert_eq!(&r[6..8], t.row(3).1);
+        assert!(rope_rows(&t, &[8]).is_err());
     }
 
     #[test]
