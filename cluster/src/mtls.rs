@@ -5,6 +5,7 @@
 //! (`reason="mtls_handshake"`). KV pages on the data plane are guarded by each room's secret,
 //! which only travels over this channel.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -119,35 +120,49 @@ impl InternalTls {
     /// signed; failed handshakes are counted for `role` and dropped.
     pub fn incoming(&self, listener: TcpListener, role: &'static str) -> Incoming {
         let acceptor = TlsAcceptor::from(Arc::clone(&self.server));
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send(tls).await;
-                        }
-                        Ok(Err(e)) => {
-                            metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => "mtls_handshake")
-                                .increment(1);
-                            tracing::warn!(%peer, error = %e, "mutual TLS handshake failed");
-                        }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
+        let (rx, task) = accept_tls(listener, acceptor, role, "mtls_handshake");
         Incoming { rx, task }
     }
+}
+
+/// Accepts on `listener` and runs each TLS handshake off the accept loop, bounded by 10 s, so
+/// that a slow or broken client holds up no other; finished connections come out of the
+/// receiver, failed handshakes are counted as bad input (`role`, `reason`) and dropped. The
+/// task ends when aborted.
+pub fn accept_tls(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    role: &'static str,
+    reason: &'static str,
+) -> (mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(64);
+    let task = tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                    Ok(Ok(tls)) => {
+                        let _ = tx.send((tls, peer)).await;
+                    }
+                    Ok(Err(e)) => {
+                        metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => reason)
+                            .increment(1);
+                        tracing::warn!(%peer, error = %e, reason, "TLS handshake failed");
+                    }
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    (rx, task)
 }
 
 fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, TlsError> {
@@ -186,7 +201,7 @@ pub fn endpoint(addr: &str, tls: Option<&InternalTls>) -> Result<Endpoint, Strin
 /// Finished mutual TLS connections of one listener (a stream for tonic's
 /// `serve_with_incoming`).
 pub struct Incoming {
-    rx: mpsc::Receiver<TlsStream<TcpStream>>,
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -200,6 +215,6 @@ impl Stream for Incoming {
     type Item = std::io::Result<TlsStream<TcpStream>>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.rx.poll_recv(cx).map(|c| c.map(Ok))
+        self.rx.poll_recv(cx).map(|c| c.map(|(tls, _)| Ok(tls)))
     }
 }

@@ -6,7 +6,6 @@
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -66,33 +65,7 @@ impl Tls {
     pub fn http_listener(&self, listener: TcpListener) -> Result<TlsListener, String> {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         let acceptor = TlsAcceptor::from(Arc::new(self.server_config(vec![b"http/1.1".to_vec()])?));
-        let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => {
-                            metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => "tls_handshake")
-                                .increment(1);
-                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
+        let (rx, task) = ferry_cluster::mtls::accept_tls(listener, acceptor, "router", "tls_handshake");
         Ok(TlsListener { rx, addr, task })
     }
 }
