@@ -271,3 +271,28 @@ pub async fn http_with(
     };
     (status, headers, body)
 }
+
+/// One prefill worker, one decode worker (pools of `pages` pages) and a router in front of
+/// them, its flags adjusted by `edit`; returns once the router sees both workers healthy.
+pub async fn one_of_each(
+    m: &TinyModel,
+    pages: usize,
+    edit: impl FnOnce(&mut ferry_router::RouterArgs),
+) -> (ferry_prefill::Running, ferry_decode::Running, ferry_router::Running) {
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = pages;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = pages;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
+    edit(&mut ra);
+    let r = ferry_router::start(ra).await.expect("router up");
+    for _ in 0..500 {
+        if r.ready(1, 1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (p, d, r)
+}

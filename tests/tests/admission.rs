@@ -6,28 +6,17 @@
 use std::time::{Duration, Instant};
 
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, channel, greedy, http, scrape, settle};
+use ferry_tests::{TinyModel, channel, greedy, http, one_of_each, scrape, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_queue_bounds_concurrency_and_waiting() {
     let m = TinyModel::new();
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    let d = ferry_decode::start(a).await.expect("decode up");
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
-    ra.max_running_requests = 1;
-    ra.max_queued_requests = 1;
-    ra.queue_timeout_ms = 400;
-    let r = ferry_router::start(ra).await.expect("router up");
-    for _ in 0..500 {
-        if r.ready(1, 1) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (p, d, r) = one_of_each(&m, 512, |ra| {
+        ra.max_running_requests = 1;
+        ra.max_queued_requests = 1;
+        ra.queue_timeout_ms = 400;
+    })
+    .await;
 
     // A long request takes the only slot: read its first message and then stop reading, so
     // it stays running (back-pressure holds it).

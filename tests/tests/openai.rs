@@ -2,32 +2,7 @@
 //! completions, streamed and not, models and health; bad input gets a 4xx with a message,
 //! is counted, and disturbs nothing.
 
-use std::time::Duration;
-
-use ferry_tests::{TinyModel, http, settle};
-
-async fn up(m: &TinyModel) -> (ferry_prefill::Running, ferry_decode::Running, ferry_router::Running) {
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    let d = ferry_decode::start(a).await.expect("decode up");
-    let r = ferry_router::start(ferry_router::RouterArgs::new(
-        m.path(),
-        vec![p.grpc_addr.to_string()],
-        vec![d.grpc_addr.to_string()],
-    ))
-    .await
-    .expect("router up");
-    for _ in 0..200 {
-        if r.workers().snapshot().all().all(|w| w.healthy()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    (p, d, r)
-}
+use ferry_tests::{TinyModel, http, one_of_each, settle};
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
@@ -36,7 +11,7 @@ fn json(body: &str) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_endpoints_work_and_refuse_bad_input() {
     let m = TinyModel::new();
-    let (p, d, r) = up(&m).await;
+    let (p, d, r) = one_of_each(&m, 512, |_| ()).await;
     let a = r.http_addr;
     let (s, _, body) = http(a, "GET", "/v1/models", b"").await;
     assert_eq!(s, 200);

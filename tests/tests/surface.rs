@@ -3,33 +3,13 @@
 //! public `Router` service (a worker's `Prefill`, `Decode` or `Bootstrap` called there is
 //! UNIMPLEMENTED); a worker serves only its own role's services.
 
-use std::time::Duration;
-
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, channel, http, settle};
+use ferry_tests::{TinyModel, channel, http, one_of_each, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_refuse_what_they_do_not_serve() {
     let m = TinyModel::new();
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 128;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 128;
-    let d = ferry_decode::start(a).await.expect("decode up");
-    let r = ferry_router::start(ferry_router::RouterArgs::new(
-        m.path(),
-        vec![p.grpc_addr.to_string()],
-        vec![d.grpc_addr.to_string()],
-    ))
-    .await
-    .expect("router up");
-    for _ in 0..500 {
-        if r.ready(1, 1) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let (p, d, r) = one_of_each(&m, 128, |_| ()).await;
 
     // HTTP: /metrics is read-only everywhere; the OpenAI API takes only its own methods.
     for addr in [p.metrics_addr, d.metrics_addr, r.metrics_addr] {
