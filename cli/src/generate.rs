@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::Context;
 use std::io::Write;
 
+use ferry_cluster::Device;
 use ferry_engine::{
     BatchOptions, ChatMessage, Detokenizer, Model, PagePool, Request, SamplingParams, generate, generate_streaming,
 };
@@ -67,26 +68,16 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
-    match a.device.as_str() {
-        "cpu" => run_on(a, CpuBackend),
-        d if d == "cuda" || d.starts_with("cuda:") => cuda(a),
-        d => anyhow::bail!("--device {d}: use cpu, cuda or cuda:N"),
+    match a.device.parse::<Device>().map_err(anyhow::Error::msg)? {
+        Device::Cpu => run_on(a, CpuBackend),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => {
+            let backend = ferry_kernels::cuda::CudaBackend::new(n)?;
+            run_on(a, backend)
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => anyhow::bail!(ferry_cluster::NO_CUDA_BUILD),
     }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda(a: GenerateArgs) -> anyhow::Result<()> {
-    let ordinal = match a.device.strip_prefix("cuda:") {
-        Some(n) => n.parse().with_context(|| format!("--device {}: N must be a GPU index", a.device))?,
-        None => 0,
-    };
-    let backend = ferry_kernels::cuda::CudaBackend::new(ordinal)?;
-    run_on(a, backend)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda(_: GenerateArgs) -> anyhow::Result<()> {
-    anyhow::bail!("--device cuda: this ferry was built without CUDA support; rebuild with `--features cuda`")
 }
 
 fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Result<()> {

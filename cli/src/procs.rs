@@ -96,6 +96,7 @@ fn worker_cmd(exe: &Path, role: &str, id: &str, args: &UpArgs, model: &Path) -> 
     c.arg(role).arg("--model").arg(model).args(["--worker-id", id]);
     c.args(["--pool-pages", &args.pool_pages.to_string(), "--page-size", &args.page_size.to_string()]);
     c.args(["--chunked-prefill-size", &args.chunked_prefill_size.to_string(), "--transfer", &args.transfer]);
+    c.args(["--device", &args.device]);
     c
 }
 

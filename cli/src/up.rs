@@ -45,6 +45,10 @@ pub struct UpArgs {
     /// KV transfer backend between the daemons (`tcp`; `fake` only in-process).
     #[arg(long, default_value = "tcp")]
     pub transfer: String,
+    /// Compute device of the prefill and decode daemons: `cpu`, `cuda` or `cuda:N` (a build
+    /// with `--features cuda`; every daemon then shares that GPU).
+    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
+    pub device: String,
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
     #[arg(long, default_value = "cache-aware")]
     pub policy: String,
@@ -103,6 +107,7 @@ fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::Worker
     w.page_size = args.page_size;
     w.chunked_prefill_size = args.chunked_prefill_size;
     w.transfer = args.transfer.clone();
+    w.device = args.device.clone();
     w
 }
 

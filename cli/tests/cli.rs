@@ -64,6 +64,8 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         (vec!["generate", "--model", m, "--prompt", "x", "--temperature=-2"], "temperature"),
         (vec!["generate", "--model", m, "--prompt", "x", "--top-p", "0"], "top_p"),
         (vec!["model", "fetch", "no-such-model"], "unknown model"),
+        (vec!["generate", "--model", m, "--prompt", "x", "--device", "tpu"], "use cpu, cuda or cuda:N"),
+        (vec!["generate", "--model", m, "--prompt", "x", "--device", "cuda:x"], "GPU index"),
     ];
     for (args, needle) in cases {
         let o = ferry(&args);
@@ -72,6 +74,28 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         assert!(e.contains(needle), "{args:?}: {e}");
         assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
     }
+}
+
+/// `--device cuda` runs where a GPU is, and elsewhere fails at start, saying why (no driver,
+/// or a build without CUDA), for `generate` and for a whole cluster alike.
+#[test]
+fn cuda_runs_where_a_gpu_is_and_says_why_not_elsewhere() {
+    let dir = tempfile::tempdir().expect("tmp");
+    write_hf(dir.path(), &TinySpec::default()).expect("tiny");
+    let m = dir.path().to_str().expect("path");
+    let gpu = std::path::Path::new("/dev/nvidiactl").exists();
+    let o = ferry(&["generate", "--model", m, "--prompt-ids", "5,6,7", "--max-tokens", "2", "--device", "cuda"]);
+    let e = stderr(&o);
+    assert!(!e.contains("panicked"), "{e}");
+    if gpu {
+        assert!(o.status.success(), "{e}");
+        return;
+    }
+    assert!(!o.status.success() && e.contains("--device cuda"), "{e}");
+    let o =
+        ferry(&["up", "--model", m, "--device", "cuda", "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"]);
+    let e = stderr(&o);
+    assert!(!o.status.success() && e.contains("--device cuda") && !e.contains("panicked"), "{e}");
 }
 
 #[test]

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::Device;
 use crate::discovery::Role;
 use crate::discovery::etcd::EtcdConfig;
 use crate::mtls::InternalTlsArgs;
@@ -27,11 +28,18 @@ pub struct WorkerArgs {
     /// GGUF file.
     #[arg(long, env = "FERRY_MODEL")]
     pub model: PathBuf,
-    /// Compute device. The daemons run on `cpu`; the CUDA backend exists (`ferry generate
-    /// --device cuda`) but the daemons do not use it yet, and `cuda` is refused with that reason.
+    /// Compute device: `cpu`, `cuda` (GPU 0) or `cuda:N`. CUDA needs a build with
+    /// `--features cuda` and the NVIDIA driver and CUDA 12 libraries at run time; its KV pool
+    /// lives on the GPU and travels through a pinned host mirror (see --kv-host-mirror).
     #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
     pub device: String,
-    /// Element type of activations and KV pages. The CPU backend computes in `f32`.
+    /// Keep a host mirror of the KV pool and copy pages across (device → host before sending,
+    /// host → device once a room arrived). Always on with `--device cuda`; on the CPU it
+    /// exercises that path (the pool is otherwise shared with the transfer in place).
+    #[arg(long, env = "FERRY_KV_HOST_MIRROR")]
+    pub kv_host_mirror: bool,
+    /// Element type of KV pages, which must match between prefill and decode: `f32` on every
+    /// backend (the CUDA backend keeps weights in bf16 and computes its GEMMs in bf16).
     #[arg(long, env = "FERRY_DTYPE", default_value = "f32")]
     pub dtype: String,
     /// Tokens per KV page. Prefill and decode nodes must agree (checked at the handshake).
@@ -40,7 +48,8 @@ pub struct WorkerArgs {
     /// KV pages in the pool. 0: size the pool from --mem-fraction.
     #[arg(long, env = "FERRY_POOL_PAGES", default_value_t = 0)]
     pub pool_pages: usize,
-    /// Fraction of this machine's memory given to the KV pool when --pool-pages is 0.
+    /// Fraction of memory given to the KV pool when --pool-pages is 0: of this machine's
+    /// memory on the CPU, of the GPU's memory with `--device cuda`.
     #[arg(long, env = "FERRY_MEM_FRACTION", default_value_t = 0.1)]
     pub mem_fraction: f64,
     /// Prompt tokens computed per forward pass (chunked prefill); long prompts take several.
@@ -124,6 +133,7 @@ impl WorkerArgs {
         Self {
             model: model.into(),
             device: "cpu".into(),
+            kv_host_mirror: false,
             dtype: "f32".into(),
             page_size: 16,
             pool_pages: 0,
@@ -188,17 +198,9 @@ impl WorkerArgs {
 
     /// Checks what can be checked before loading anything.
     pub fn check(&self) -> Result<(), String> {
-        if self.device == "cuda" || self.device.starts_with("cuda:") {
-            return Err(format!(
-                "--device {}: the prefill and decode daemons do not run on the CUDA backend yet (the engine does: `ferry generate --device cuda`); use cpu",
-                self.device
-            ));
-        }
-        if self.device != "cpu" {
-            return Err(format!("--device {}: use cpu", self.device));
-        }
+        self.device()?;
         if self.dtype != "f32" {
-            return Err(format!("--dtype {}: the CPU backend computes in f32", self.dtype));
+            return Err(format!("--dtype {}: KV pages are f32 on every backend", self.dtype));
         }
         if self.page_size == 0 || self.chunked_prefill_size == 0 {
             return Err("--page-size and --chunked-prefill-size must be positive".into());
@@ -214,18 +216,30 @@ impl WorkerArgs {
     }
 
     /// Pool pages: --pool-pages, or --mem-fraction of the machine's memory.
-    pub fn pool_pages(&self, page_bytes: usize) -> usize {
+    /// The compute device `--device` names.
+    pub fn device(&self) -> Result<Device, String> {
+        self.device.parse()
+    }
+
+    /// KV pages for the pool: --pool-pages, or --mem-fraction of `device_bytes` (a GPU's
+    /// memory) or, when None, of this machine's memory.
+    pub fn pool_pages(&self, page_bytes: usize, device_bytes: Option<usize>) -> usize {
         if self.pool_pages > 0 {
             return self.pool_pages;
         }
-        let total = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|m| {
-                m.lines()
-                    .find(|l| l.starts_with("MemTotal:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        let total = device_bytes
+            .map(|b| b as u64)
+            .or_else(|| {
+                std::fs::read_to_string("/proc/meminfo")
+                    .ok()
+                    .and_then(|m| {
+                        m.lines()
+                            .find(|l| l.starts_with("MemTotal:"))
+                            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    })
+                    .map(|kib| kib * 1024)
             })
-            .map_or(8 << 30, |kib| kib * 1024);
+            .unwrap_or(8 << 30);
         ((total as f64 * self.mem_fraction) as usize / page_bytes.max(1)).max(1)
     }
 }

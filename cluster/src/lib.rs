@@ -16,6 +16,7 @@
 
 pub mod args;
 pub mod daemon;
+mod device;
 pub mod discovery;
 pub mod exporter;
 pub mod ids;
@@ -28,6 +29,7 @@ pub mod status;
 pub mod wire;
 
 pub use args::WorkerArgs;
+pub use device::{Device, NO_CUDA_BUILD};
 pub use ids::{RequestId, Room, RoomKey, RoomSecret, WorkerId};
 pub use layout::LayoutDescriptor;
 pub use shutdown::{Shutdown, ShutdownTrigger};

@@ -18,6 +18,11 @@ pub const TRANSFER_ROOMS: &str = "ferry_transfer_rooms_total";
 pub const TRANSFER_REFUSALS: &str = "ferry_transfer_refusals_total";
 /// The transfer backend in use: 1 for the `backend` chosen, with the `requested` one (gauge).
 pub const TRANSFER_BACKEND: &str = "ferry_transfer_backend";
+/// Bytes of KV pages copied between a device pool and its host mirror, by `role` and
+/// `direction` (to_host | to_device) (counter).
+pub const KV_MIRROR_BYTES: &str = "ferry_kv_mirror_bytes_total";
+/// Seconds one batch of mirror copies took, by `role` and `direction` (histogram).
+pub const KV_MIRROR_SECONDS: &str = "ferry_kv_mirror_seconds";
 
 /// Requests in each queue state of a worker, by `role` (prefill | decode), `worker` and
 /// `state` (bootstrap | waiting | inflight | prealloc | transfer | running | prefill) (gauge).
@@ -122,6 +127,13 @@ pub const ALL: &[Metric] = &[
     ),
     m(TRANSFER_REFUSALS, Kind::Counter, "reason", "Frames or rooms refused by a receiver"),
     m(TRANSFER_BACKEND, Kind::Gauge, "backend, requested", "Transfer backend in use (1), with the one requested"),
+    m(
+        KV_MIRROR_BYTES,
+        Kind::Counter,
+        "role, direction",
+        "KV page bytes copied between a device pool and its host mirror (to_host, to_device)",
+    ),
+    m(KV_MIRROR_SECONDS, Kind::Histogram, "role, direction", "Time of one batch of mirror copies, seconds"),
     m(
         ROUTER_PLACEMENTS,
         Kind::Counter,

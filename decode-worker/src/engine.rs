@@ -5,6 +5,10 @@
 //!
 //! Each step forms one batch: every running request's next token, and chunks of prompts
 //! prefilled here. A finished request's pages go back to the pool at once.
+//!
+//! With a host mirror (a GPU pool), the transfer writes a room's pages into the mirror, and
+//! this thread copies them to the device once the room is complete, before the request
+//! joins the batch.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -14,10 +18,11 @@ use std::time::{Duration, Instant};
 use ferry_cluster::metrics as m;
 use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
 use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams, SeqChunk};
-use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
 use ferry_transfer::room::FailReason;
 use ferry_transfer::table::Outcome;
+use ferry_worker::KvHost;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
@@ -124,9 +129,10 @@ pub struct EngineConfig {
 }
 
 /// The engine thread's state.
-pub struct Engine {
-    model: Model<CpuBackend>,
-    pool: PagePool<CpuBackend>,
+pub struct Engine<B: Backend> {
+    model: Model<B>,
+    pool: PagePool<B>,
+    kv: Arc<KvHost>,
     queues: Queues,
     reqs: HashMap<u64, Req>,
     receiver: Arc<KvReceiver>,
@@ -149,11 +155,14 @@ fn transfer_refusal(r: &FailReason) -> Refused {
     Refused::new(code, r.label(), format!("KV transfer failed: {r:?}"))
 }
 
-impl Engine {
-    /// An engine over a loaded model, its pool and the transfer receiver writing into it.
+impl<B: Backend> Engine<B> {
+    /// An engine over a loaded model, its pool and the transfer receiver writing into its
+    /// pages (in place, or into their host mirror `kv`).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        model: Model<CpuBackend>,
-        pool: PagePool<CpuBackend>,
+        model: Model<B>,
+        pool: PagePool<B>,
+        kv: Arc<KvHost>,
         receiver: Arc<KvReceiver>,
         handshakes: Handshakes,
         cfg: EngineConfig,
@@ -163,6 +172,7 @@ impl Engine {
         Self {
             model,
             pool,
+            kv,
             queues: Queues::new(cfg.limits),
             reqs: HashMap::new(),
             receiver,
@@ -341,6 +351,7 @@ impl Engine {
     /// Cancelled clients, ended transfers, timeouts.
     fn reap(&mut self, now: Instant) {
         let mut ended = Vec::new();
+        let mut arrived = Vec::new();
         for (&room, r) in &mut self.reqs {
             if r.out.is_closed() {
                 ended.push((room, Err(Refused::new(Code::Cancelled, "client_cancelled", "the client went away"))));
@@ -357,7 +368,19 @@ impl Engine {
                     r.outcome = None;
                     self.receiver.close(room);
                     r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
-                    self.queues.advance(room, Stage::Waiting, now);
+                    arrived.push(room);
+                }
+            }
+        }
+        for room in arrived {
+            let pages = self.reqs.get(&room).and_then(|r| r.pages.as_ref()).map_or(&[][..], PageAlloc::pages);
+            // SAFETY: the room is complete and closed: every write into its pages has landed and
+            // no other is accepted; the request owns the pages.
+            match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
+                Ok(()) => self.queues.advance(room, Stage::Waiting, now),
+                Err(e) => {
+                    let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
+                    ended.push((room, Err(why)));
                 }
             }
         }

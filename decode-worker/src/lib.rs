@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_cluster::{Device, LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_kernels::Backend;
+use ferry_kernels::cpu::CpuBackend;
 use ferry_worker::Loaded;
 
 pub use ferry_cluster::daemon::StartError;
@@ -81,6 +83,9 @@ pub struct Running {
     pub layout: LayoutDescriptor,
     /// The transfer backend in use.
     pub backend: BackendKind,
+    /// Whether KV pages travel through a host mirror of the pool (a GPU pool, or
+    /// `--kv-host-mirror`).
+    pub kv_mirrored: bool,
     daemon: Daemon,
     load: Arc<Mutex<Load>>,
 }
@@ -104,11 +109,25 @@ impl Running {
     }
 }
 
-/// Loads the model, allocates the pool, binds the transfer receiver and starts serving.
+/// Loads the model onto the `--device` backend, allocates the pool, binds the transfer
+/// receiver and starts serving.
 pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
+    match args.worker.device().map_err(StartError::Config)? {
+        Device::Cpu => start_on(args, CpuBackend).await,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => start_on(args, ferry_worker::cuda(n)?).await,
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(StartError::Config(ferry_cluster::NO_CUDA_BUILD.into())),
+    }
+}
+
+async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, StartError> {
     let w = &args.worker;
     let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
-    let Loaded { model, pool, mem, pages, layout: descriptor, backend, timeouts, transfer } = Loaded::load(w).await?;
+    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
+        Loaded::load(w, compute, "decode").await?;
+    let kv_mirrored = kv.mirrored();
+    let mem = Arc::clone(kv.mem());
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
         .map_err(|source| StartError::Io { what: "transfer address", source })?;
@@ -141,7 +160,7 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
         data_endpoint: data_endpoint.clone(),
         backend: backend.as_str(),
     };
-    let engine = Engine::new(model, pool, receiver, handshakes, cfg, Arc::clone(&load));
+    let engine = Engine::new(model, pool, kv, receiver, handshakes, cfg, Arc::clone(&load));
     let engine_thread = std::thread::Builder::new()
         .name(format!("{worker_id}-engine"))
         .spawn(move || engine.run(rx))
@@ -173,7 +192,17 @@ pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;
     tracing::info!(%grpc_addr, %metrics_addr, %data_endpoint, worker = %worker_id, backend = %backend, pages, "decode worker up");
-    Ok(Running { grpc_addr, metrics_addr, worker_id, data_endpoint, layout: descriptor, backend, daemon, load })
+    Ok(Running {
+        grpc_addr,
+        metrics_addr,
+        worker_id,
+        data_endpoint,
+        layout: descriptor,
+        backend,
+        kv_mirrored,
+        daemon,
+        load,
+    })
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.

@@ -18,11 +18,13 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+mod host;
 mod layout;
 mod plan;
 mod rope;
 
 pub use error::KernelError;
+pub use host::HostArena;
 pub use layout::KvLayout;
 pub use rope::{RopeScaling, RopeTable};
 
@@ -73,7 +75,7 @@ pub trait Backend: Send + Sync + 'static {
     type Mat: Send + Sync;
     /// The KV page pool's memory. Shared (`Clone`) so a transfer backend can move pages in
     /// and out of it while the forward pass works on other pages.
-    type Kv: Send + Sync + Clone;
+    type Kv: Send + Sync + Clone + 'static;
 
     /// Short name for logs ("cpu", "cuda").
     fn name(&self) -> &'static str;
@@ -131,4 +133,22 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<(), KernelError>;
     /// Copies rows `rows` of `x` (`[_, width]`) into `out` (`[rows.len(), width]`).
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf) -> Result<(), KernelError>;
+
+    /// Bytes of device memory, for sizing the KV pool; None when the backend computes in
+    /// host memory.
+    fn device_memory(&self) -> Option<usize>;
+    /// The pool's first byte when its memory is host memory that a transfer may read and
+    /// write in place (pages then need no copy). None for device memory: pages travel
+    /// through a host mirror ([`Backend::host_arena`], [`Backend::kv_to_host`],
+    /// [`Backend::kv_from_host`]).
+    fn kv_host_ptr(&self, pool: &Self::Kv) -> Option<*mut u8>;
+    /// A zeroed, touched host arena of `bytes` bytes for a pool's mirror; page-locked
+    /// (pinned) when the backend has a device.
+    fn host_arena(&self, bytes: usize) -> Result<HostArena, KernelError>;
+    /// Copies whole pages `first..` of the pool (`dst.len()` values) to the host; returns
+    /// once the copy has landed.
+    fn kv_to_host(&self, pool: &Self::Kv, layout: &KvLayout, first: u32, dst: &mut [f32]) -> Result<(), KernelError>;
+    /// Copies `src` (whole pages) into pages `first..` of the pool; returns once the copy has
+    /// landed.
+    fn kv_from_host(&self, pool: &Self::Kv, layout: &KvLayout, first: u32, src: &[f32]) -> Result<(), KernelError>;
 }

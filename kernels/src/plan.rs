@@ -93,6 +93,18 @@ pub fn kv_offsets(
         .collect()
 }
 
+/// Checks a copy of whole pages `first..` (`len` values) between the pool (`pool_pages`
+/// pages) and the host; the values' range in the pool.
+pub fn page_span(layout: &KvLayout, first: u32, len: usize, pool_pages: usize) -> Result<(usize, usize), KernelError> {
+    let pf = layout.page_floats();
+    check("kv copy", pf > 0 && len % pf == 0, || format!("{len} values are not whole pages of {pf}"))?;
+    let n = len / pf;
+    if first as usize + n > pool_pages {
+        return Err(KernelError::PageOutOfRange { page: (first as usize + n).saturating_sub(1) as u32, slot: 0 });
+    }
+    Ok((first as usize * pf, len))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +141,16 @@ mod tests {
         assert!(matches!(e, Err(KernelError::PageOutOfRange { page: 10, .. })));
         let bad = AttnShape { n_heads: 3, n_kv_heads: 2, head_dim: 4 };
         assert!(attention(&layout(), bad, &[], 12, 12, 10).is_err());
+    }
+
+    #[test]
+    fn page_spans_are_whole_pages_inside_the_pool() {
+        let l = layout();
+        let pf = l.page_floats();
+        assert_eq!(page_span(&l, 2, 2 * pf, 4).expect("in bounds"), (2 * pf, 2 * pf));
+        assert!(matches!(page_span(&l, 3, 2 * pf, 4), Err(KernelError::PageOutOfRange { page: 4, .. })));
+        assert!(matches!(page_span(&l, 0, pf + 1, 4), Err(KernelError::Shape { .. })));
+        assert_eq!(page_span(&l, 4, 0, 4).expect("empty"), (4 * pf, 0));
     }
 
     #[test]

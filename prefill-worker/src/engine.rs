@@ -5,6 +5,11 @@
 //! After every pass each computed chunk's finished pages go to the room's task (cached prefix
 //! pages first, the partial last page with the last chunk, together with the first sampled
 //! token). A room's pages stay locked until its task reports the transfer ended.
+//!
+//! With a host mirror (a GPU pool), a chunk's pages are copied to the mirror right before
+//! they go to the task, except pages already on the wire for another room: those are cached
+//! prefix pages, locked and unchanged since they were copied, and their mirror page may be
+//! being read.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as CmdSender};
@@ -15,12 +20,13 @@ use ferry_cluster::Refused;
 use ferry_cluster::metrics as m;
 use ferry_engine::scheduler::{Prefilled, Scheduler};
 use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams, SeqChunk};
-use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::Backend;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::frame::Aux;
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::room::Timeouts;
 use ferry_transfer::{SendRoom, Sender};
+use ferry_worker::KvHost;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Code;
 
@@ -109,6 +115,8 @@ struct Live {
     chunks: Option<mpsc::UnboundedSender<ChunkMsg>>,
     /// Destination slots handed to the room task so far.
     sent: usize,
+    /// Pages handed to the room task so far (on the wire until the task reports).
+    wire: Vec<u32>,
     cached: usize,
     first: Option<(u32, f32)>,
     prefilled: Option<Prefilled>,
@@ -127,14 +135,16 @@ pub struct EngineConfig {
 }
 
 /// The engine thread's state.
-pub struct Engine {
-    model: Model<CpuBackend>,
-    pool: PagePool<CpuBackend>,
+pub struct Engine<B: Backend> {
+    model: Model<B>,
+    pool: PagePool<B>,
     cache: RadixCache,
     sched: Scheduler,
     rooms: Rooms<NewRequest, Handshake>,
     live: HashMap<u64, Live>,
-    mem: Arc<HostPages>,
+    kv: Arc<KvHost>,
+    /// Per page: how many room tasks may be sending it (from its mirror page).
+    on_wire: HashMap<u32, u32>,
     rt: tokio::runtime::Handle,
     cmds: CmdSender<Cmd>,
     cfg: EngineConfig,
@@ -144,14 +154,14 @@ pub struct Engine {
     draining: bool,
 }
 
-impl Engine {
+impl<B: Backend> Engine<B> {
     /// An engine over a loaded model and its pool.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        model: Model<CpuBackend>,
-        pool: PagePool<CpuBackend>,
+        model: Model<B>,
+        pool: PagePool<B>,
         sched: Scheduler,
-        mem: Arc<HostPages>,
+        kv: Arc<KvHost>,
         rt: tokio::runtime::Handle,
         cmds: CmdSender<Cmd>,
         cfg: EngineConfig,
@@ -170,7 +180,8 @@ impl Engine {
             sched,
             rooms: Rooms::new(phase_t),
             live: HashMap::new(),
-            mem,
+            kv,
+            on_wire: HashMap::new(),
             rt,
             cmds,
             cfg,
@@ -325,7 +336,7 @@ impl Engine {
         }
         let limit = self.cfg.timeouts.transferring;
         let task = RoomTask {
-            mem: Arc::clone(&self.mem),
+            mem: Arc::clone(self.kv.mem()),
             engine: self.cmds.clone(),
             limit,
             senders: Arc::clone(&self.cfg.senders),
@@ -342,6 +353,7 @@ impl Engine {
                 reply: Some(r.reply),
                 chunks: Some(tx),
                 sent: 0,
+                wire: Vec::new(),
                 cached: 0,
                 first: None,
                 prefilled: None,
@@ -377,6 +389,7 @@ impl Engine {
         self.rate = if self.rate == 0.0 { rate } else { 0.8 * self.rate + 0.2 * rate };
         let ps = self.pool.layout().page_size;
         let now = Instant::now();
+        let mut outgoing = Vec::new();
         for c in &chunks {
             let Some(l) = self.live.get_mut(&c.id) else { continue };
             if c.start == c.cached && c.cached > 0 && l.sent == 0 {
@@ -396,17 +409,35 @@ impl Engine {
                 continue;
             }
             if upto > l.sent || aux.is_some() {
-                let msg = ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux };
+                outgoing.push((c.id, ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux }));
                 l.sent = upto;
-                if let Some(tx) = &l.chunks {
-                    let _ = tx.send(msg);
-                }
             }
+        }
+        for (room, msg) in outgoing {
+            self.hand_over(room, msg)?;
         }
         for p in self.sched.complete(&chunks, &mut self.cache) {
             if let Some(l) = self.live.get_mut(&p.id) {
                 l.prefilled = Some(p);
             }
+        }
+        Ok(())
+    }
+
+    /// Gives a chunk's pages to the room task, first copying to the host mirror those no
+    /// other room is sending.
+    fn hand_over(&mut self, room: u64, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
+        let Some(l) = self.live.get_mut(&room) else { return Ok(()) };
+        let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
+        // SAFETY: these pages are computed and locked for this room; no task sends them now
+        // (none is on the wire), so nobody reads their mirror pages while they are copied.
+        unsafe { self.kv.to_host(self.model.backend(), &self.pool, &fresh) }?;
+        for &p in &msg.pages {
+            *self.on_wire.entry(p).or_insert(0) += 1;
+        }
+        l.wire.extend_from_slice(&msg.pages);
+        if let Some(tx) = &l.chunks {
+            let _ = tx.send(msg);
         }
         Ok(())
     }
@@ -441,6 +472,14 @@ impl Engine {
     /// Frees what a room holds: its scheduler entry (queued or computing) or its computed
     /// pages (unlocking the cache node).
     fn release(&mut self, room: u64, l: Live) {
+        for p in &l.wire {
+            if let Some(n) = self.on_wire.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    self.on_wire.remove(p);
+                }
+            }
+        }
         if let Some(p) = l.prefilled {
             self.cache.unlock(p.node);
             drop(p.tail);

@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_cluster::{Device, LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_kernels::Backend;
+use ferry_kernels::cpu::CpuBackend;
 use ferry_worker::Loaded;
 
 pub use ferry_cluster::daemon::StartError;
@@ -76,6 +78,9 @@ pub struct Running {
     pub layout: LayoutDescriptor,
     /// The transfer backend in use.
     pub backend: BackendKind,
+    /// Whether KV pages travel through a host mirror of the pool (a GPU pool, or
+    /// `--kv-host-mirror`).
+    pub kv_mirrored: bool,
     daemon: Daemon,
     load: Arc<Mutex<Load>>,
 }
@@ -99,12 +104,24 @@ impl Running {
     }
 }
 
-/// Loads the model, allocates the pool, and starts serving.
+/// Loads the model onto the `--device` backend, allocates the pool, and starts serving.
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
+    match args.worker.device().map_err(StartError::Config)? {
+        Device::Cpu => start_on(args, CpuBackend).await,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => start_on(args, ferry_worker::cuda(n)?).await,
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(StartError::Config(ferry_cluster::NO_CUDA_BUILD.into())),
+    }
+}
+
+async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, StartError> {
     let w = &args.worker;
     let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
     let policy: Policy = args.schedule_policy.parse().map_err(StartError::config)?;
-    let Loaded { model, pool, mem, pages, layout: descriptor, backend, timeouts, transfer } = Loaded::load(w).await?;
+    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
+        Loaded::load(w, compute, "prefill").await?;
+    let kv_mirrored = kv.mirrored();
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
     let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("prefill-{}", grpc_addr.port()));
 
@@ -118,7 +135,7 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         model,
         pool,
         Scheduler::new(sched_cfg, w.page_size),
-        Arc::clone(&mem),
+        Arc::clone(&kv),
         tokio::runtime::Handle::current(),
         tx.clone(),
         EngineConfig { worker: worker_id.clone(), timeouts, senders: Arc::clone(&senders) },
@@ -138,7 +155,7 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
         layout: descriptor.clone(),
         backend,
         transfer,
-        mem,
+        mem: Arc::clone(kv.mem()),
         senders,
         max_dest_pages: args.max_dest_pages,
         events,
@@ -172,7 +189,7 @@ pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;
     tracing::info!(%grpc_addr, %metrics_addr, worker = %worker_id, backend = %backend, pages, "prefill worker up");
-    Ok(Running { grpc_addr, metrics_addr, worker_id, layout: descriptor, backend, daemon, load })
+    Ok(Running { grpc_addr, metrics_addr, worker_id, layout: descriptor, backend, kv_mirrored, daemon, load })
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.

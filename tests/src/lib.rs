@@ -22,9 +22,11 @@ pub struct TinyModel {
 }
 
 impl TinyModel {
-    /// The default tiny model (context 2048, vocabulary 359).
+    /// The default tiny model (context 2048, vocabulary 359), with its own LM head: tied to
+    /// the embedding, a random model this small echoes its input token whatever the context,
+    /// so its answers would not show a page of wrong K/V.
     pub fn new() -> Self {
-        Self::with(TinySpec::default())
+        Self::with(TinySpec { tie: false, ..TinySpec::default() })
     }
 
     /// A tiny model from `spec`.
@@ -53,12 +55,17 @@ pub fn greedy(n: u32) -> SamplingParams {
 
 /// What one colocated engine produces for `prompts`: the reference for every cluster test.
 pub fn colocated(model: &Path, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<u32>> {
+    colocated_scored(model, prompts, params).into_iter().map(|o| o.into_iter().map(|(t, _)| t).collect()).collect()
+}
+
+/// [`colocated`] with each token's logprob.
+pub fn colocated_scored(model: &Path, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<(u32, f32)>> {
     let m = Model::load(model, CpuBackend).expect("load model");
     let pages: usize = prompts.iter().map(|p| (p.len() + params.max_new_tokens as usize).div_ceil(16) + 1).sum();
     let mut pool = PagePool::new(m.backend(), m.kv_layout(16), pages).expect("pool");
     let reqs: Vec<Request> = prompts.iter().map(|p| Request { prompt: p.clone(), params: params.clone() }).collect();
     let out = ferry_engine::generate(&m, &mut pool, &reqs, BatchOptions::default()).expect("generate");
-    out.into_iter().map(|o| o.tokens).collect()
+    out.into_iter().map(|o| o.sampled.iter().map(|s| (s.token, s.logprob)).collect()).collect()
 }
 
 /// Plays the router for single requests.
@@ -102,6 +109,11 @@ impl Client {
         self.generate_in(RoomKey::random(), prompt, params).await
     }
 
+    /// [`generate`](Self::generate) with each token's logprob.
+    pub async fn generate_scored(&self, prompt: &[u32], params: &SamplingParams) -> Result<Vec<(u32, f32)>, Failure> {
+        self.generate_scored_in(RoomKey::random(), prompt, params).await
+    }
+
     /// Like [`generate`](Self::generate) with a chosen room.
     pub async fn generate_in(
         &self,
@@ -109,6 +121,15 @@ impl Client {
         prompt: &[u32],
         params: &SamplingParams,
     ) -> Result<Vec<u32>, Failure> {
+        Ok(self.generate_scored_in(key, prompt, params).await?.into_iter().map(|(t, _)| t).collect())
+    }
+
+    async fn generate_scored_in(
+        &self,
+        key: RoomKey,
+        prompt: &[u32],
+        params: &SamplingParams,
+    ) -> Result<Vec<(u32, f32)>, Failure> {
         let sampling = Some(ferry_cluster::wire::sampling_to_proto(params));
         let req = pb::DecodeRequest {
             request_id: format!("test-{}", key.room.get()),
@@ -123,7 +144,10 @@ impl Client {
             let mut out = Vec::new();
             loop {
                 match stream.message().await {
-                    Ok(Some(m)) => out.extend(m.token_ids),
+                    Ok(Some(m)) => {
+                        let lp = m.logprobs.iter().map(|l| l.logprob).chain(std::iter::repeat(f32::NAN));
+                        out.extend(m.token_ids.into_iter().zip(lp));
+                    }
                     Ok(None) => return Ok(out),
                     Err(s) => return Err(Failure::Decode(s)),
                 }

@@ -3,13 +3,15 @@
 
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
-use ferry_tests::{Client, TinyModel, colocated, greedy, prompts_with_shared_prefixes, settle};
+use ferry_tests::{Client, TinyModel, colocated_scored, greedy, prompts_with_shared_prefixes, settle};
 
 struct Setup {
     page_size: usize,
     chunk: usize,
     transfer: &'static str,
     decodes: usize,
+    /// Pages through host mirrors of the pools (the GPU path, on the CPU).
+    mirror: bool,
 }
 
 fn prefill_args(m: &TinyModel, s: &Setup) -> PrefillArgs {
@@ -18,6 +20,7 @@ fn prefill_args(m: &TinyModel, s: &Setup) -> PrefillArgs {
     a.worker.chunked_prefill_size = s.chunk;
     a.worker.pool_pages = 4096;
     a.worker.transfer = s.transfer.into();
+    a.worker.kv_host_mirror = s.mirror;
     a
 }
 
@@ -27,18 +30,32 @@ fn decode_args(m: &TinyModel, s: &Setup) -> DecodeArgs {
     a.worker.chunked_prefill_size = s.chunk;
     a.worker.pool_pages = 4096;
     a.worker.transfer = s.transfer.into();
+    a.worker.kv_host_mirror = s.mirror;
     a
+}
+
+/// Same tokens and, within float noise, the same logprobs: a page with the wrong K/V moves
+/// the logprobs of a tiny random model even where its greedy tokens stay put.
+fn same_scores(got: &[(u32, f32)], want: &[(u32, f32)], what: &str) {
+    let tokens = |x: &[(u32, f32)]| x.iter().map(|p| p.0).collect::<Vec<_>>();
+    assert_eq!(tokens(got), tokens(want), "{what}: tokens");
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g.1 - w.1).abs() <= 1e-3 * (1.0 + w.1.abs()), "{what}: token {k} logprob {} vs {}", g.1, w.1);
+    }
 }
 
 async fn parity(s: Setup, n: usize, max_len: usize) {
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(n, max_len, 359, 11);
     let params = greedy(5);
-    let want = colocated(&m.path(), &prompts, &params);
+    let want = colocated_scored(&m.path(), &prompts, &params);
     let p = ferry_prefill::start(prefill_args(&m, &s)).await.expect("prefill up");
+    assert_eq!(p.kv_mirrored, s.mirror);
     let mut ds = Vec::new();
     for _ in 0..s.decodes {
-        ds.push(ferry_decode::start(decode_args(&m, &s)).await.expect("decode up"));
+        let d = ferry_decode::start(decode_args(&m, &s)).await.expect("decode up");
+        assert_eq!(d.kv_mirrored, s.mirror);
+        ds.push(d);
     }
     let mut clients = Vec::new();
     for d in &ds {
@@ -47,12 +64,12 @@ async fn parity(s: Setup, n: usize, max_len: usize) {
     let runs = prompts.iter().enumerate().map(|(i, prompt)| {
         let c = clients[i % clients.len()].clone();
         let params = params.clone();
-        async move { c.generate(prompt, &params).await }
+        async move { c.generate_scored(prompt, &params).await }
     });
     let got = futures::future::join_all(runs).await;
     for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
         let g = g.unwrap_or_else(|e| panic!("prompt {i} ({} tokens): {e:?}", prompts[i].len()));
-        assert_eq!(&g, w, "prompt {i} ({} tokens)", prompts[i].len());
+        same_scores(&g, w, &format!("prompt {i} ({} tokens)", prompts[i].len()));
     }
     settle(&p, &ds).await;
     p.stop().await;
@@ -63,25 +80,34 @@ async fn parity(s: Setup, n: usize, max_len: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_parity_32_prompts_chunks_dividing_the_page() {
-    parity(Setup { page_size: 16, chunk: 64, transfer: "tcp", decodes: 1 }, 32, 2000).await;
+    parity(Setup { page_size: 16, chunk: 64, transfer: "tcp", decodes: 1, mirror: false }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_parity_with_chunks_not_dividing_the_page() {
-    parity(Setup { page_size: 16, chunk: 50, transfer: "tcp", decodes: 1 }, 32, 2000).await;
-    parity(Setup { page_size: 7, chunk: 64, transfer: "tcp", decodes: 1 }, 12, 700).await;
+    parity(Setup { page_size: 16, chunk: 50, transfer: "tcp", decodes: 1, mirror: false }, 32, 2000).await;
+    parity(Setup { page_size: 7, chunk: 64, transfer: "tcp", decodes: 1, mirror: false }, 12, 700).await;
+}
+
+/// The GPU path on the CPU: prefill copies each chunk's pages to a host mirror before they
+/// go out, decode copies a complete room's pages from its mirror into the pool. A missing or
+/// misplaced copy changes the tokens. Concurrent prompts share cached prefixes, so pages
+/// already on the wire for one room are sent again for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_parity_through_host_mirrors() {
+    parity(Setup { page_size: 16, chunk: 50, transfer: "tcp", decodes: 2, mirror: true }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_decode_daemons_share_one_prefill_daemon() {
-    parity(Setup { page_size: 16, chunk: 128, transfer: "tcp", decodes: 2 }, 32, 2000).await;
+    parity(Setup { page_size: 16, chunk: 128, transfer: "tcp", decodes: 2, mirror: false }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_transport_schedules_the_same_way() {
     // Nothing moves: the decode node's pages hold no prompt KV, so only scheduling and page
     // accounting are checked here — every request completes with the requested length.
-    let s = Setup { page_size: 16, chunk: 64, transfer: "fake", decodes: 1 };
+    let s = Setup { page_size: 16, chunk: 64, transfer: "fake", decodes: 1, mirror: false };
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(32, 2000, 359, 5);
     let p = ferry_prefill::start(prefill_args(&m, &s)).await.expect("prefill up");
@@ -102,18 +128,52 @@ async fn fake_transport_schedules_the_same_way() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_prefill_on_the_decode_node_matches_too() {
-    let s = Setup { page_size: 16, chunk: 100, transfer: "tcp", decodes: 1 };
+    let s = Setup { page_size: 16, chunk: 100, transfer: "tcp", decodes: 1, mirror: false };
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(8, 1500, 359, 3);
     let params = greedy(5);
-    let want = colocated(&m.path(), &prompts, &params);
+    let want = colocated_scored(&m.path(), &prompts, &params);
     let d = ferry_decode::start(decode_args(&m, &s)).await.expect("decode up");
     let c = Client::new(d.grpc_addr, None).await;
-    let got = futures::future::join_all(prompts.iter().map(|p| c.generate(p, &params))).await;
+    let got = futures::future::join_all(prompts.iter().map(|p| c.generate_scored(p, &params))).await;
     for (i, (g, w)) in got.into_iter().zip(&want).enumerate() {
-        assert_eq!(&g.unwrap_or_else(|e| panic!("prompt {i}: {e:?}")), w, "prompt {i}");
+        same_scores(&g.unwrap_or_else(|e| panic!("prompt {i}: {e:?}")), w, &format!("prompt {i}"));
     }
     let l = d.load();
     assert_eq!(l.free_pages, l.total_pages);
     d.stop().await;
+}
+
+/// `--device cuda` on a machine without a GPU (or a build without CUDA): the daemons refuse to
+/// start and say why. Where a GPU is present they start on it, with their pools mirrored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_daemons_start_on_a_gpu_or_say_why_not() {
+    let s = Setup { page_size: 16, chunk: 64, transfer: "tcp", decodes: 1, mirror: false };
+    let m = TinyModel::new();
+    let mut pa = prefill_args(&m, &s);
+    pa.worker.device = "cuda".into();
+    let mut da = decode_args(&m, &s);
+    da.worker.device = "cuda:0".into();
+    let why = |e: ferry_prefill::StartError| {
+        let text = e.to_string();
+        assert!(text.contains("--device cuda"), "{text}");
+    };
+    match ferry_prefill::start(pa).await {
+        Ok(p) => {
+            assert!(p.kv_mirrored, "a GPU pool travels through a host mirror");
+            p.stop().await;
+        }
+        Err(e) => why(e),
+    }
+    match ferry_decode::start(da).await {
+        Ok(d) => {
+            assert!(d.kv_mirrored);
+            d.stop().await;
+        }
+        Err(e) => why(e),
+    }
+    let mut bad = prefill_args(&m, &s);
+    bad.worker.device = "cuda:x".into();
+    let e = ferry_prefill::start(bad).await.expect_err("not a GPU index");
+    assert!(e.to_string().contains("GPU index"), "{e}");
 }

@@ -1,33 +1,37 @@
 //! `ferry-worker`: what the prefill and decode daemons share.
 //!
 //! - [`Loaded::load`]: checks the shared flags, picks the transfer backend (`auto` falls back
-//!   to tcp), loads the model, allocates the KV pool once and shares its memory with the
-//!   transfer ([`HostPages::external`]), and derives the room timeouts and transfer settings;
+//!   to tcp), loads the model onto a compute backend, allocates the KV pool once and gives
+//!   the transfer its pages ([`KvHost`]: the pool itself on the CPU, a pinned host mirror on
+//!   a GPU), and derives the room timeouts and transfer settings;
 //! - [`EngineLink`] / [`answer`]: how gRPC handlers reach a daemon's engine thread and turn
 //!   its refusals into counted gRPC statuses.
+
+mod kv_host;
+
+pub use kv_host::KvHost;
 
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::StartError;
 use ferry_cluster::{LayoutDescriptor, Refused, WorkerArgs};
 use ferry_engine::{Model, PagePool};
-use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::Backend;
 use ferry_transfer::BackendKind;
 use ferry_transfer::backend::TransferConfig;
-use ferry_transfer::memory::HostPages;
 use ferry_transfer::room::Timeouts;
 use ferry_transfer::tcp::TcpConfig;
 use tokio::sync::oneshot;
 use tonic::Status;
 
-/// A model on a KV pool whose memory the transfer shares.
-pub struct Loaded {
+/// A model on a KV pool whose pages the transfer reaches.
+pub struct Loaded<B: Backend> {
     /// The model.
-    pub model: Model<CpuBackend>,
+    pub model: Model<B>,
     /// Its KV pool.
-    pub pool: PagePool<CpuBackend>,
-    /// The pool's memory, as the transfer sees it.
-    pub mem: Arc<HostPages>,
+    pub pool: PagePool<B>,
+    /// The pool's pages as the transfer sees them.
+    pub kv: Arc<KvHost>,
     /// Pages in the pool.
     pub pages: usize,
     /// What peers must match.
@@ -40,29 +44,25 @@ pub struct Loaded {
     pub transfer: TransferConfig,
 }
 
-impl Loaded {
-    /// Loads what `w` names (the model load runs off the async runtime).
-    pub async fn load(w: &WorkerArgs) -> Result<Self, StartError> {
+impl<B: Backend> Loaded<B> {
+    /// Loads what `w` names onto `backend` (the model load runs off the async runtime);
+    /// `role` labels the mirror's metrics.
+    pub async fn load(w: &WorkerArgs, backend_: B, role: &'static str) -> Result<Self, StartError> {
         w.check().map_err(StartError::Config)?;
         let requested: BackendKind = w.transfer.parse().map_err(StartError::config)?;
         let backend = ferry_transfer::backend::choose(requested, ferry_transfer::backend::rdma_usable())
             .map_err(StartError::config)?;
         let path = w.model.clone();
-        let model = tokio::task::spawn_blocking(move || Model::load(&path, CpuBackend))
+        let model = tokio::task::spawn_blocking(move || Model::load(&path, backend_))
             .await
             .map_err(|e| StartError::Config(format!("model loader panicked: {e}")))?
             .map_err(|e| StartError::Model(e.to_string()))?;
         let kv = model.kv_layout(w.page_size);
         let page_bytes = kv.page_floats() * 4;
-        let pages = w.pool_pages(page_bytes);
+        let pages = w.pool_pages(page_bytes, model.backend().device_memory());
         let pool = PagePool::new(model.backend(), kv, pages).map_err(|e| StartError::Model(e.to_string()))?;
-        let arena = Arc::clone(pool.storage());
-        // SAFETY: the arena lives as long as `arena` (kept by the HostPages). Page ownership
-        // keeps the engine and the transfer apart: a prefill room's pages stay locked until
-        // its transfer ended; a decode room's pages are written only by the transfer until the
-        // room completed, and a closed room's pages are reused only once no write is in flight.
-        let mem = unsafe { HostPages::external(arena.base_ptr(), page_bytes, pages, arena.clone()) }
-            .ok_or_else(|| StartError::Config("empty KV pool".into()))?;
+        let host = KvHost::new(model.backend(), &pool, w.kv_host_mirror, role)
+            .map_err(|e| StartError::Model(format!("the KV pool's host pages: {e}")))?;
         let c = model.config();
         let layout = LayoutDescriptor {
             model_fingerprint: model.fingerprint().to_string(),
@@ -78,8 +78,16 @@ impl Loaded {
             tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },
             rdma: ferry_transfer::rdma::RdmaConfig { timeouts, ..Default::default() },
         };
-        Ok(Self { model, pool, mem: Arc::new(mem), pages, layout, backend, timeouts, transfer })
+        tracing::info!(device = model.backend().name(), pages, mirrored = host.mirrored(), "KV pool allocated");
+        Ok(Self { model, pool, kv: Arc::new(host), pages, layout, backend, timeouts, transfer })
     }
+}
+
+/// GPU `ordinal` for `--device cuda:N`: fails with the reason (no driver, no CUDA libraries,
+/// no such GPU) on a machine that cannot run it.
+#[cfg(feature = "cuda")]
+pub fn cuda(ordinal: usize) -> Result<ferry_kernels::cuda::CudaBackend, StartError> {
+    ferry_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| StartError::Config(e.to_string()))
 }
 
 /// A handler's way to the engine thread.

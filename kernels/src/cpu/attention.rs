@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::arena::KvArena;
 use super::dot::{axpy, dot};
-use crate::{AttnSeq, AttnShape, KernelError, KvLayout};
+use crate::{AttnSeq, AttnShape, KernelError, KvLayout, plan};
 
 pub(super) fn attention(
     q: &[f32],
@@ -19,7 +19,7 @@ pub(super) fn attention(
     let width = n_heads * head_dim;
     let pages_in_pool = pool.len() / layout.page_floats().max(1);
     // Row → (sequence, position) for every query row; rows not in any sequence stay zero.
-    let plan = crate::plan::attention(layout, shape, seqs, q.len(), out.len(), pages_in_pool)?;
+    let plan = plan::attention(layout, shape, seqs, q.len(), out.len(), pages_in_pool)?;
     let row_seq: Vec<Option<(usize, usize)>> = plan
         .row_seq
         .iter()

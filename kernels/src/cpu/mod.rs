@@ -12,7 +12,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::check;
-use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, PoolLayer, RopeTable};
+use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolLayer, RopeTable, plan};
 
 pub use arena::KvArena;
 pub use dot::dot;
@@ -170,7 +170,7 @@ impl Backend for CpuBackend {
     ) -> Result<(), KernelError> {
         let w = layout.slot_floats();
         let pages = pool.len() / layout.page_floats().max(1);
-        let offsets = crate::plan::kv_offsets(layout, layer, slots, k.len(), v.len(), pages)?;
+        let offsets = plan::kv_offsets(layout, layer, slots, k.len(), v.len(), pages)?;
         let v_skip = layout.page_size * w;
         for (i, &ko) in offsets.iter().enumerate() {
             // SAFETY: the forward pass owns the pages of the sequences it computes; the plan
@@ -204,5 +204,66 @@ impl Backend for CpuBackend {
             o.copy_from_slice(&x[r * width..(r + 1) * width]);
         }
         Ok(())
+    }
+
+    fn device_memory(&self) -> Option<usize> {
+        None
+    }
+
+    fn kv_host_ptr(&self, pool: &Arc<KvArena>) -> Option<*mut u8> {
+        Some(pool.base_ptr())
+    }
+
+    fn host_arena(&self, bytes: usize) -> Result<HostArena, KernelError> {
+        let arena = KvArena::new(bytes.div_ceil(4))?;
+        let ptr = std::ptr::NonNull::new(arena.base_ptr()).ok_or(KernelError::OutOfMemory { bytes })?;
+        // SAFETY: the arena holds at least `bytes` bytes, 64-byte aligned, until it drops.
+        Ok(unsafe { HostArena::new(ptr, bytes, false, Box::new(arena)) })
+    }
+
+    fn kv_to_host(
+        &self,
+        pool: &Arc<KvArena>,
+        layout: &KvLayout,
+        first: u32,
+        dst: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let (off, n) = plan::page_span(layout, first, dst.len(), pool.len() / layout.page_floats().max(1))?;
+        // SAFETY: whoever copies pages out owns them (page-ownership rule): no writer meanwhile.
+        dst.copy_from_slice(unsafe { pool.read(off, n) }?);
+        Ok(())
+    }
+
+    fn kv_from_host(&self, pool: &Arc<KvArena>, layout: &KvLayout, first: u32, src: &[f32]) -> Result<(), KernelError> {
+        let (off, _) = plan::page_span(layout, first, src.len(), pool.len() / layout.page_floats().max(1))?;
+        // SAFETY: whoever copies pages in owns them (page-ownership rule): nobody else touches them.
+        unsafe { pool.write(off, src) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_copy_to_a_host_arena_and_back() {
+        let l = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, page_size: 2 };
+        let pf = l.page_floats();
+        let b = CpuBackend;
+        let pool = b.kv_pool(&l, 4).expect("pool");
+        let data: Vec<f32> = (0..2 * pf).map(|i| i as f32).collect();
+        b.kv_from_host(&pool, &l, 1, &data).expect("in bounds");
+        let mut back = vec![0.0; 2 * pf];
+        b.kv_to_host(&pool, &l, 1, &mut back).expect("in bounds");
+        assert_eq!(back, data);
+        let mut page0 = vec![1.0; pf];
+        b.kv_to_host(&pool, &l, 0, &mut page0).expect("in bounds");
+        assert!(page0.iter().all(|&v| v == 0.0), "page 0 untouched");
+        assert!(matches!(b.kv_to_host(&pool, &l, 3, &mut back), Err(KernelError::PageOutOfRange { .. })));
+        assert!(b.kv_from_host(&pool, &l, 0, &data[..pf - 1]).is_err());
+        let host = b.host_arena(3 * pf * 4).expect("arena");
+        assert_eq!((host.len_bytes(), host.pinned()), (3 * pf * 4, false));
+        assert_eq!(host.base_ptr() as usize % 64, 0);
+        assert_eq!(b.kv_host_ptr(&pool), Some(pool.base_ptr()));
     }
 }

@@ -22,7 +22,9 @@ use cudarc::driver::{
 };
 
 use crate::error::check;
-use crate::{AttnSeq, AttnShape, Backend, KernelError, KvLayout, PoolLayer, RopeTable, plan};
+use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolLayer, RopeTable, plan};
+
+mod host;
 
 /// The kernels' source, compiled at run time.
 const SOURCE: &str = include_str!("kernels.cu");
@@ -462,6 +464,27 @@ impl Backend for CudaBackend {
         // SAFETY: every row lies inside `x`; `out` holds `n * w` values.
         unsafe { b.launch(cfg) }.map_err(Self::err)?;
         Ok(())
+    }
+
+    fn device_memory(&self) -> Option<usize> {
+        self.stream.context().bind_to_thread().ok()?;
+        cudarc::driver::result::mem_get_info().ok().map(|(_free, total)| total)
+    }
+
+    fn kv_host_ptr(&self, _pool: &CudaKv) -> Option<*mut u8> {
+        None
+    }
+
+    fn host_arena(&self, bytes: usize) -> Result<HostArena, KernelError> {
+        self.pinned_arena(bytes)
+    }
+
+    fn kv_to_host(&self, pool: &CudaKv, layout: &KvLayout, first: u32, dst: &mut [f32]) -> Result<(), KernelError> {
+        self.pages_to_host(pool, layout, first, dst)
+    }
+
+    fn kv_from_host(&self, pool: &CudaKv, layout: &KvLayout, first: u32, src: &[f32]) -> Result<(), KernelError> {
+        self.pages_from_host(pool, layout, first, src)
     }
 }
 
