@@ -526,7 +526,15 @@ impl<B: Backend> Engine<B> {
                 }
             })
             .collect();
-        let mut logits = self.model.forward(&mut self.pool, &batch)?.into_iter();
+        // Plain greedy rows only: the backend picks the tokens where the logits are (a GPU
+        // then sends back a token and a logprob per row, not a row of logits).
+        let on_backend =
+            batch.iter().zip(&plan).all(|(c, (room, _, _))| !c.logits || self.reqs[room].sampler.plain_greedy());
+        let (mut logits, mut picked) = if on_backend {
+            (Vec::new().into_iter(), self.model.forward_greedy(&mut self.pool, &batch)?.into_iter())
+        } else {
+            (self.model.forward(&mut self.pool, &batch)?.into_iter(), Vec::new().into_iter())
+        };
         drop(batch);
         metrics::histogram!(m::STEP_SECONDS, "role" => "decode").record(t0.elapsed().as_secs_f64());
         for &(room, start, n) in &plan {
@@ -538,8 +546,14 @@ impl<B: Backend> Engine<B> {
                     continue;
                 }
             }
-            let Some(mut l) = logits.next() else { break };
-            let s = r.sampler.sample(&mut l);
+            let s = if on_backend {
+                let Some((token, logprob)) = picked.next() else { break };
+                r.sampler.observe(token);
+                Sampled { token, logprob, top: Vec::new() }
+            } else {
+                let Some(mut l) = logits.next() else { break };
+                r.sampler.sample(&mut l)
+            };
             if start < r.prompt.len() {
                 self.queues.advance(room, Stage::Running, now);
             }

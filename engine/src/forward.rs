@@ -25,6 +25,26 @@ impl<B: Backend> Model<B> {
     /// Runs `batch` through the model, writing K/V into `pool`; returns the last-token logits
     /// of each sequence that asked for them, in batch order.
     pub fn forward(&self, pool: &mut PagePool<B>, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let Some((logits, _)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+        let host = self.backend.download(&logits)?;
+        Ok(host.chunks_exact(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+    }
+
+    /// [`forward`](Self::forward), then greedy decoding of each logits row on the backend:
+    /// `(token, logprob)` per sequence that asked for logits, the lowest index among equal
+    /// maxima, as [`crate::Sampler`] picks at temperature 0 without penalties. Only the tokens
+    /// leave a device.
+    pub fn forward_greedy(
+        &self,
+        pool: &mut PagePool<B>,
+        batch: &[SeqChunk<'_>],
+    ) -> Result<Vec<(u32, f32)>, EngineError> {
+        let Some((logits, n)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+        Ok(self.backend.greedy_rows(&logits, n, self.config.vocab_size)?)
+    }
+
+    /// The pass itself: the logits rows (on the backend) and how many there are.
+    fn logits(&self, pool: &mut PagePool<B>, batch: &[SeqChunk<'_>]) -> Result<Option<(B::Buf, usize)>, EngineError> {
         let cfg = &self.config;
         let be = &self.backend;
         let layout = *pool.layout();
@@ -109,7 +129,7 @@ impl<B: Backend> Model<B> {
             be.add_assign(&mut x, &h)?;
         }
         if logit_rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let n = logit_rows.len();
         let mut last = be.zeros(n * d)?;
@@ -118,7 +138,6 @@ impl<B: Backend> Model<B> {
         be.rms_norm(&last, &w.norm, cfg.rms_norm_eps, &mut normed)?;
         let mut logits = be.zeros(n * cfg.vocab_size)?;
         be.matmul(&normed, n, w.lm_head.as_ref().unwrap_or(&w.embed), &mut logits)?;
-        let host = be.download(&logits)?;
-        Ok(host.chunks_exact(cfg.vocab_size).map(<[f32]>::to_vec).collect())
+        Ok(Some((logits, n)))
     }
 }

@@ -73,6 +73,18 @@ impl Sampler {
         Sampled { token, logprob, top }
     }
 
+    /// Whether this request's next token is the plain arg max of the logits (temperature 0,
+    /// no penalty, no top logprobs asked): then a backend may pick it where the logits are
+    /// ([`crate::Model::forward_greedy`]) and the sampler only [`observe`](Self::observe)s it.
+    pub fn plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.frequency_penalty == 0.0
+            && p.presence_penalty == 0.0
+            && p.top_logprobs == 0
+    }
+
     /// Records `token` as the next output without sampling it, as if [`sample`](Self::sample)
     /// had chosen it: the decode node resumes a request whose first token the prefill node
     /// sampled, and must then draw exactly what a colocated run would.

@@ -134,6 +134,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Copies rows `rows` of `x` (`[_, width]`) into `out` (`[rows.len(), width]`).
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf) -> Result<(), KernelError>;
 
+    /// Greedy decoding of each of `rows` rows of `logits` (`[rows, vocab]`): the arg max (the
+    /// lowest index among equals) and its log probability, without the logits leaving the
+    /// backend.
+    fn greedy_rows(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<(u32, f32)>, KernelError>;
     /// Bytes of device memory, for sizing the KV pool; None when the backend computes in
     /// host memory.
     fn device_memory(&self) -> Option<usize>;

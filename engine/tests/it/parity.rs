@@ -109,3 +109,42 @@ fn seeded_sampling_is_reproducible_in_any_batch() {
     let alone = generate(&model, &mut pool, &[a], opts).expect("alone");
     assert_eq!(both[0].tokens, alone[0].tokens);
 }
+
+/// Greedy decoding on the backend picks what the sampler picks from the downloaded logits,
+/// with the same logprob, for every row of a mixed batch (a prefill chunk and decode steps).
+#[test]
+fn greedy_rows_on_the_backend_match_the_sampler() {
+    let tiny = TinyModel::new(TinySpec { tie: false, ..TinySpec::default() });
+    let model = load(&tiny.hf());
+    let vocab = model.config().vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(3 + 40 * i, i as u32 + 7, vocab)).collect();
+    let run = |greedy_on_backend: bool| {
+        let mut pool = pool(&model, 16, 64);
+        let allocs: Vec<_> = prompts.iter().map(|p| pool.alloc(p.len().div_ceil(16)).expect("pages")).collect();
+        let batch: Vec<SeqChunk<'_>> = prompts
+            .iter()
+            .zip(&allocs)
+            .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
+            .collect();
+        if greedy_on_backend {
+            model.forward_greedy(&mut pool, &batch).expect("forward")
+        } else {
+            let params = SamplingParams { ignore_eos: true, ..Default::default() };
+            let out = model.forward(&mut pool, &batch).expect("forward");
+            out.into_iter()
+                .zip(&prompts)
+                .map(|(mut l, p)| {
+                    let s = ferry_engine::Sampler::new(params.clone(), p).sample(&mut l);
+                    (s.token, s.logprob)
+                })
+                .collect()
+        }
+    };
+    let (backend, sampler) = (run(true), run(false));
+    assert_eq!(backend.len(), prompts.len());
+    for (i, (b, s)) in backend.iter().zip(&sampler).enumerate() {
+        assert_eq!(b.0, s.0, "row {i}: token");
+        assert!((b.1 - s.1).abs() < 1e-5, "row {i}: logprob {} vs {}", b.1, s.1);
+        assert!(b.1 < 0.0, "row {i}: a real distribution, not a one-hot");
+    }
+}

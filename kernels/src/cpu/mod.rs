@@ -206,6 +206,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn greedy_rows(&self, logits: &Vec<f32>, rows: usize, vocab: usize) -> Result<Vec<(u32, f32)>, KernelError> {
+        check("greedy_rows", logits.len() == rows * vocab && vocab > 0, || {
+            format!("{} values for {rows} rows of {vocab}", logits.len())
+        })?;
+        Ok(logits.chunks_exact(vocab).map(greedy).collect())
+    }
+
     fn device_memory(&self) -> Option<usize> {
         None
     }
@@ -241,9 +248,33 @@ impl Backend for CpuBackend {
     }
 }
 
+/// The arg max of `row` (the lowest index among equals) and its log-softmax.
+fn greedy(row: &[f32]) -> (u32, f32) {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    let m = row[best];
+    let sum: f32 = row.iter().map(|v| (v - m).exp()).sum();
+    (best as u32, -sum.ln())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn greedy_rows_pick_the_first_maximum_with_its_logprob() {
+        let rows = vec![1.0, 3.0, 3.0, 0.0, /* row 2 */ -1.0, -2.0, -3.0, -4.0];
+        let got = CpuBackend.greedy_rows(&rows, 2, 4).expect("shapes fit");
+        assert_eq!((got[0].0, got[1].0), (1, 0));
+        let lse = |r: &[f32]| r.iter().map(|v| v.exp()).sum::<f32>().ln();
+        assert!((got[0].1 - (3.0 - lse(&rows[..4]))).abs() < 1e-6);
+        assert!((got[1].1 - (-1.0 - lse(&rows[4..]))).abs() < 1e-6);
+        assert!(CpuBackend.greedy_rows(&rows, 3, 4).is_err());
+    }
 
     #[test]
     fn pages_copy_to_a_host_arena_and_back() {

@@ -154,9 +154,9 @@ extern "C" __global__ void attention(const float* q, const float* pool, float* o
     }
 }
 
-// Greedy decoding on the device: the arg max of each row of logits (first on ties). One block
-// of 256 threads per row.
-extern "C" __global__ void argmax_rows(const float* logits, unsigned int* out, unsigned int vocab) {
+// Greedy decoding on the device: per row of logits, the arg max (first on ties) and its log
+// probability (the row's max minus its log-sum-exp). One block of 256 threads per row.
+extern "C" __global__ void greedy_rows(const float* logits, unsigned int* token, float* logprob, unsigned int vocab) {
     __shared__ float best[256];
     __shared__ unsigned int at[256];
     const float* row = logits + (size_t)blockIdx.x * vocab;
@@ -180,5 +180,19 @@ extern "C" __global__ void argmax_rows(const float* logits, unsigned int* out, u
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[blockIdx.x] = at[0];
+    const float m = best[0];
+    const unsigned int t = at[0];
+    __syncthreads();
+    float sum = 0.0f;
+    for (unsigned int c = threadIdx.x; c < vocab; c += blockDim.x) sum += expf(row[c] - m);
+    best[threadIdx.x] = sum;
+    __syncthreads();
+    for (unsigned int k = blockDim.x / 2; k > 0; k >>= 1) {
+        if (threadIdx.x < k) best[threadIdx.x] += best[threadIdx.x + k];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        token[blockIdx.x] = t;
+        logprob[blockIdx.x] = -logf(best[0]);
+    }
 }

@@ -39,7 +39,7 @@ const KERNELS: [&str; 11] = [
     "write_kv",
     "gather_rows",
     "attention",
-    "argmax_rows",
+    "greedy_rows",
 ];
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
@@ -141,27 +141,6 @@ impl CudaBackend {
 
     fn upload_i32(&self, v: &[i32]) -> Result<CudaSlice<i32>, KernelError> {
         self.stream.clone_htod(v).map_err(Self::err)
-    }
-
-    /// The arg max of each of `rows` rows of `logits` (`[rows, vocab]`), computed on the
-    /// device (greedy decoding without copying the logits back).
-    pub fn argmax_rows(&self, logits: &CudaSlice<f32>, rows: usize, vocab: usize) -> Result<Vec<u32>, KernelError> {
-        check("argmax_rows", logits.len() == rows * vocab && vocab > 0, || {
-            format!("{} values for {rows} rows of {vocab}", logits.len())
-        })?;
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
-        let mut out = self.stream.alloc_zeros::<u32>(rows).map_err(Self::err)?;
-        let vocab = vocab as u32;
-        let mut b = self.stream.launch_builder(self.f("argmax_rows"));
-        b.arg(logits).arg(&mut out).arg(&vocab);
-        // SAFETY: sizes checked above; the kernel reads `rows * vocab` values, writes `rows`.
-        unsafe {
-            b.launch(LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 })
-        }
-        .map_err(Self::err)?;
-        self.stream.clone_dtoh(&out).map_err(Self::err)
     }
 }
 
@@ -464,6 +443,26 @@ impl Backend for CudaBackend {
         // SAFETY: every row lies inside `x`; `out` holds `n * w` values.
         unsafe { b.launch(cfg) }.map_err(Self::err)?;
         Ok(())
+    }
+
+    fn greedy_rows(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<(u32, f32)>, KernelError> {
+        check("greedy_rows", logits.len() == rows * vocab && vocab > 0, || {
+            format!("{} values for {rows} rows of {vocab}", logits.len())
+        })?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let mut token = self.stream.alloc_zeros::<u32>(rows).map_err(Self::err)?;
+        let mut logprob = self.stream.alloc_zeros::<f32>(rows).map_err(Self::err)?;
+        let vocab = fits_u32("greedy_rows", vocab)?;
+        let mut b = self.stream.launch_builder(self.f("greedy_rows"));
+        b.arg(logits).arg(&mut token).arg(&mut logprob).arg(&vocab);
+        let cfg = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: sizes checked above; the kernel reads `rows * vocab` values, writes `rows` of each.
+        unsafe { b.launch(cfg) }.map_err(Self::err)?;
+        let token = self.stream.clone_dtoh(&token).map_err(Self::err)?;
+        let logprob = self.stream.clone_dtoh(&logprob).map_err(Self::err)?;
+        Ok(token.into_iter().zip(logprob).collect())
     }
 
     fn device_memory(&self) -> Option<usize> {
