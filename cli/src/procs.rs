@@ -97,6 +97,9 @@ fn worker_cmd(exe: &Path, role: &str, id: &str, args: &UpArgs, model: &Path) -> 
     c.args(["--pool-pages", &args.pool_pages.to_string(), "--page-size", &args.page_size.to_string()]);
     c.args(["--chunked-prefill-size", &args.chunked_prefill_size.to_string(), "--transfer", &args.transfer]);
     c.args(["--device", &args.device]);
+    if args.kv_host_mirror {
+        c.arg("--kv-host-mirror");
+    }
     c
 }
 

@@ -49,6 +49,10 @@ pub struct UpArgs {
     /// with `--features cuda`; every daemon then shares that GPU).
     #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
     pub device: String,
+    /// Pages through a host mirror of each daemon's KV pool, as on a GPU (always on with
+    /// `--device cuda`; on the CPU, for measuring what the copies cost).
+    #[arg(long)]
+    pub kv_host_mirror: bool,
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
     #[arg(long, default_value = "cache-aware")]
     pub policy: String,
@@ -108,6 +112,7 @@ fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::Worker
     w.chunked_prefill_size = args.chunked_prefill_size;
     w.transfer = args.transfer.clone();
     w.device = args.device.clone();
+    w.kv_host_mirror = args.kv_host_mirror;
     w
 }
 
