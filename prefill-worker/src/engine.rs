@@ -23,13 +23,13 @@ use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams, SeqChun
 use ferry_kernels::Backend;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::frame::Aux;
-use ferry_transfer::memory::HostPages;
 use ferry_transfer::room::Timeouts;
 use ferry_transfer::{SendRoom, Sender};
 use ferry_worker::KvHost;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Code;
 
+use crate::room_task::{ChunkMsg, RoomTask};
 use crate::rooms::{Expired, Phase, PhaseTimeouts, Rooms};
 use crate::service::SenderPool;
 
@@ -98,13 +98,6 @@ pub struct Load {
     pub queued_tokens: usize,
     /// Measured prefill rate (tokens per second, moving average).
     pub tokens_per_second: f64,
-}
-
-/// One chunk's pages for a room task.
-struct ChunkMsg {
-    first: usize,
-    pages: Vec<u32>,
-    last: Option<Aux>,
 }
 
 /// A room the scheduler knows.
@@ -555,48 +548,6 @@ impl<B: Backend> Engine<B> {
         if let Ok(mut l) = self.load.lock() {
             *l = load;
         }
-    }
-}
-
-/// What a room's task needs besides the room.
-struct RoomTask {
-    mem: Arc<HostPages>,
-    engine: CmdSender<Cmd>,
-    limit: Duration,
-    senders: Arc<SenderPool>,
-    sender: Arc<Sender>,
-}
-
-impl RoomTask {
-    /// Sends one room's chunks in order; aborts the room when the engine drops the channel
-    /// before the last chunk, or when a chunk makes no progress within the transfer timeout;
-    /// reports the end to the engine.
-    async fn run(self, mut room: SendRoom, mut chunks: mpsc::UnboundedReceiver<ChunkMsg>) {
-        let id = room.id();
-        let limit = self.limit;
-        let result = loop {
-            let Some(msg) = chunks.recv().await else {
-                // Bounded: a peer that stopped reading must not hold the room (or a shutdown) up.
-                let _ = tokio::time::timeout(limit, room.abort("the prefill node abandoned the room")).await;
-                break Err("abandoned".to_string());
-            };
-            let last = msg.last.is_some();
-            match tokio::time::timeout(limit, room.send(msg.first, &msg.pages, &self.mem, msg.last)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    self.senders.evict(&self.sender).await;
-                    break Err(format!("{e:?}"));
-                }
-                Err(_) => {
-                    let _ = tokio::time::timeout(limit, room.abort("transfer stalled")).await;
-                    break Err(format!("no progress for {limit:?}"));
-                }
-            }
-            if last {
-                break Ok(());
-            }
-        };
-        let _ = self.engine.send(Cmd::Sent { room: id, result });
     }
 }
 

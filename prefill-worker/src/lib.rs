@@ -12,6 +12,7 @@
 //! process); [`run`] is `start`, wait, then a graceful stop.
 
 mod engine;
+mod room_task;
 pub mod rooms;
 mod service;
 
@@ -22,9 +23,8 @@ use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
-use ferry_cluster::{Device, LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
 use ferry_kernels::Backend;
-use ferry_kernels::cpu::CpuBackend;
 use ferry_worker::Loaded;
 
 pub use ferry_cluster::daemon::StartError;
@@ -106,12 +106,18 @@ impl Running {
 
 /// Loads the model onto the `--device` backend, allocates the pool, and starts serving.
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
-    match args.worker.device().map_err(StartError::Config)? {
-        Device::Cpu => start_on(args, CpuBackend).await,
-        #[cfg(feature = "cuda")]
-        Device::Cuda(n) => start_on(args, ferry_worker::cuda(n)?).await,
-        #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(StartError::Config(ferry_cluster::NO_CUDA_BUILD.into())),
+    let worker = args.worker.clone();
+    ferry_worker::start_on_device(&worker, OnBackend(args)).await
+}
+
+/// This daemon, for [`ferry_worker::start_on_device`].
+struct OnBackend(PrefillArgs);
+
+impl ferry_worker::StartOn for OnBackend {
+    type Running = Running;
+
+    fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Running, StartError>> {
+        start_on(self.0, compute)
     }
 }
 

@@ -30,7 +30,9 @@ pub struct Admission {
 }
 
 /// A running request's slot, given back when dropped.
-pub struct Slot(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
+pub struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 /// Counts one waiting request while it waits.
 struct Waiting<'a>(&'a AtomicUsize);
@@ -63,11 +65,11 @@ impl Admission {
     /// timeout; refuses when the queue is full or the wait times out.
     pub async fn admit(&self) -> Result<Slot, Status> {
         if self.limits.max_running == 0 {
-            return Ok(Slot(None));
+            return Ok(Slot { _permit: None });
         }
         if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
             metrics::counter!(M::ROUTER_ADMISSION, "outcome" => "immediate").increment(1);
-            return Ok(Slot(Some(p)));
+            return Ok(Slot { _permit: Some(p) });
         }
         let before = self.waiting.fetch_add(1, Ordering::SeqCst);
         let _w = Waiting(&self.waiting);
@@ -87,7 +89,7 @@ impl Admission {
             Ok(Ok(p)) => {
                 metrics::counter!(M::ROUTER_ADMISSION, "outcome" => "queued").increment(1);
                 metrics::histogram!(M::ROUTER_QUEUE_SECONDS).record(started.elapsed().as_secs_f64());
-                Ok(Slot(Some(p)))
+                Ok(Slot { _permit: Some(p) })
             }
             Ok(Err(_)) => Err(Status::unavailable("the router is stopping")),
             Err(_) => Err(refused(

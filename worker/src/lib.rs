@@ -14,7 +14,7 @@ pub use kv_host::KvHost;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::StartError;
-use ferry_cluster::{LayoutDescriptor, Refused, WorkerArgs};
+use ferry_cluster::{Device, LayoutDescriptor, Refused, WorkerArgs};
 use ferry_engine::{Model, PagePool};
 use ferry_kernels::Backend;
 use ferry_transfer::BackendKind;
@@ -83,11 +83,28 @@ impl<B: Backend> Loaded<B> {
     }
 }
 
-/// GPU `ordinal` for `--device cuda:N`: fails with the reason (no driver, no CUDA libraries,
-/// no such GPU) on a machine that cannot run it.
-#[cfg(feature = "cuda")]
-pub fn cuda(ordinal: usize) -> Result<ferry_kernels::cuda::CudaBackend, StartError> {
-    ferry_kernels::cuda::CudaBackend::new(ordinal).map_err(|e| StartError::Config(e.to_string()))
+/// A daemon's start on a compute backend ([`start_on_device`] picks which).
+pub trait StartOn {
+    /// The running daemon.
+    type Running;
+    /// Starts on `compute`.
+    fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Self::Running, StartError>>;
+}
+
+/// Starts `daemon` on the backend `--device` names. `cuda` fails with the reason (a build
+/// without the `cuda` feature, no driver, no CUDA libraries, no such GPU) on a machine that
+/// cannot run it.
+pub async fn start_on_device<S: StartOn>(w: &WorkerArgs, daemon: S) -> Result<S::Running, StartError> {
+    match w.device().map_err(StartError::Config)? {
+        Device::Cpu => daemon.start_on(ferry_kernels::cpu::CpuBackend).await,
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => {
+            let gpu = ferry_kernels::cuda::CudaBackend::new(n).map_err(|e| StartError::Config(e.to_string()))?;
+            daemon.start_on(gpu).await
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => Err(StartError::Config(ferry_cluster::NO_CUDA_BUILD.into())),
+    }
 }
 
 /// A handler's way to the engine thread.

@@ -3,7 +3,8 @@
 use std::path::{Path, PathBuf};
 
 use ferry_engine::tiny::{TinySpec, write_gguf, write_hf};
-use ferry_engine::{Model, PagePool};
+use ferry_engine::{EngineError, Model, PagePool, SeqChunk};
+use ferry_kernels::Backend;
 use ferry_kernels::cpu::CpuBackend;
 
 /// A tiny model written to a temporary directory (kept alive by the returned guard).
@@ -32,6 +33,24 @@ pub fn load(path: &Path) -> Model<CpuBackend> {
 
 pub fn pool(model: &Model<CpuBackend>, page_size: usize, pages: usize) -> PagePool<CpuBackend> {
     PagePool::new(model.backend(), model.kv_layout(page_size), pages).expect("pool")
+}
+
+/// Runs every prompt whole in one batch, each asking for its last-token logits, through
+/// `pass` (`Model::forward` or `Model::forward_greedy`) on a fresh pool of 16-token pages.
+pub fn whole_prompts<B: Backend, T>(
+    model: &Model<B>,
+    prompts: &[Vec<u32>],
+    pass: impl FnOnce(&Model<B>, &mut PagePool<B>, &[SeqChunk<'_>]) -> Result<Vec<T>, EngineError>,
+) -> Vec<T> {
+    let need: usize = prompts.iter().map(|p| p.len().div_ceil(16)).sum();
+    let mut pool = PagePool::new(model.backend(), model.kv_layout(16), need + 1).expect("pool");
+    let allocs: Vec<_> = prompts.iter().map(|p| pool.alloc(p.len().div_ceil(16)).expect("pages")).collect();
+    let batch: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(&allocs)
+        .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
+        .collect();
+    pass(model, &mut pool, &batch).expect("forward")
 }
 
 /// Largest |a − b| relative to the largest |b| (at least 1).

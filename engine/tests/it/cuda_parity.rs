@@ -12,7 +12,7 @@ use ferry_kernels::cpu::CpuBackend;
 use ferry_kernels::cuda::CudaBackend;
 use ferry_kernels::{Backend, KernelError};
 
-use crate::common::{TinyModel, prompt, rel_diff, smollm2};
+use crate::common::{TinyModel, prompt, rel_diff, smollm2, whole_prompts};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -111,17 +111,9 @@ fn cpu_and_cuda_agree_on_logits_and_greedy_tokens() {
     assert_eq!(greedy(&cuda, &prompts, 16), greedy(&cpu, &prompts, 16), "greedy tokens");
 
     // Greedy picked on the device: the CPU's arg max, logprobs within bf16 noise.
-    let picks = |m: &Model<CudaBackend>| {
-        let mut pool = PagePool::new(m.backend(), m.kv_layout(16), 64).expect("pool");
-        let allocs: Vec<_> = prompts.iter().map(|p| pool.alloc(p.len().div_ceil(16)).expect("pages")).collect();
-        let batch: Vec<SeqChunk<'_>> = prompts
-            .iter()
-            .zip(&allocs)
-            .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
-            .collect();
-        m.forward_greedy(&mut pool, &batch).expect("forward_greedy")
-    };
-    for (i, ((token, logprob), l)) in picks(&cuda).into_iter().zip(&a).enumerate() {
+    for (i, ((token, logprob), l)) in
+        whole_prompts(&cuda, &prompts, Model::forward_greedy).into_iter().zip(&a).enumerate()
+    {
         assert_eq!(token, ferry_engine::sampler::argmax(l), "SmolLM2 prompt {i}: device arg max");
         let lse = l.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         let lse = lse + l.iter().map(|v| (v - lse).exp()).sum::<f32>().ln();

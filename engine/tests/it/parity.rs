@@ -4,9 +4,9 @@
 //! this small answers with its input token whatever the context, and greedy tokens would not
 //! show a wrong K/V.
 
-use crate::common::{TinyModel, load, pool, prompt, rel_diff};
+use crate::common::{TinyModel, load, pool, prompt, rel_diff, whole_prompts};
 use ferry_engine::tiny::TinySpec;
-use ferry_engine::{BatchOptions, Request, SamplingParams, SeqChunk, generate};
+use ferry_engine::{BatchOptions, Model, Request, SamplingParams, SeqChunk, generate};
 
 /// Last-token logits of `p` computed in chunks of `chunk` tokens through pages of `page`.
 fn chunked_logits(
@@ -118,29 +118,16 @@ fn greedy_rows_on_the_backend_match_the_sampler() {
     let model = load(&tiny.hf());
     let vocab = model.config().vocab_size;
     let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(3 + 40 * i, i as u32 + 7, vocab)).collect();
-    let run = |greedy_on_backend: bool| {
-        let mut pool = pool(&model, 16, 64);
-        let allocs: Vec<_> = prompts.iter().map(|p| pool.alloc(p.len().div_ceil(16)).expect("pages")).collect();
-        let batch: Vec<SeqChunk<'_>> = prompts
-            .iter()
-            .zip(&allocs)
-            .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
-            .collect();
-        if greedy_on_backend {
-            model.forward_greedy(&mut pool, &batch).expect("forward")
-        } else {
-            let params = SamplingParams { ignore_eos: true, ..Default::default() };
-            let out = model.forward(&mut pool, &batch).expect("forward");
-            out.into_iter()
-                .zip(&prompts)
-                .map(|(mut l, p)| {
-                    let s = ferry_engine::Sampler::new(params.clone(), p).sample(&mut l);
-                    (s.token, s.logprob)
-                })
-                .collect()
-        }
-    };
-    let (backend, sampler) = (run(true), run(false));
+    let backend = whole_prompts(&model, &prompts, Model::forward_greedy);
+    let params = SamplingParams { ignore_eos: true, ..Default::default() };
+    let sampler: Vec<(u32, f32)> = whole_prompts(&model, &prompts, Model::forward)
+        .into_iter()
+        .zip(&prompts)
+        .map(|(mut l, p)| {
+            let s = ferry_engine::Sampler::new(params.clone(), p).sample(&mut l);
+            (s.token, s.logprob)
+        })
+        .collect();
     assert_eq!(backend.len(), prompts.len());
     for (i, (b, s)) in backend.iter().zip(&sampler).enumerate() {
         assert_eq!(b.0, s.0, "row {i}: token");
