@@ -112,17 +112,14 @@ impl Running {
 /// receiver and starts serving.
 pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
     let worker = args.worker.clone();
-    ferry_worker::start_on_device(&worker, OnBackend(args)).await
+    ferry_worker::start_on_device(&worker, args).await
 }
 
-/// This daemon, for [`ferry_worker::start_on_device`].
-struct OnBackend(DecodeArgs);
-
-impl ferry_worker::StartOn for OnBackend {
+impl ferry_worker::StartOn for DecodeArgs {
     type Running = Running;
 
     fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Running, StartError>> {
-        start_on(self.0, compute)
+        start_on(self, compute)
     }
 }
 

@@ -108,7 +108,8 @@ struct Live {
     chunks: Option<mpsc::UnboundedSender<ChunkMsg>>,
     /// Destination slots handed to the room task so far.
     sent: usize,
-    /// Pages handed to the room task so far (on the wire until the task reports).
+    /// Pages handed to the room task so far (on the wire until the task reports); kept only
+    /// with a host mirror.
     wire: Vec<u32>,
     cached: usize,
     first: Option<(u32, f32)>,
@@ -136,7 +137,7 @@ pub struct Engine<B: Backend> {
     rooms: Rooms<NewRequest, Handshake>,
     live: HashMap<u64, Live>,
     kv: Arc<KvHost>,
-    /// Per page: how many room tasks may be sending it (from its mirror page).
+    /// Per page: how many room tasks may be sending it from its mirror page (with a mirror).
     on_wire: HashMap<u32, u32>,
     rt: tokio::runtime::Handle,
     cmds: CmdSender<Cmd>,
@@ -421,14 +422,17 @@ impl<B: Backend> Engine<B> {
     /// other room is sending.
     fn hand_over(&mut self, room: u64, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
         let Some(l) = self.live.get_mut(&room) else { return Ok(()) };
-        let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
-        // SAFETY: these pages are computed and locked for this room; no task sends them now
-        // (none is on the wire), so nobody reads their mirror pages while they are copied.
-        unsafe { self.kv.to_host(self.model.backend(), &self.pool, &fresh) }?;
-        for &p in &msg.pages {
-            *self.on_wire.entry(p).or_insert(0) += 1;
+        // Without a mirror the transfer reads the pool itself: nothing to copy or count.
+        if self.kv.mirrored() {
+            let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
+            // SAFETY: these pages are computed and locked for this room; no task sends them now
+            // (none is on the wire), so nobody reads their mirror pages while they are copied.
+            unsafe { self.kv.to_host(self.model.backend(), &self.pool, &fresh) }?;
+            for &p in &msg.pages {
+                *self.on_wire.entry(p).or_insert(0) += 1;
+            }
+            l.wire.extend_from_slice(&msg.pages);
         }
-        l.wire.extend_from_slice(&msg.pages);
         if let Some(tx) = &l.chunks {
             let _ = tx.send(msg);
         }

@@ -107,17 +107,14 @@ impl Running {
 /// Loads the model onto the `--device` backend, allocates the pool, and starts serving.
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
     let worker = args.worker.clone();
-    ferry_worker::start_on_device(&worker, OnBackend(args)).await
+    ferry_worker::start_on_device(&worker, args).await
 }
 
-/// This daemon, for [`ferry_worker::start_on_device`].
-struct OnBackend(PrefillArgs);
-
-impl ferry_worker::StartOn for OnBackend {
+impl ferry_worker::StartOn for PrefillArgs {
     type Running = Running;
 
     fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Running, StartError>> {
-        start_on(self.0, compute)
+        start_on(self, compute)
     }
 }
 

@@ -44,6 +44,18 @@ impl CudaBackend {
         Ok(unsafe { HostArena::new(ptr, bytes, true, Box::new(Pinned { ctx, ptr })) })
     }
 
+    /// The device address of whole pages `first..` (`len` values) of `pool`, checked; None
+    /// for an empty span. Binds the context to this thread for the raw copies that follow.
+    fn page_addr(&self, pool: &CudaKv, layout: &KvLayout, first: u32, len: usize) -> Result<Option<u64>, KernelError> {
+        let (off, n) = plan::page_span(layout, first, len, pool.len() / layout.page_floats().max(1))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.stream.context().bind_to_thread().map_err(Self::err)?;
+        let (base, _p) = pool.device_ptr(&self.stream);
+        Ok(Some(base + (off * 4) as u64))
+    }
+
     pub(super) fn pages_to_host(
         &self,
         pool: &CudaKv,
@@ -51,16 +63,10 @@ impl CudaBackend {
         first: u32,
         dst: &mut [f32],
     ) -> Result<(), KernelError> {
-        let (off, n) = plan::page_span(layout, first, dst.len(), pool.len() / layout.page_floats().max(1))?;
-        if n == 0 {
-            return Ok(());
-        }
-        self.stream.context().bind_to_thread().map_err(Self::err)?;
-        let (base, _p) = pool.device_ptr(&self.stream);
-        // SAFETY: values `off..off + n` lie inside the pool (checked); `dst` holds `n` values
-        // and outlives the copy (we wait for the stream below).
-        unsafe { result::memcpy_dtoh_async(dst, base + (off * 4) as u64, self.stream.cu_stream()) }
-            .map_err(Self::err)?;
+        let Some(src) = self.page_addr(pool, layout, first, dst.len())? else { return Ok(()) };
+        // SAFETY: the span lies inside the pool (checked); `dst` holds as many values and
+        // outlives the copy (we wait for the stream below).
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }.map_err(Self::err)?;
         self.stream.synchronize().map_err(Self::err)
     }
 
@@ -71,16 +77,10 @@ impl CudaBackend {
         first: u32,
         src: &[f32],
     ) -> Result<(), KernelError> {
-        let (off, n) = plan::page_span(layout, first, src.len(), pool.len() / layout.page_floats().max(1))?;
-        if n == 0 {
-            return Ok(());
-        }
-        self.stream.context().bind_to_thread().map_err(Self::err)?;
         // The pool is shared with the transfer side; its pages are written by their owner only.
-        let (base, _p) = pool.device_ptr(&self.stream);
+        let Some(dst) = self.page_addr(pool, layout, first, src.len())? else { return Ok(()) };
         // SAFETY: in bounds (checked); `src` outlives the copy (we wait for the stream below).
-        unsafe { result::memcpy_htod_async(base + (off * 4) as u64, src, self.stream.cu_stream()) }
-            .map_err(Self::err)?;
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }.map_err(Self::err)?;
         self.stream.synchronize().map_err(Self::err)
     }
 }
