@@ -179,3 +179,67 @@ async fn a_cut_off_router_resumes_its_watch_from_the_next_revision() {
     p1.stop().await;
     d0.stop().await;
 }
+
+/// A counter's value in a Prometheus scrape (0 when absent: never incremented).
+fn counter(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A child process, killed when dropped (a failed assertion leaves no daemon behind).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// etcd closes a connection whose client pings more often than its `--grpc-keepalive-min-time`
+/// (5 s by default) allows, or pings with no stream open; with 2 s pings the router's watch
+/// broke and was set up again every few seconds. A router (its own process) watching an etcd
+/// where nothing changes for 16 s must not have set its watch up again once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watch_is_not_cut_by_etcd() {
+    let e = Etcd::start();
+    let m = TinyModel::new();
+    let metrics: std::net::SocketAddr =
+        format!("127.0.0.1:{}", ferry_tests::etcd::free_port()).parse().expect("metrics address");
+    let _router = Killed(
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .arg("router")
+            .arg("--model")
+            .arg(m.path())
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--metrics-addr", &metrics.to_string()])
+            .args(["--etcd", &e.endpoint(), "--cluster", "t4"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start `ferry router`"),
+    );
+    let _worker = Killed(decode_process(&m, &e, "t4", "d0", 5));
+    // The router's watch is up once it has seen the worker join.
+    let joined = |b: &str| {
+        b.lines().any(|l| {
+            l.starts_with("ferry_router_workers{")
+                && l.contains("role=\"decode\"")
+                && l.contains("state=\"healthy\"")
+                && l.ends_with(" 1")
+        })
+    };
+    let t = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(metrics).await.is_ok() && joined(&ferry_tests::scrape(metrics).await) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "the router never saw d0 join");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let body = ferry_tests::scrape(metrics).await;
+    assert!(joined(&body), "the router still lists d0:\n{body}");
+    assert_eq!(counter(&body, "ferry_etcd_reconnects_total", "stream=\"watch\""), 0.0, "{body}");
+}

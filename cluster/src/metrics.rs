@@ -66,6 +66,9 @@ pub const ROUTER_ADMISSION: &str = "ferry_router_admission_total";
 pub const ROUTER_QUEUED: &str = "ferry_router_queued_requests";
 /// Seconds a request admitted from the queue waited there (histogram).
 pub const ROUTER_QUEUE_SECONDS: &str = "ferry_router_queue_seconds";
+/// etcd streams that broke and were set up again, by `stream` (watch: a router's view of the
+/// workers | lease: a worker's registration) (counter).
+pub const ETCD_RECONNECTS: &str = "ferry_etcd_reconnects_total";
 
 /// A metric's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +167,12 @@ pub const ALL: &[Metric] = &[
     ),
     m(ROUTER_QUEUED, Kind::Gauge, "", "Requests waiting in the admission queue"),
     m(ROUTER_QUEUE_SECONDS, Kind::Histogram, "", "Time a queued request waited for a slot, seconds"),
+    m(
+        ETCD_RECONNECTS,
+        Kind::Counter,
+        "stream",
+        "etcd streams broken and set up again (watch: the router's view of the workers; lease: a worker's registration)",
+    ),
 ];
 
 /// Registers help texts for every metric with the installed recorder.

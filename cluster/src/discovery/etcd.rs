@@ -18,6 +18,10 @@ use tokio::task::JoinHandle;
 
 use super::{Role, Worker};
 
+/// How often an etcd connection with a stream open is pinged: well above etcd's default
+/// `--grpc-keepalive-min-time` of 5 s.
+pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Where etcd is and which cluster's keys to use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdConfig {
@@ -63,10 +67,16 @@ impl EtcdConfig {
     }
 
     async fn connect(&self) -> Result<Client, EtcdError> {
+        // HTTP/2 pings find a silently dead connection (a partition; a killed etcd resets it).
+        // etcd refuses pings closer than `--grpc-keepalive-min-time` (5 s by default), and any
+        // ping on a connection with no stream open: after three it closes the connection
+        // ("too_many_pings"). Pinging every 2 s, even while idle, broke every watch and lease
+        // stream about every 8 s.
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, Duration::from_secs(5))
+            .with_keep_alive_while_idle(false);
         Ok(Client::connect(&self.endpoints, Some(opts)).await?)
     }
 
@@ -188,6 +198,7 @@ async fn keep_alive(
             }
             e = renewing => e,
         };
+        metrics::counter!(crate::metrics::ETCD_RECONNECTS, "stream" => "lease").increment(1);
         tracing::warn!(%key, error = %why, "etcd lease lost; registering again");
         loop {
             tokio::select! {
@@ -234,7 +245,10 @@ pub async fn watch(cfg: EtcdConfig, tx: mpsc::Sender<Change>) {
     loop {
         match watch_once(&cfg, &tx, &mut next).await {
             Ok(()) => return,
-            Err(e) => tracing::warn!(error = %e, resume_at = ?next, "etcd watch broke; resuming"),
+            Err(e) => {
+                metrics::counter!(crate::metrics::ETCD_RECONNECTS, "stream" => "watch").increment(1);
+                tracing::warn!(error = %e, resume_at = ?next, "etcd watch broke; resuming");
+            }
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
