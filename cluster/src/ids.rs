@@ -26,6 +26,12 @@ impl Room {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// How log lines name room `id` (`room-<16 hex digits>`, as the router's lines do): for
+    /// the workers, which keep room ids as plain `u64`s.
+    pub fn label(id: u64) -> impl fmt::Display {
+        Room(id)
+    }
 }
 
 impl fmt::Display for Room {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
+use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
 use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams, SeqChunk};
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
@@ -412,7 +412,13 @@ impl<B: Backend> Engine<B> {
         };
         metrics::counter!(m::REQUESTS, "role" => "decode", "outcome" => outcome).increment(1);
         if let Err(why) = result {
-            tracing::debug!(room, reason = why.reason, message = %why.message, "request ended");
+            // A failure is an operator's business; a client or router that went away is not.
+            let stage = stage.map(Stage::label);
+            if outcome == "error" {
+                tracing::warn!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request failed");
+            } else {
+                tracing::debug!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request ended");
+            }
             let _ = r.out.send(Err(why));
         }
         if r.outcome.take().is_some() || stage == Some(Stage::Transfer) {

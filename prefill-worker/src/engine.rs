@@ -16,8 +16,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender as CmdSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ferry_cluster::Refused;
 use ferry_cluster::metrics as m;
+use ferry_cluster::{Refused, Room};
 use ferry_engine::scheduler::{Prefilled, Scheduler};
 use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams, SeqChunk};
 use ferry_kernels::Backend;
@@ -458,6 +458,11 @@ impl<B: Backend> Engine<B> {
                     (None, Ok(())) => "transfer ended early".into(),
                 };
                 metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
+                if aborting.is_none() {
+                    tracing::warn!(room = %Room::label(room), reason = %why, "room failed");
+                } else {
+                    tracing::debug!(room = %Room::label(room), reason = %why, "room ended");
+                }
                 if let Some(tx) = reply {
                     let _ = tx.send(Err(Refused::new(Code::Unavailable, "transfer_failed", why)));
                 }
@@ -519,6 +524,7 @@ impl<B: Backend> Engine<B> {
         for gone in self.rooms.expired(now) {
             let why =
                 Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
+            tracing::warn!(room = %Room::label(gone.room), phase = gone.phase.label(), "room timed out");
             self.abandon(gone, why);
         }
     }

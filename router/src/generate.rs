@@ -48,9 +48,9 @@ impl Stage {
 /// A decode stream that broke after tokens went out cannot be retried transparently: the
 /// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
 /// as an opaque transport error); the worker's own refusals keep their code.
-fn mid_stream(s: Status, worker: &str, sent: u32) -> Status {
+fn mid_stream(s: Status, request: &str, worker: &str, sent: u32) -> Status {
     if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
-        tracing::warn!(worker, error = %s, "decode worker failed mid-stream");
+        tracing::warn!(request = %request, worker = %worker, error = %s, sent, "decode worker failed mid-stream");
         return Status::unavailable(format!(
             "decode worker {worker} failed after {sent} tokens ({}); retry the request",
             s.message()
@@ -380,18 +380,21 @@ impl Ctx {
                 },
             };
             if retry == MAX_RETRIES || !retriable(status.code()) {
+                if retriable(status.code()) {
+                    tracing::warn!(request = %req.request_id, room = %key.room, error = %status, "no attempt left; failing the request");
+                }
                 return Err(status);
             }
             metrics::counter!(M::ROUTER_RETRIES, "stage" => stage.label()).increment(1);
             match stage {
                 Stage::Prefill => {
                     let failed = target.as_ref().map(|w| w.id.clone());
-                    tracing::warn!(worker = ?failed, error = %status, "prefill failed before the first token; retrying");
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = ?failed, error = %status, "prefill failed before the first token; retrying");
                     tried_prefill.extend(failed);
                     target = self.fallback(&req.tokens, &tried_prefill);
                 }
                 Stage::Decode => {
-                    tracing::warn!(worker = %decode.id, error = %status, "decode failed before the first token; retrying");
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = %decode.id, error = %status, "decode failed before the first token; retrying");
                     tried_decode.push(decode.id.clone());
                     if let Some(d) = self.other_decode(need, &tried_decode) {
                         decode = d;
@@ -429,7 +432,7 @@ impl Ctx {
                 Ok(m) => m,
                 Err(s) => {
                     prefill_task.abort();
-                    return Err(mid_stream(s, &decode.id, completion));
+                    return Err(mid_stream(s, &req.request_id, &decode.id, completion));
                 }
             };
             if completion == 0 && !msg.token_ids.is_empty() {
