@@ -62,19 +62,9 @@ impl Etcd {
             .spawn()
             .expect("start etcd");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
         let health = format!("127.0.0.1:{}", self.client_port);
-        while Instant::now() < deadline {
-            if let Ok(mut s) = std::net::TcpStream::connect(&health) {
-                use std::io::{Read, Write};
-                let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
-                let mut out = String::new();
-                let _ = s.read_to_string(&mut out);
-                if out.contains("\"health\":\"true\"") {
-                    return;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if crate::blocking(|| healthy_within(&health, Duration::from_secs(20))) {
+            return;
         }
         panic!(
             "etcd did not come up; its log: {}",
@@ -100,6 +90,24 @@ impl Etcd {
         self.kill();
         self.spawn();
     }
+}
+
+/// Whether etcd at `addr` answers its health check within `within`.
+fn healthy_within(addr: &str, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(mut s) = std::net::TcpStream::connect(addr) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            if out.contains("\"health\":\"true\"") {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
 }
 
 impl Drop for Etcd {

@@ -48,6 +48,20 @@ impl Default for TinyModel {
     }
 }
 
+/// Runs a blocking wait (a process starting, say) from test code that may be on a tokio
+/// worker thread. On a multi-thread runtime the worker hands its queued tasks to another
+/// thread first (`block_in_place`): a plain blocking call there stalls the task in the
+/// worker's LIFO slot, which no other worker steals, for as long as the wait lasts (the chaos
+/// suite's clients saw 5–10 s requests while a killed daemon restarted). Elsewhere it just
+/// runs `f`.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Greedy sampling of `n` tokens (EOS ignored, so every run has the same length).
 pub fn greedy(n: u32) -> SamplingParams {
     SamplingParams { temperature: 0.0, max_new_tokens: n, ignore_eos: true, ..SamplingParams::default() }

@@ -47,7 +47,9 @@ impl Daemon {
                 }
             }
         });
-        rx.recv_timeout(Duration::from_secs(180)).unwrap_or_else(|_| panic!("{} printed no ready line", self.name));
+        // Model loading takes seconds: keep this runtime's other tasks (the clients) running.
+        ferry_tests::blocking(|| rx.recv_timeout(Duration::from_secs(180)))
+            .unwrap_or_else(|_| panic!("{} printed no ready line", self.name));
         self.child = Some(child);
     }
 
@@ -142,10 +144,12 @@ impl Cluster {
         let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics };
         // Workers load the model in parallel; the router last.
         drop(ports);
-        std::thread::scope(|s| {
-            for d in c.prefill.iter_mut().chain(c.decode.iter_mut()) {
-                s.spawn(|| d.start());
-            }
+        ferry_tests::blocking(|| {
+            std::thread::scope(|s| {
+                for d in c.prefill.iter_mut().chain(c.decode.iter_mut()) {
+                    s.spawn(|| d.start());
+                }
+            })
         });
         c.router.start();
         c.wait_members(&["p0", "p1"], &["d0", "d1"], Duration::from_secs(60)).await;

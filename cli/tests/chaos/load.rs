@@ -5,7 +5,7 @@
 //! happened.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,9 @@ pub struct Tally {
     pub lost: u64,
     /// End-to-end seconds of completed requests.
     pub latencies: Vec<f64>,
+    /// The slowest completed request: its end-to-end seconds and request id (the router's
+    /// and workers' logs name it).
+    pub slowest: Option<(f64, String)>,
 }
 
 /// The load generator's shared state.
@@ -48,6 +51,7 @@ pub struct Load {
     tallies: Mutex<BTreeMap<String, Tally>>,
     order: Mutex<Vec<String>>,
     stop: AtomicBool,
+    next_id: AtomicU64,
 }
 
 fn retriable(code: Code) -> bool {
@@ -68,7 +72,7 @@ fn kind(s: &tonic::Status) -> String {
     format!("{:?}: {msg}", s.code())
 }
 
-async fn attempt(router: &str, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, tonic::Status> {
+async fn attempt(router: &str, id: &str, prompt: &[u32], max_tokens: u32) -> Result<Vec<u32>, tonic::Status> {
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{router}"))
         .map_err(|e| tonic::Status::internal(e.to_string()))?
         .connect_timeout(Duration::from_secs(2))
@@ -76,6 +80,7 @@ async fn attempt(router: &str, prompt: &[u32], max_tokens: u32) -> Result<Vec<u3
         .await
         .map_err(|_| tonic::Status::unavailable("router unreachable"))?;
     let req = pb::GenerateRequest {
+        request_id: id.into(),
         prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.to_vec() })),
         sampling: Some(ferry_cluster::wire::sampling_to_proto(&ferry_tests::greedy(max_tokens))),
         return_token_ids: true,
@@ -97,6 +102,7 @@ impl Load {
             tallies: Mutex::new(BTreeMap::new()),
             order: Mutex::new(vec![first.into()]),
             stop: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
         })
     }
 
@@ -141,15 +147,20 @@ impl Load {
         let phase = self.now();
         self.record(&phase, |t| t.sent += 1);
         let start = Instant::now();
+        // Every attempt of a request carries the same id.
+        let id = format!("chaos-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let mut backoff = Duration::from_millis(200);
         loop {
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(router, prompt, max_tokens)).await {
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(router, &id, prompt, max_tokens)).await {
                 Ok(Ok(tokens)) => {
                     let secs = start.elapsed().as_secs_f64();
                     return self.record(&phase, |t| {
                         if tokens == want {
                             t.completed += 1;
                             t.latencies.push(secs);
+                            if t.slowest.as_ref().is_none_or(|s| secs > s.0) {
+                                t.slowest = Some((secs, id.clone()));
+                            }
                         } else {
                             t.wrong += 1;
                         }

@@ -79,14 +79,15 @@ fn report(
     pages: &[(String, pb::LoadReport)],
 ) -> String {
     let mut s = String::from(
-        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|\n",
+        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) | slowest request |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|\n",
     );
     for (i, (name, t)) in tallies.iter().enumerate() {
         let r = retries.get(i).copied().unwrap_or_default();
         let errors: Vec<String> = t.errors.iter().map(|(k, n)| format!("{n}× {k}")).collect();
         let max = t.latencies.iter().copied().fold(0.0, f64::max);
+        let slowest = t.slowest.as_ref().map_or(String::new(), |(_, id)| id.clone());
         s += &format!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {:.2} / {:.2} |\n",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {:.2} / {:.2} | {slowest} |\n",
             t.sent,
             t.completed,
             t.wrong,
