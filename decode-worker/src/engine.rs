@@ -402,11 +402,7 @@ impl<B: Backend> Engine<B> {
         let stage = self.queues.remove(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
         let outcome = match &result {
-            Ok(f) => match f {
-                FinishReason::Stop => "stop",
-                FinishReason::Length => "length",
-                FinishReason::Abort => "abort",
-            },
+            Ok(f) => f.as_str(),
             Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",
             Err(_) => "error",
         };

@@ -389,7 +389,7 @@ impl Ctx {
             match stage {
                 Stage::Prefill => {
                     let failed = target.as_ref().map(|w| w.id.clone());
-                    tracing::warn!(request = %req.request_id, room = %key.room, worker = ?failed, error = %status, "prefill failed before the first token; retrying");
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = failed.as_deref().unwrap_or("decode-local"), error = %status, "prefill failed before the first token; retrying");
                     tried_prefill.extend(failed);
                     target = self.fallback(&req.tokens, &tried_prefill);
                 }
@@ -466,8 +466,7 @@ impl Ctx {
             completion_tokens: completion,
             cached_tokens: cached,
         };
-        let outcome = format!("{finish:?}").to_ascii_lowercase();
-        metrics::counter!(M::ROUTER_REQUESTS, "outcome" => outcome).increment(1);
+        metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
         let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;

@@ -21,7 +21,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ferry_tokenize::{ChatMessage, FinishReason, SamplingParams};
+use ferry_tokenize::{ChatMessage, SamplingParams};
 use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
@@ -251,14 +251,6 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
     Ok(Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop })
 }
 
-fn finish_name(f: FinishReason) -> &'static str {
-    match f {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Abort => "abort",
-    }
-}
-
 async fn handle(
     State(ctx): State<Arc<Ctx>>,
     headers: HeaderMap,
@@ -331,9 +323,9 @@ async fn whole(
         "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
     });
     let choice = match kind {
-        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish_name(e.finish), "logprobs": null}),
+        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": null}),
         Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_name(e.finish)})
+            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": e.finish.as_str()})
         }
     };
     let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
@@ -355,7 +347,7 @@ fn sse(
         .map(move |p| {
             let data = match p {
                 Ok(p) => {
-                    let finish = p.end.map(|e| finish_name(e.finish));
+                    let finish = p.end.map(|e| e.finish.as_str());
                     let choice = match kind {
                         Kind::Completion => {
                             json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": null})
