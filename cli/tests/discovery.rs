@@ -180,14 +180,6 @@ async fn a_cut_off_router_resumes_its_watch_from_the_next_revision() {
     d0.stop().await;
 }
 
-/// A counter's value in a Prometheus scrape (0 when absent: never incremented).
-fn counter(body: &str, name: &str, label: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A child process, killed when dropped (a failed assertion leaves no daemon behind).
 struct Killed(Child);
 
@@ -241,5 +233,5 @@ async fn a_quiet_watch_is_not_cut_by_etcd() {
     tokio::time::sleep(Duration::from_secs(16)).await;
     let body = ferry_tests::scrape(metrics).await;
     assert!(joined(&body), "the router still lists d0:\n{body}");
-    assert_eq!(counter(&body, "ferry_etcd_reconnects_total", "stream=\"watch\""), 0.0, "{body}");
+    assert_eq!(ferry_tests::metric_sum(&body, "ferry_etcd_reconnects_total", "stream=\"watch\""), 0.0, "{body}");
 }

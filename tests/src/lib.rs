@@ -224,6 +224,16 @@ pub fn smollm2() -> PathBuf {
     p
 }
 
+/// The sum of a metric's samples in a Prometheus scrape `body`: the lines of `name` that
+/// contain `label` (`reason="x"`, say; "" for all). 0 when absent (a counter never
+/// incremented is not exposed).
+pub fn metric_sum(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// The body of `GET /metrics` at `addr`.
 pub async fn scrape(addr: std::net::SocketAddr) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

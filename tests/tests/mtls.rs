@@ -93,11 +93,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     serving(good).await.expect("a cluster member is served");
 
     let metrics = scrape(p.metrics_addr).await;
-    let refused: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("ferry_bad_requests_total") && l.contains("reason=\"mtls_handshake\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let refused = ferry_tests::metric_sum(&metrics, "ferry_bad_requests_total", "reason=\"mtls_handshake\"");
     assert!(refused >= 2.0, "failed handshakes counted: {refused}\n{metrics}");
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;

@@ -200,12 +200,8 @@ impl Cluster {
             Ok(a) => ferry_tests::scrape(a).await,
             Err(_) => String::new(),
         };
-        let get = |stage: &str| {
-            body.lines()
-                .filter(|l| l.starts_with("ferry_router_retries_total") && l.contains(&format!("stage=\"{stage}\"")))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
+        let get =
+            |stage: &str| ferry_tests::metric_sum(&body, "ferry_router_retries_total", &format!("stage=\"{stage}\""));
         [get("prefill"), get("decode")]
     }
 
