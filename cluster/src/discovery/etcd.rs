@@ -70,8 +70,9 @@ impl EtcdConfig {
         // HTTP/2 pings find a silently dead connection (a partition; a killed etcd resets it).
         // etcd refuses pings closer than `--grpc-keepalive-min-time` (5 s by default), and any
         // ping on a connection with no stream open: after three it closes the connection
-        // ("too_many_pings"). Pinging every 2 s, even while idle, broke every watch and lease
-        // stream about every 8 s.
+        // ("too_many_pings"). Pinging every 2 s, even while idle, broke a router's quiet watch
+        // stream every few seconds (a lease stream, busy with renewals, was spared: etcd's
+        // answers reset its count).
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5))
