@@ -9,8 +9,16 @@
 //! 2. Copying page runs out of the KV pool into a send buffer, page-major (Ferry's layout:
 //!    one copy per run) against layer-major (one copy per layer, K/V and run), same pages.
 //!
+//! Decode steps pick greedily on the backend (`Model::forward_greedy`, the decode daemon's
+//! path for greedy requests), so a GPU returns a token per sequence, not a row of logits.
+//! Each decode row also shows the bytes one step must read (every weight matrix once, in the
+//! backend's storage type, plus the batch's KV) and that figure divided by the step's time:
+//! on a GPU, compare it with the device's memory bandwidth, the bound of small batches.
+//!
 //! `FERRY_BENCH_QUICK=1` shortens both (batch 1, 8 and 32; for CI smoke runs). The model
 //! comes from `FERRY_SMOLLM2` or the `ferry model fetch smollm2-135m` cache.
+//! `FERRY_BENCH_8B_LAYERS=N` builds the Llama-3-8B shape with N of its 32 layers (generating
+//! and loading all 8 B random weights takes minutes).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -39,7 +47,7 @@ fn llama3_8b_shape(dir: &std::path::Path) -> BenchResult<PathBuf> {
     let spec = TinySpec {
         hidden: 4096,
         ffn: 14336,
-        layers: 32,
+        layers: std::env::var("FERRY_BENCH_8B_LAYERS").ok().and_then(|v| v.parse().ok()).unwrap_or(32),
         heads: 32,
         kv_heads: 8,
         ctx: 8192,
@@ -56,6 +64,18 @@ fn llama3_8b_shape(dir: &std::path::Path) -> BenchResult<PathBuf> {
 
 /// (batch, prefill tokens/s, decode tokens/s).
 type Row = (usize, f64, f64);
+
+/// Bytes a decode step reads at `batch` with `context` tokens per sequence: every weight
+/// matrix once (`weight_bytes` per value: 2 for bf16 on a GPU, 4 for the CPU's f32) and the
+/// batch's K and V (f32) of every layer.
+fn step_bytes(c: &ferry_engine::ModelConfig, weight_bytes: usize, batch: usize, context: usize) -> f64 {
+    let (h, kv) = (c.hidden_size, c.num_kv_heads * c.head_dim);
+    let q = c.num_heads * c.head_dim;
+    let per_layer = h * (q + 2 * kv) + q * h + 3 * h * c.intermediate_size;
+    let weights = c.num_layers * per_layer + c.vocab_size * h;
+    let kv_bytes = batch * context * c.num_layers * 2 * kv * 4;
+    (weights * weight_bytes + kv_bytes) as f64
+}
 type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// Prefill and decode tokens/s per batch.
@@ -65,6 +85,14 @@ fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>
     let steps = if quick { 4 } else { 16 };
     let reps = if quick { 1 } else { 3 };
     let vocab = model.config().vocab_size as u32;
+    // One pass before timing: lazy initialisation (cuBLAS heuristics, first allocations)
+    // stays out of the figures.
+    {
+        let mut pool = PagePool::new(model.backend(), model.kv_layout(page), 8)?;
+        let a = pool.alloc(1)?;
+        let p: Vec<u32> = (3..11).collect();
+        model.forward_greedy(&mut pool, &[SeqChunk { tokens: &p, start: 0, pages: a.pages(), logits: true }])?;
+    }
     let batches: &[usize] = if quick { &[1, 8, 32] } else { &[1, 8, 32, 128] };
     let mut rows = Vec::new();
     for &batch in batches {
@@ -83,9 +111,9 @@ fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>
                 .zip(&allocs)
                 .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
                 .collect();
-            let logits = model.forward(&mut pool, &chunks)?;
+            let picks = model.forward_greedy(&mut pool, &chunks)?;
             pre.push((batch * prompt_len) as f64 / t.elapsed().as_secs_f64());
-            let mut next: Vec<u32> = logits.iter().map(|l| ferry_engine::sampler::argmax(l)).collect();
+            let mut next: Vec<u32> = picks.iter().map(|p| p.0).collect();
             let t = Instant::now();
             for s in 0..steps {
                 let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
@@ -94,7 +122,7 @@ fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>
                     .zip(&allocs)
                     .map(|(t, a)| SeqChunk { tokens: t, start: prompt_len + s, pages: a.pages(), logits: true })
                     .collect();
-                next = model.forward(&mut pool, &chunks)?.iter().map(|l| ferry_engine::sampler::argmax(l)).collect();
+                next = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
             }
             dec.push((batch * steps) as f64 / t.elapsed().as_secs_f64());
         }
@@ -103,20 +131,38 @@ fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>
     Ok(rows)
 }
 
-fn print_rows(title: &str, rows: &[Row], baseline: Option<&[Row]>) {
+/// Prints the rows; `bytes(batch)` is what one decode step reads at that batch.
+fn print_rows(title: &str, rows: &[Row], baseline: Option<&[Row]>, bytes: &dyn Fn(usize) -> f64) {
     println!("{title}");
     println!(
-        "{:>6} {:>16} {:>16} {:>18} {:>15} {:>14}",
-        "batch", "prefill tok/s", "decode tok/s", "decode ms/step", "prefill ratio", "decode ratio"
+        "{:>6} {:>16} {:>16} {:>18} {:>15} {:>14} {:>14} {:>12}",
+        "batch",
+        "prefill tok/s",
+        "decode tok/s",
+        "decode ms/step",
+        "prefill ratio",
+        "decode ratio",
+        "MB read/step",
+        "read GB/s"
     );
     for (i, &(batch, p, d)) in rows.iter().enumerate() {
         let (rp, rd) = match baseline.and_then(|b| b.get(i)) {
             Some(&(_, bp, bd)) => (format!("{:.1}x", p / bp), format!("{:.1}x", d / bd)),
             None => ("-".into(), "-".into()),
         };
-        println!("{batch:>6} {p:>16.1} {d:>16.1} {:>18.2} {rp:>15} {rd:>14}", batch as f64 / d * 1e3);
+        let step = batch as f64 / d;
+        let b = bytes(batch);
+        println!(
+            "{batch:>6} {p:>16.1} {d:>16.1} {:>18.2} {rp:>15} {rd:>14} {:>14.1} {:>12.1}",
+            step * 1e3,
+            b / 1e6,
+            b / step / 1e9
+        );
     }
 }
+
+/// Decode steps run at contexts 64..80 (the bench's prompt and steps): 72 on average.
+const DECODE_CONTEXT: usize = 72;
 
 fn throughput_all(quick: bool) -> BenchResult<()> {
     let devices = std::env::var("FERRY_BENCH_DEVICES").unwrap_or_else(|_| "cpu".into());
@@ -139,7 +185,8 @@ fn throughput_all(quick: bool) -> BenchResult<()> {
                         model.format_name(),
                         rayon_threads()
                     );
-                    print_rows(&title, &rows, None);
+                    let c = model.config().clone();
+                    print_rows(&title, &rows, None, &|b| step_bytes(&c, 4, b, DECODE_CONTEXT));
                     cpu_rows = Some(rows);
                 }
                 "cuda" => cuda(&path, shape, quick, cpu_rows.as_deref())?,
@@ -156,8 +203,76 @@ fn cuda(path: &std::path::Path, shape: &str, quick: bool, cpu: Option<&[Row]>) -
     let name = backend.device_name().to_string();
     let model = Model::load(path, backend)?;
     let rows = throughput(&model, quick)?;
-    print_rows(&format!("\n{shape}, CUDA backend on {name} (ratios against the CPU run above)"), &rows, cpu);
+    let c = model.config().clone();
+    let title =
+        format!("\n{shape} ({} layers), CUDA backend on {name} (ratios against the CPU run above)", c.num_layers);
+    print_rows(&title, &rows, cpu, &|b| step_bytes(&c, 2, b, DECODE_CONTEXT));
+    if std::env::var("FERRY_CUDA_PROFILE").is_ok_and(|v| v == "1") {
+        for batch in [1, 128] {
+            let steps = 8;
+            let ops = profile_decode(&model, batch, steps, &|| {
+                model.backend().take_profile().into_iter().map(|(op, t)| (op, t.calls, t.host, t.total)).collect()
+            })?;
+            print_profile(&format!("{shape}, decode at batch {batch}, per step"), &ops, steps);
+        }
+    }
     Ok(())
+}
+
+/// (operation, calls, host time, total time).
+type OpRow = (String, u64, Duration, Duration);
+
+/// Profiled decode steps: a prefill, the profile cleared, `steps` decode steps; what `take`
+/// collected over them.
+fn profile_decode<B: Backend>(
+    model: &Model<B>,
+    batch: usize,
+    steps: usize,
+    take: &dyn Fn() -> Vec<OpRow>,
+) -> BenchResult<Vec<OpRow>> {
+    let (page, prompt_len) = (16, 64);
+    let vocab = model.config().vocab_size as u32;
+    let per_seq = (prompt_len + steps).div_ceil(page);
+    let mut pool = PagePool::new(model.backend(), model.kv_layout(page), batch * per_seq)?;
+    let allocs: Vec<_> = (0..batch).map(|_| pool.alloc(per_seq)).collect::<Result<_, _>>()?;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|b| (0..prompt_len as u32).map(|i| 3 + (i * 31 + b as u32 * 7) % (vocab - 3)).collect())
+        .collect();
+    let chunks: Vec<SeqChunk<'_>> = prompts
+        .iter()
+        .zip(&allocs)
+        .map(|(p, a)| SeqChunk { tokens: p, start: 0, pages: a.pages(), logits: true })
+        .collect();
+    let mut next: Vec<u32> = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
+    take();
+    for s in 0..steps {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let chunks: Vec<SeqChunk<'_>> = toks
+            .iter()
+            .zip(&allocs)
+            .map(|(t, a)| SeqChunk { tokens: t, start: prompt_len + s, pages: a.pages(), logits: true })
+            .collect();
+        next = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
+    }
+    Ok(take())
+}
+
+fn print_profile(title: &str, ops: &[OpRow], steps: usize) {
+    let all: f64 = ops.iter().map(|o| o.3.as_secs_f64()).sum();
+    println!("\n{title} (each operation synchronised alone; {:.2} ms in all)", all / steps as f64 * 1e3);
+    println!("{:<24} {:>10} {:>14} {:>14} {:>7}", "operation", "calls", "host µs", "total µs", "share");
+    let mut ops = ops.to_vec();
+    ops.sort_by_key(|o| std::cmp::Reverse(o.3));
+    for (op, calls, host, total) in ops {
+        let per = |d: Duration| d.as_secs_f64() / steps as f64 * 1e6;
+        println!(
+            "{op:<24} {:>10.1} {:>14.1} {:>14.1} {:>6.1}%",
+            calls as f64 / steps as f64,
+            per(host),
+            per(total),
+            total.as_secs_f64() / all * 100.0
+        );
+    }
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -7,8 +7,9 @@
 //! - Activations and the KV page pool are f32 in device memory, in the same page-major layout
 //!   as the CPU backend (so pages move between backends unchanged).
 //! - Everything else is our own kernels (`kernels.cu`), compiled once per backend with NVRTC:
-//!   embedding, RMSNorm, RoPE, SiLU-gate, residual adds, K/V page writes, paged attention (one
-//!   warp per query row and head, online softmax; decode and prefill-chunk shapes alike),
+//!   embedding, RMSNorm, RoPE, SiLU-gate, residual adds, K/V page writes, paged attention (a
+//!   block per query row and head whose warps split the positions, online softmax merged
+//!   across warps; decode and prefill-chunk shapes alike),
 //!   row gathers and a greedy arg max.
 //! - Shapes are checked and index tables built on the host ([`crate::plan`]), as the CPU
 //!   backend does, so a bad call is an error, never a device fault.
@@ -25,6 +26,10 @@ use crate::error::check;
 use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolLayer, RopeTable, plan};
 
 mod host;
+mod profile;
+mod tables;
+
+pub use profile::OpTime;
 
 /// The kernels' source, compiled at run time.
 const SOURCE: &str = include_str!("kernels.cu");
@@ -43,6 +48,8 @@ const KERNELS: [&str; 11] = [
 ];
 /// Threads per block of the element-wise kernels.
 const BLOCK: u32 = 256;
+/// Warps per attention block (`ATT_WARPS` in kernels.cu).
+const ATTENTION_WARPS: u32 = 8;
 
 /// A weight matrix on the device: `(rows, cols)` row-major bf16 (raw bits).
 pub struct CudaMat {
@@ -60,6 +67,12 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: HashMap<&'static str, CudaFunction>,
     name: String,
+    /// Per-pass index tables kept between layers.
+    tables: tables::Tables,
+    /// The bf16 copy of a matrix product's input.
+    scratch: tables::Scratch,
+    /// Per-operation times (FERRY_CUDA_PROFILE=1).
+    profile: Option<profile::Profile>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -119,12 +132,30 @@ impl CudaBackend {
             kernels.insert(k, module.load_function(k).map_err(driver("kernel"))?);
         }
         let blas = CudaBlas::new(Arc::clone(&stream)).map_err(|e| KernelError::Unavailable(format!("cuBLAS: {e}")))?;
-        Ok(Self { stream, blas, kernels, name })
+        Ok(Self {
+            stream,
+            blas,
+            kernels,
+            name,
+            tables: Default::default(),
+            scratch: Default::default(),
+            profile: profile::Profile::from_env(),
+        })
     }
 
     /// The device's name.
     pub fn device_name(&self) -> &str {
         &self.name
+    }
+
+    /// Per-operation times since the last call, with FERRY_CUDA_PROFILE=1 (else empty).
+    pub fn take_profile(&self) -> Vec<(String, OpTime)> {
+        self.profile.as_ref().map(profile::Profile::take).unwrap_or_default()
+    }
+
+    /// Times the rest of the calling operation when profiling.
+    fn timed(&self, op: impl FnOnce() -> String) -> Option<profile::Timed<'_>> {
+        self.profile.as_ref().map(|p| p.start(&self.stream, op()))
     }
 
     fn f(&self, name: &'static str) -> &CudaFunction {
@@ -136,10 +167,6 @@ impl CudaBackend {
     }
 
     fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>, KernelError> {
-        self.stream.clone_htod(v).map_err(Self::err)
-    }
-
-    fn upload_i32(&self, v: &[i32]) -> Result<CudaSlice<i32>, KernelError> {
         self.stream.clone_htod(v).map_err(Self::err)
     }
 }
@@ -180,6 +207,7 @@ impl Backend for CudaBackend {
     }
 
     fn zeros(&self, len: usize) -> Result<Self::Buf, KernelError> {
+        let _t = self.timed(|| "zeros".into());
         self.stream.alloc_zeros(len).map_err(|_| KernelError::OutOfMemory { bytes: len * 4 })
     }
 
@@ -207,6 +235,7 @@ impl Backend for CudaBackend {
     }
 
     fn embed(&self, table: &CudaMat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| "embed".into());
         let d = table.cols;
         check("embed", out.len() == ids.len() * d, || format!("out {} for {} ids of {d}", out.len(), ids.len()))?;
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.rows) {
@@ -226,6 +255,7 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, x: &Self::Buf, rows: usize, w: &CudaMat, out: &mut Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| format!("matmul {}x{}", w.rows, w.cols));
         let (n, k) = (w.rows, w.cols);
         check("matmul", x.len() == rows * k && out.len() == rows * n, || {
             format!("x {} out {} for {rows} rows through {n}x{k}", x.len(), out.len())
@@ -239,10 +269,10 @@ impl Backend for CudaBackend {
             i32::try_from(rows).map_err(|_| KernelError::Shape { op: "matmul", detail: format!("{rows} rows") })?,
             i32::try_from(k).map_err(|_| KernelError::Shape { op: "matmul", detail: format!("{k} cols") })?,
         );
-        // SAFETY: written in full by to_bf16 before the GEMM reads it.
-        let mut xb = unsafe { self.stream.alloc::<u16>(x.len()) }.map_err(Self::err)?;
+        let mut scratch = self.scratch.take(&self.stream, x.len())?;
+        let Some(xb) = scratch.as_mut() else { return Err(KernelError::OutOfMemory { bytes: x.len() * 2 }) };
         let mut b = self.stream.launch_builder(self.f("to_bf16"));
-        b.arg(x).arg(&mut xb).arg(&len);
+        b.arg(x).arg(&mut *xb).arg(&len);
         // SAFETY: both buffers hold `len` values.
         unsafe { b.launch(elementwise(x.len())) }.map_err(Self::err)?;
         // Row-major out[rows, n] = x[rows, k] · Wᵀ is column-major outᵀ = op(W) · xᵀ with W's
@@ -293,6 +323,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&self, x: &Self::Buf, weight: &Self::Buf, eps: f32, out: &mut Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| "rms_norm".into());
         let d = weight.len();
         check("rms_norm", d > 0 && x.len() % d == 0 && out.len() == x.len(), || format!("x {} w {d}", x.len()))?;
         let rows = x.len() / d;
@@ -309,6 +340,7 @@ impl Backend for CudaBackend {
     }
 
     fn rope(&self, x: &mut Self::Buf, n_heads: usize, positions: &[u32], table: &RopeTable) -> Result<(), KernelError> {
+        let _t = self.timed(|| "rope".into());
         let hd = table.head_dim();
         check("rope", x.len() == positions.len() * n_heads * hd, || {
             format!("x {} for {} rows", x.len(), positions.len())
@@ -317,17 +349,18 @@ impl Backend for CudaBackend {
         if positions.is_empty() {
             return Ok(());
         }
-        let cs = self.upload(&cs)?;
+        let cs = self.tables.rope.get(&self.stream, cs)?;
         let (rows, heads, head_dim) = (positions.len() as u32, n_heads as u32, hd as u32);
         let cfg = elementwise(positions.len() * n_heads * (hd / 2));
         let mut b = self.stream.launch_builder(self.f("rope"));
-        b.arg(x).arg(&cs).arg(&rows).arg(&heads).arg(&head_dim);
+        b.arg(x).arg(&*cs).arg(&rows).arg(&heads).arg(&head_dim);
         // SAFETY: sizes checked; `cs` holds the cos and sin rows of every position.
         unsafe { b.launch(cfg) }.map_err(Self::err)?;
         Ok(())
     }
 
     fn silu_mul(&self, gate: &Self::Buf, up: &Self::Buf, out: &mut Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| "silu_mul".into());
         check("silu_mul", gate.len() == up.len() && out.len() == up.len(), || {
             format!("{} {} {}", gate.len(), up.len(), out.len())
         })?;
@@ -341,6 +374,7 @@ impl Backend for CudaBackend {
     }
 
     fn add_assign(&self, x: &mut Self::Buf, y: &Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| "add_assign".into());
         check("add_assign", x.len() == y.len(), || format!("{} vs {}", x.len(), y.len()))?;
         let n = fits_u32("add_assign", x.len())?;
         let cfg = elementwise(x.len());
@@ -367,21 +401,27 @@ impl Backend for CudaBackend {
         k: &Self::Buf,
         v: &Self::Buf,
     ) -> Result<(), KernelError> {
+        let _t = self.timed(|| "write_kv".into());
         let pages = pool.len() / layout.page_floats().max(1);
-        let offsets = plan::kv_offsets(layout, layer, slots, k.len(), v.len(), pages)?;
+        check("write_kv", layer < layout.num_layers, || format!("layer {layer} of {}", layout.num_layers))?;
+        // Layer 0's offsets, the same table for every layer of a pass; the layer's K block
+        // is a fixed offset further.
+        let offsets = plan::kv_offsets(layout, 0, slots, k.len(), v.len(), pages)?;
         if slots.is_empty() {
             return Ok(());
         }
-        let offsets = self.stream.clone_htod(&offsets).map_err(Self::err)?;
+        let offsets = self.tables.kv_slots.get(&self.stream, offsets)?;
+        let layer_off = layout.offset(0, layer, false, 0) as u64;
         let v_skip = (layout.page_size * layout.slot_floats()) as u64;
         let (n, w) = (slots.len() as u32, fits_u32("write_kv", layout.slot_floats())?);
         // The pool is shared with the transfer side; its pages are written by their owner only.
         let (pp, _p) = pool.device_ptr(&self.stream);
         let cfg = elementwise(k.len());
         let mut b = self.stream.launch_builder(self.f("write_kv"));
-        b.arg(&pp).arg(k).arg(v).arg(&offsets).arg(&v_skip).arg(&n).arg(&w);
-        // SAFETY: every offset (and its V, `v_skip` further) plus a slot lies inside the pool
-        // (checked by the plan); k and v hold `n * w` values.
+        b.arg(&pp).arg(k).arg(v).arg(&*offsets).arg(&layer_off).arg(&v_skip).arg(&n).arg(&w);
+        // SAFETY: every offset (plus the layer's, and its V `v_skip` further) plus a slot lies
+        // inside the pool (checked by the plan for layer 0, and layer < num_layers); k and v
+        // hold `n * w` values.
         unsafe { b.launch(cfg) }.map_err(Self::err)?;
         Ok(())
     }
@@ -394,6 +434,7 @@ impl Backend for CudaBackend {
         seqs: &[AttnSeq<'_>],
         out: &mut Self::Buf,
     ) -> Result<(), KernelError> {
+        let _t = self.timed(|| "attention".into());
         let layout = kv.layout;
         let pages = kv.pool.len() / layout.page_floats().max(1);
         let p = plan::attention(layout, shape, seqs, q.len(), out.len(), pages)?;
@@ -403,21 +444,23 @@ impl Backend for CudaBackend {
         if p.rows == 0 {
             return Ok(());
         }
-        let row_seq = self.upload_i32(&p.row_seq)?;
-        let row_pos = self.upload_i32(&p.row_pos)?;
-        let page_list = self.upload_u32(if p.pages.is_empty() { &[0] } else { &p.pages })?;
-        let page0 = self.upload_u32(if p.seq_page0.is_empty() { &[0] } else { &p.seq_page0 })?;
+        let t = &self.tables;
+        let row_seq = t.row_seq.get(&self.stream, p.row_seq)?;
+        let row_pos = t.row_pos.get(&self.stream, p.row_pos)?;
+        let page_list = t.pages.get(&self.stream, if p.pages.is_empty() { vec![0] } else { p.pages })?;
+        let page0 = t.seq_page0.get(&self.stream, if p.seq_page0.is_empty() { vec![0] } else { p.seq_page0 })?;
         let (rows, n_heads, n_kv, hd) =
             (p.rows as u32, shape.n_heads as u32, shape.n_kv_heads as u32, shape.head_dim as u32);
         let (page_size, page_floats) = (layout.page_size as u32, layout.page_floats() as u64);
         let (layer, slot_floats) = (kv.layer as u32, layout.slot_floats() as u32);
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         let (pp, _p) = kv.pool.device_ptr(&self.stream);
-        let warps = p.rows * shape.n_heads;
+        // One block of ATTENTION_WARPS warps per (row, head).
+        let blocks = fits_u32("attention", p.rows * shape.n_heads)?;
         let cfg =
-            LaunchConfig { grid_dim: ((warps as u32).div_ceil(4), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (32 * ATTENTION_WARPS, 1, 1), shared_mem_bytes: 0 };
         let mut b = self.stream.launch_builder(self.f("attention"));
-        b.arg(q).arg(&pp).arg(out).arg(&row_seq).arg(&row_pos).arg(&page_list).arg(&page0);
+        b.arg(q).arg(&pp).arg(out).arg(&*row_seq).arg(&*row_pos).arg(&*page_list).arg(&*page0);
         b.arg(&rows).arg(&n_heads).arg(&n_kv).arg(&hd).arg(&page_size).arg(&page_floats);
         b.arg(&layer).arg(&slot_floats).arg(&scale);
         // SAFETY: the plan checked every sequence's rows and pages against Q and the pool.
@@ -426,6 +469,7 @@ impl Backend for CudaBackend {
     }
 
     fn gather_rows(&self, x: &Self::Buf, width: usize, rows: &[usize], out: &mut Self::Buf) -> Result<(), KernelError> {
+        let _t = self.timed(|| "gather_rows".into());
         check(
             "gather_rows",
             out.len() == rows.len() * width && rows.iter().all(|&r| (r + 1) * width <= x.len()),
@@ -446,6 +490,7 @@ impl Backend for CudaBackend {
     }
 
     fn greedy_rows(&self, logits: &Self::Buf, rows: usize, vocab: usize) -> Result<Vec<(u32, f32)>, KernelError> {
+        let _t = self.timed(|| "greedy_rows".into());
         check("greedy_rows", logits.len() == rows * vocab && vocab > 0, || {
             format!("{} values for {rows} rows of {vocab}", logits.len())
         })?;
@@ -540,6 +585,11 @@ mod tests {
         assert_eq!(&r[2..4], t.row(3).0);
         assert_eq!(&r[6..8], t.row(3).1);
         assert!(rope_rows(&t, &[8]).is_err());
+    }
+
+    #[test]
+    fn the_attention_block_matches_the_kernels_warp_count() {
+        assert!(SOURCE.contains(&format!("#define ATT_WARPS {ATTENTION_WARPS}\n")));
     }
 
     #[test]
