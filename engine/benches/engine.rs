@@ -115,20 +115,34 @@ fn throughput<B: Backend>(model: &Model<B>, quick: bool) -> BenchResult<Vec<Row>
             pre.push((batch * prompt_len) as f64 / t.elapsed().as_secs_f64());
             let mut next: Vec<u32> = picks.iter().map(|p| p.0).collect();
             let t = Instant::now();
-            for s in 0..steps {
-                let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-                let chunks: Vec<SeqChunk<'_>> = toks
-                    .iter()
-                    .zip(&allocs)
-                    .map(|(t, a)| SeqChunk { tokens: t, start: prompt_len + s, pages: a.pages(), logits: true })
-                    .collect();
-                next = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
-            }
+            decode_steps(model, &mut pool, &allocs, &mut next, prompt_len, steps)?;
             dec.push((batch * steps) as f64 / t.elapsed().as_secs_f64());
         }
         rows.push((batch, median(pre), median(dec)));
     }
     Ok(rows)
+}
+
+/// `steps` greedy decode steps of every sequence (one per page allocation), from position
+/// `start`, `next` holding each sequence's input token (and, after, its last pick).
+fn decode_steps<B: Backend>(
+    model: &Model<B>,
+    pool: &mut PagePool<B>,
+    allocs: &[ferry_engine::PageAlloc],
+    next: &mut Vec<u32>,
+    start: usize,
+    steps: usize,
+) -> BenchResult<()> {
+    for s in 0..steps {
+        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let chunks: Vec<SeqChunk<'_>> = toks
+            .iter()
+            .zip(allocs)
+            .map(|(t, a)| SeqChunk { tokens: t, start: start + s, pages: a.pages(), logits: true })
+            .collect();
+        *next = model.forward_greedy(pool, &chunks)?.iter().map(|p| p.0).collect();
+    }
+    Ok(())
 }
 
 /// Prints the rows; `bytes(batch)` is what one decode step reads at that batch.
@@ -219,9 +233,11 @@ fn cuda(path: &std::path::Path, shape: &str, quick: bool, cpu: Option<&[Row]>) -
     Ok(())
 }
 
+#[cfg(feature = "cuda")]
 /// (operation, calls, host time, total time).
 type OpRow = (String, u64, Duration, Duration);
 
+#[cfg(feature = "cuda")]
 /// Profiled decode steps: a prefill, the profile cleared, `steps` decode steps; what `take`
 /// collected over them.
 fn profile_decode<B: Backend>(
@@ -245,18 +261,11 @@ fn profile_decode<B: Backend>(
         .collect();
     let mut next: Vec<u32> = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
     take();
-    for s in 0..steps {
-        let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-        let chunks: Vec<SeqChunk<'_>> = toks
-            .iter()
-            .zip(&allocs)
-            .map(|(t, a)| SeqChunk { tokens: t, start: prompt_len + s, pages: a.pages(), logits: true })
-            .collect();
-        next = model.forward_greedy(&mut pool, &chunks)?.iter().map(|p| p.0).collect();
-    }
+    decode_steps(model, &mut pool, &allocs, &mut next, prompt_len, steps)?;
     Ok(take())
 }
 
+#[cfg(feature = "cuda")]
 fn print_profile(title: &str, ops: &[OpRow], steps: usize) {
     let all: f64 = ops.iter().map(|o| o.3.as_secs_f64()).sum();
     println!("\n{title} (each operation synchronised alone; {:.2} ms in all)", all / steps as f64 * 1e3);

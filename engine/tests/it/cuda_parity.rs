@@ -8,22 +8,14 @@
 
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, Model, PagePool, Request, SamplingParams, SeqChunk, generate};
+use ferry_kernels::Backend;
 use ferry_kernels::cpu::CpuBackend;
 use ferry_kernels::cuda::CudaBackend;
-use ferry_kernels::{Backend, KernelError};
 
 use crate::common::{TinyModel, prompt, rel_diff, smollm2, whole_prompts};
 
 fn gpu() -> Option<CudaBackend> {
-    match CudaBackend::new(0) {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert!(matches!(e, KernelError::Unavailable(_)), "{e}");
-            assert!(std::env::var_os("FERRY_REQUIRE_GPU").is_none(), "FERRY_REQUIRE_GPU is set: {e}");
-            eprintln!("no GPU here, parity not checked: {e}");
-            None
-        }
-    }
+    CudaBackend::for_tests()
 }
 
 /// Last-token logits of each prompt, all in one batch, chunked by `chunk`.
