@@ -19,11 +19,16 @@ async fn the_admission_queue_bounds_concurrency_and_waiting() {
     .await;
 
     // A long request takes the only slot: read its first message and then stop reading, so
-    // it stays running (back-pressure holds it).
+    // it stays running (back-pressure holds it). With 20 alternatives a token its ~300 KB of
+    // messages overflow the HTTP/2 windows and buffers between router and client; plain
+    // tokens (~30 KB) fit, and a fast enough machine finished the request early.
     let mut client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
     let long = pb::GenerateRequest {
         prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: vec![5, 6, 7, 8] })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(1500))),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&ferry_engine::SamplingParams {
+            top_logprobs: 20,
+            ..greedy(1500)
+        })),
         ..Default::default()
     };
     let mut held = client.generate(long).await.expect("admitted").into_inner();
