@@ -59,6 +59,16 @@ fn mid_stream(s: Status, request: &str, worker: &str, sent: u32) -> Status {
     s
 }
 
+/// A decode worker as placement sees it.
+fn decode_state(w: &Worker, healthy: bool) -> DecodeState {
+    let load = w.load();
+    DecodeState {
+        healthy,
+        admissible_pages: load.as_ref().map_or(0, |l| u64::from(l.free_pages)),
+        total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
+    }
+}
+
 /// Whether a failure before the first token is worth another attempt elsewhere: not when the
 /// request itself is at fault.
 fn retriable(code: Code) -> bool {
@@ -73,7 +83,7 @@ fn retriable(code: Code) -> bool {
             | Code::NotFound
     )
 }
-use crate::placement::{DecodeState, Placer, PrefillState, disaggregate};
+use crate::placement::{DecodeState, NoDecode, Placer, PrefillState, disaggregate};
 use crate::workers::{Registry, Worker};
 
 /// A validated request.
@@ -207,23 +217,21 @@ impl Ctx {
         let cached = lock(&self.index).matched(&req.tokens[..len - 1], prefill_states.len());
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
-        let decode_states: Vec<DecodeState> = snap
-            .decode
-            .iter()
-            .map(|w| DecodeState {
-                healthy: w.healthy(),
-                admissible_pages: w.load().map_or(0, |l| u64::from(l.free_pages)),
-            })
-            .collect();
+        let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| decode_state(w, w.healthy())).collect();
         let need =
             (len + req.sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(self.page_size.max(1));
         let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
-            let mut s = Status::resource_exhausted(e.to_string());
-            if let Ok(v) = e.retry_after_ms.to_string().parse() {
-                s.metadata_mut().insert("retry-after-ms", v);
+            match e {
+                NoDecode::NoRoom(r) => {
+                    let mut s = Status::resource_exhausted(e.to_string());
+                    if let Ok(v) = r.retry_after_ms.to_string().parse() {
+                        s.metadata_mut().insert("retry-after-ms", v);
+                    }
+                    s
+                }
+                NoDecode::TooLarge { .. } => Status::out_of_range(e.to_string()),
             }
-            s
         })?;
         let prefill = choice
             .filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true))
@@ -324,14 +332,8 @@ impl Ctx {
     /// request needing `need` pages.
     fn other_decode(&self, need: u64, tried: &[String]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
-        let states: Vec<DecodeState> = snap
-            .decode
-            .iter()
-            .map(|w| DecodeState {
-                healthy: w.healthy() && !tried.contains(&w.id),
-                admissible_pages: w.load().map_or(0, |l| u64::from(l.free_pages)),
-            })
-            .collect();
+        let states: Vec<DecodeState> =
+            snap.decode.iter().map(|w| decode_state(w, w.healthy() && !tried.contains(&w.id))).collect();
         let d = lock(&self.placer).decode(need, &states).ok()?;
         Some(Arc::clone(&snap.decode[d]))
     }

@@ -51,6 +51,8 @@ pub struct DecodeState {
     pub healthy: bool,
     /// Pages free and not promised to admitted requests.
     pub admissible_pages: u64,
+    /// Pages in its pool (`u64::MAX` while unknown).
+    pub total_pages: u64,
 }
 
 /// A prefill choice.
@@ -84,6 +86,25 @@ pub struct Placer {
 pub struct NoRoom {
     /// A hint for the client.
     pub retry_after_ms: u64,
+}
+
+/// Why no decode worker was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoDecode {
+    /// No healthy decode worker now: worth a retry.
+    #[error(transparent)]
+    NoRoom(#[from] NoRoom),
+    /// The request needs more pages than any healthy decode worker's whole pool: it can
+    /// never run as sent.
+    #[error(
+        "the prompt and max_tokens need {need} KV pages; the largest decode worker holds {largest}: lower max_tokens"
+    )]
+    TooLarge {
+        /// Pages the prompt and its max tokens need.
+        need: u64,
+        /// The largest healthy pool.
+        largest: u64,
+    },
 }
 
 impl Placer {
@@ -132,12 +153,25 @@ impl Placer {
         Some(PrefillChoice { worker: w, cached_tokens: held(w), ttft: ttft(w) })
     }
 
-    /// Picks the decode worker with the most admissible pages, if one can hold `need` pages.
-    pub fn decode(&self, need: u64, states: &[DecodeState]) -> Result<usize, NoRoom> {
-        (0..states.len())
-            .filter(|&w| states[w].healthy && states[w].admissible_pages >= need)
+    /// Picks, among the healthy decode workers whose pool can hold the request's `need`
+    /// pages at all, the one with the most admissible pages. A worker short of free pages
+    /// queues the request and retracts running ones to make room (never cutting one), so
+    /// free pages rank workers but do not refuse requests; a request larger than every
+    /// pool is refused at once.
+    pub fn decode(&self, need: u64, states: &[DecodeState]) -> Result<usize, NoDecode> {
+        let healthy: Vec<usize> = (0..states.len()).filter(|&w| states[w].healthy).collect();
+        if healthy.is_empty() {
+            return Err(NoRoom { retry_after_ms: 500 }.into());
+        }
+        healthy
+            .iter()
+            .copied()
+            .filter(|&w| states[w].total_pages >= need)
             .max_by_key(|&w| (states[w].admissible_pages, std::cmp::Reverse(w)))
-            .ok_or(NoRoom { retry_after_ms: 500 })
+            .ok_or_else(|| NoDecode::TooLarge {
+                need,
+                largest: healthy.iter().map(|&w| states[w].total_pages).max().unwrap_or(0),
+            })
     }
 }
 
@@ -195,9 +229,15 @@ mod tests {
     #[test]
     fn decode_takes_the_roomiest_and_says_when_none_fits() {
         let p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
-        let d = |h, pages| DecodeState { healthy: h, admissible_pages: pages };
+        let d = |h, pages| DecodeState { healthy: h, admissible_pages: pages, total_pages: 100 };
         assert_eq!(p.decode(10, &[d(true, 20), d(true, 50), d(false, 500)]), Ok(1));
-        assert_eq!(p.decode(60, &[d(true, 20), d(true, 50)]), Err(NoRoom { retry_after_ms: 500 }));
+        // Short of free pages everywhere: the roomiest still takes it (it queues there).
+        assert_eq!(p.decode(60, &[d(true, 20), d(true, 50)]), Ok(1));
+        assert_eq!(p.decode(60, &[d(false, 20)]), Err(NoRoom { retry_after_ms: 500 }.into()));
+        // Larger than every healthy pool: refused for good, naming the largest.
+        let big = DecodeState { healthy: true, admissible_pages: 0, total_pages: 400 };
+        assert_eq!(p.decode(101, &[d(true, 20), d(false, 0)]), Err(NoDecode::TooLarge { need: 101, largest: 100 }));
+        assert_eq!(p.decode(101, &[d(true, 20), big]), Ok(1));
         assert!(disaggregate(100, 64, true) && !disaggregate(10, 64, true) && !disaggregate(100, 64, false));
         assert!(disaggregate(0, 0, true), "threshold 0: always disaggregate");
         let t = Placer::new(Policy::CacheAware, 1.0, 1000.0, 1e6).transfer_seconds(2000);
