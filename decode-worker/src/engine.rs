@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as m;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
-use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams, SeqChunk};
+use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams};
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
 use ferry_transfer::room::FailReason;
@@ -28,6 +28,8 @@ use tonic::Code;
 
 use crate::handshake::{HandshakeJob, Handshakes};
 use crate::queues::{Limits, Queues, Stage};
+
+mod step;
 
 /// One generated token for the client's stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,16 +110,32 @@ struct Req {
     /// The first token, from the prefill node or the local prefill, not yet emitted.
     first: Option<Sampled>,
     bootstrap: Option<String>,
+    /// When it was retracted, until it runs again.
+    retracted_at: Option<Instant>,
+}
+
+impl Req {
+    /// Tokens whose KV must be in the request's pages before its next decode step: the
+    /// prompt and every generated token but the last (the next step's input).
+    fn kv_target(&self) -> usize {
+        self.prompt.len() + self.generated.len().saturating_sub(1)
+    }
+
+    /// The token at position `i` of the sequence (prompt, then generated tokens).
+    fn token_at(&self, i: usize) -> u32 {
+        match i.checked_sub(self.prompt.len()) {
+            None => self.prompt[i],
+            Some(g) => self.generated[g],
+        }
+    }
 }
 
 /// Engine settings.
 pub struct EngineConfig {
     /// Worker id (metrics label).
     pub worker: String,
-    /// Queue limits.
+    /// Queue limits, the admission estimate among them.
     pub limits: Limits,
-    /// Decode tokens reserved per request at admission.
-    pub reserved_decode_tokens: usize,
     /// Prompt tokens computed per step for local prefill.
     pub chunk_size: usize,
     /// Our KV layout, sent in handshakes.
@@ -273,15 +291,20 @@ impl<B: Backend> Engine<B> {
             return Err((Refused::invalid(reason, e.to_string()), accepted));
         }
         let ctx = self.model.config().max_position_embeddings;
-        let need = self.pool.pages_for(prompt.len());
-        let decode = (params.max_new_tokens as usize).min(self.cfg.reserved_decode_tokens).min(ctx - prompt.len());
-        let reserve = self.pool.pages_for(prompt.len() + decode) - need;
-        if !Queues::could_fit(self.pool.num_pages(), need, reserve) {
-            let why = format!("the request needs {} pages; this worker has {}", need + reserve, self.pool.num_pages());
-            return Err((Refused::new(Code::ResourceExhausted, "request_over_pool", why), accepted));
+        let remaining = (params.max_new_tokens as usize).min(ctx - prompt.len());
+        // Whole, never half way: a request whose prompt and max tokens cannot fit the pool
+        // even alone is refused now; any other is admitted in time and never cut.
+        let whole = self.pool.pages_for(prompt.len() + remaining);
+        if !Queues::could_fit(self.pool.num_pages(), whole) {
+            let why = format!(
+                "the prompt ({} tokens) and max_tokens ({remaining}) need {whole} KV pages; this decode worker has {}: lower max_tokens",
+                prompt.len(),
+                self.pool.num_pages()
+            );
+            return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
         }
         let room = key.room.get();
-        if let Err(e) = self.queues.push(room, need, reserve, bootstrap.is_none(), Instant::now()) {
+        if let Err(e) = self.queues.push(room, prompt.len(), remaining, bootstrap.is_none(), Instant::now()) {
             return Err((e, accepted));
         }
         let sampler = Sampler::new(params, &prompt);
@@ -296,6 +319,7 @@ impl<B: Backend> Engine<B> {
             generated: Vec::new(),
             first: None,
             bootstrap,
+            retracted_at: None,
         };
         self.reqs.insert(room, r);
         let _ = accepted.send(Ok(()));
@@ -431,6 +455,7 @@ impl<B: Backend> Engine<B> {
         let r = self.reqs.get_mut(&room)?;
         let tok = s.token;
         r.generated.push(tok);
+        self.queues.token(room);
         let p = r.sampler.params();
         let ctx = self.model.config().max_position_embeddings;
         let finish = if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) {
@@ -443,127 +468,6 @@ impl<B: Backend> Engine<B> {
         metrics::counter!(m::GENERATED_TOKENS).increment(1);
         let _ = r.out.send(Ok(Emit { sampled: s, finish }));
         finish
-    }
-
-    /// One batch: waiting requests join, running ones decode a token, local prefills advance.
-    fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
-        let now = Instant::now();
-        // Waiting → running: the first token (sampled by the prefill node) goes out first.
-        let joined: Vec<u64> =
-            self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Waiting)).collect();
-        for room in joined {
-            let Some(first) = self.reqs.get_mut(&room).and_then(|r| r.first.take()) else { continue };
-            if let Some(r) = self.reqs.get_mut(&room) {
-                r.sampler.observe(first.token);
-            }
-            self.queues.advance(room, Stage::Running, now);
-            if let Some(f) = self.emit(room, first) {
-                self.end(room, Ok(f));
-            }
-        }
-        // Plan: every running request's next token; local prefill chunks within the budget.
-        let mut plan: Vec<(u64, usize, usize)> = Vec::new(); // (room, start, n)
-        let mut budget = self.cfg.chunk_size.max(1);
-        let mut rooms: Vec<u64> = self.reqs.keys().copied().collect();
-        rooms.sort_unstable();
-        let mut out_of_pages = Vec::new();
-        for room in rooms {
-            let stage = self.queues.stage(room);
-            let Some(r) = self.reqs.get(&room) else { continue };
-            let (start, n) = match stage {
-                Some(Stage::Running) => (r.prompt.len() + r.generated.len() - 1, 1),
-                Some(Stage::Prefill) if budget > 0 => {
-                    let n = (r.prompt.len() - r.computed).min(budget);
-                    budget -= n;
-                    (r.computed, n)
-                }
-                _ => continue,
-            };
-            let need = self.pool.pages_for(start + n);
-            let have = r.pages.as_ref().map_or(0, PageAlloc::len);
-            if need > have {
-                let free = self.pool.free_pages();
-                if !self.queues.may_grow(room, free) {
-                    out_of_pages.push(room);
-                    continue;
-                }
-                let grown = self.reqs.get_mut(&room).and_then(|r| r.pages.as_mut()).map(|p| p.grow(need - have));
-                if !matches!(grown, Some(Ok(()))) {
-                    out_of_pages.push(room);
-                    continue;
-                }
-                self.queues.grew(room, need - have);
-            }
-            plan.push((room, start, n));
-        }
-        for room in out_of_pages {
-            // Beyond its reservation with no page to spare: ends at its length so far.
-            self.end(room, Ok(FinishReason::Length));
-        }
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let t0 = Instant::now();
-        let tokens: Vec<Vec<u32>> = plan
-            .iter()
-            .map(|&(room, start, n)| {
-                let r = &self.reqs[&room];
-                if start < r.prompt.len() {
-                    r.prompt[start..start + n].to_vec()
-                } else {
-                    vec![r.generated[r.generated.len() - 1]]
-                }
-            })
-            .collect();
-        let batch: Vec<SeqChunk<'_>> = plan
-            .iter()
-            .zip(&tokens)
-            .map(|(&(room, start, n), toks)| {
-                let r = &self.reqs[&room];
-                SeqChunk {
-                    tokens: toks,
-                    start,
-                    pages: r.pages.as_ref().map_or(&[][..], PageAlloc::pages),
-                    logits: start + n >= r.prompt.len(),
-                }
-            })
-            .collect();
-        // Plain greedy rows only: the backend picks the tokens where the logits are (a GPU
-        // then sends back a token and a logprob per row, not a row of logits).
-        let on_backend =
-            batch.iter().zip(&plan).all(|(c, (room, _, _))| !c.logits || self.reqs[room].sampler.plain_greedy());
-        let (mut logits, mut picked) = if on_backend {
-            (Vec::new().into_iter(), self.model.forward_greedy(&mut self.pool, &batch)?.into_iter())
-        } else {
-            (self.model.forward(&mut self.pool, &batch)?.into_iter(), Vec::new().into_iter())
-        };
-        drop(batch);
-        metrics::histogram!(m::STEP_SECONDS, "role" => "decode").record(t0.elapsed().as_secs_f64());
-        for &(room, start, n) in &plan {
-            let Some(r) = self.reqs.get_mut(&room) else { continue };
-            if start < r.prompt.len() {
-                r.computed = start + n;
-                metrics::counter!(m::PREFILL_TOKENS, "role" => "decode").increment(n as u64);
-                if r.computed < r.prompt.len() {
-                    continue;
-                }
-            }
-            let s = if on_backend {
-                let Some((token, logprob)) = picked.next() else { break };
-                r.sampler.observe(token);
-                Sampled { token, logprob, top: Vec::new() }
-            } else {
-                let Some(mut l) = logits.next() else { break };
-                r.sampler.sample(&mut l)
-            };
-            if start < r.prompt.len() {
-                self.queues.advance(room, Stage::Running, now);
-            }
-            if let Some(f) = self.emit(room, s) {
-                self.end(room, Ok(f));
-            }
-        }
-        Ok(())
     }
 
     fn publish(&mut self) {
@@ -579,6 +483,7 @@ impl<B: Backend> Engine<B> {
         for (kind, n) in [("free", free), ("used", total - free), ("total", total)] {
             metrics::gauge!(m::PAGES, "role" => "decode", "worker" => w.clone(), "kind" => kind).set(n as f64);
         }
+        metrics::gauge!(m::NEW_TOKEN_RATIO, "worker" => w.clone()).set(self.queues.ratio());
         let load = Load {
             depth: d,
             free_pages: free,

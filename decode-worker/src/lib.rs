@@ -1,8 +1,10 @@
 //! `ferry-decode`: the decode daemon (DESIGN.md §2–§3).
 //!
 //! - [`queues`]: prealloc → transfer (or local prefill) → waiting → running, a pure state
-//!   machine; admission reserves pages for the prompt and a decode reservation on top of every
-//!   reservation already promised, so no running request is ever pushed out;
+//!   machine; admission sets aside pages for the prompt and an adaptive estimate of its
+//!   decoding; when the running batch needs pages the pool lacks, the engine retracts the
+//!   request with the least progress and recomputes it later: an admitted request is paused,
+//!   never cut;
 //! - the engine thread owns the model and the page pool: it preallocates a room's pages,
 //!   opens the room on the transfer receiver (which writes arriving pages straight into them),
 //!   starts the handshake with the prefill node, and decodes with continuous batching; a
@@ -34,7 +36,7 @@ use ferry_transfer::BackendKind;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
 use crate::handshake::Handshakes;
-use crate::queues::Limits;
+use crate::queues::{Admission, Limits};
 use crate::service::{DecodeSvc, LoadSvc, Shared};
 
 /// The decode daemon's flags.
@@ -45,15 +47,63 @@ pub struct DecodeArgs {
     #[command(flatten)]
     pub worker: WorkerArgs,
     /// Most requests admitted at once (transferring, prefilling, waiting and running).
-    #[arg(long, env = "FERRY_MAX_RUNNING_REQUESTS", default_value_t = 64)]
+    #[arg(long, env = "FERRY_MAX_RUNNING_REQUESTS", default_value_t = 64, help_heading = "Admission")]
     pub max_running_requests: usize,
-    /// Decode tokens reserved per request at admission (capped by its max_new_tokens), so a
-    /// running request always has pages to grow into.
-    #[arg(long, env = "FERRY_NUM_RESERVED_DECODE_TOKENS", default_value_t = 256)]
+    /// How admission estimates the KV pages a request's decoding will take: `adaptive` (a
+    /// share of its remaining max tokens that falls while no request is retracted and, after
+    /// a retraction, becomes what the running requests have shown) or `reserved`
+    /// (--num-reserved-decode-tokens each). Either way a request the pool cannot feed is
+    /// retracted and resumed, never cut.
+    #[arg(long, env = "FERRY_DECODE_ADMISSION", value_enum, default_value_t = AdmissionKind::Adaptive, help_heading = "Admission")]
+    pub decode_admission: AdmissionKind,
+    /// `--decode-admission reserved`: decode tokens set aside per request at admission
+    /// (capped by its max tokens).
+    #[arg(long, env = "FERRY_NUM_RESERVED_DECODE_TOKENS", default_value_t = 256, help_heading = "Admission")]
     pub num_reserved_decode_tokens: usize,
-    /// Seconds a request may wait for free pages before it is refused.
-    #[arg(long, env = "FERRY_PREALLOC_TIMEOUT", default_value_t = 60.0)]
+    /// `--decode-admission adaptive`: the starting share of a request's remaining max tokens
+    /// set aside (0 to 1).
+    #[arg(long, env = "FERRY_INIT_NEW_TOKEN_RATIO", default_value_t = 0.3, help_heading = "Admission")]
+    pub init_new_token_ratio: f64,
+    /// `--decode-admission adaptive`: the share's floor (0 to --init-new-token-ratio).
+    #[arg(long, env = "FERRY_MIN_NEW_TOKEN_RATIO", default_value_t = 0.05, help_heading = "Admission")]
+    pub min_new_token_ratio: f64,
+    /// `--decode-admission adaptive`: decode steps without a retraction for the share to fall
+    /// from --init-new-token-ratio to --min-new-token-ratio.
+    #[arg(long, env = "FERRY_NEW_TOKEN_RATIO_DECAY_STEPS", default_value_t = 200, help_heading = "Admission")]
+    pub new_token_ratio_decay_steps: u32,
+    /// Seconds a request may wait for free pages while this worker runs no forward pass (as
+    /// long as it computes, the requests ahead finish and the queue moves).
+    #[arg(long, env = "FERRY_PREALLOC_TIMEOUT", default_value_t = 60.0, help_heading = "Admission")]
     pub prealloc_timeout: f64,
+}
+
+/// How decode admission estimates a request's pages (`--decode-admission`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdmissionKind {
+    /// A share of the remaining max tokens that adapts to retractions.
+    Adaptive,
+    /// A fixed number of tokens (--num-reserved-decode-tokens).
+    Reserved,
+}
+
+impl DecodeArgs {
+    /// The admission estimate these flags describe; an error names a flag out of range.
+    pub fn admission(&self) -> Result<Admission, String> {
+        match self.decode_admission {
+            AdmissionKind::Reserved => Ok(Admission::Reserved { tokens: self.num_reserved_decode_tokens }),
+            AdmissionKind::Adaptive => {
+                let (init, min) = (self.init_new_token_ratio, self.min_new_token_ratio);
+                if !(0.0..=1.0).contains(&init) {
+                    return Err(format!("--init-new-token-ratio {init}: must be between 0 and 1"));
+                }
+                if !(0.0..=init).contains(&min) {
+                    return Err(format!("--min-new-token-ratio {min}: must be between 0 and --init-new-token-ratio"));
+                }
+                let steps = f64::from(self.new_token_ratio_decay_steps.max(1));
+                Ok(Admission::Adaptive { init, min, decay: (init - min) / steps })
+            }
+        }
+    }
 }
 
 impl DecodeArgs {
@@ -62,7 +112,11 @@ impl DecodeArgs {
         Self {
             worker: WorkerArgs::for_model(model),
             max_running_requests: 64,
+            decode_admission: AdmissionKind::Adaptive,
             num_reserved_decode_tokens: 256,
+            init_new_token_ratio: 0.3,
+            min_new_token_ratio: 0.05,
+            new_token_ratio_decay_steps: 200,
             prealloc_timeout: 60.0,
         }
     }
@@ -125,6 +179,7 @@ impl ferry_worker::StartOn for DecodeArgs {
 
 async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, StartError> {
     let w = &args.worker;
+    let admission = args.admission().map_err(StartError::Config)?;
     let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
     let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
         Loaded::load(w, compute, "decode").await?;
@@ -152,11 +207,12 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
         max_running: args.max_running_requests.max(1),
         prealloc_timeout: Duration::from_secs_f64(args.prealloc_timeout.max(0.001)),
         waiting_timeout: timeouts.waiting,
+        page_size: w.page_size,
+        admission,
     };
     let cfg = EngineConfig {
         worker: worker_id.clone(),
         limits,
-        reserved_decode_tokens: args.num_reserved_decode_tokens,
         chunk_size: w.chunked_prefill_size,
         layout: descriptor.clone(),
         data_endpoint: data_endpoint.clone(),

@@ -1,18 +1,43 @@
 //! The decode node's queues as a pure state machine (no I/O, the caller's clock):
 //! **prealloc** (waiting for pages) → **transfer** (pages arriving from a prefill node) or
-//! **prefill** (computed here: local prefill) → **waiting** (complete, not yet batched) →
-//! **running** (continuous batching). A request leaves from any state; its pages go with it.
+//! **prefill** (computed here: local prefill, or the recomputation of a retracted request) →
+//! **waiting** (complete, not yet batched) → **running** (continuous batching). A request
+//! leaves from any state; its pages go with it.
 //!
-//! Admission is first come, first served: the head of the prealloc queue is admitted when the
-//! free pages cover its prompt *and* its decode reservation on top of every reservation
-//! already promised to admitted requests — so a running request never has to be pushed out
-//! to make room for a newer one. A request that cannot be admitted blocks those behind it.
+//! **Admission** is first come, first served: the head of the prealloc queue is admitted when
+//! the free pages cover its context (the pages taken at once) plus an *estimate* of the pages
+//! its decoding will take, on top of what is promised to requests admitted earlier. A request
+//! that cannot be admitted blocks those behind it. The estimate depends on [`Admission`]:
+//! - `Adaptive` (the default): `ratio × the tokens it may still generate`, for the new request
+//!   and, recomputed at every admission, for every admitted one (SGLang's `new_token_ratio`).
+//!   The ratio starts at `init` and decays by `decay` per decode step to `min`; a retraction
+//!   sets it to what the running requests have shown, `(Σ generated + 20 × running) /
+//!   Σ max tokens`, at most 1. Memory is used, not held idle for tokens most requests never
+//!   generate;
+//! - `Reserved`: a fixed number of tokens (capped by what the request may generate), promised
+//!   at admission and kept until taken.
+//!
+//! **Retraction** keeps the promise "an admitted request is never cut" whatever the estimate:
+//! when the running batch needs pages and none is free, the engine retracts a victim
+//! ([`victim`]: least decoded progress first, then the newest), frees its pages and hands it
+//! back here ([`Queues::retract`]) with the context it must recompute. It goes to the *front*
+//! of the prealloc queue, prefills locally when admitted again, and resumes where it was.
+//!
+//! **Waiting for pages** is bounded by progress, not by age: a request in prealloc times out
+//! only when the node has run no forward pass for `prealloc_timeout` ([`Queues::progress`]).
+//! While the node computes, the requests holding the pool finish within their token limits
+//! and the queue moves, first come first served; under memory pressure a request waits
+//! longer, it does not fail.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::Refused;
 use tonic::Code;
+
+/// After a retraction, the estimate covers this many more tokens of every running request
+/// than it has generated (SGLang's `retract_decode_steps`).
+const RETRACT_DECODE_STEPS: usize = 20;
 
 /// Where a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,7 +46,8 @@ pub enum Stage {
     Prealloc,
     /// Pages preallocated; KV arriving from the prefill node.
     Transfer,
-    /// Pages preallocated; the prompt is computed here.
+    /// Pages preallocated; the prompt (and, after a retraction, the tokens generated so far)
+    /// is computed here.
     Prefill,
     /// The prompt's KV is complete; joins the batch at the next step.
     Waiting,
@@ -45,27 +71,57 @@ impl Stage {
     pub const ALL: [Stage; 5] = [Self::Prealloc, Self::Transfer, Self::Prefill, Self::Waiting, Self::Running];
 }
 
+/// How admission estimates the pages a request's decoding will take.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Admission {
+    /// `ratio × remaining tokens`, the ratio adapting between `min` and 1 (see the module).
+    Adaptive {
+        /// The ratio at start.
+        init: f64,
+        /// Its floor.
+        min: f64,
+        /// How much it falls per decode step without a retraction.
+        decay: f64,
+    },
+    /// A fixed number of tokens per request.
+    Reserved {
+        /// Tokens.
+        tokens: usize,
+    },
+}
+
 /// Limits of the queues.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// Most admitted requests (transfer, prefill, waiting and running together).
     pub max_running: usize,
-    /// How long a request may wait for pages.
+    /// How long a request may wait for pages while the node makes no progress.
     pub prealloc_timeout: Duration,
     /// How long a complete request may wait to join the batch.
     pub waiting_timeout: Duration,
+    /// Tokens per page.
+    pub page_size: usize,
+    /// The decode estimate.
+    pub admission: Admission,
 }
 
 struct Entry {
     stage: Stage,
     since: Instant,
     local: bool,
-    /// Pages for the prompt, taken at admission.
-    need: usize,
-    /// Pages promised for decoding beyond the prompt.
+    /// Tokens whose KV the request holds once admitted (its prompt; after a retraction, the
+    /// prompt and all but the last generated token).
+    context: usize,
+    /// Tokens it may generate in all (its max tokens, within the context length).
+    limit: usize,
+    /// Tokens it generated so far.
+    generated: usize,
+    /// `Reserved`: pages promised at admission for decoding beyond the context.
     reserve: usize,
     /// Of those, taken so far.
     grown: usize,
+    /// Admission order (larger: newer).
+    order: u64,
 }
 
 /// The decode node's requests.
@@ -73,6 +129,11 @@ pub struct Queues {
     entries: HashMap<u64, Entry>,
     prealloc: VecDeque<u64>,
     limits: Limits,
+    /// The adaptive estimate's ratio.
+    ratio: f64,
+    admissions: u64,
+    /// The node's last forward pass.
+    progress: Option<Instant>,
 }
 
 /// A request admitted by [`Queues::admit`].
@@ -80,35 +141,74 @@ pub struct Queues {
 pub struct Admitted {
     /// The room.
     pub room: u64,
-    /// Pages to allocate now (the prompt's).
+    /// Pages to allocate now (its context's).
     pub pages: usize,
     /// Whether it prefills here.
     pub local: bool,
 }
 
+/// The request to retract among `candidates` (room, decoded tokens, admission order): the one
+/// with the least decoded progress, the newest among equals. Retracting it loses the least
+/// work, and the oldest requests keep going, so some request always finishes.
+pub fn victim(candidates: &[(u64, usize, u64)]) -> Option<u64> {
+    candidates.iter().min_by_key(|&&(_, progress, order)| (progress, std::cmp::Reverse(order))).map(|c| c.0)
+}
+
 impl Queues {
     /// Empty queues.
     pub fn new(limits: Limits) -> Self {
-        Self { entries: HashMap::new(), prealloc: VecDeque::new(), limits }
+        let ratio = match limits.admission {
+            Admission::Adaptive { init, .. } => init,
+            Admission::Reserved { .. } => 1.0,
+        };
+        Self { entries: HashMap::new(), prealloc: VecDeque::new(), limits, ratio, admissions: 0, progress: None }
     }
 
-    /// A new request needing `need` pages for its prompt and `reserve` more for decoding.
-    pub fn push(&mut self, room: u64, need: usize, reserve: usize, local: bool, now: Instant) -> Result<(), Refused> {
+    fn pages(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.limits.page_size.max(1))
+    }
+
+    /// A new request with a prompt of `context` tokens that may generate `limit` tokens.
+    pub fn push(&mut self, room: u64, context: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
         if self.entries.contains_key(&room) {
             return Err(Refused::new(Code::AlreadyExists, "duplicate_room", format!("room {room} is already here")));
         }
-        self.entries.insert(room, Entry { stage: Stage::Prealloc, since: now, local, need, reserve, grown: 0 });
+        let e = Entry {
+            stage: Stage::Prealloc,
+            since: now,
+            local,
+            context,
+            limit,
+            generated: 0,
+            reserve: 0,
+            grown: 0,
+            order: 0,
+        };
+        self.entries.insert(room, e);
         self.prealloc.push_back(room);
         Ok(())
     }
 
-    /// Pages promised to admitted requests and not yet taken.
+    /// Pages set aside for admitted requests' decoding and not yet taken.
     pub fn promised(&self) -> usize {
-        self.entries.values().filter(|e| e.stage != Stage::Prealloc).map(|e| e.reserve.saturating_sub(e.grown)).sum()
+        let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
+        match self.limits.admission {
+            Admission::Adaptive { .. } => admitted.map(|e| self.estimate(e.context, e.limit - e.generated)).sum(),
+            Admission::Reserved { .. } => admitted.map(|e| e.reserve.saturating_sub(e.grown)).sum(),
+        }
     }
 
     fn admitted(&self) -> usize {
         self.entries.values().filter(|e| e.stage != Stage::Prealloc).count()
+    }
+
+    /// Pages the admission estimate sets aside for decoding `remaining` tokens after `context`.
+    fn estimate(&self, context: usize, remaining: usize) -> usize {
+        let tokens = match self.limits.admission {
+            Admission::Adaptive { .. } => (self.ratio * remaining as f64).ceil() as usize,
+            Admission::Reserved { tokens } => tokens,
+        };
+        self.pages(context + tokens.min(remaining)) - self.pages(context)
     }
 
     /// Admits from the head of the prealloc queue while `free` pages allow; the caller
@@ -118,27 +218,36 @@ impl Queues {
         let mut promised = self.promised();
         let mut admitted = self.admitted();
         while let Some(&room) = self.prealloc.front() {
-            let Some(e) = self.entries.get_mut(&room) else {
+            let Some(e) = self.entries.get(&room) else {
                 self.prealloc.pop_front();
                 continue;
             };
-            if admitted >= self.limits.max_running || free < promised + e.need + e.reserve {
+            let need = self.pages(e.context);
+            let reserve = self.estimate(e.context, e.limit - e.generated);
+            if admitted >= self.limits.max_running || free < promised + need + reserve {
                 break;
             }
             self.prealloc.pop_front();
+            self.admissions += 1;
+            let order = self.admissions;
+            let Some(e) = self.entries.get_mut(&room) else { continue };
             e.stage = if e.local { Stage::Prefill } else { Stage::Transfer };
             e.since = now;
-            free -= e.need;
-            promised += e.reserve;
+            e.reserve = reserve;
+            e.grown = 0;
+            e.order = order;
+            free -= need;
+            promised += reserve;
             admitted += 1;
-            out.push(Admitted { room, pages: e.need, local: e.local });
+            out.push(Admitted { room, pages: need, local: e.local });
         }
         out
     }
 
-    /// Whether a request needing `need + reserve` pages could ever be admitted with `total`.
-    pub fn could_fit(total: usize, need: usize, reserve: usize) -> bool {
-        need + reserve <= total
+    /// Whether a request whose prompt and generation need `pages` pages could ever be
+    /// admitted with `total`.
+    pub fn could_fit(total: usize, pages: usize) -> bool {
+        pages <= total
     }
 
     /// `room` took `pages` more pages while decoding.
@@ -148,14 +257,54 @@ impl Queues {
         }
     }
 
-    /// Whether `room` may take another page without touching others' reservations, given
-    /// `free` pages.
-    pub fn may_grow(&self, room: u64, free: usize) -> bool {
-        match self.entries.get(&room) {
-            Some(e) if e.grown < e.reserve => true,
-            Some(_) => free > self.promised(),
-            None => false,
+    /// `room` generated a token.
+    pub fn token(&mut self, room: u64) {
+        if let Some(e) = self.entries.get_mut(&room) {
+            e.generated += 1;
         }
+    }
+
+    /// `room` (admitted) was retracted: its pages are gone; it must recompute `context` tokens.
+    /// It waits at the front of the prealloc queue and prefills locally when admitted again.
+    /// The adaptive estimate becomes what the requests still admitted have shown (see the
+    /// module). Returns false (and changes nothing) for a room that is not admitted.
+    pub fn retract(&mut self, room: u64, context: usize, now: Instant) -> bool {
+        let Some(e) = self.entries.get_mut(&room) else { return false };
+        if e.stage == Stage::Prealloc {
+            return false;
+        }
+        *e = Entry { stage: Stage::Prealloc, since: now, local: true, context, reserve: 0, grown: 0, ..*e };
+        self.prealloc.push_front(room);
+        if let Admission::Adaptive { min, .. } = self.limits.admission {
+            let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
+            let (n, generated, limit) =
+                admitted.fold((0, 0, 0), |(n, g, l), e| (n + 1, g + e.generated, l + e.limit.max(1)));
+            let shown = (generated + RETRACT_DECODE_STEPS * n) as f64 / limit.max(1) as f64;
+            self.ratio = shown.clamp(min, 1.0);
+        }
+        true
+    }
+
+    /// One decode step ran without a retraction: the adaptive estimate decays.
+    pub fn decoded(&mut self) {
+        if let Admission::Adaptive { min, decay, .. } = self.limits.admission {
+            self.ratio = (self.ratio - decay).max(min);
+        }
+    }
+
+    /// The adaptive estimate's ratio (1 with a fixed reservation).
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// Admission order of `room` (for [`victim`]); 0 before admission.
+    pub fn order(&self, room: u64) -> u64 {
+        self.entries.get(&room).map_or(0, |e| e.order)
+    }
+
+    /// The node ran a forward pass at `now`.
+    pub fn progress(&mut self, now: Instant) {
+        self.progress = Some(now);
     }
 
     /// Moves `room` to `stage`.
@@ -180,13 +329,17 @@ impl Queues {
         Some(e.stage)
     }
 
-    /// Requests past their stage's timeout (prealloc and waiting; transfers time out in the
-    /// transfer receiver, local prefill and running do not time out).
+    /// Requests past their stage's timeout (prealloc: counted from its arrival or the node's
+    /// last forward pass, whichever is later; waiting; transfers time out in the transfer
+    /// receiver, local prefill and running do not time out).
     pub fn expired(&self, now: Instant) -> Vec<(u64, Stage)> {
         self.entries
             .iter()
             .filter(|(_, e)| match e.stage {
-                Stage::Prealloc => now.duration_since(e.since) >= self.limits.prealloc_timeout,
+                Stage::Prealloc => {
+                    let from = self.progress.map_or(e.since, |p| p.max(e.since));
+                    now.duration_since(from) >= self.limits.prealloc_timeout
+                }
                 Stage::Waiting => now.duration_since(e.since) >= self.limits.waiting_timeout,
                 _ => false,
             })
@@ -215,54 +368,4 @@ impl Queues {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn queues(max_running: usize) -> Queues {
-        let s = Duration::from_secs(1);
-        Queues::new(Limits { max_running, prealloc_timeout: s, waiting_timeout: 2 * s })
-    }
-
-    #[test]
-    fn admission_keeps_every_reservation_and_is_first_come_first_served() {
-        let t0 = Instant::now();
-        let mut q = queues(8);
-        q.push(1, 4, 2, false, t0).expect("new");
-        q.push(2, 3, 2, true, t0).expect("new");
-        q.push(3, 1, 0, false, t0).expect("new");
-        // 10 free: room 1 takes 4 + promises 2; room 2 needs 3 + 2 on top of 2 promised: 4 left.
-        let a = q.admit(10, t0);
-        assert_eq!(a, vec![Admitted { room: 1, pages: 4, local: false }]);
-        assert_eq!(q.promised(), 2);
-        // Room 3 would fit, but room 2 is ahead: head of line blocks.
-        assert!(q.admit(6, t0).is_empty());
-        let a = q.admit(7, t0);
-        assert_eq!(a.iter().map(|x| x.room).collect::<Vec<_>>(), vec![2]);
-        assert_eq!(q.stage(2), Some(Stage::Prefill));
-        q.grew(1, 2);
-        assert!(q.may_grow(2, 0), "room 2 still has its reservation");
-        assert!(!q.may_grow(1, 2), "room 1 used its own; the 2 free pages are promised to room 2");
-        assert_eq!(q.promised(), 2);
-        assert_eq!(q.remove(1), Some(Stage::Transfer));
-        assert_eq!(q.admit(1, t0).iter().map(|x| x.room).collect::<Vec<_>>(), Vec::<u64>::new());
-        assert_eq!(q.admit(3, t0).iter().map(|x| x.room).collect::<Vec<_>>(), vec![3]);
-    }
-
-    #[test]
-    fn limits_duplicates_and_timeouts() {
-        let t0 = Instant::now();
-        let mut q = queues(1);
-        q.push(1, 1, 0, false, t0).expect("new");
-        assert_eq!(q.push(1, 1, 0, false, t0).map_err(|e| e.reason), Err("duplicate_room"));
-        q.push(2, 1, 0, false, t0).expect("new");
-        assert_eq!(q.admit(100, t0).len(), 1, "max_running = 1");
-        q.advance(1, Stage::Waiting, t0);
-        let s = Duration::from_secs(1);
-        assert_eq!(q.expired(t0 + s), vec![(2, Stage::Prealloc)]);
-        let mut late = q.expired(t0 + 2 * s);
-        late.sort_unstable_by_key(|x| x.0);
-        assert_eq!(late, vec![(1, Stage::Waiting), (2, Stage::Prealloc)]);
-        assert!(Queues::could_fit(10, 6, 4) && !Queues::could_fit(10, 6, 5));
-        assert_eq!(q.depth()[&Stage::Waiting], 1);
-    }
-}
+mod tests;

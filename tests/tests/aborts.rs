@@ -53,8 +53,9 @@ fn stage(d: &ferry_decode::Running, s: &str) -> usize {
 async fn client_cancel_in_prealloc_transfer_and_running_frees_everything() {
     let m = TinyModel::new();
     let (mut pa, mut da) = args(&m);
-    da.worker.pool_pages = 48;
-    da.num_reserved_decode_tokens = 256;
+    da.worker.pool_pages = 120;
+    da.decode_admission = ferry_decode::AdmissionKind::Reserved;
+    da.num_reserved_decode_tokens = 1500;
     pa.worker.chunked_prefill_size = 8;
     let p = ferry_prefill::start(pa).await.expect("prefill up");
     let d = ferry_decode::start(da).await.expect("decode up");
@@ -66,7 +67,7 @@ async fn client_cancel_in_prealloc_transfer_and_running_frees_everything() {
         async move { c.generate(&prompt(300), &long).await }
     });
     until("the first request running", || stage(&d, "running") == 1).await;
-    // Prealloc: the same again does not fit beside it (19 + 16 reserved pages each of 48).
+    // Prealloc: the same again does not fit beside it (19 + 94 reserved pages each of 120).
     let queued = tokio::spawn({
         let c = c.clone();
         let long = greedy(1500);
