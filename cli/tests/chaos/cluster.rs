@@ -84,6 +84,8 @@ pub struct Cluster {
     pub router_grpc: String,
     /// The router's `/metrics` address.
     pub router_metrics: String,
+    /// The decode daemons' `/metrics` addresses.
+    pub decode_metrics: Vec<String>,
 }
 
 /// Fixed ports for the daemons, held (bound) until the daemons start. They are drawn below
@@ -114,9 +116,9 @@ impl Cluster {
     pub async fn start(model: &std::path::Path) -> Self {
         let etcd = Etcd::start();
         let model = model.display().to_string();
-        let common = |role: &str, id: &str, grpc: &str| {
+        let common = |role: &str, id: &str, grpc: &str, metrics: &str, pages: &str| {
             let mut a = strings(&[role, "--model", &model, "--worker-id", id, "--grpc-addr", grpc]);
-            a.extend(strings(&["--metrics-addr", "127.0.0.1:0", "--pool-pages", "192"]));
+            a.extend(strings(&["--metrics-addr", metrics, "--pool-pages", pages, "--page-size", "8"]));
             a.extend(strings(&["--etcd", &etcd.endpoint(), "--cluster", "chaos", "--etcd-lease-ttl", "2"]));
             // Short enough that a stuck room ends well inside the clients' 60 s.
             a.extend(strings(&["--transfer-timeout", "10", "--bootstrap-timeout", "10"]));
@@ -126,22 +128,29 @@ impl Cluster {
         let mut prefill = Vec::new();
         for i in 0..2 {
             let (id, grpc) = (format!("p{i}"), ports.take());
-            prefill.push(Daemon::new(&id, common("prefill", &id, &grpc), grpc));
+            prefill.push(Daemon::new(&id, common("prefill", &id, &grpc, "127.0.0.1:0", "384"), grpc));
         }
-        let (mut decode, mut proxies) = (Vec::new(), Vec::new());
+        let (mut decode, mut proxies, mut decode_metrics) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..2 {
-            let (id, grpc, data) = (format!("d{i}"), ports.take(), ports.take());
+            let (id, grpc, data, metrics) = (format!("d{i}"), ports.take(), ports.take(), ports.take());
             let proxy = Proxy::start(data.clone()).await;
-            let mut a = common("decode", &id, &grpc);
+            // Pages of 8 tokens; decode pools of 24 pages, admitting on the prompt's pages
+            // alone: two requests (prompts of 67–69 tokens, 9 pages) fit a node, but not
+            // their answers (32 tokens, 4 pages more each), so a node holding two retracts
+            // one. Retractions then happen all through the run, under every fault.
+            let mut a = common("decode", &id, &grpc, &metrics, "24");
+            a.extend(strings(&["--init-new-token-ratio", "0", "--min-new-token-ratio", "0"]));
             a.extend(strings(&["--transfer-addr", &data, "--transfer-advertise-addr", &proxy.addr().to_string()]));
             decode.push(Daemon::new(&id, a, grpc));
             proxies.push(proxy);
+            decode_metrics.push(metrics);
         }
         let (router_grpc, router_metrics, router_http) = (ports.take(), ports.take(), ports.take());
         let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &router_http]);
+        ra.extend(strings(&["--page-size", "8"]));
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
         let router = Daemon::new("router", ra, router_grpc.clone());
-        let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics };
+        let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics, decode_metrics };
         // Workers load the model in parallel; the router last.
         drop(ports);
         ferry_tests::blocking(|| {
@@ -203,6 +212,14 @@ impl Cluster {
         let get =
             |stage: &str| ferry_tests::metric_sum(&body, "ferry_router_retries_total", &format!("stage=\"{stage}\""));
         [get("prefill"), get("decode")]
+    }
+
+    /// Retractions decode daemon `i` made since its last start.
+    pub async fn retractions(&self, i: usize) -> f64 {
+        match self.decode_metrics[i].parse() {
+            Ok(a) => ferry_tests::metric_sum(&ferry_tests::scrape(a).await, "ferry_decode_retractions_total", ""),
+            Err(_) => 0.0,
+        }
     }
 
     /// Waits until the router's healthy workers are exactly these; returns how long it took.

@@ -3,10 +3,11 @@
 //! decode nodes' data plane is cut and slowed. Every request must complete with the
 //! colocated engine's tokens (retrying retriable errors, as a client would) within its
 //! deadline; nothing may hang; the router must drop dead workers; and at the end every
-//! worker's page pool must be back at its baseline. The figures per fault are printed and
+//! worker's page pool must be back at its baseline. The decode pools are small enough that
+//! decode daemons retract running requests (and recompute them) throughout. The figures per fault are printed and
 //! written to `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
 //!
-//! Loopback only, bounded: about 8 fault phases of a few seconds, 3 clients, 8-token answers.
+//! Loopback only, bounded: about 8 fault phases of a few seconds, 3 clients, 32-token answers.
 
 mod cluster;
 mod load;
@@ -18,7 +19,7 @@ use cluster::Cluster;
 use ferry_proto::v1 as pb;
 use load::{Load, Tally};
 
-const MAX_TOKENS: u32 = 8;
+const MAX_TOKENS: u32 = 32;
 const CLIENTS: usize = 3;
 
 const SHARED: &str = "You are a helpful assistant for a shipping company. Answer in one short sentence, \
@@ -163,6 +164,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     phases.begin(&c, &load, "kill -9 decode d0").await;
     pause(0.5).await;
     let busy = Cluster::wait_busy(&c.decode[0]).await;
+    // Its counters restart with the process: keep what it did before the kill.
+    let mut retractions = c.retractions(0).await;
     c.decode[0].kill9();
     let unhealthy = c.wait_members(&all.0, &["d1"], Duration::from_secs(20)).await;
     let gone = c.wait_absent("d0", Duration::from_secs(20)).await;
@@ -233,6 +236,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         loads = c.loads().await;
     }
+    retractions += c.retractions(0).await + c.retractions(1).await;
+    notes.push(format!("decode daemons retracted (and recomputed) running requests {} times", retractions as u64));
     notes.push(format!("whole run {:.0} s", t0.elapsed().as_secs_f64()));
     let tallies: Vec<_> = load.tallies().into_iter().filter(|(n, _)| n != "end").collect();
     let text = report(&tallies, &phases.retries, &notes, &loads);
@@ -242,6 +247,7 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     println!("written to {}", out.display());
 
     assert!(at_baseline(&loads), "pages or queues not back at baseline:\n{text}");
+    assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
     for (name, t) in &tallies {
         assert!(t.sent > 0, "{name}: no request sent\n{text}");
         assert_eq!((t.wrong, t.failed, t.hung, t.lost), (0, 0, 0, 0), "{name}\n{text}");
