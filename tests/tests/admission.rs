@@ -5,30 +5,29 @@
 
 use std::time::{Duration, Instant};
 
+use ferry_engine::tiny::TinySpec;
 use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, channel, greedy, http, one_of_each, scrape, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admission_queue_bounds_concurrency_and_waiting() {
-    let m = TinyModel::new();
-    let (p, d, r) = one_of_each(&m, 512, |ra| {
+    // A long context, so the slot-holding request below runs for seconds.
+    let m = TinyModel::with(TinySpec { ctx: 16_384, tie: false, ..TinySpec::default() });
+    let (p, d, r) = one_of_each(&m, 1100, |ra| {
         ra.max_running_requests = 1;
         ra.max_queued_requests = 1;
         ra.queue_timeout_ms = 400;
     })
     .await;
 
-    // A long request takes the only slot: read its first message and then stop reading, so
-    // it stays running (back-pressure holds it). With 20 alternatives a token its ~300 KB of
-    // messages overflow the HTTP/2 windows and buffers between router and client; plain
-    // tokens (~30 KB) fit, and a fast enough machine finished the request early.
+    // A long request takes the only slot: 16,000 tokens, several seconds of decoding (its
+    // small messages fit the HTTP/2 windows, so it is the generation that holds the slot: 1,500
+    // tokens took ~0.33 s, about the test's own length, and the test failed when they ended
+    // first).
     let mut client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
     let long = pb::GenerateRequest {
         prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: vec![5, 6, 7, 8] })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&ferry_engine::SamplingParams {
-            top_logprobs: 20,
-            ..greedy(1500)
-        })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(16_000))),
         ..Default::default()
     };
     let mut held = client.generate(long).await.expect("admitted").into_inner();
