@@ -21,6 +21,19 @@ pub struct Announce {
     pub ttl: i64,
 }
 
+/// The longest timeout a flag may set, in seconds (a year: longer ones overflow timers).
+pub const MAX_TIMEOUT_SECS: f64 = 365.0 * 86_400.0;
+
+/// A timeout flag's value as a duration: a number of seconds above 0 and at most
+/// [`MAX_TIMEOUT_SECS`] (below a millisecond counts as one); an error names `--flag` for
+/// anything else (0, negative, `inf`, `nan`: `Duration::from_secs_f64` panics on some).
+pub fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
+    if !(v > 0.0 && v <= MAX_TIMEOUT_SECS) {
+        return Err(format!("--{flag} {v}: give a number of seconds above 0 and at most {MAX_TIMEOUT_SECS}"));
+    }
+    Ok(Duration::from_secs_f64(v.max(0.001)))
+}
+
 /// Flags shared by the prefill and decode daemons.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
@@ -190,15 +203,20 @@ impl WorkerArgs {
         Ok(Some(Announce { etcd, worker, ttl: self.etcd_lease_ttl }))
     }
 
-    /// The three room timeouts.
-    pub fn timeouts(&self) -> (Duration, Duration, Duration) {
-        let d = |s: f64| Duration::from_secs_f64(s.max(0.001));
-        (d(self.bootstrap_timeout), d(self.waiting_timeout), d(self.transfer_timeout))
+    /// The three room timeouts (bootstrap, waiting, transfer); an error names a flag out of
+    /// range.
+    pub fn timeouts(&self) -> Result<(Duration, Duration, Duration), String> {
+        Ok((
+            seconds("bootstrap-timeout", self.bootstrap_timeout)?,
+            seconds("waiting-timeout", self.waiting_timeout)?,
+            seconds("transfer-timeout", self.transfer_timeout)?,
+        ))
     }
 
     /// Checks what can be checked before loading anything.
     pub fn check(&self) -> Result<(), String> {
         self.device()?;
+        self.timeouts()?;
         if self.dtype != "f32" {
             return Err(format!("--dtype {}: KV pages are f32 on every backend", self.dtype));
         }
@@ -247,6 +265,19 @@ impl WorkerArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_timeout_flag_is_a_positive_finite_number_of_seconds() {
+        assert_eq!(seconds("x-timeout", 1.5), Ok(Duration::from_millis(1500)));
+        assert_eq!(seconds("x-timeout", 1e-9), Ok(Duration::from_millis(1)), "below a millisecond counts as one");
+        for bad in [0.0, -1.0, f64::INFINITY, f64::NAN, MAX_TIMEOUT_SECS * 2.0] {
+            let e = seconds("x-timeout", bad).expect_err("refused");
+            assert!(e.starts_with("--x-timeout "), "{e}");
+        }
+        let mut w = WorkerArgs::for_model("m.gguf");
+        w.transfer_timeout = f64::INFINITY;
+        assert!(w.check().expect_err("inf refused").contains("--transfer-timeout inf"));
+    }
 
     #[test]
     fn advertised_addresses_replace_wildcards() {

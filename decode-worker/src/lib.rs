@@ -22,7 +22,6 @@ pub use engine::Load;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
@@ -180,6 +179,8 @@ impl ferry_worker::StartOn for DecodeArgs {
 async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, StartError> {
     let w = &args.worker;
     let admission = args.admission().map_err(StartError::Config)?;
+    let prealloc_timeout =
+        ferry_cluster::args::seconds("prealloc-timeout", args.prealloc_timeout).map_err(StartError::Config)?;
     let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
     let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
         Loaded::load(w, compute, "decode").await?;
@@ -205,7 +206,7 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
         Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap, internal_tls.clone());
     let limits = Limits {
         max_running: args.max_running_requests.max(1),
-        prealloc_timeout: Duration::from_secs_f64(args.prealloc_timeout.max(0.001)),
+        prealloc_timeout,
         waiting_timeout: timeouts.waiting,
         page_size: w.page_size,
         admission,

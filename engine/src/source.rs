@@ -197,7 +197,17 @@ impl TensorSource for GgufSource {
         let is_llama = matches!(self.cfg.arch, Arch::Llama | Arch::Mistral);
         if is_llama && (gname.ends_with("attn_q.weight") || gname.ends_with("attn_k.weight")) {
             let heads = if gname.ends_with("attn_q.weight") { self.cfg.num_heads } else { self.cfg.num_kv_heads };
-            data = unpermute_rows(&data, heads, shape.get(1).copied().unwrap_or(1));
+            // Whole heads of an even size, or the row permutation cannot be undone (a
+            // zero-sized tensor divided by zero here).
+            match shape[..] {
+                [rows, cols] if cols > 0 && heads > 0 && rows % heads == 0 && (rows / heads) % 2 == 0 => {
+                    data = unpermute_rows(&data, heads, cols);
+                }
+                _ => {
+                    let why = format!("{gname}: shape {shape:?} does not split into {heads} heads of an even size");
+                    return Err(EngineError::invalid(&self.path, why));
+                }
+            }
         }
         Ok(Some(Tensor { shape, data }))
     }

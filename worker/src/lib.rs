@@ -72,7 +72,7 @@ impl<B: Backend> Loaded<B> {
             head_dim: c.head_dim as u32,
             page_size: w.page_size as u32,
         };
-        let (bootstrap, waiting, transferring) = w.timeouts();
+        let (bootstrap, waiting, transferring) = w.timeouts().map_err(StartError::Config)?;
         let timeouts = Timeouts { bootstrap, waiting, transferring };
         let transfer = TransferConfig {
             tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },

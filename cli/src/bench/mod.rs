@@ -58,6 +58,9 @@ pub struct BenchArgs {
     /// Seconds requests still running after --duration may take; then they count as failed.
     #[arg(long, default_value_t = 60.0)]
     pub drain: f64,
+    /// Failed requests tolerated: more make `ferry bench` exit with an error after the report.
+    #[arg(long, default_value_t = 0)]
+    pub max_failed: usize,
     /// Words (about one token each) per system prompt or few-shot block; per random prompt.
     #[arg(long, default_value_t = 200)]
     pub prefix_words: usize,
@@ -197,13 +200,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let report = rt.block_on(bench(&args))?;
     print!("{}", report.table());
+    if report.failed > args.max_failed {
+        bail!("{} requests failed (--max-failed {})", report.failed, args.max_failed);
+    }
     Ok(())
 }
 
 async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
-    if args.duration.is_nan() || args.duration <= 0.0 {
-        bail!("--duration must be positive");
-    }
+    let duration = ferry_cluster::args::seconds("duration", args.duration).map_err(anyhow::Error::msg)?;
+    let drain = match args.drain {
+        0.0 => Duration::ZERO,
+        d => ferry_cluster::args::seconds("drain", d).map_err(anyhow::Error::msg)?,
+    };
     let mut cut = 0;
     let mut trace = Vec::new();
     match args.workload.as_str() {
@@ -252,8 +260,8 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
     let sampling = Sampling { temperature: args.temperature, ignore_eos: !args.stop_at_eos };
     let limit = if args.requests == 0 { usize::MAX } else { args.requests };
     let clock = Instant::now();
-    let stop_sending = clock + Duration::from_secs_f64(args.duration);
-    let hard_end = stop_sending + Duration::from_secs_f64(args.drain.max(0.0));
+    let stop_sending = clock + duration;
+    let hard_end = stop_sending + drain;
 
     let progress = progress_bar(args);
     let done = Arc::new(AtomicUsize::new(0));

@@ -82,7 +82,8 @@ pub fn start(
             },
             None => None,
         };
-        let every = Duration::from_secs_f64(w.every.max(0.1));
+        // A year at most: `--watch-every inf` would overflow the timer.
+        let every = Duration::from_secs_f64(w.every.clamp(0.1, ferry_cluster::args::MAX_TIMEOUT_SECS));
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;

@@ -40,13 +40,11 @@ fn truncated_files_are_refused() {
     assert!(e.contains("model.safetensors"), "{e}");
 }
 
-#[test]
-fn unsupported_tensor_types_are_named() {
-    let tiny = TinyModel::new(TinySpec::default());
-    let file = ferry_tokenize::gguf::GgufFile::open(&tiny.gguf()).expect("open");
-    let md: Vec<(String, Value)> = file.header.metadata.clone().into_iter().collect();
-    // Re-type the first Q projection as Q5_0 (type 6): same block count, unsupported here.
-    let tensors: Vec<TensorData> = file
+/// The tiny model's GGUF with tensor `name` changed by `edit`, written as `file`.
+fn with_tensor(tiny: &TinyModel, name: &str, file: &str, edit: impl Fn(&mut TensorData)) -> std::path::PathBuf {
+    let gguf = ferry_tokenize::gguf::GgufFile::open(&tiny.gguf()).expect("open");
+    let md: Vec<(String, Value)> = gguf.header.metadata.clone().into_iter().collect();
+    let tensors: Vec<TensorData> = gguf
         .header
         .tensors
         .iter()
@@ -57,19 +55,54 @@ fn unsupported_tensor_types_are_named() {
                 name: t.name.clone(),
                 dims: t.dims.clone(),
                 ggml_type: t.ggml_type,
-                data: file.bytes()[t.offset as usize..t.offset as usize + len].to_vec(),
+                data: gguf.bytes()[t.offset as usize..t.offset as usize + len].to_vec(),
             };
-            if t.name == "blk.0.attn_q.weight" {
-                td.ggml_type = 6;
-                td.data.truncate(t.elements as usize / 32 * 22);
+            if t.name == name {
+                edit(&mut td);
             }
             td
         })
         .collect();
-    let path = tiny.dir.path().join("q5.gguf");
+    let path = tiny.dir.path().join(file);
     gguf_write::write(&path, &md, &tensors).expect("write");
+    path
+}
+
+#[test]
+fn unsupported_tensor_types_are_named() {
+    let tiny = TinyModel::new(TinySpec::default());
+    // Re-type the first Q projection as Q5_0 (type 6): same block count, unsupported here.
+    let path = with_tensor(&tiny, "blk.0.attn_q.weight", "q5.gguf", |td| {
+        let elements: u64 = td.dims.iter().product();
+        td.ggml_type = 6;
+        td.data.truncate(elements as usize / 32 * 22);
+    });
     let e = load_err(&path);
     assert!(e.contains("Q5_0") && e.contains("blk.0.attn_q.weight"), "{e}");
+}
+
+/// A Q or K projection that cannot be split into its heads (zero-sized: the row permutation
+/// divided by zero) is refused naming the tensor.
+#[test]
+fn q_and_k_projections_that_do_not_split_into_heads_are_refused() {
+    let tiny = TinyModel::new(TinySpec::default());
+    // (tensor, dims [in, out], what the error names): a zero-sized out dimension splits into
+    // empty heads and is caught by the shape check, under the tensor's HF name.
+    let cases = [
+        ("blk.0.attn_q.weight", [0u64, 64], "blk.0.attn_q.weight"),
+        ("blk.1.attn_k.weight", [64, 0], "layers.1.self_attn.k_proj"),
+        ("blk.0.attn_k.weight", [64, 3], "blk.0.attn_k.weight"),
+    ];
+    for (name, dims, named) in cases {
+        let path = with_tensor(&tiny, name, "bad-qk.gguf", |td| {
+            let elements: u64 = dims.iter().product();
+            let (bs, _) = ferry_tokenize::gguf::type_block(td.ggml_type).expect("known");
+            td.dims = dims.to_vec();
+            td.data.truncate(elements as usize * bs);
+        });
+        let e = load_err(&path);
+        assert!(e.contains(named), "{name} {dims:?}: {e}");
+    }
 }
 
 #[test]
