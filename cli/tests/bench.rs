@@ -141,3 +141,35 @@ fn bench_reports_are_consistent() {
     assert!(f(&r, &["prefix_cache", "cached_tokens"]) > 0.0, "trace blocks 1 and 2 are shared");
     assert!(up.interrupt());
 }
+
+/// `ferry bench` fails (after printing its report) when more requests fail than
+/// `--max-failed` allows, 0 by default, so a CI smoke run with failures is red.
+#[test]
+fn failed_requests_beyond_max_failed_make_the_bench_fail() {
+    // A server refusing everything with 503.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for mut s in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["bench", "--url", &format!("http://{addr}"), "--model", "m", "--duration", "1"])
+            .args(["--requests", "3", "--concurrency", "1", "--quiet"])
+            .args(extra)
+            .output()
+            .expect("run `ferry bench`")
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "3 failed requests with --max-failed 0 must fail the bench");
+    assert!(err.contains("3 requests failed (--max-failed 0)"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("failed"), "the report is printed first");
+    let out = run(&["--max-failed", "3"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
