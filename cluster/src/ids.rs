@@ -40,9 +40,28 @@ impl fmt::Display for Room {
     }
 }
 
-/// The 128-bit secret every message about a room must carry.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// The 128-bit secret every message about a room must carry. Compared in constant time.
+#[derive(Clone, Copy, Eq)]
 pub struct RoomSecret([u8; 16]);
+
+impl PartialEq for RoomSecret {
+    fn eq(&self, other: &Self) -> bool {
+        secret_eq(&self.0, &other.0)
+    }
+}
+
+impl std::hash::Hash for RoomSecret {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+/// Whether two secrets (room secrets, API keys) are equal, in time that depends on their
+/// lengths only, not on where they differ: a caller timing refusals learns nothing of a key.
+pub fn secret_eq(a: &[u8], b: &[u8]) -> bool {
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
+}
 
 impl RoomSecret {
     /// A fresh random secret.
@@ -139,5 +158,21 @@ impl RequestId {
 impl fmt::Display for RequestId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_by_value() {
+        assert!(secret_eq(b"key-1", b"key-1"));
+        assert!(!secret_eq(b"key-1", b"key-2") && !secret_eq(b"key-1", b"key-12") && !secret_eq(b"", b"k"));
+        let s = RoomSecret::random();
+        assert_eq!(s, RoomSecret::from_bytes(*s.as_bytes()));
+        let mut other = *s.as_bytes();
+        other[15] ^= 1;
+        assert_ne!(s, RoomSecret::from_bytes(other));
     }
 }

@@ -30,7 +30,7 @@ pub mod wire;
 
 pub use args::WorkerArgs;
 pub use device::{Device, NO_CUDA_BUILD};
-pub use ids::{RequestId, Room, RoomKey, RoomSecret, WorkerId};
+pub use ids::{RequestId, Room, RoomKey, RoomSecret, WorkerId, secret_eq};
 pub use layout::LayoutDescriptor;
 pub use shutdown::{Shutdown, ShutdownTrigger};
 pub use status::Refused;

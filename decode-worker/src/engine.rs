@@ -252,7 +252,7 @@ impl<B: Backend> Engine<B> {
             Cmd::Abort { room, secret, reason, reply } => {
                 let r = match self.reqs.get(&room) {
                     None => Ok(false),
-                    Some(r) if r.key.secret.as_bytes() != &secret => {
+                    Some(r) if !ferry_cluster::secret_eq(r.key.secret.as_bytes(), &secret) => {
                         Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
                     }
                     Some(_) => {

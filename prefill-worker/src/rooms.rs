@@ -131,7 +131,7 @@ impl<R, H> Rooms<R, H> {
             request: None,
             handshake: None,
         });
-        if s.secret != secret {
+        if !ferry_cluster::secret_eq(&s.secret, &secret) {
             return Err(wrong_secret(room));
         }
         if has(s) || s.phase != Phase::Bootstrap {

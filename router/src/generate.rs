@@ -123,7 +123,9 @@ impl Ctx {
     /// Whether an `authorization` header value is accepted.
     pub fn authorized(&self, header: Option<&str>) -> bool {
         self.api_keys.is_empty()
-            || header.and_then(|h| h.strip_prefix("Bearer ")).is_some_and(|k| self.api_keys.iter().any(|x| x == k))
+            || header
+                .and_then(|h| h.strip_prefix("Bearer "))
+                .is_some_and(|k| self.api_keys.iter().any(|x| ferry_cluster::secret_eq(x.as_bytes(), k.as_bytes())))
     }
 }
 
