@@ -112,6 +112,20 @@ impl Load {
         self.order.lock().expect("order").push(name.into());
     }
 
+    /// Waits (up to `within`) until the current phase has sent a request, so that every
+    /// phase measures requests sent after its fault too: under memory pressure a request takes
+    /// seconds, and clients busy retrying the ones a fault hit may send nothing new for a while.
+    pub async fn wait_sent(&self, within: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            let phase = self.now();
+            if self.tallies.lock().expect("tallies").get(&phase).is_some_and(|t| t.sent > 0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn record(&self, phase: &str, f: impl FnOnce(&mut Tally)) {
         f(self.tallies.lock().expect("tallies").entry(phase.into()).or_default());
     }

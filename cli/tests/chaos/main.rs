@@ -56,6 +56,7 @@ struct Phases {
 
 impl Phases {
     async fn begin(&mut self, c: &Cluster, load: &Load, name: &str) {
+        load.wait_sent(Duration::from_secs(30)).await;
         let now = c.router_retries().await;
         if let Some((_, start)) = self.marks.last() {
             // A restarted router counts from zero again.
@@ -224,6 +225,7 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
 
     phases.begin(&c, &load, "recovery").await;
     pause(3.0).await;
+    load.wait_sent(Duration::from_secs(30)).await;
     let t = Instant::now();
     load.finish(tasks).await;
     phases.begin(&c, &load, "end").await;
