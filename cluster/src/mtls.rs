@@ -186,12 +186,26 @@ fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, Tls
     Ok(c)
 }
 
+/// How often a connection to another daemon is pinged (HTTP/2 PING) while a call is open on
+/// it, and how long an answer may take before the connection, and every call on it, fails
+/// with UNAVAILABLE. A frozen or partitioned peer (SIGSTOP, a dead host: no FIN, no RST; its
+/// kernel may even keep TCP alive) then ends the calls waiting on it within 8 s, where they
+/// used to wait for the worker's own timeouts (300 s) or forever.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+/// See [`KEEPALIVE_INTERVAL`].
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// An endpoint for another daemon's gRPC at `addr` (`host:port` or a URI): `https` with the
-/// client certificate when `tls` is given, else `http`.
+/// client certificate when `tls` is given, else `http`; pinged while calls are open
+/// ([`KEEPALIVE_INTERVAL`]).
 pub fn endpoint(addr: &str, tls: Option<&InternalTls>) -> Result<Endpoint, String> {
     let scheme = if tls.is_some() { "https" } else { "http" };
     let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
-    let ep = Endpoint::from_shared(uri).map_err(|e| format!("{addr}: {e}"))?;
+    let ep = Endpoint::from_shared(uri)
+        .map_err(|e| format!("{addr}: {e}"))?
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(false);
     match tls {
         Some(t) => ep.tls_config(t.client()).map_err(|e| format!("{addr}: TLS: {e}")),
         None => Ok(ep),

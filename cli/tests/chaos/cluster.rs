@@ -53,6 +53,13 @@ impl Daemon {
         self.child = Some(child);
     }
 
+    /// Sends `sig` (SIGSTOP, SIGCONT) to the running process.
+    pub fn signal(&self, sig: libc::c_int) {
+        let pid = self.child.as_ref().expect("running").id();
+        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "signal {sig} to {}", self.name);
+    }
+
     /// SIGKILL.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -1,13 +1,14 @@
 //! The chaos suite: under steady load through the router, real processes are killed with
-//! SIGKILL — a prefill daemon, a decode daemon, the router (then restarted), etcd — and the
-//! decode nodes' data plane is cut and slowed. Every request must complete with the
-//! colocated engine's tokens (retrying retriable errors, as a client would) within its
-//! deadline; nothing may hang; the router must drop dead workers; and at the end every
-//! worker's page pool must be back at its baseline. The decode pools are small enough that
-//! decode daemons retract running requests (and recompute them) throughout. The figures per fault are printed and
-//! written to `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
+//! SIGKILL — a prefill daemon, a decode daemon, the router (then restarted), etcd —, the
+//! decode nodes' data plane is cut and slowed, and a prefill daemon is frozen (SIGSTOP).
+//! Every request must complete with the colocated engine's tokens (retrying retriable
+//! errors, as a client would) within its deadline; nothing may hang; the router must drop
+//! dead workers; and at the end every worker's page pool must be back at its baseline. The
+//! decode pools are small enough that decode daemons retract running requests (and
+//! recompute them) throughout. The figures per fault are printed and written to
+//! `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
 //!
-//! Loopback only, bounded: about 8 fault phases of a few seconds, 3 clients, 32-token answers.
+//! Loopback only, bounded: about 9 fault phases of a few seconds, 3 clients, 32-token answers.
 
 mod cluster;
 mod load;
@@ -223,6 +224,37 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         p.delay(Duration::ZERO);
     }
 
+    phases.begin(&c, &load, "prefill p1 frozen (SIGSTOP)").await;
+    pause(0.5).await;
+    // A frozen process closes nothing: no FIN, no RST, and its kernel still answers TCP. The
+    // request it holds must move to another worker while it is still frozen (the router's
+    // HTTP/2 pings go unanswered), not wait for it to thaw.
+    let frozen_busy = Cluster::wait_busy(&c.prefill[1]).await;
+    let before = c.router_retries().await[0];
+    let t = Instant::now();
+    c.prefill[1].signal(libc::SIGSTOP);
+    let unhealthy = c.wait_members(&["p0"], &all.1, Duration::from_secs(20)).await;
+    let mut moved = None;
+    while moved.is_none() && t.elapsed() < Duration::from_secs(15) {
+        if c.router_retries().await[0] > before {
+            moved = Some(t.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pause(2.0).await;
+    c.prefill[1].signal(libc::SIGCONT);
+    c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
+    notes.push(format!(
+        "p1 frozen{} for {:.1} s: the router stopped placing on it after {:.2} s; {}",
+        if frozen_busy { " while holding a request" } else { "" },
+        t.elapsed().as_secs_f64(),
+        unhealthy.as_secs_f64(),
+        match moved {
+            Some(d) => format!("the request it held was retried elsewhere after {:.2} s", d.as_secs_f64()),
+            None => "no request it held was retried while it was frozen".into(),
+        }
+    ));
+
     phases.begin(&c, &load, "recovery").await;
     pause(3.0).await;
     load.wait_sent(Duration::from_secs(30)).await;
@@ -249,6 +281,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     println!("written to {}", out.display());
 
     assert!(at_baseline(&loads), "pages or queues not back at baseline:\n{text}");
+    assert!(frozen_busy, "p1 was frozen while idle: the phase tested nothing\n{text}");
+    assert!(moved.is_some(), "the request held by the frozen p1 waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
     for (name, t) in &tallies {
         assert!(t.sent > 0, "{name}: no request sent\n{text}");
