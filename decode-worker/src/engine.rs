@@ -21,7 +21,7 @@ use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, S
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
 use ferry_transfer::room::FailReason;
-use ferry_transfer::table::Outcome;
+use ferry_transfer::table::{Outcome, Refusal};
 use ferry_worker::KvHost;
 use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
@@ -304,6 +304,12 @@ impl<B: Backend> Engine<B> {
             return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
         }
         let room = key.room.get();
+        if self.draining.iter().any(|(r, _)| *r == room) {
+            // An earlier request of this room id still has a page run being written: the id
+            // is not free until that write ends (issue 21's stale write).
+            let why = format!("room {room}: an earlier room with this id is still closing");
+            return Err((Refused::new(Code::AlreadyExists, "room_closing", why), accepted));
+        }
         if let Err(e) = self.queues.push(room, prompt.len(), remaining, bootstrap.is_none(), Instant::now()) {
             return Err((e, accepted));
         }
@@ -350,11 +356,12 @@ impl<B: Backend> Engine<B> {
             match self.receiver.open(a.room, secret, &dest) {
                 Ok(outcome) => r.outcome = Some(outcome),
                 Err(refusal) => {
-                    let why = Refused::new(
-                        Code::Internal,
-                        "room_refused",
-                        format!("receiver refused the room: {}", refusal.label()),
-                    );
+                    let code = match refusal {
+                        Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
+                        _ => Code::Internal,
+                    };
+                    let why =
+                        Refused::new(code, "room_refused", format!("receiver refused the room: {}", refusal.label()));
                     self.end(a.room, Err(why));
                     continue;
                 }

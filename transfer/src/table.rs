@@ -30,6 +30,9 @@ pub enum Refusal {
     DuplicateRoom,
     /// `open` with pages that another open room holds.
     PagesInUse,
+    /// `open` for a room id whose earlier incarnation is closed but still has a run being
+    /// written.
+    RoomClosing,
 }
 
 impl Refusal {
@@ -43,6 +46,7 @@ impl Refusal {
             Self::Closed => "closed",
             Self::DuplicateRoom => "duplicate_room",
             Self::PagesInUse => "pages_in_use",
+            Self::RoomClosing => "room_closing",
         }
     }
 }
@@ -61,6 +65,9 @@ pub enum Outcome {
 pub struct Claim {
     /// The room.
     pub room: u64,
+    /// Which opening of the room id the claim belongs to: a claim settles only its own
+    /// incarnation, never a later room opened with the same id.
+    pub incarnation: u64,
     /// First destination page.
     pub first: u32,
     /// Pages.
@@ -75,11 +82,13 @@ enum PageState {
 }
 
 struct Closing {
+    incarnation: u64,
     pages: Vec<u32>,
     claimed: usize,
 }
 
 struct RecvRoom {
+    incarnation: u64,
     secret: [u8; 16],
     /// Destination page → its state.
     pages: HashMap<u32, PageState>,
@@ -99,6 +108,8 @@ pub struct RoomTable {
     refusals: HashMap<Refusal, u64>,
     timeouts: Timeouts,
     ended: Vec<(u64, Outcome)>,
+    /// The next room's incarnation (every `open` takes one).
+    next_incarnation: u64,
 }
 
 impl std::fmt::Debug for RoomTable {
@@ -117,6 +128,7 @@ impl RoomTable {
             refusals: HashMap::new(),
             timeouts,
             ended: Vec::new(),
+            next_incarnation: 0,
         }
     }
 
@@ -141,10 +153,15 @@ impl RoomTable {
         self.owners.len()
     }
 
-    /// Opens a room that may fill `dest` (its preallocated pages), waiting for input.
+    /// Opens a room that may fill `dest` (its preallocated pages), waiting for input. A room
+    /// id is refused while an earlier room of that id is open, or closed with a run still
+    /// being written ([`Refusal::RoomClosing`]).
     pub fn open(&mut self, room: u64, secret: [u8; 16], dest: &[u32], now: Instant) -> Result<(), Refusal> {
         if self.rooms.contains_key(&room) {
             return self.refuse(Refusal::DuplicateRoom);
+        }
+        if self.closing.contains_key(&room) {
+            return self.refuse(Refusal::RoomClosing);
         }
         let mut pages = HashMap::with_capacity(dest.len());
         for &p in dest {
@@ -158,7 +175,9 @@ impl RoomTable {
         let mut r = Room::new(now, self.timeouts);
         // The receiver opens a room once the handshake is sent: it waits for input.
         let _ = r.advance(State::WaitingForInput, now);
-        self.rooms.insert(room, RecvRoom { secret, pages, received: 0, aux: None, room: r });
+        let incarnation = self.next_incarnation;
+        self.next_incarnation += 1;
+        self.rooms.insert(room, RecvRoom { incarnation, secret, pages, received: 0, aux: None, room: r });
         Ok(())
     }
 
@@ -190,7 +209,7 @@ impl RoomTable {
         }
         let _ = r.room.advance(State::Transferring, now);
         r.room.progress(now);
-        Ok(Claim { room: h.room, first: h.dst_page, n: h.n_pages })
+        Ok(Claim { room: h.room, incarnation: r.incarnation, first: h.dst_page, n: h.n_pages })
     }
 
     /// Marks claimed pages as received (their payload passed its checksum and was written).
@@ -198,7 +217,7 @@ impl RoomTable {
         if self.settle_closing(c) {
             return;
         }
-        let Some(r) = self.rooms.get_mut(&c.room) else { return };
+        let Some(r) = self.rooms.get_mut(&c.room).filter(|r| r.incarnation == c.incarnation) else { return };
         for p in c.first..c.first + c.n {
             if r.pages.get(&p) == Some(&PageState::Claimed) {
                 r.pages.insert(p, PageState::Received);
@@ -215,7 +234,7 @@ impl RoomTable {
         if self.settle_closing(c) {
             return;
         }
-        let Some(r) = self.rooms.get_mut(&c.room) else { return };
+        let Some(r) = self.rooms.get_mut(&c.room).filter(|r| r.incarnation == c.incarnation) else { return };
         for p in c.first..c.first + c.n {
             if r.pages.get(&p) == Some(&PageState::Claimed) {
                 r.pages.insert(p, PageState::Expected);
@@ -223,9 +242,9 @@ impl RoomTable {
         }
     }
 
-    /// A claim of a closed room settled; true when the room was closing.
+    /// A claim of a closed room settled; true when the claim's incarnation was closing.
     fn settle_closing(&mut self, c: Claim) -> bool {
-        let Some(z) = self.closing.get_mut(&c.room) else { return false };
+        let Some(z) = self.closing.get_mut(&c.room).filter(|z| z.incarnation == c.incarnation) else { return false };
         z.claimed = z.claimed.saturating_sub(c.n as usize);
         if z.claimed == 0
             && let Some(z) = self.closing.remove(&c.room)
@@ -316,7 +335,8 @@ impl RoomTable {
         let r = self.rooms.remove(&room)?;
         let claimed = r.pages.values().filter(|&&s| s == PageState::Claimed).count();
         if claimed > 0 {
-            self.closing.insert(room, Closing { pages: r.pages.keys().copied().collect(), claimed });
+            let pages = r.pages.keys().copied().collect();
+            self.closing.insert(room, Closing { incarnation: r.incarnation, pages, claimed });
         } else {
             for p in r.pages.keys() {
                 self.owners.remove(p);
@@ -327,87 +347,4 @@ impl RoomTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::frame::Kind;
-
-    fn pages_header(room: u64, secret: [u8; 16], first: u32, n: u32) -> Header {
-        Header { kind: Kind::Pages, room, secret, dst_page: first, n_pages: n, payload_len: 0, payload_crc: 0 }
-    }
-
-    #[test]
-    fn frames_are_checked_against_the_room() {
-        let now = Instant::now();
-        let mut t = RoomTable::new(Timeouts::default());
-        t.open(1, [1; 16], &[10, 11, 12, 20], now).expect("open");
-        assert_eq!(t.open(1, [1; 16], &[30], now), Err(Refusal::DuplicateRoom));
-        assert_eq!(t.open(2, [2; 16], &[12], now), Err(Refusal::PagesInUse));
-        assert_eq!(t.claim(&pages_header(9, [1; 16], 10, 1), now), Err(Refusal::UnknownRoom));
-        assert_eq!(t.claim(&pages_header(1, [0; 16], 10, 1), now), Err(Refusal::WrongSecret));
-        assert_eq!(
-            t.claim(&pages_header(1, [1; 16], 12, 2), now),
-            Err(Refusal::OutsideRoom),
-            "page 13 is not the room's"
-        );
-        assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX, 2), now), Err(Refusal::OutsideRoom));
-        assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX - 1, 2), now), Err(Refusal::OutsideRoom), "ends at 2^32");
-        let c = t.claim(&pages_header(1, [1; 16], 10, 3), now).expect("claim");
-        assert_eq!(t.claim(&pages_header(1, [1; 16], 11, 1), now), Err(Refusal::Duplicate), "claimed pages");
-        t.commit(c, now);
-        assert_eq!(t.claim(&pages_header(1, [1; 16], 10, 1), now), Err(Refusal::Duplicate), "received pages");
-        // Done before the last page: completes when it arrives.
-        t.done(1, Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
-        assert!(t.drain_ended().is_empty());
-        let c = t.claim(&pages_header(1, [1; 16], 20, 1), now).expect("claim");
-        t.commit(c, now);
-        let ended = t.drain_ended();
-        assert!(matches!(ended.as_slice(), [(1, Outcome::Success(a))] if a.first_token == 5));
-        assert_eq!(t.claim(&pages_header(1, [1; 16], 20, 1), now), Err(Refusal::Closed));
-        assert_eq!(t.close(1), Some(State::Success));
-        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
-        assert_eq!(t.refusals(Refusal::Duplicate), 2);
-    }
-
-    #[test]
-    fn wrong_aux_timeouts_and_aborts_fail_the_room() {
-        let now = Instant::now();
-        let mut t = RoomTable::new(Timeouts::default());
-        t.open(1, [1; 16], &[1], now).expect("open");
-        t.done(1, Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
-        assert!(matches!(t.drain_ended().as_slice(), [(1, Outcome::Failed(FailReason::Corrupt(_)))]));
-        t.open(2, [2; 16], &[2], now).expect("open");
-        t.tick(now + Timeouts::default().waiting);
-        assert!(matches!(
-            t.drain_ended().as_slice(),
-            [(2, Outcome::Failed(FailReason::Timeout(State::WaitingForInput)))]
-        ));
-        t.open(3, [3; 16], &[3], now).expect("open");
-        t.fail(3, FailReason::Aborted("client".into()));
-        assert_eq!(t.drain_ended().len(), 1);
-        for r in 1..=3 {
-            t.close(r);
-        }
-        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
-    }
-
-    #[test]
-    fn a_room_closed_mid_write_keeps_its_pages_until_the_write_settles() {
-        let now = Instant::now();
-        let mut t = RoomTable::new(Timeouts::default());
-        t.open(1, [1; 16], &[5, 6, 7], now).expect("open");
-        let writing = t.claim(&pages_header(1, [1; 16], 5, 2), now).expect("claim");
-        assert_eq!(t.close(1), Some(State::Transferring));
-        assert!(t.writing(1), "a run is still being written into pages 5 and 6");
-        assert_eq!(t.open(2, [2; 16], &[6], now), Err(Refusal::PagesInUse), "not reusable yet");
-        t.unclaim(writing);
-        assert!(!t.writing(1));
-        t.open(2, [2; 16], &[5, 6, 7], now).expect("free again once the write ended");
-        // A failed checksum ends the claim too: the room fails, its pages are expected again.
-        let c = t.claim(&pages_header(2, [2; 16], 7, 1), now).expect("claim");
-        t.unclaim(c);
-        t.fail(2, FailReason::Corrupt("crc".into()));
-        t.close(2);
-        assert!(!t.writing(2));
-        assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
-    }
-}
+mod tests;
