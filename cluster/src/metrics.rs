@@ -16,6 +16,10 @@ pub const TRANSFER_THROUGHPUT: &str = "ferry_transfer_throughput_bytes_per_secon
 pub const TRANSFER_ROOMS: &str = "ferry_transfer_rooms_total";
 /// Frames or rooms a receiver refused, by `reason` (counter).
 pub const TRANSFER_REFUSALS: &str = "ferry_transfer_refusals_total";
+/// Data-plane connections a receiver serves now (gauge).
+pub const TRANSFER_CONNECTIONS: &str = "ferry_transfer_connections";
+/// Data-plane connections a receiver dropped or failed to accept, by `reason` (counter).
+pub const TRANSFER_CONNECTIONS_REFUSED: &str = "ferry_transfer_connections_refused_total";
 /// The transfer backend in use: 1 for the `backend` chosen, with the `requested` one (gauge).
 pub const TRANSFER_BACKEND: &str = "ferry_transfer_backend";
 /// Bytes of KV pages copied between a device pool and its host mirror, by `role` and
@@ -157,6 +161,13 @@ pub const ALL: &[Metric] = &[
         "Transfer rooms ended (reason: none, timeout, aborted, corrupt, peer_gone, refused)",
     ),
     m(TRANSFER_REFUSALS, Kind::Counter, "reason", "Frames or rooms refused by a receiver"),
+    m(TRANSFER_CONNECTIONS, Kind::Gauge, "", "Data-plane connections a receiver serves now"),
+    m(
+        TRANSFER_CONNECTIONS_REFUSED,
+        Kind::Counter,
+        "reason",
+        "Data-plane connections dropped at the cap (at_cap) or failed accepts (accept_error, retried after 100 ms)",
+    ),
     m(TRANSFER_BACKEND, Kind::Gauge, "backend, requested", "Transfer backend in use (1), with the one requested"),
     m(
         KV_MIRROR_BYTES,

@@ -158,8 +158,14 @@ impl Inbox {
     }
 }
 
-/// The tasks every receiver runs: accepting connections (each served by `serve`) and failing
-/// rooms past their timeouts every 50 ms. Abort them to stop the receiver.
+/// Most data-plane connections one receiver serves at once; more are dropped as they arrive
+/// (counted, reason `at_cap`). Senders keep a few connections per peer (4 by default).
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// The tasks every receiver runs: accepting connections (each served by `serve`, at most
+/// [`MAX_CONNECTIONS`] at once) and failing rooms past their timeouts every 50 ms. A failed
+/// accept (out of file descriptors, say) is counted and retried after 100 ms: it never ends
+/// the loop or the connections being served. Abort the tasks to stop the receiver.
 pub(crate) fn spawn_receiver_tasks<S, F, Fut>(
     listener: tokio::net::TcpListener,
     shared: std::sync::Arc<S>,
@@ -174,10 +180,27 @@ where
     let s = std::sync::Arc::clone(&shared);
     let accept = tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
-        while let Ok((stream, _)) = listener.accept().await {
-            let _ = stream.set_nodelay(true);
-            conns.spawn(serve(std::sync::Arc::clone(&s), stream));
+        loop {
+            let accepted = listener.accept().await;
             while conns.try_join_next().is_some() {}
+            match accepted {
+                Ok((stream, _)) if conns.len() >= MAX_CONNECTIONS => {
+                    tracing::warn!(cap = MAX_CONNECTIONS, "data-plane connection dropped: at the connection cap");
+                    crate::metrics::connection_refused("at_cap");
+                    drop(stream);
+                }
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    keepalive(&stream);
+                    conns.spawn(serve(std::sync::Arc::clone(&s), stream));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "data-plane accept failed; retrying in 100 ms");
+                    crate::metrics::connection_refused("accept_error");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+            crate::metrics::connections(conns.len());
         }
     });
     let ticker = tokio::spawn(async move {
@@ -188,4 +211,17 @@ where
         }
     });
     vec![accept, ticker]
+}
+
+/// TCP keepalive on a data-plane connection: a peer host that vanished (powered off,
+/// partitioned: no FIN, no RST) is noticed after about 10 s + 3 × 5 s of silence even on an
+/// idle connection, which then fails the rooms it carried.
+fn keepalive(stream: &tokio::net::TcpStream) {
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(10))
+        .with_interval(std::time::Duration::from_secs(5))
+        .with_retries(3);
+    if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "TCP keepalive not set");
+    }
 }

@@ -56,3 +56,13 @@ pub fn refused(r: Refusal) {
 pub fn backend_chosen(chosen: &'static str, requested: &'static str) {
     metrics::gauge!(names::TRANSFER_BACKEND, "backend" => chosen, "requested" => requested).set(1.0);
 }
+
+/// Data-plane connections served now.
+pub fn connections(n: usize) {
+    metrics::gauge!(names::TRANSFER_CONNECTIONS).set(n as f64);
+}
+
+/// A connection dropped at the cap (`at_cap`) or an accept that failed (`accept_error`).
+pub fn connection_refused(reason: &'static str) {
+    metrics::counter!(names::TRANSFER_CONNECTIONS_REFUSED, "reason" => reason).increment(1);
+}

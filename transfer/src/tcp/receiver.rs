@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +22,10 @@ struct Shared {
     inbox: Inbox,
     mem: Arc<HostPages>,
     limits: Limits,
+    /// Longest a frame may go without a byte arriving, once it started (the rooms'
+    /// transferring timeout): a sender stalled mid-frame loses its connection, and the
+    /// claimed pages come back, instead of being held by a read that never ends.
+    progress: Duration,
 }
 
 /// Receives rooms' pages into a page arena.
@@ -52,7 +56,8 @@ impl TcpReceiver {
         let addr = listener.local_addr()?;
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
-        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "tcp"), mem, limits });
+        let progress = cfg.timeouts.transferring;
+        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "tcp"), mem, limits, progress });
         let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, serve);
         Ok(Self { addr, shared, tasks })
     }
@@ -94,24 +99,58 @@ impl TcpReceiver {
     }
 }
 
+/// Fills `buf`, failing with `TimedOut` when no byte arrives for `progress`, and with
+/// `UnexpectedEof` when the peer closes first.
+async fn read_within(stream: &mut TcpStream, buf: &mut [u8], progress: Duration) -> std::io::Result<()> {
+    let mut off = 0;
+    while off < buf.len() {
+        match tokio::time::timeout(progress, stream.read(&mut buf[off..])).await {
+            Ok(Ok(0)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(Ok(n)) => off += n,
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                let why = format!("stalled: no byte for {progress:?} with {} of {} left", buf.len() - off, buf.len());
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads a frame header: waits as long as it takes for its first byte (connections idle
+/// between rooms), then for the rest with the progress timeout.
+async fn read_header(stream: &mut TcpStream, hb: &mut [u8; HEADER_LEN], progress: Duration) -> std::io::Result<()> {
+    if stream.read(&mut hb[..1]).await? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    read_within(stream, &mut hb[1..], progress).await
+}
+
 /// Reads and discards `n` bytes.
-async fn skip(stream: &mut TcpStream, mut n: usize) -> std::io::Result<()> {
+async fn skip(stream: &mut TcpStream, mut n: usize, progress: Duration) -> std::io::Result<()> {
     let mut buf = [0u8; 8192];
     while n > 0 {
         let k = n.min(buf.len());
-        stream.read_exact(&mut buf[..k]).await?;
+        read_within(stream, &mut buf[..k], progress).await?;
         n -= k;
     }
     Ok(())
 }
 
-/// One connection: frames until EOF or a framing error. Rooms this connection carried that
-/// have not ended fail when it breaks.
+/// Rooms a connection has carried are pruned to those still open past this many.
+const SEEN_PRUNE_AT: usize = 256;
+
+/// One connection: frames until EOF, a framing error or a stall mid-frame. Rooms this
+/// connection carried that have not ended fail when it breaks.
 async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
     let mut seen: HashSet<u64> = HashSet::new();
     let reason = loop {
+        if seen.len() >= SEEN_PRUNE_AT {
+            // A long-lived connection carries room after room: keep only the open ones.
+            seen.retain(|&room| s.inbox.state(room).is_some());
+        }
         let mut hb = [0u8; HEADER_LEN];
-        match stream.read_exact(&mut hb).await {
+        match read_header(&mut stream, &mut hb, s.progress).await {
             Ok(_) => {}
             // Senders keep their connections for as long as they live: a close means the
             // peer is gone, and the rooms it was carrying here cannot finish.
@@ -146,7 +185,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
         Ok(c) => c,
         Err(refusal) => {
             tracing::debug!(room = %ferry_cluster::Room::label(h.room), reason = refusal.label(), "frame refused");
-            return skip(stream, h.payload_len as usize).await;
+            return skip(stream, h.payload_len as usize, s.progress).await;
         }
     };
     seen.insert(h.room);
@@ -156,10 +195,10 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
         Ok(d) => d,
         Err(e) => {
             s.inbox.with_table(|t| t.fail(h.room, FailReason::Refused(e.to_string())));
-            return skip(stream, h.payload_len as usize).await;
+            return skip(stream, h.payload_len as usize, s.progress).await;
         }
     };
-    if let Err(e) = stream.read_exact(dest).await {
+    if let Err(e) = read_within(stream, dest, s.progress).await {
         // The connection broke mid-run: the claim ends; the caller fails the rooms it carried.
         s.inbox.with_table(|t| t.unclaim(claim));
         return Err(e);
@@ -170,7 +209,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
 
 async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
-    stream.read_exact(&mut payload).await?;
+    read_within(stream, &mut payload, s.progress).await?;
     if s.inbox.control(h, &payload) {
         seen.insert(h.room);
     }

@@ -169,3 +169,29 @@ async fn aborts_from_either_side_end_the_room_and_free_its_pages() {
     eventually("the late frame's refusal", || receiver.refusals(Refusal::UnknownRoom) >= 1).await;
     assert_eq!(receiver.open_rooms(), (0, 0));
 }
+
+/// A sender that stops mid-payload and never closes (a frozen or partitioned prefill host):
+/// the room fails, and once the receiver closes it its pages come back within the progress
+/// timeout, instead of staying claimed by a read that never ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_stalled_mid_frame_releases_the_rooms_pages_within_the_progress_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
+    let done = receiver.open(3, [3; 16], &[10, 11]).expect("open");
+    let payload = vec![7u8; PAGE];
+    let mut raw = tokio::net::TcpStream::connect(receiver.local_addr()).await.expect("connect");
+    raw.write_all(&Header::pages(3, [3; 16], 10, 1, &payload).encode()).await.expect("header");
+    raw.write_all(&payload[..PAGE / 2]).await.expect("half the payload");
+    let t = std::time::Instant::now();
+    assert!(matches!(outcome(done).await, Outcome::Failed(_)));
+    receiver.close(3);
+    // cfg(): transfers time out after 2 s without progress.
+    eventually("the stalled run's pages released", || !receiver.inbox().writing(3)).await;
+    assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
+    assert_eq!(receiver.open_rooms(), (0, 0));
+    receiver.open(4, [4; 16], &[10, 11]).expect("the pages can be handed out again");
+    // The stalled connection was dropped: its late bytes land nowhere.
+    let _ = raw.write_all(&payload[PAGE / 2..]).await;
+    drop(raw);
+}
