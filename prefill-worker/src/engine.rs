@@ -258,7 +258,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             Cmd::Abort { room, secret, reason, reply } => {
-                let r = match self.rooms.abort(room, Some(secret)) {
+                let r = match self.rooms.abort(room, Some(secret), now) {
                     Err(e) => Err(e),
                     Ok(None) => Ok(false),
                     Ok(Some(gone)) => {
@@ -276,7 +276,7 @@ impl<B: Backend> Engine<B> {
                 self.draining = true;
                 let all: Vec<u64> = self.live.keys().copied().collect();
                 for room in all {
-                    if let Ok(Some(gone)) = self.rooms.abort(room, None) {
+                    if let Ok(Some(gone)) = self.rooms.abort(room, None, now) {
                         self.abandon(gone, shutting_down());
                     }
                 }
@@ -494,7 +494,8 @@ impl<B: Backend> Engine<B> {
     /// Fails a live room: tells the caller, stops the room task; frees now when no page is on
     /// the wire, else when the task reports.
     fn fail(&mut self, room: u64, why: Refused) {
-        self.rooms.finish(room);
+        // The id stays taken until the room task reports (`sent`).
+        self.rooms.close(room, Instant::now());
         let Some(l) = self.live.get_mut(&room) else { return };
         if let Some(tx) = l.reply.take() {
             let _ = tx.send(Err(why.clone()));

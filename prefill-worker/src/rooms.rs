@@ -3,7 +3,11 @@
 //! - **bootstrap**: the request arrived and waits for the decode node's handshake, or the
 //!   handshake arrived and waits for the request — either may come first;
 //! - **waiting**: both known, handed to the scheduler (queued or computing);
-//! - **inflight**: computed, pages still on the wire.
+//! - **inflight**: computed, pages still on the wire;
+//! - **closing**: aborted, failed or timed out after it was handed to the scheduler, its room
+//!   task still ending (pages may still be on the wire). The id stays taken until the task
+//!   reports ([`Rooms::finish`]): a request or handshake for it is refused (`room_closing`),
+//!   so a caller reusing a room id never meets the earlier room's chunks or pages.
 //!
 //! Every state has a timeout; [`Rooms::expired`] removes rooms past theirs and hands back what
 //! they held so the caller can answer and free. `R` and `H` are the caller's payloads for the
@@ -24,6 +28,8 @@ pub enum Phase {
     Waiting,
     /// Computed; pages on the wire.
     Inflight,
+    /// Ended; its room task has not reported yet.
+    Closing,
 }
 
 impl Phase {
@@ -33,6 +39,7 @@ impl Phase {
             Self::Bootstrap => "bootstrap",
             Self::Waiting => "waiting",
             Self::Inflight => "inflight",
+            Self::Closing => "closing",
         }
     }
 }
@@ -134,6 +141,10 @@ impl<R, H> Rooms<R, H> {
         if !ferry_cluster::secret_eq(&s.secret, &secret) {
             return Err(wrong_secret(room));
         }
+        if s.phase == Phase::Closing {
+            let why = format!("room {room}: an earlier room with this id is still ending");
+            return Err(Refused::new(Code::AlreadyExists, "room_closing", why));
+        }
         if has(s) || s.phase != Phase::Bootstrap {
             return Err(Refused::new(Code::AlreadyExists, reason, format!("room {room} already has {what}")));
         }
@@ -160,44 +171,81 @@ impl<R, H> Rooms<R, H> {
         }
     }
 
-    /// The room ended (sent, failed or aborted): forgets it; returns the phase it was in.
+    /// The room's task reported, or the room never had one: forgets it; returns the phase it
+    /// was in.
     pub fn finish(&mut self, room: u64) -> Option<Phase> {
         self.slots.remove(&room).map(|s| s.phase)
     }
 
-    /// An abort for `room` (checked against its secret when given). Returns the phase and,
-    /// when it was still bootstrapping, what it held; the room is forgotten.
-    pub fn abort(&mut self, room: u64, secret: Option<[u8; 16]>) -> Result<Option<Expired<R, H>>, Refused> {
-        match self.slots.get(&room) {
-            None => return Ok(None),
-            Some(s) if secret.is_some_and(|x| x != s.secret) => return Err(wrong_secret(room)),
-            Some(_) => {}
+    /// The room ended early (failed, aborted, timed out) while its task still runs: it is
+    /// `Closing` until [`finish`](Self::finish). A bootstrapping room has no task and is
+    /// forgotten at once.
+    pub fn close(&mut self, room: u64, now: Instant) {
+        match self.slots.get_mut(&room) {
+            Some(s) if s.phase == Phase::Bootstrap => {
+                self.slots.remove(&room);
+            }
+            Some(s) => {
+                s.phase = Phase::Closing;
+                s.since = now;
+            }
+            None => {}
         }
-        Ok(self.slots.remove(&room).map(|s| Expired {
+    }
+
+    /// Takes a room out by abort or timeout: a bootstrapping room is forgotten, any other
+    /// becomes `Closing`.
+    fn take(&mut self, room: u64, now: Instant) -> Option<Expired<R, H>> {
+        let s = self.slots.get_mut(&room)?;
+        let gone = Expired {
             room,
             secret: s.secret,
             phase: s.phase,
-            request: s.request,
-            handshake: s.handshake,
-        }))
+            request: s.request.take(),
+            handshake: s.handshake.take(),
+        };
+        self.close(room, now);
+        Some(gone)
     }
 
-    /// Removes and returns the rooms past their phase's timeout.
+    /// An abort for `room` (checked against its secret when given). Returns the phase and,
+    /// when it was still bootstrapping, what it held; a bootstrapping room is forgotten, any
+    /// other closes. A room already closing is not aborted again (`Ok(None)`).
+    pub fn abort(
+        &mut self,
+        room: u64,
+        secret: Option<[u8; 16]>,
+        now: Instant,
+    ) -> Result<Option<Expired<R, H>>, Refused> {
+        match self.slots.get(&room) {
+            None => return Ok(None),
+            Some(s) if secret.is_some_and(|x| !ferry_cluster::secret_eq(&x, &s.secret)) => {
+                return Err(wrong_secret(room));
+            }
+            Some(s) if s.phase == Phase::Closing => return Ok(None),
+            Some(_) => {}
+        }
+        Ok(self.take(room, now))
+    }
+
+    /// Takes out the rooms past their phase's timeout (bootstrapping ones are forgotten,
+    /// others close). A closing room has no timeout here: its task's sends and abort are each
+    /// bounded by the transfer timeout.
     pub fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
         let t = self.timeouts;
         let limit = |p: Phase| match p {
-            Phase::Bootstrap => t.bootstrap,
-            Phase::Waiting => t.waiting,
-            Phase::Inflight => t.inflight,
+            Phase::Bootstrap => Some(t.bootstrap),
+            Phase::Waiting => Some(t.waiting),
+            Phase::Inflight => Some(t.inflight),
+            Phase::Closing => None,
         };
-        let late: Vec<u64> =
-            self.slots.iter().filter(|(_, s)| now.duration_since(s.since) >= limit(s.phase)).map(|(&r, _)| r).collect();
-        late.into_iter()
-            .filter_map(|room| {
-                let s = self.slots.remove(&room)?;
-                Some(Expired { room, secret: s.secret, phase: s.phase, request: s.request, handshake: s.handshake })
-            })
-            .collect()
+        let late: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| limit(s.phase).is_some_and(|l| now.duration_since(s.since) >= l))
+            .map(|(&r, _)| r)
+            .collect();
+        late.into_iter().filter_map(|room| self.take(room, now)).collect()
     }
 
     /// The phase of `room`.
@@ -205,14 +253,15 @@ impl<R, H> Rooms<R, H> {
         self.slots.get(&room).map(|s| s.phase)
     }
 
-    /// Rooms per phase: (bootstrap, waiting, inflight).
+    /// Rooms per phase: (bootstrap, waiting, inflight); closing rooms count as inflight
+    /// (their pages may be on the wire).
     pub fn depth(&self) -> (usize, usize, usize) {
         let mut d = (0, 0, 0);
         for s in self.slots.values() {
             match s.phase {
                 Phase::Bootstrap => d.0 += 1,
                 Phase::Waiting => d.1 += 1,
-                Phase::Inflight => d.2 += 1,
+                Phase::Inflight | Phase::Closing => d.2 += 1,
             }
         }
         d
@@ -264,11 +313,34 @@ mod tests {
         assert_eq!((e.code, e.reason, back), (Code::AlreadyExists, "duplicate_room", "again"));
         let (e, _) = r.handshake(1, [9; 16], "hs", t0).expect_err("wrong secret");
         assert_eq!(e.code, Code::PermissionDenied);
-        assert!(r.abort(1, Some([9; 16])).is_err(), "an abort needs the secret");
+        assert!(r.abort(1, Some([9; 16]), t0).is_err(), "an abort needs the secret");
         assert_eq!(r.phase(1), Some(Phase::Bootstrap), "the room is untouched");
-        let gone = r.abort(1, Some([1; 16])).expect("abort").expect("was known");
+        let gone = r.abort(1, Some([1; 16]), t0).expect("abort").expect("was known");
         assert_eq!((gone.phase, gone.request), (Phase::Bootstrap, Some("req")));
-        assert!(r.abort(1, None).expect("unknown is fine").is_none());
+        assert!(r.abort(1, None, t0).expect("unknown is fine").is_none());
+    }
+
+    /// Issue 21's room-id reuse: an aborted room whose task still runs keeps its id, so a
+    /// new request or handshake with that id is refused until the task reports, instead of
+    /// replacing the room the engine is still computing and sending.
+    #[test]
+    fn a_room_id_stays_taken_until_the_aborted_rooms_task_reports() {
+        let t0 = Instant::now();
+        let mut r = rooms();
+        r.request(1, [1; 16], "req", t0).expect("request");
+        assert!(r.handshake(1, [1; 16], "hs", t0).expect("handshake").is_some(), "paired: the room task starts");
+        let gone = r.abort(1, Some([1; 16]), t0).expect("abort").expect("was known");
+        assert_eq!(gone.phase, Phase::Waiting);
+        assert_eq!(r.phase(1), Some(Phase::Closing));
+        let (e, _) = r.request(1, [1; 16], "again", t0).expect_err("the id is still taken");
+        assert_eq!((e.code, e.reason), (Code::AlreadyExists, "room_closing"));
+        let (e, _) = r.handshake(1, [1; 16], "again", t0).expect_err("for handshakes too");
+        assert_eq!(e.reason, "room_closing");
+        assert!(r.abort(1, None, t0).expect("closing").is_none(), "not aborted twice");
+        assert!(r.expired(t0 + Duration::from_secs(3600)).is_empty(), "closing waits for its task");
+        assert_eq!(r.depth(), (0, 0, 1));
+        assert_eq!(r.finish(1), Some(Phase::Closing));
+        assert!(r.request(1, [1; 16], "new", t0).is_ok(), "free once the task reported");
     }
 
     #[test]
@@ -293,6 +365,10 @@ mod tests {
             r.expired(t0 + 3 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
             vec![(3, Phase::Inflight)]
         );
+        // Rooms 2 and 3 had tasks: closing until they report.
+        assert_eq!((r.phase(2), r.phase(3)), (Some(Phase::Closing), Some(Phase::Closing)));
+        r.finish(2);
+        r.finish(3);
         assert!(r.is_empty());
     }
 }
