@@ -26,12 +26,62 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A worker's circuit breaker, fed by the active checks and by calls, counted apart: a
+/// passing health check does not clear failed calls (a worker whose health endpoint answers
+/// while its calls fail stays out of placement), only a call that succeeds does.
 #[derive(Debug, Default)]
 struct Health {
-    failures: u32,
+    /// Consecutive failed active checks.
+    check_failures: u32,
+    /// Consecutive failed calls.
+    call_failures: u32,
     open_until: Option<Instant>,
     load: Option<pb::LoadReport>,
     seen: bool,
+}
+
+impl Health {
+    fn healthy(&self, now: Instant) -> bool {
+        self.seen && self.open_until.is_none_or(|t| now >= t)
+    }
+
+    /// Opens the circuit when either count reached [`TRIP_AFTER`] and it is not open now (a
+    /// half-open worker that fails again reopens at once); true when this opened it.
+    fn trip(&mut self, now: Instant) -> bool {
+        let tripped = self.check_failures.max(self.call_failures) >= TRIP_AFTER;
+        if tripped && self.open_until.is_none_or(|t| now >= t) {
+            self.open_until = Some(now + OPEN_FOR);
+            return true;
+        }
+        false
+    }
+
+    fn call_ok(&mut self) {
+        self.call_failures = 0;
+        if self.check_failures < TRIP_AFTER {
+            self.open_until = None;
+        }
+        self.seen = true;
+    }
+
+    fn call_failed(&mut self, now: Instant) -> bool {
+        self.call_failures += 1;
+        self.trip(now)
+    }
+
+    fn check_ok(&mut self, load: pb::LoadReport) {
+        self.check_failures = 0;
+        self.load = Some(load);
+        self.seen = true;
+        if self.call_failures < TRIP_AFTER {
+            self.open_until = None;
+        }
+    }
+
+    fn check_failed(&mut self, now: Instant) -> bool {
+        self.check_failures += 1;
+        self.trip(now)
+    }
 }
 
 /// One worker.
@@ -53,8 +103,7 @@ pub struct Worker {
 impl Worker {
     /// Reachable recently and not tripped.
     pub fn healthy(&self) -> bool {
-        let h = lock(&self.health);
-        h.seen && h.open_until.is_none_or(|t| Instant::now() >= t)
+        lock(&self.health).healthy(Instant::now())
     }
 
     /// Its last load report.
@@ -64,21 +113,12 @@ impl Worker {
 
     /// A call to it succeeded.
     pub fn ok(&self) {
-        let mut h = lock(&self.health);
-        h.failures = 0;
-        h.open_until = None;
-        h.seen = true;
+        lock(&self.health).call_ok();
     }
 
     /// A call to it failed; returns true when this opened its circuit.
     pub fn failed(&self) -> bool {
-        let mut h = lock(&self.health);
-        h.failures += 1;
-        if h.failures >= TRIP_AFTER && h.open_until.is_none_or(|t| Instant::now() >= t) {
-            h.open_until = Some(Instant::now() + OPEN_FOR);
-            return true;
-        }
-        false
+        lock(&self.health).call_failed(Instant::now())
     }
 }
 
@@ -273,12 +313,9 @@ impl Registry {
                 let index = Arc::clone(&self.index);
                 async move {
                     match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
-                        Ok(Ok(r)) => {
-                            lock(&w.health).load = Some(r);
-                            w.ok();
-                        }
+                        Ok(Ok(r)) => lock(&w.health).check_ok(r),
                         _ => {
-                            if w.failed() {
+                            if lock(&w.health).check_failed(Instant::now()) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
                                 if let Some(slot) = slot
                                     && w.member.load(std::sync::atomic::Ordering::SeqCst)
@@ -391,5 +428,39 @@ fn apply(ix: &mut PrefixIndex, slot: usize, kind: Option<pb::kv_event::Kind>) ->
             Ok(())
         }
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 21's defect 8: every passing health check used to clear the breaker, so a worker
+    /// failing its calls kept getting traffic.
+    #[test]
+    fn passing_health_checks_do_not_clear_failed_calls() {
+        let t0 = Instant::now();
+        let mut h = Health::default();
+        h.check_ok(pb::LoadReport::default());
+        assert!(h.healthy(t0));
+        assert!(!h.call_failed(t0) && !h.call_failed(t0));
+        assert!(h.call_failed(t0), "the third failed call opens the circuit");
+        h.check_ok(pb::LoadReport::default());
+        assert!(!h.healthy(t0), "its health endpoint answering does not close it");
+        // Half-open after OPEN_FOR: one more failed call reopens it at once.
+        let later = t0 + OPEN_FOR;
+        assert!(h.healthy(later));
+        assert!(h.call_failed(later));
+        assert!(!h.healthy(later));
+        // A call that succeeds closes it.
+        h.call_ok();
+        assert!(h.healthy(later));
+        // Failed checks trip it on their own, and a passing check closes what they opened.
+        for _ in 0..TRIP_AFTER {
+            h.check_failed(later);
+        }
+        assert!(!h.healthy(later));
+        h.check_ok(pb::LoadReport::default());
+        assert!(h.healthy(later));
     }
 }
