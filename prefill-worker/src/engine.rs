@@ -75,6 +75,8 @@ pub enum Cmd {
     Handshake { room: u64, secret: [u8; 16], hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
     /// An Abort call; replies whether the room was known.
     Abort { room: u64, secret: [u8; 16], reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
+    /// A room task sent a chunk (the inflight timeout counts from the last one).
+    Progress { room: u64 },
     /// A room task finished: its transfer succeeded or failed.
     Sent { room: u64, result: Result<(), String> },
     /// A snapshot of the prefix cache for a KV event subscriber.
@@ -268,6 +270,7 @@ impl<B: Backend> Engine<B> {
                 };
                 let _ = reply.send(r);
             }
+            Cmd::Progress { room } => self.rooms.progress(room, now),
             Cmd::Sent { room, result } => self.sent(room, result),
             Cmd::Snapshot { reply } => {
                 let _ = reply.send(self.cache.snapshot());

@@ -65,6 +65,7 @@ impl RoomTask {
             if last {
                 break Ok(());
             }
+            let _ = self.engine.send(Cmd::Progress { room: id });
         };
         let _ = self.engine.send(Cmd::Sent { room: id, result });
     }

@@ -177,6 +177,16 @@ impl<R, H> Rooms<R, H> {
         self.slots.remove(&room).map(|s| s.phase)
     }
 
+    /// The room's transfer moved (a chunk was sent): an inflight room's timeout counts from
+    /// its last progress, so a long transfer that keeps moving is not cut.
+    pub fn progress(&mut self, room: u64, now: Instant) {
+        if let Some(s) = self.slots.get_mut(&room)
+            && s.phase == Phase::Inflight
+        {
+            s.since = now;
+        }
+    }
+
     /// The room ended early (failed, aborted, timed out) while its task still runs: it is
     /// `Closing` until [`finish`](Self::finish). A bootstrapping room has no task and is
     /// forgotten at once.
@@ -341,6 +351,21 @@ mod tests {
         assert_eq!(r.depth(), (0, 0, 1));
         assert_eq!(r.finish(1), Some(Phase::Closing));
         assert!(r.request(1, [1; 16], "new", t0).is_ok(), "free once the task reported");
+    }
+
+    /// Issue 21's defect 6: the inflight timeout counted from the end of computation, so a
+    /// transfer still moving was cut after it.
+    #[test]
+    fn an_inflight_room_times_out_from_its_last_progress() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut r = rooms();
+        r.request(1, [1; 16], "a", t0).expect("ok");
+        r.handshake(1, [1; 16], "a", t0).expect("ok");
+        r.computed(1, t0);
+        r.progress(1, t0 + 2 * s);
+        assert!(r.expired(t0 + 4 * s).is_empty(), "moving 2 s ago, timeout 3 s");
+        assert_eq!(r.expired(t0 + 5 * s).len(), 1);
     }
 
     #[test]
