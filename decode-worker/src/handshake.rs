@@ -34,11 +34,13 @@ pub struct HandshakeJob {
     pub layout: LayoutDescriptor,
 }
 
-/// Starts handshakes and keeps one gRPC channel per prefill node.
+/// Starts handshakes and keeps one gRPC channel per prefill node. Channels connect lazily,
+/// within the handshake timeout, outside any lock: a prefill address that never answers
+/// delays only the handshakes sent to it.
 #[derive(Clone)]
 pub struct Handshakes {
     rt: tokio::runtime::Handle,
-    channels: Arc<tokio::sync::Mutex<HashMap<String, Channel>>>,
+    channels: Arc<std::sync::Mutex<HashMap<String, Channel>>>,
     engine: EngineLink<Cmd>,
     timeout: Duration,
     tls: Option<Arc<InternalTls>>,
@@ -75,23 +77,24 @@ impl Handshakes {
         });
     }
 
-    async fn channel(&self, addr: &str) -> Result<Channel, Refused> {
-        let mut c = self.channels.lock().await;
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, Refused> {
+        let mut c = self.channels();
         if let Some(ch) = c.get(addr) {
             return Ok(ch.clone());
         }
-        let unreachable = |e: &dyn std::fmt::Display| {
-            Refused::new(Code::Unavailable, "prefill_unreachable", format!("prefill node {addr}: {e}"))
-        };
         let ep = ferry_cluster::mtls::endpoint(addr, self.tls.as_deref())
             .map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
-        let ch = ep.connect_timeout(self.timeout).connect().await.map_err(|e| unreachable(&e))?;
+        let ch = ep.connect_timeout(self.timeout).connect_lazy();
         c.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }
 
     async fn call(&self, job: HandshakeJob) -> Result<(), Refused> {
-        let ch = self.channel(&job.bootstrap).await?;
+        let ch = self.channel(&job.bootstrap)?;
         let req = pb::HandshakeRequest {
             room: Some(pb::RoomKey::from(&job.key)),
             dest_pages: job.dest,
@@ -102,9 +105,15 @@ impl Handshakes {
         };
         match pb::bootstrap_client::BootstrapClient::new(ch).handshake(req).await {
             Ok(_) => Ok(()),
+            // The channel connects on first use: a connect failure is this call's.
+            Err(s) if s.code() == Code::Unavailable && s.message().contains("transport error") => {
+                self.channels().remove(&job.bootstrap);
+                let why = format!("prefill node {}: {}", job.bootstrap, s.message());
+                Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
+            }
             Err(s) => {
                 if s.code() == Code::Unavailable {
-                    self.channels.lock().await.remove(&job.bootstrap);
+                    self.channels().remove(&job.bootstrap);
                 }
                 Err(Refused::new(
                     s.code(),

@@ -14,6 +14,7 @@
 mod engine;
 mod room_task;
 pub mod rooms;
+mod senders;
 mod service;
 
 pub use engine::{Load, PrefillDone};

@@ -54,7 +54,7 @@ impl RoomTask {
             match tokio::time::timeout(limit, room.send(msg.first, &msg.pages, &self.mem, msg.last)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    self.senders.evict(&self.sender).await;
+                    self.senders.evict(&self.sender);
                     break Err(format!("{e:?}"));
                 }
                 Err(_) => {

@@ -9,46 +9,18 @@ use std::sync::{Arc, Mutex};
 use ferry_cluster::{LayoutDescriptor, Refused, RoomKey, wire};
 use ferry_proto::v1 as pb;
 use ferry_radix::events::KvEvent;
-use ferry_transfer::backend::{self, TransferConfig};
+use ferry_transfer::BackendKind;
+use ferry_transfer::backend::TransferConfig;
 use ferry_transfer::memory::HostPages;
-use ferry_transfer::{BackendKind, Sender};
 use ferry_worker::EngineLink;
 use futures::Stream;
 use tokio::sync::{broadcast, oneshot};
 use tonic::{Code, Request, Response, Status};
 
 use crate::engine::{Cmd, Handshake, Load, NewRequest};
+pub use crate::senders::SenderPool;
 
 const ROLE: &str = "prefill";
-
-/// Data-plane senders to decode nodes, one per endpoint, reused across rooms.
-#[derive(Default)]
-pub struct SenderPool {
-    senders: tokio::sync::Mutex<HashMap<String, Arc<Sender>>>,
-}
-
-impl SenderPool {
-    async fn get(
-        &self,
-        kind: BackendKind,
-        endpoint: &str,
-        mem: &Arc<HostPages>,
-        cfg: TransferConfig,
-    ) -> std::io::Result<Arc<Sender>> {
-        let mut s = self.senders.lock().await;
-        if let Some(x) = s.get(endpoint) {
-            return Ok(Arc::clone(x));
-        }
-        let x = Arc::new(backend::connect(kind, endpoint, Arc::clone(mem), cfg).await?);
-        s.insert(endpoint.to_string(), Arc::clone(&x));
-        Ok(x)
-    }
-
-    /// Forgets `sender` (its connection broke): the next handshake for its endpoint reconnects.
-    pub async fn evict(&self, sender: &Arc<Sender>) {
-        self.senders.lock().await.retain(|_, x| !Arc::ptr_eq(x, sender));
-    }
-}
 
 /// What every handler shares.
 pub struct Shared {

@@ -170,6 +170,49 @@ async fn an_unreachable_prefill_node_fails_the_handshake_and_frees_the_room() {
     d.stop().await;
 }
 
+/// Issue 21's defect 4 on the decode side: a prefill address whose connects hang (a
+/// listener with a full accept queue drops SYNs; a black-holed host looks the same) used to
+/// hold the node's channel lock across the connect, so every other handshake waited for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_address_that_never_answers_delays_only_its_own_handshakes() {
+    let m = TinyModel::new();
+    let (pa, mut da) = args(&m);
+    da.worker.bootstrap_timeout = 5.0;
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let hole = tokio::net::TcpSocket::new_v4().expect("socket");
+    hole.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let hole = hole.listen(0).expect("listen");
+    let hole_addr = hole.local_addr().expect("addr");
+    let _filler = std::net::TcpStream::connect(hole_addr).expect("fill the accept queue");
+    let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+    let req = pb::DecodeRequest {
+        request_id: "hole".into(),
+        room: Some(pb::RoomKey::from(&RoomKey::random())),
+        prefill_bootstrap_addr: hole_addr.to_string(),
+        token_ids: prompt(50),
+        sampling: None,
+    };
+    let stuck = tokio::spawn(async move {
+        let t = std::time::Instant::now();
+        let mut s = decode.generate(req).await.expect("accepted").into_inner();
+        (s.message().await.map(|_| ()), t.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
+    let t = std::time::Instant::now();
+    c.generate(&prompt(40), &greedy(4)).await.expect("served");
+    assert!(t.elapsed() < Duration::from_millis(2500), "waited {:?} behind the stuck handshake", t.elapsed());
+    let (r, took) = stuck.await.expect("task");
+    let e = r.expect_err("the handshake to the black hole fails");
+    assert!(matches!(e.code(), Code::DeadlineExceeded | Code::Unavailable), "{e:?}");
+    // Its room's waiting timeout (2 s) or the handshake timeout (5 s) ends it.
+    assert!(took < Duration::from_secs(7), "ended after {took:?}");
+    until("decode pages back", || d.load().free_pages == d.load().total_pages).await;
+    d.stop().await;
+    p.stop().await;
+}
+
 /// A stand-in prefill node: accepts handshakes, then sends `pages` of the room's pages (0:
 /// none) and stalls.
 struct Stalling {
