@@ -196,7 +196,7 @@ impl Drop for Killed {
 /// where nothing changes for 16 s must not have set its watch up again once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_watch_is_not_cut_by_etcd() {
-    let e = Etcd::start();
+    let mut e = Etcd::start();
     let m = TinyModel::new();
     let metrics: std::net::SocketAddr =
         format!("127.0.0.1:{}", ferry_tests::etcd::free_port()).parse().expect("metrics address");
@@ -234,4 +234,17 @@ async fn a_quiet_watch_is_not_cut_by_etcd() {
     let body = ferry_tests::scrape(metrics).await;
     assert!(joined(&body), "the router still lists d0:\n{body}");
     assert_eq!(ferry_tests::metric_sum(&body, "ferry_etcd_reconnects_total", "stream=\"watch\""), 0.0, "{body}");
+    // The counter is live: etcd going away and coming back sets the watch up again.
+    e.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    e.restart();
+    let t = Instant::now();
+    loop {
+        let body = ferry_tests::scrape(metrics).await;
+        if ferry_tests::metric_sum(&body, "ferry_etcd_reconnects_total", "stream=\"watch\"") >= 1.0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "a broken watch was not counted:\n{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

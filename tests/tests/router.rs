@@ -124,8 +124,12 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
         vec![d.grpc_addr.to_string()],
     );
     // One load poll at start, then none for the test's length: the router keeps believing in
-    // the worker this test stops.
+    // the worker this test stops. Least-load placement with equal (stale) loads picks the
+    // first worker every time: the cache-aware policy would too while the prefix index holds
+    // the prompt there, but the index forgets a stopped worker's entries as soon as its event
+    // stream breaks, and the repeat then went to either worker (retried or not).
     args.load_poll_ms = 60_000;
+    args.policy = "least-load".into();
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {
@@ -138,15 +142,19 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
     let (first, _) = collect(&mut client.clone().generate(by_ids(&prompt, 4)).await.expect("ok").into_inner()).await;
     assert_eq!(first, want[0]);
-    // The prompt is now cached on one worker: stop that one; the router sends the repeat there
-    // (it holds the prefix), the call fails, and the request is retried on the other.
+    // The prompt is now cached on the first worker: stop it; the router sends the repeat there,
+    // the call fails, and the request is retried on the other.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let holder = ps.iter().position(|p| p.load().evictable_pages > 0).expect("a worker cached the prompt");
-    let gone = ps.remove(holder);
+    assert!(ps[0].load().evictable_pages > 0, "the first worker cached the prompt");
+    let gone = ps.remove(0);
     gone.stop().await;
+    let retries = |m: &str| ferry_tests::metric_sum(m, "ferry_router_retries_total", "stage=\"prefill\"");
+    let before = retries(&ferry_tests::scrape(r.metrics_addr).await);
     let (again, last) = collect(&mut client.clone().generate(by_ids(&prompt, 4)).await.expect("ok").into_inner()).await;
     assert_eq!(again, want[0], "same tokens after the retry");
     assert_eq!(last.cached_tokens, 0, "the other worker had nothing cached");
+    let metrics = ferry_tests::scrape(r.metrics_addr).await;
+    assert!(retries(&metrics) > before, "the prefill retry is counted (was {before}):\n{metrics}");
     settle(&ps[0], std::slice::from_ref(&d)).await;
     r.stop().await;
     for p in ps {

@@ -262,6 +262,27 @@ impl Cluster {
         false
     }
 
+    /// Waits (up to `within`) until a decode daemon has a request in its transfer queue (pages
+    /// allocated, KV on its way); returns whether one did.
+    pub async fn wait_transfer(&self, within: Duration) -> bool {
+        let mut clients = Vec::new();
+        for d in &self.decode {
+            clients.push(pb::load_client::LoadClient::new(ferry_tests::channel(d.grpc.parse().expect("addr")).await));
+        }
+        let t = Instant::now();
+        while t.elapsed() < within {
+            for c in &mut clients {
+                if let Ok(r) = c.report(pb::LoadRequest {}).await
+                    && r.into_inner().queue_depth.get("transfer").is_some_and(|&n| n > 0)
+                {
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
     /// Each worker's load report: (name, report).
     pub async fn loads(&self) -> Vec<(String, pb::LoadReport)> {
         let mut out = Vec::new();

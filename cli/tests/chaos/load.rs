@@ -33,6 +33,10 @@ pub struct Tally {
     pub errors: BTreeMap<String, u64>,
     /// Attempts sent again in this phase.
     pub retried: u64,
+    /// Of those, attempts sent again after ABORTED, CANCELLED or DEADLINE_EXCEEDED: retried
+    /// as a careful client would, but reported apart, since Ferry's own fault handling
+    /// answers UNAVAILABLE.
+    pub retried_after_odd_codes: u64,
     /// Attempts in this phase that neither answered nor failed within [`ATTEMPT_TIMEOUT`]
     /// (must be 0).
     pub hung: u64,
@@ -184,7 +188,12 @@ impl Load {
                     self.record(&self.now(), |t| *t.errors.entry(kind(&s)).or_default() += 1);
                     return self.record(&phase, |t| t.failed += 1);
                 }
-                Ok(Err(s)) => self.record(&self.now(), |t| *t.errors.entry(kind(&s)).or_default() += 1),
+                Ok(Err(s)) => self.record(&self.now(), |t| {
+                    *t.errors.entry(kind(&s)).or_default() += 1;
+                    if matches!(s.code(), Code::Aborted | Code::Cancelled | Code::DeadlineExceeded) {
+                        t.retried_after_odd_codes += 1;
+                    }
+                }),
                 Err(_) => self.record(&self.now(), |t| t.hung += 1),
             }
             if start.elapsed() + backoff > REQUEST_DEADLINE {

@@ -82,7 +82,7 @@ fn report(
     pages: &[(String, pb::LoadReport)],
 ) -> String {
     let mut s = String::from(
-        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) | slowest request |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|\n",
+        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries (of them after ABORTED / CANCELLED / DEADLINE_EXCEEDED) | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) | slowest request |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|\n",
     );
     for (i, (name, t)) in tallies.iter().enumerate() {
         let r = retries.get(i).copied().unwrap_or_default();
@@ -90,13 +90,14 @@ fn report(
         let max = t.latencies.iter().copied().fold(0.0, f64::max);
         let slowest = t.slowest.as_ref().map_or(String::new(), |(_, id)| id.clone());
         s += &format!(
-            "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {:.2} / {:.2} | {slowest} |\n",
+            "| {name} | {} | {} | {} | {} | {} | {} ({}) | {} / {} | {} | {} | {:.2} / {:.2} | {slowest} |\n",
             t.sent,
             t.completed,
             t.wrong,
             t.failed,
             if errors.is_empty() { "none".into() } else { errors.join("; ") },
             t.retried,
+            t.retried_after_odd_codes,
             r[0] as u64,
             r[1] as u64,
             t.hung,
@@ -150,6 +151,10 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     phases.begin(&c, &load, "kill -9 prefill p0").await;
     pause(0.5).await;
     let busy = Cluster::wait_busy(&c.prefill[0]).await;
+    let mut idle_kills = Vec::new();
+    if !busy {
+        idle_kills.push("p0");
+    }
     c.prefill[0].kill9();
     let unhealthy = c.wait_members(&["p1"], &all.1, Duration::from_secs(20)).await;
     let gone = c.wait_absent("p0", Duration::from_secs(20)).await;
@@ -166,6 +171,9 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     phases.begin(&c, &load, "kill -9 decode d0").await;
     pause(0.5).await;
     let busy = Cluster::wait_busy(&c.decode[0]).await;
+    if !busy {
+        idle_kills.push("d0");
+    }
     // Its counters restart with the process: keep what it did before the kill.
     let mut retractions = c.retractions(0).await;
     c.decode[0].kill9();
@@ -204,15 +212,33 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     ));
     pause(3.0).await;
 
-    phases.begin(&c, &load, "data plane cut 1.5 s").await;
+    phases.begin(&c, &load, "data plane cut").await;
     pause(0.5).await;
+    // Cut while a transfer is under way, for 1.5 s and on until a transfer failed for it and
+    // the router retried (10 s at most): a cut that hits no transfer tests nothing.
+    c.wait_transfer(Duration::from_secs(20)).await;
+    let before: f64 = c.router_retries().await.iter().sum();
+    let t = Instant::now();
     for p in &c.proxies {
         p.cut();
     }
     pause(1.5).await;
+    let mut cut_retried = false;
+    while t.elapsed() < Duration::from_secs(10) {
+        if c.router_retries().await.iter().sum::<f64>() > before {
+            cut_retried = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for p in &c.proxies {
         p.restore();
     }
+    notes.push(format!(
+        "data plane cut for {:.2} s{}",
+        t.elapsed().as_secs_f64(),
+        if cut_retried { "; the router retried a transfer it broke" } else { "; no transfer failed" }
+    ));
     pause(4.0).await;
 
     phases.begin(&c, &load, "data plane +20 ms per read").await;
@@ -281,6 +307,11 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     println!("written to {}", out.display());
 
     assert!(at_baseline(&loads), "pages or queues not back at baseline:\n{text}");
+    assert!(
+        idle_kills.is_empty(),
+        "killed while holding no request (the phase tested nothing): {idle_kills:?}\n{text}"
+    );
+    assert!(cut_retried, "the data-plane cut broke no transfer\n{text}");
     assert!(frozen_busy, "p1 was frozen while idle: the phase tested nothing\n{text}");
     assert!(moved.is_some(), "the request held by the frozen p1 waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");

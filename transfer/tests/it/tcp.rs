@@ -21,6 +21,11 @@ async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
     let sender = TcpSender::connect(receiver.local_addr(), cfg()).await.expect("connect");
     let mut rng = Rng(99);
     for round in 0..5u64 {
+        // A clean arena each round, so that the untouched-page check below means something.
+        for p in 0..PAGES as u32 {
+            // SAFETY: no room is open; nothing else writes the arena.
+            unsafe { rx_mem.write(p, &[0; PAGE]).expect("zero") };
+        }
         let mut free_dst: Vec<u32> = (0..PAGES as u32).collect();
         let mut free_src: Vec<u32> = (0..PAGES as u32).collect();
         let mut rooms = Vec::new();
@@ -67,7 +72,7 @@ async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
             receiver.close(room);
         }
         for &p in &free_dst {
-            assert!(page(&rx_mem, p).iter().all(|&b| b == 0) || round > 0, "untouched page {p} written");
+            assert!(page(&rx_mem, p).iter().all(|&b| b == 0), "round {round}: untouched page {p} written");
         }
     }
     assert_eq!(receiver.open_rooms(), (0, 0));
@@ -82,8 +87,9 @@ async fn foreign_frames_are_refused_counted_and_write_nothing() {
         TcpSender::connect(receiver.local_addr(), TcpConfig { connections: 1, ..cfg() }).await.expect("connect");
     let done = receiver.open(7, [7; 16], &[10, 11]).expect("open");
     let run = |src: u32, dst: u32| coalesce(&[src], &[dst]);
-    sender.send_pages(8, [7; 16], &run(1, 10), &src).await.expect("unknown room");
-    sender.send_pages(7, [0; 16], &run(1, 10), &src).await.expect("wrong secret");
+    // Refused frames aim at pages nothing else writes, so a write would show.
+    sender.send_pages(8, [7; 16], &run(1, 20), &src).await.expect("unknown room");
+    sender.send_pages(7, [0; 16], &run(1, 21), &src).await.expect("wrong secret");
     sender.send_pages(7, [7; 16], &run(1, 12), &src).await.expect("outside the room");
     // The connection still works: the real pages go through afterwards.
     sender.send_pages(7, [7; 16], &coalesce(&[3, 4], &[10, 11]), &src).await.expect("send");
@@ -101,7 +107,9 @@ async fn foreign_frames_are_refused_counted_and_write_nothing() {
         receiver.refusals(Refusal::Duplicate) + receiver.refusals(Refusal::Closed) == 1
     })
     .await;
-    assert!(page(&rx_mem, 12).iter().all(|&b| b == 0), "page outside the room untouched");
+    for p in [12, 20, 21] {
+        assert!(page(&rx_mem, p).iter().all(|&b| b == 0), "refused frame wrote page {p}");
+    }
     assert_eq!(page(&rx_mem, 10), page(&src, 3));
     receiver.close(7);
     // Frames for a closed room are refused too.
