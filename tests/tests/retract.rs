@@ -15,18 +15,6 @@ fn prompts(n: usize, len: usize, vocab: u32) -> Vec<Vec<u32>> {
     (0..n).map(|r| (0..len).map(|i| 3 + ((i * 31 + r * 17 + 5) as u32 % (vocab - 3))).collect()).collect()
 }
 
-/// Waits (up to 10 s) until every page of `d` is free.
-async fn pages_back(d: &ferry_decode::Running) {
-    for _ in 0..1000 {
-        let l = d.load();
-        if l.free_pages == l.total_pages {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("decode pages not back: {:?}", d.load());
-}
-
 /// Runs `prompts` concurrently on a colocated decode worker of `pages` pages; returns the
 /// outputs and the retractions counted.
 async fn squeezed(
@@ -53,7 +41,7 @@ async fn squeezed(
     }
     let worker = format!("worker=\"{}\"", d.worker_id);
     let retractions = metric_sum(&scrape(d.metrics_addr).await, "ferry_decode_retractions_total", &worker);
-    pages_back(&d).await;
+    ferry_tests::settle_decode(std::slice::from_ref(&d)).await;
     d.stop().await;
     (out, retractions)
 }
@@ -155,7 +143,7 @@ async fn smollm2_under_memory_pressure_completes_every_request_through_the_route
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("max_tokens") && text.contains("96"), "{text}");
     assert!(t.elapsed() < Duration::from_secs(2), "refused at once");
-    pages_back(&d).await;
+    ferry_tests::settle_decode(std::slice::from_ref(&d)).await;
     r.stop().await;
     d.stop().await;
 }
