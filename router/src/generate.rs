@@ -115,6 +115,8 @@ pub struct Ctx {
     pub page_size: usize,
     /// Keys accepted as `Authorization: Bearer <key>`; empty: no key needed.
     pub api_keys: Vec<String>,
+    /// Bounds on stop strings.
+    pub limits: crate::limits::Limits,
     /// Bounded concurrency with a queue.
     pub admission: Admission,
 }

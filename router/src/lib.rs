@@ -18,6 +18,7 @@
 pub mod admission;
 pub mod generate;
 pub mod index;
+pub mod limits;
 pub mod openai;
 pub mod placement;
 mod service;
@@ -104,6 +105,12 @@ pub struct RouterArgs {
     /// Milliseconds a request waits in the admission queue at most before it is refused.
     #[arg(long, env = "FERRY_QUEUE_TIMEOUT_MS", default_value_t = 30_000)]
     pub queue_timeout_ms: u64,
+    /// Most stop strings one request may carry (more: 400 / INVALID_ARGUMENT naming `stop`).
+    #[arg(long, env = "FERRY_MAX_STOP_STRINGS", default_value_t = 16)]
+    pub max_stop_strings: usize,
+    /// Most bytes of one stop string (longer: 400 / INVALID_ARGUMENT naming it).
+    #[arg(long, env = "FERRY_MAX_STOP_STRING_BYTES", default_value_t = 256)]
+    pub max_stop_string_bytes: usize,
     /// Milliseconds between active checks (gRPC health and load report) of every worker.
     #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
     pub load_poll_ms: u64,
@@ -143,6 +150,8 @@ impl RouterArgs {
             max_running_requests: 256,
             max_queued_requests: 1024,
             queue_timeout_ms: 30_000,
+            max_stop_strings: 16,
+            max_stop_string_bytes: 256,
             load_poll_ms: 100,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
             internal_tls: InternalTlsArgs::default(),
@@ -245,6 +254,10 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         local_prefill_below: args.local_prefill_below,
         page_size: args.page_size,
         api_keys: args.api_keys.clone(),
+        limits: crate::limits::Limits {
+            max_stop_strings: args.max_stop_strings,
+            max_stop_bytes: args.max_stop_string_bytes,
+        },
         admission: Admission::new(Limits {
             max_running: args.max_running_requests,
             max_queued: args.max_queued_requests,

@@ -203,6 +203,13 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
         return Err(err(StatusCode::BAD_REQUEST, "unsupported", "only n = 1 is supported"));
     }
     let bad = |reason, m: String| err(StatusCode::BAD_REQUEST, reason, m);
+    // Before any work for the request: stop strings are scanned at every token.
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(StopIn::One(s)) => vec![s.clone()],
+        Some(StopIn::Many(v)) => v.clone(),
+    };
+    ctx.limits.check_stop(&stop).map_err(|e| bad(e.reason, e.message))?;
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
             ctx.model.tokenizer.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
@@ -240,14 +247,6 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
         ..d
     };
     ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
-    let stop = match &c.stop {
-        None => Vec::new(),
-        Some(StopIn::One(s)) => vec![s.clone()],
-        Some(StopIn::Many(v)) => v.clone(),
-    };
-    if stop.iter().any(String::is_empty) {
-        return Err(bad("bad_stop", "stop strings must not be empty".into()));
-    }
     Ok(Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop })
 }
 

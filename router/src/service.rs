@@ -40,6 +40,9 @@ impl pb::router_server::Router for RouterSvc {
 
     async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<Out>, Status> {
         let r = req.into_inner();
+        // Before any work for the request: the id is echoed and logged, stops scanned per token.
+        crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;
+        self.0.limits.check_stop(&r.stop).map_err(|e| bad(e.reason, e.message))?;
         let tokens = match r.prompt {
             Some(pb::generate_request::Prompt::Text(t)) => self.text(&t)?,
             Some(pb::generate_request::Prompt::Chat(c)) => self.chat(&c.messages)?,

@@ -225,17 +225,43 @@ async fn bad_router_calls_are_refused_and_harm_nothing() {
     if let Some(s) = bad_sampling.sampling.as_mut() {
         s.top_p = 2.0;
     }
+    let with = |f: &dyn Fn(&mut pb::GenerateRequest)| {
+        let mut r = text("hello");
+        f(&mut r);
+        r
+    };
     let cases = [
-        ("no prompt", pb::GenerateRequest::default()),
-        ("empty prompt", text("")),
-        ("token id past the vocabulary", by_ids(&[1, 2, 100_000], 2)),
-        ("prompt over the context", by_ids(&vec![7; 2048], 2)),
-        ("invalid sampling", bad_sampling),
+        ("no prompt", pb::GenerateRequest::default(), "prompt"),
+        ("empty prompt", text(""), "empty"),
+        ("token id past the vocabulary", by_ids(&[1, 2, 100_000], 2), "vocabulary"),
+        ("prompt over the context", by_ids(&vec![7; 2048], 2), "context"),
+        ("invalid sampling", bad_sampling, "top_p"),
+        // A newline in the id would forge a line in the router's log.
+        ("request id with a newline", with(&|r| r.request_id = "a\nWARN forged".into()), "request_id"),
+        ("request id of 129 characters", with(&|r| r.request_id = "x".repeat(129)), "request_id"),
+        ("17 stop strings", with(&|r| r.stop = vec!["s".into(); 17]), "stop"),
+        ("a stop string of 257 bytes", with(&|r| r.stop = vec!["a".into(), "b".repeat(257)]), "stop[1]"),
     ];
-    for (what, req) in cases {
+    for (what, req, field) in cases {
         let e = client.clone().generate(req).await.map(|_| ()).expect_err(what);
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{what}: {e:?}");
-        assert!(!e.message().is_empty(), "{what}");
+        assert!(e.message().contains(field), "{what}: the message names {field}: {}", e.message());
+    }
+    // The same bounds over HTTP.
+    let (_, _, models) = ferry_tests::http(r.http_addr, "GET", "/v1/models", b"").await;
+    let model: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    let body =
+        serde_json::json!({"model": model["data"][0]["id"], "prompt": "Hi", "max_tokens": 2, "stop": vec!["s"; 17]});
+    let (status, _, text) =
+        ferry_tests::http(r.http_addr, "POST", "/v1/completions", body.to_string().as_bytes()).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("`stop`"), "{text}");
+    let metrics = ferry_tests::scrape(r.metrics_addr).await;
+    for reason in ["bad_request_id", "too_many_stop_strings", "stop_string_too_long"] {
+        assert!(
+            ferry_tests::metric_sum(&metrics, "ferry_bad_requests_total", &format!("reason=\"{reason}\"")) >= 1.0,
+            "{reason} not counted:\n{metrics}"
+        );
     }
     let (ids, _) =
         collect(&mut client.clone().generate(by_ids(&[5, 6, 7, 8], 3)).await.expect("ok").into_inner()).await;
