@@ -436,6 +436,16 @@ impl<B: Backend> Engine<B> {
             }
             l.wire.extend_from_slice(&msg.pages);
         }
+        if msg.last.is_some()
+            && let Some(&page) = msg.pages.last()
+        {
+            let layout = self.pool.layout();
+            let valid = l.tokens.len() % layout.page_size;
+            // SAFETY: the prompt's partial last page is this room's alone (the prefix cache
+            // holds whole pages), and its task has not been handed it yet.
+            unsafe { crate::tail::zero_tail(self.kv.mem(), layout, page, valid) }
+                .map_err(|e| ferry_engine::EngineError::InvalidRequest(e.to_string()))?;
+        }
         if let Some(tx) = &l.chunks {
             let _ = tx.send(msg);
         }

@@ -16,6 +16,7 @@ mod room_task;
 pub mod rooms;
 mod senders;
 mod service;
+pub mod tail;
 
 pub use engine::{Load, PrefillDone};
 
