@@ -195,10 +195,24 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
 /// See [`KEEPALIVE_INTERVAL`].
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Refuses an address whose scheme contradicts the cluster's internal TLS mode: with mutual
+/// TLS on, `http://` would have made the connection plaintext (tonic applies TLS to `https`
+/// only), so one discovery entry could downgrade it; with it off, `https://` cannot work.
+/// Addresses without a scheme take the cluster's.
+pub fn check_scheme(addr: &str, tls: bool) -> Result<(), String> {
+    let Some((scheme, _)) = addr.split_once("://") else { return Ok(()) };
+    match (scheme.to_ascii_lowercase().as_str(), tls) {
+        ("https", true) | ("http", false) => Ok(()),
+        ("http", true) => Err(format!("{addr}: plaintext http:// refused: internal mutual TLS is on")),
+        (s, on) => Err(format!("{addr}: scheme {s:?} does not match internal TLS ({})", if on { "on" } else { "off" })),
+    }
+}
+
 /// An endpoint for another daemon's gRPC at `addr` (`host:port` or a URI): `https` with the
 /// client certificate when `tls` is given, else `http`; pinged while calls are open
 /// ([`KEEPALIVE_INTERVAL`]).
 pub fn endpoint(addr: &str, tls: Option<&InternalTls>) -> Result<Endpoint, String> {
+    check_scheme(addr, tls.is_some())?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
     let ep = Endpoint::from_shared(uri)
@@ -230,5 +244,21 @@ impl Stream for Incoming {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx).map(|c| c.map(|(tls, _)| Ok(tls)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_cannot_downgrade_internal_tls() {
+        assert!(check_scheme("10.0.0.1:7000", true).is_ok());
+        assert!(check_scheme("https://w:7000", true).is_ok());
+        assert!(check_scheme("HTTP://w:7000", true).expect_err("downgrade").contains("plaintext"));
+        assert!(check_scheme("http://w:7000", false).is_ok());
+        assert!(check_scheme("https://w:7000", false).is_err());
+        assert!(check_scheme("ftp://w:7000", true).is_err());
+        assert!(endpoint("http://w:7000", None).is_ok());
     }
 }

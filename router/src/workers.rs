@@ -274,7 +274,7 @@ impl Registry {
         }
         for w in all {
             if let Err(e) = self.upsert(w) {
-                tracing::warn!(error = %e, "worker not added");
+                refused_worker(&e);
             }
         }
     }
@@ -294,7 +294,7 @@ impl Registry {
                 }
             };
             if let Err(e) = r {
-                tracing::warn!(error = %e, "worker not added");
+                refused_worker(&e);
             }
         }
     }
@@ -344,6 +344,13 @@ impl Registry {
             metrics::gauge!(M::ROUTER_INDEX_PAGES).set(lock(&self.index).pages() as f64);
         }
     }
+}
+
+/// A discovered worker that could not be added (a bad address, a scheme that contradicts
+/// the internal TLS mode, no prefix-index slot left): logged and counted.
+fn refused_worker(e: &str) {
+    tracing::warn!(error = %e, "worker not added");
+    metrics::counter!(M::BAD_REQUESTS, "role" => "router", "reason" => "worker_refused").increment(1);
 }
 
 /// One active check: gRPC health, then the load report.

@@ -56,6 +56,16 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     a.worker.pool_pages = 512;
     a.worker.internal_tls = pki.args(&dl);
     let d = ferry_decode::start(a).await.expect("decode up");
+    // A worker named with http:// while mutual TLS is on would be called in plaintext: refused
+    // (at start for flags; a discovered one is refused and counted as worker_refused).
+    let mut plain = ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        vec![format!("d-plain=http://{}", d.grpc_addr)],
+    );
+    plain.internal_tls = pki.args(&rl);
+    let e = ferry_router::start(plain).await.map(|_| ()).expect_err("an http:// worker under mutual TLS");
+    assert!(e.to_string().contains("plaintext"), "{e}");
     let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
     ra.internal_tls = pki.args(&rl);
     let r = ferry_router::start(ra).await.expect("router up");
