@@ -16,6 +16,9 @@ pub const TRANSFER_THROUGHPUT: &str = "ferry_transfer_throughput_bytes_per_secon
 pub const TRANSFER_ROOMS: &str = "ferry_transfer_rooms_total";
 /// Frames or rooms a receiver refused, by `reason` (counter).
 pub const TRANSFER_REFUSALS: &str = "ferry_transfer_refusals_total";
+/// OpenAI request fields the router ignored, by `field` (well-known names, else `other`)
+/// (counter).
+pub const OPENAI_IGNORED_FIELDS: &str = "ferry_openai_ignored_fields_total";
 /// Data-plane connections a receiver serves now (gauge).
 pub const TRANSFER_CONNECTIONS: &str = "ferry_transfer_connections";
 /// Data-plane connections a receiver dropped or failed to accept, by `reason` (counter).
@@ -161,6 +164,7 @@ pub const ALL: &[Metric] = &[
         "Transfer rooms ended (reason: none, timeout, aborted, corrupt, peer_gone, refused)",
     ),
     m(TRANSFER_REFUSALS, Kind::Counter, "reason", "Frames or rooms refused by a receiver"),
+    m(OPENAI_IGNORED_FIELDS, Kind::Counter, "field", "OpenAI request fields ignored (well-known names, else other)"),
     m(TRANSFER_CONNECTIONS, Kind::Gauge, "", "Data-plane connections a receiver serves now"),
     m(
         TRANSFER_CONNECTIONS_REFUSED,

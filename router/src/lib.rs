@@ -71,7 +71,7 @@ pub struct RouterArgs {
     #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0")]
     pub grpc_addr: SocketAddr,
     /// OpenAI-compatible HTTP API listen address (`/v1/completions`, `/v1/chat/completions`,
-    /// `/v1/models`, `/health`, `/metrics`).
+    /// `/v1/models`, `/v1/models/{id}`, `/health`, `/metrics`).
     #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "127.0.0.1:0")]
     pub http_addr: SocketAddr,
     /// Prometheus `/metrics` listen address.

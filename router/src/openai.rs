@@ -1,9 +1,10 @@
 //! The OpenAI-compatible HTTP API: `POST /v1/completions`, `POST /v1/chat/completions`
-//! (streamed over SSE or not), `GET /v1/models`, `GET /health`, `GET /metrics`.
+//! (streamed over SSE or not), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`,
+//! `GET /metrics`.
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
-//! unknown fields, an unknown model, invalid sampling values, an empty prompt or one over the
+//! fields asking for what is not served yet (`logprobs`, `tools`, ...), an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
 //! `Retry-After` header. A client that disconnects drops the request on both workers. With
 //! API keys configured, `/v1/*` needs `Authorization: Bearer <key>` (else 401); `/health` and
@@ -77,9 +78,11 @@ enum StopIn {
     Many(Vec<String>),
 }
 
-/// Fields both endpoints accept (unknown ones are refused).
+/// Fields both endpoints read. Fields Ferry does not know are ignored, logged at debug and
+/// counted (`ferry_openai_ignored_fields_total{field}`), as vLLM and SGLang do: clients and
+/// SDKs send many (`metadata`, `store`, `service_tier`, ...). Fields Ferry knows but does not
+/// serve yet, and that would change the answer, are refused by name ([`UNSERVED`]).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Common {
     model: String,
     #[serde(default)]
@@ -121,16 +124,140 @@ struct Common {
     _user: Option<String>,
     #[serde(default)]
     ignore_eos: bool,
+    /// Everything else.
+    #[serde(flatten)]
+    other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
+/// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
+/// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
+const UNSERVED: [&str; 9] = [
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "suffix",
+];
+
+/// Well-known fields counted under their own name when ignored; any other is counted as
+/// `other` (a label per field a client invents would make the metric unbounded).
+const KNOWN_IGNORED: [&str; 12] = [
+    "metadata",
+    "store",
+    "user",
+    "service_tier",
+    "parallel_tool_calls",
+    "stream_options",
+    "best_of",
+    "reasoning_effort",
+    "modalities",
+    "prediction",
+    "audio",
+    "web_search_options",
+];
+
+fn asks_for_nothing(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty() || (o.len() == 1 && o.get("type") == Some(&json!("text"))),
+        Value::String(s) => s == "none" || s == "auto",
+        Value::Number(n) => n.as_u64() == Some(0),
+    }
+}
+
+/// Refuses an unserved field that asks for something; counts and logs the ignored ones.
+// The error is the finished HTTP response, returned once per request: its size is no concern.
+#[allow(clippy::result_large_err)]
+fn other_fields(other: &serde_json::Map<String, serde_json::Value>) -> Result<(), Response> {
+    for (k, v) in other {
+        if UNSERVED.contains(&k.as_str()) {
+            if asks_for_nothing(v) {
+                continue;
+            }
+            return Err(err(
+                StatusCode::BAD_REQUEST,
+                "unsupported",
+                format!("`{k}` is not supported by this server yet"),
+            ));
+        }
+        let label = KNOWN_IGNORED.iter().copied().find(|x| *x == k).unwrap_or("other");
+        tracing::debug!(field = %k.escape_debug(), "ignored request field");
+        metrics::counter!(ferry_cluster::metrics::OPENAI_IGNORED_FIELDS, "field" => label).increment(1);
+    }
+    Ok(())
+}
+
+/// A chat message: `content` is a string, a list of parts (text parts are joined with
+/// newlines, as vLLM does; other kinds are refused by name) or null (an assistant turn that
+/// called tools).
+#[derive(Debug, Deserialize)]
+struct MessageIn {
+    #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
+    content: Option<ContentIn>,
+    /// Anything else (`name`, `tool_calls`, ...) is ignored.
+    #[serde(flatten)]
+    _other: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MessageIn {
-    role: String,
-    content: String,
-    /// Accepted and ignored.
-    #[serde(default, rename = "name")]
-    _name: Option<String>,
+#[serde(untagged)]
+enum ContentIn {
+    Text(String),
+    Parts(Vec<PartIn>),
+}
+
+#[derive(Debug, Deserialize)]
+struct PartIn {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// The messages as the chat template takes them: each with a role, text content.
+fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
+    if ms.is_empty() {
+        return Err("`messages` is empty: at least one message is required".into());
+    }
+    let mut out = Vec::with_capacity(ms.len());
+    for (i, m) in ms.iter().enumerate() {
+        let Some(role) = m.role.as_deref().filter(|r| !r.is_empty()) else {
+            return Err(format!("`messages[{i}].role` is missing"));
+        };
+        let text = match &m.content {
+            None => String::new(),
+            Some(ContentIn::Text(t)) => t.clone(),
+            Some(ContentIn::Parts(parts)) => {
+                let mut texts = Vec::with_capacity(parts.len());
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => texts.push(t.as_str()),
+                        ("text", None) => {
+                            return Err(format!("`messages[{i}].content[{j}]` is a text part without `text`"));
+                        }
+                        (k, _) => {
+                            return Err(format!(
+                                "`messages[{i}].content[{j}]` is a {k:?} part; this model reads text parts only"
+                            ));
+                        }
+                    }
+                }
+                texts.join("\n")
+            }
+        };
+        out.push(ChatMessage::new(role.to_string(), text));
+    }
+    Ok(out)
 }
 
 /// Which endpoint a request came to.
@@ -160,6 +287,7 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
             post(|s: State<Arc<Ctx>>, h: HeaderMap, b: Result<Bytes, BytesRejection>| handle(s, h, b, Kind::Chat)),
         )
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(|| async { ferry_cluster::exporter::handle().map(|h| h.render()).unwrap_or_default() }))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -178,6 +306,21 @@ async fn models(State(ctx): State<Arc<Ctx>>, headers: HeaderMap) -> Response {
         return r;
     }
     let body = json!({"object": "list", "data": [{"id": ctx.model.name, "object": "model", "created": 0, "owned_by": "ferry"}]});
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+async fn model(
+    State(ctx): State<Arc<Ctx>>,
+    headers: HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if let Some(r) = unauthorized(&ctx, &headers) {
+        return r;
+    }
+    if id != ctx.model.name {
+        return err(StatusCode::NOT_FOUND, "model_not_found", format!("model {id:?} is not served here"));
+    }
+    let body = json!({"id": ctx.model.name, "object": "model", "created": 0, "owned_by": "ferry"});
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
@@ -222,8 +365,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
             return Err(bad("bad_prompt", "`prompt` must be one string or one list of token ids".into()));
         }
         (Kind::Chat, None, Some(ms)) => {
-            let msgs: Vec<ChatMessage> =
-                ms.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+            let msgs = chat_messages(ms).map_err(|e| bad("bad_messages", e))?;
             let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
             let text = t.render(&msgs, true).map_err(|e| bad("bad_messages", e.to_string()))?;
             ctx.model.tokenizer.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
@@ -290,6 +432,7 @@ pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, bool), Res
     };
     let c: Common = serde_json::from_str(text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
+    other_fields(&c.other)?;
     Ok((prepare(ctx, &c, kind)?, c.stream))
 }
 

@@ -57,7 +57,59 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     assert_eq!(first["object"], "chat.completion.chunk");
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
 
+    // What real clients send: content as a list of parts (the same answer as the string),
+    // fields Ferry does not read (ignored, counted), fields that ask for nothing, and
+    // GET /v1/models/{id}.
+    let whole_chat = v["choices"][0]["message"]["content"].clone();
+    let mut parts = chat.clone();
+    parts["messages"][0]["content"] = serde_json::json!([{"type": "text", "text": "Hello there"}]);
+    parts["metadata"] = serde_json::json!({"trace": "x"});
+    parts["store"] = false.into();
+    parts["frobnicate"] = 1.into();
+    parts["logprobs"] = false.into();
+    parts["tools"] = serde_json::json!([]);
+    parts["messages"][0]["name"] = "alice".into();
+    let (s, _, body) = http(a, "POST", "/v1/chat/completions", parts.to_string().as_bytes()).await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(json(&body)["choices"][0]["message"]["content"], whole_chat, "parts read as the string");
+    let (s, _, body) = http(a, "GET", &format!("/v1/models/{model}"), b"").await;
+    assert_eq!((s, json(&body)["id"].as_str()), (200, Some(model.as_str())), "{body}");
+    let (s, _, body) = http(a, "GET", "/v1/models/gpt-9", b"").await;
+    assert_eq!((s, json(&body)["error"]["code"].as_str()), (404, Some("model_not_found")), "{body}");
+
     // Bad input: each a 4xx with a message.
+    let chat_with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut c = chat.clone();
+        f(&mut c);
+        c.to_string().into_bytes()
+    };
+    let named: Vec<(Vec<u8>, &str, &str)> = vec![
+        (
+            chat_with(&|c| {
+                c["messages"][0]["content"] = serde_json::json!([
+                    {"type": "text", "text": "What is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+                ])
+            }),
+            "bad_messages",
+            "messages[0].content[1]",
+        ),
+        (chat_with(&|c| c["messages"] = serde_json::json!([])), "bad_messages", "`messages` is empty"),
+        (chat_with(&|c| c["messages"] = serde_json::json!([{"content": "hi"}])), "bad_messages", "messages[0].role"),
+        (chat_with(&|c| c["logprobs"] = true.into()), "unsupported", "`logprobs`"),
+        (
+            chat_with(&|c| c["response_format"] = serde_json::json!({"type": "json_object"})),
+            "unsupported",
+            "`response_format`",
+        ),
+    ];
+    for (body, code, names) in named {
+        let (s, _, text) = http(a, "POST", "/v1/chat/completions", &body).await;
+        assert_eq!(s, 400, "{code}: {text}");
+        let v = json(&text);
+        assert_eq!(v["error"]["code"], code, "{text}");
+        assert!(v["error"]["message"].as_str().unwrap_or("").contains(names), "names {names}: {text}");
+    }
     let long: Vec<u32> = vec![5; 2048];
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         ("/v1/completions", b"{not json".to_vec(), 400, "bad_json"),
@@ -88,12 +140,6 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
         ("/v1/completions", vec![b'{', 0xff, 0xfe, b'}'], 400, "invalid_utf8"),
         ("/v1/completions", vec![b' '; ferry_router::openai::MAX_BODY + 1], 413, "body_too_large"),
         (
-            "/v1/completions",
-            serde_json::json!({"model": model, "prompt": "x", "frobnicate": 1}).to_string().into_bytes(),
-            400,
-            "bad_json",
-        ),
-        (
             "/v1/chat/completions",
             serde_json::json!({"model": model, "prompt": "x"}).to_string().into_bytes(),
             400,
@@ -117,7 +163,21 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     ] {
         assert!(metrics.lines().any(|l| l.starts_with(m)), "{m} missing from the router's /metrics");
     }
-    for code in ["bad_json", "model_not_found", "invalid_request", "invalid_utf8", "body_too_large"] {
+    for field in ["metadata", "other"] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!("ferry_openai_ignored_fields_total{{field=\"{field}\"}}"))),
+            "ignored {field} not counted"
+        );
+    }
+    for code in [
+        "bad_json",
+        "model_not_found",
+        "invalid_request",
+        "invalid_utf8",
+        "body_too_large",
+        "bad_messages",
+        "unsupported",
+    ] {
         assert!(
             metrics
                 .lines()

@@ -1,0 +1,50 @@
+"""The official `openai` client against Ferry's router, sending what SDKs and agent
+frameworks send: content as lists of parts, fields Ferry does not read (metadata, store,
+user), streaming with usage, a model lookup. Run by tests/tests/openai_client.rs:
+python3 openai_client.py BASE_URL MODEL; exits non-zero with the reason on any mismatch."""
+
+import sys
+
+import openai
+
+base, model = sys.argv[1], sys.argv[2]
+c = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+
+assert c.models.retrieve(model).id == model
+
+parts = [
+    {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+    {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
+]
+extra = {"metadata": {"app": "test"}, "store": False, "user": "u1", "seed": 1}
+r = c.chat.completions.create(model=model, messages=parts, max_tokens=4, temperature=0, **extra)
+assert r.choices[0].message.role == "assistant", r
+text = r.choices[0].message.content
+assert r.usage.completion_tokens > 0, r
+
+# Streamed, with usage: the same text.
+s = c.chat.completions.create(
+    model=model, messages=parts, max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True}, **extra
+)
+chunks = list(s)
+streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+assert streamed == text, (streamed, text)
+assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, chunks[-1]
+
+# Text parts read as one string joined with newlines.
+plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello\nthere"}]
+r2 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0)
+assert r2.choices[0].message.content == text, (r2.choices[0].message.content, text)
+
+# An image part: a 400 naming it.
+image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
+try:
+    c.chat.completions.create(model=model, messages=image, max_tokens=2)
+    sys.exit("an image part was accepted")
+except openai.BadRequestError as e:
+    assert "messages[0].content[0]" in str(e), e
+
+# Completions.
+r3 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, user="u1")
+assert r3.choices[0].finish_reason in ("length", "stop"), r3
+print("openai client: ok")
