@@ -63,6 +63,7 @@ pub struct Daemon {
     trigger: ShutdownTrigger,
     drain: Box<dyn FnOnce() + Send>,
     engine: std::thread::JoinHandle<()>,
+    stop_within: Duration,
     tasks: Vec<JoinHandle<()>>,
     health: tonic_health::server::HealthReporter,
     registration: Option<Registration>,
@@ -96,6 +97,9 @@ pub struct Parts {
     pub tls: Option<Arc<InternalTls>>,
     /// The daemon's role (a metrics label).
     pub role: &'static str,
+    /// How long a graceful stop waits for the engine to drain before it gives up on it
+    /// (logged): every wait inside the drain has its own bound, this one backs them all.
+    pub stop_within: Duration,
 }
 
 impl Daemon {
@@ -147,6 +151,7 @@ impl Daemon {
             trigger,
             drain: parts.drain,
             engine: parts.engine,
+            stop_within: parts.stop_within,
             tasks: vec![grpc_task, metrics_task],
             health: parts.health,
             registration,
@@ -154,7 +159,7 @@ impl Daemon {
     }
 
     /// Graceful stop: stop serving, drain the engine (it ends what is in flight and frees every
-    /// page), wait for it; open calls get 5 s to finish, then are cut.
+    /// page), wait for it (at most `stop_within`); open calls get 5 s to finish, then are cut.
     pub async fn stop(mut self) {
         self.health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
         if let Some(r) = self.registration.take() {
@@ -162,8 +167,17 @@ impl Daemon {
         }
         self.trigger.trigger();
         (self.drain)();
+        // Joined on a thread of its own, not the runtime's blocking pool: an engine that does
+        // not stop must not hold the runtime's shutdown (nor the process's exit) too.
         let engine = self.engine;
-        let _ = tokio::task::spawn_blocking(move || engine.join()).await;
+        let (done, joined) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let _ = engine.join();
+            let _ = done.send(());
+        });
+        if tokio::time::timeout(self.stop_within, joined).await.is_err() {
+            tracing::error!(worker = %self.worker_id, within = ?self.stop_within, "the engine did not drain in time; stopping without it");
+        }
         for t in self.tasks {
             let abort = t.abort_handle();
             if tokio::time::timeout(Duration::from_secs(5), t).await.is_err() {

@@ -190,6 +190,8 @@ async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, 
         announce: w.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
         tls: internal_tls,
         role: "prefill",
+        // A stalled read or send ends after the transfer timeout, the abort after it too.
+        stop_within: std::time::Duration::from_secs_f64(2.0 * w.transfer_timeout + 5.0),
     };
     let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
     let metrics_addr = daemon.metrics_addr;
