@@ -244,22 +244,27 @@ impl Cluster {
         panic!("the router's workers are {last:?}, not {want:?}, after {within:?}");
     }
 
-    /// Waits (up to 10 s) until the worker `d` holds pages or queue entries for requests, so
-    /// that a fault there hits work in flight; returns whether it did.
-    pub async fn wait_busy(d: &Daemon) -> bool {
-        let ch = ferry_tests::channel(d.grpc.parse().expect("addr")).await;
-        let mut c = pb::load_client::LoadClient::new(ch);
+    /// Waits (up to 20 s) until one of `ds` holds pages or queue entries for requests, so that
+    /// a fault there hits work in flight; returns which (the cache-aware router may send every
+    /// request to one worker for a while, so a fixed victim could stay idle).
+    pub async fn wait_busy(ds: &[Daemon]) -> Option<usize> {
+        let mut clients = Vec::new();
+        for d in ds {
+            clients.push(pb::load_client::LoadClient::new(ferry_tests::channel(d.grpc.parse().expect("addr")).await));
+        }
         let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(10) {
-            if let Ok(r) = c.report(pb::LoadRequest {}).await {
-                let l = r.into_inner();
-                if l.free_pages + l.evictable_pages < l.total_pages || l.queue_depth.values().any(|&n| n > 0) {
-                    return true;
+        while t.elapsed() < Duration::from_secs(20) {
+            for (i, c) in clients.iter_mut().enumerate() {
+                if let Ok(r) = c.report(pb::LoadRequest {}).await {
+                    let l = r.into_inner();
+                    if l.free_pages + l.evictable_pages < l.total_pages || l.queue_depth.values().any(|&n| n > 0) {
+                        return Some(i);
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        false
+        None
     }
 
     /// Waits (up to `within`) until a decode daemon has a request in its transfer queue (pages

@@ -148,45 +148,50 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     let pause = |s: f64| tokio::time::sleep(Duration::from_secs_f64(s * scale));
     pause(6.0).await;
 
-    phases.begin(&c, &load, "kill -9 prefill p0").await;
-    pause(0.5).await;
-    let busy = Cluster::wait_busy(&c.prefill[0]).await;
+    // Each fault hits a worker holding a request (the first one found busy).
     let mut idle_kills = Vec::new();
-    if !busy {
-        idle_kills.push("p0");
+    phases.begin(&c, &load, "kill -9 a busy prefill").await;
+    pause(0.5).await;
+    let busy = Cluster::wait_busy(&c.prefill).await;
+    let i = busy.unwrap_or(0);
+    let (name, other) = (all.0[i], all.0[1 - i]);
+    if busy.is_none() {
+        idle_kills.push(name);
     }
-    c.prefill[0].kill9();
-    let unhealthy = c.wait_members(&["p1"], &all.1, Duration::from_secs(20)).await;
-    let gone = c.wait_absent("p0", Duration::from_secs(20)).await;
+    c.prefill[i].kill9();
+    let unhealthy = c.wait_members(&[other], &all.1, Duration::from_secs(20)).await;
+    let gone = c.wait_absent(name, Duration::from_secs(20)).await;
     notes.push(format!(
-        "p0 killed{}: the router stopped placing on it after {:.2} s (failed health check) and removed it, freeing its prefix-index slot, after {:.2} s (etcd lease TTL 2 s)",
-        if busy { " while holding a request" } else { "" },
+        "{name} killed{}: the router stopped placing on it after {:.2} s (failed health check) and removed it, freeing its prefix-index slot, after {:.2} s (etcd lease TTL 2 s)",
+        if busy.is_some() { " while holding a request" } else { "" },
         unhealthy.as_secs_f64(),
         gone.as_secs_f64()
     ));
     pause(3.0).await;
-    c.prefill[0].start();
+    c.prefill[i].start();
     c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
 
-    phases.begin(&c, &load, "kill -9 decode d0").await;
+    phases.begin(&c, &load, "kill -9 a busy decode").await;
     pause(0.5).await;
-    let busy = Cluster::wait_busy(&c.decode[0]).await;
-    if !busy {
-        idle_kills.push("d0");
+    let busy = Cluster::wait_busy(&c.decode).await;
+    let i = busy.unwrap_or(0);
+    let (name, other) = (all.1[i], all.1[1 - i]);
+    if busy.is_none() {
+        idle_kills.push(name);
     }
     // Its counters restart with the process: keep what it did before the kill.
-    let mut retractions = c.retractions(0).await;
-    c.decode[0].kill9();
-    let unhealthy = c.wait_members(&all.0, &["d1"], Duration::from_secs(20)).await;
-    let gone = c.wait_absent("d0", Duration::from_secs(20)).await;
+    let mut retractions = c.retractions(i).await;
+    c.decode[i].kill9();
+    let unhealthy = c.wait_members(&all.0, &[other], Duration::from_secs(20)).await;
+    let gone = c.wait_absent(name, Duration::from_secs(20)).await;
     notes.push(format!(
-        "d0 killed{}: the router stopped placing on it after {:.2} s and removed it after {:.2} s",
-        if busy { " while holding a request" } else { "" },
+        "{name} killed{}: the router stopped placing on it after {:.2} s and removed it after {:.2} s",
+        if busy.is_some() { " while holding a request" } else { "" },
         unhealthy.as_secs_f64(),
         gone.as_secs_f64()
     ));
     pause(3.0).await;
-    c.decode[0].start();
+    c.decode[i].start();
     c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
 
     phases.begin(&c, &load, "kill -9 router, restart").await;
@@ -250,16 +255,19 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         p.delay(Duration::ZERO);
     }
 
-    phases.begin(&c, &load, "prefill p1 frozen (SIGSTOP)").await;
+    phases.begin(&c, &load, "a busy prefill frozen (SIGSTOP)").await;
     pause(0.5).await;
     // A frozen process closes nothing: no FIN, no RST, and its kernel still answers TCP. The
     // request it holds must move to another worker while it is still frozen (the router's
     // HTTP/2 pings go unanswered), not wait for it to thaw.
-    let frozen_busy = Cluster::wait_busy(&c.prefill[1]).await;
+    let busy = Cluster::wait_busy(&c.prefill).await;
+    let frozen_busy = busy.is_some();
+    let i = busy.unwrap_or(1);
+    let (name, other) = (all.0[i], all.0[1 - i]);
     let before = c.router_retries().await[0];
     let t = Instant::now();
-    c.prefill[1].signal(libc::SIGSTOP);
-    let unhealthy = c.wait_members(&["p0"], &all.1, Duration::from_secs(20)).await;
+    c.prefill[i].signal(libc::SIGSTOP);
+    let unhealthy = c.wait_members(&[other], &all.1, Duration::from_secs(20)).await;
     let mut moved = None;
     while moved.is_none() && t.elapsed() < Duration::from_secs(15) {
         if c.router_retries().await[0] > before {
@@ -268,10 +276,10 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     pause(2.0).await;
-    c.prefill[1].signal(libc::SIGCONT);
+    c.prefill[i].signal(libc::SIGCONT);
     c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
     notes.push(format!(
-        "p1 frozen{} for {:.1} s: the router stopped placing on it after {:.2} s; {}",
+        "{name} frozen{} for {:.1} s: the router stopped placing on it after {:.2} s; {}",
         if frozen_busy { " while holding a request" } else { "" },
         t.elapsed().as_secs_f64(),
         unhealthy.as_secs_f64(),
@@ -312,8 +320,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         "killed while holding no request (the phase tested nothing): {idle_kills:?}\n{text}"
     );
     assert!(cut_retried, "the data-plane cut broke no transfer\n{text}");
-    assert!(frozen_busy, "p1 was frozen while idle: the phase tested nothing\n{text}");
-    assert!(moved.is_some(), "the request held by the frozen p1 waited for it to thaw\n{text}");
+    assert!(frozen_busy, "no prefill was busy to freeze: the phase tested nothing\n{text}");
+    assert!(moved.is_some(), "the request held by the frozen prefill waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
     for (name, t) in &tallies {
         assert!(t.sent > 0, "{name}: no request sent\n{text}");
