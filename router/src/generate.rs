@@ -155,6 +155,10 @@ pub struct End {
     pub cached_tokens: u32,
 }
 
+/// How long a placement counts as the worker holding the prompt's pages before its own KV
+/// events confirm them.
+const PROVISIONAL_TTL: Duration = Duration::from_secs(10);
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -249,7 +253,7 @@ impl Ctx {
         let arrived = Instant::now();
         let key = RoomKey::random();
         if let Some((slot, ..)) = &prefill {
-            let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now() + Duration::from_secs(10));
+            let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);

@@ -12,7 +12,7 @@
 //! events are dropped (and counted) until pages are removed.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_radix::{NodeId, Payload, RadixTree};
@@ -196,9 +196,18 @@ impl PrefixIndex {
         Ok(())
     }
 
-    /// The router placed `prompt` on `worker`: its whole pages count as held there until
-    /// `until` (the worker's own events confirm them sooner).
-    pub fn provisional(&mut self, worker: usize, prompt: &[u32], until: Instant) -> Result<(), IndexError> {
+    /// The router placed `prompt` on `worker` at `now`: its whole pages count as held there
+    /// for `ttl` (the worker's own events confirm them sooner). Marks whose time has come are
+    /// dropped first, so an index fed by placements forgets what no worker confirmed.
+    pub fn provisional(
+        &mut self,
+        worker: usize,
+        prompt: &[u32],
+        now: Instant,
+        ttl: Duration,
+    ) -> Result<(), IndexError> {
+        self.expire(now);
+        let until = now + ttl;
         let b = bit(worker)?;
         let ps = self.page_size();
         let full = &prompt[..prompt.len() / ps * ps];
@@ -352,13 +361,31 @@ mod tests {
         let t0 = Instant::now();
         let mut ix = PrefixIndex::new(PS, 1000);
         let p: Vec<u32> = (100..110).collect();
-        ix.provisional(2, &p, t0 + Duration::from_secs(1)).expect("placed");
+        ix.provisional(2, &p, t0, Duration::from_secs(1)).expect("placed");
         assert_eq!(ix.matched(&p, 3), vec![0, 0, 8], "two whole pages");
         let hp = hashes(&p[..8], ROOT_HASH);
         ix.stored(1, ROOT_HASH, &hp[..1], &p[..4]).expect("another worker caches one page");
         ix.expire(t0 + Duration::from_secs(1));
         assert_eq!(ix.matched(&p, 3), vec![0, 4, 0]);
         assert_eq!(ix.pages(), 1, "the unconfirmed second page is gone");
+    }
+
+    /// Issue 17: nothing but a unit test called `expire`, so provisional marks never lapsed.
+    /// Placements now expire what is due before they mark.
+    #[test]
+    fn placements_forget_marks_no_worker_confirmed() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(10);
+        let mut ix = PrefixIndex::new(PS, 1000);
+        let a: Vec<u32> = (100..112).collect();
+        let b: Vec<u32> = (200..212).collect();
+        ix.provisional(0, &a, t0, ttl).expect("placed");
+        ix.provisional(1, &b, t0 + ttl / 2, ttl).expect("placed");
+        assert_eq!((ix.matched(&a, 2), ix.pages()), (vec![12, 0], 6));
+        ix.provisional(1, &b, t0 + ttl, ttl).expect("placed again");
+        assert_eq!(ix.matched(&a, 2), vec![0, 0], "a's marks lapsed");
+        assert_eq!(ix.matched(&b, 2), vec![0, 12], "b's were renewed");
+        assert_eq!(ix.pages(), 3);
     }
 
     #[test]

@@ -341,7 +341,13 @@ impl Registry {
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
             }
-            metrics::gauge!(M::ROUTER_INDEX_PAGES).set(lock(&self.index).pages() as f64);
+            let pages = {
+                // An idle router forgets lapsed placements too.
+                let mut ix = lock(&self.index);
+                ix.expire(Instant::now());
+                ix.pages()
+            };
+            metrics::gauge!(M::ROUTER_INDEX_PAGES).set(pages as f64);
         }
     }
 }
