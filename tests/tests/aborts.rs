@@ -34,6 +34,17 @@ fn prompt(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 31 + 7) % 350) as u32).collect()
 }
 
+/// A direct Decode.Generate call (no router) prefilled by the node at `bootstrap`.
+fn direct(bootstrap: impl ToString, tokens: usize) -> pb::DecodeRequest {
+    pb::DecodeRequest {
+        request_id: "direct".into(),
+        room: Some(pb::RoomKey::from(&RoomKey::random())),
+        prefill_bootstrap_addr: bootstrap.to_string(),
+        token_ids: prompt(tokens),
+        sampling: None,
+    }
+}
+
 /// Polls `cond` every 5 ms for up to 10 s.
 async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..2000 {
@@ -152,15 +163,8 @@ async fn an_unreachable_prefill_node_fails_the_handshake_and_frees_the_room() {
         l.local_addr().expect("addr")
     };
     let c = Client::new(d.grpc_addr, None).await;
-    let key = RoomKey::random();
     let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
-    let req = pb::DecodeRequest {
-        request_id: "x".into(),
-        room: Some(pb::RoomKey::from(&key)),
-        prefill_bootstrap_addr: dead.to_string(),
-        token_ids: prompt(50),
-        sampling: None,
-    };
+    let req = direct(dead, 50);
     let mut s = decode.generate(req).await.expect("accepted").into_inner();
     let e = s.message().await.expect_err("the handshake fails");
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
@@ -186,13 +190,7 @@ async fn a_prefill_address_that_never_answers_delays_only_its_own_handshakes() {
     let hole_addr = hole.local_addr().expect("addr");
     let _filler = std::net::TcpStream::connect(hole_addr).expect("fill the accept queue");
     let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
-    let req = pb::DecodeRequest {
-        request_id: "hole".into(),
-        room: Some(pb::RoomKey::from(&RoomKey::random())),
-        prefill_bootstrap_addr: hole_addr.to_string(),
-        token_ids: prompt(50),
-        sampling: None,
-    };
+    let req = direct(hole_addr, 50);
     let stuck = tokio::spawn(async move {
         let t = std::time::Instant::now();
         let mut s = decode.generate(req).await.expect("accepted").into_inner();
@@ -287,13 +285,7 @@ async fn stalled_transfers_time_out_and_free_the_room() {
     {
         let prefill = stalling_prefill(pages, mid_frame).await;
         let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
-        let req = pb::DecodeRequest {
-            request_id: "x".into(),
-            room: Some(pb::RoomKey::from(&RoomKey::random())),
-            prefill_bootstrap_addr: prefill.to_string(),
-            token_ids: prompt(100),
-            sampling: None,
-        };
+        let req = direct(prefill, 100);
         let mut s = decode.generate(req).await.expect("accepted").into_inner();
         let e = s.message().await.expect_err("the room times out");
         assert!(matches!(e.code(), Code::DeadlineExceeded | Code::Unavailable), "{e:?}");
@@ -315,13 +307,7 @@ async fn a_graceful_stop_is_bounded_with_a_sender_stalled_mid_frame() {
     let d = ferry_decode::start(da).await.expect("decode up");
     let prefill = stalling_prefill(0, true).await;
     let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
-    let req = pb::DecodeRequest {
-        request_id: "x".into(),
-        room: Some(pb::RoomKey::from(&RoomKey::random())),
-        prefill_bootstrap_addr: prefill.to_string(),
-        token_ids: prompt(100),
-        sampling: None,
-    };
+    let req = direct(prefill, 100);
     let _s = decode.generate(req).await.expect("accepted").into_inner();
     until("the run claimed", || stage(&d, "transfer") == 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
