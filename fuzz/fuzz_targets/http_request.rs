@@ -30,6 +30,7 @@ fn ctx() -> &'static Ctx {
             local_prefill_below: 0,
             page_size: 16,
             api_keys: Vec::new(),
+            limits: ferry_router::limits::Limits::default(),
             admission: Admission::new(Limits { max_running: 0, max_queued: 0, timeout: Duration::ZERO }),
         };
         (dir, ctx)

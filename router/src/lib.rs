@@ -106,10 +106,10 @@ pub struct RouterArgs {
     #[arg(long, env = "FERRY_QUEUE_TIMEOUT_MS", default_value_t = 30_000)]
     pub queue_timeout_ms: u64,
     /// Most stop strings one request may carry (more: 400 / INVALID_ARGUMENT naming `stop`).
-    #[arg(long, env = "FERRY_MAX_STOP_STRINGS", default_value_t = 16)]
+    #[arg(long, env = "FERRY_MAX_STOP_STRINGS", default_value_t = limits::DEFAULT_MAX_STOP_STRINGS)]
     pub max_stop_strings: usize,
     /// Most bytes of one stop string (longer: 400 / INVALID_ARGUMENT naming it).
-    #[arg(long, env = "FERRY_MAX_STOP_STRING_BYTES", default_value_t = 256)]
+    #[arg(long, env = "FERRY_MAX_STOP_STRING_BYTES", default_value_t = limits::DEFAULT_MAX_STOP_BYTES)]
     pub max_stop_string_bytes: usize,
     /// Milliseconds between active checks (gRPC health and load report) of every worker.
     #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100)]
@@ -150,8 +150,8 @@ impl RouterArgs {
             max_running_requests: 256,
             max_queued_requests: 1024,
             queue_timeout_ms: 30_000,
-            max_stop_strings: 16,
-            max_stop_string_bytes: 256,
+            max_stop_strings: limits::DEFAULT_MAX_STOP_STRINGS,
+            max_stop_string_bytes: limits::DEFAULT_MAX_STOP_BYTES,
             load_poll_ms: 100,
             etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
             internal_tls: InternalTlsArgs::default(),

@@ -6,6 +6,11 @@
 /// Most characters of a caller's `request_id`.
 pub const MAX_REQUEST_ID_CHARS: usize = 128;
 
+/// Default of `--max-stop-strings`.
+pub const DEFAULT_MAX_STOP_STRINGS: usize = 16;
+/// Default of `--max-stop-string-bytes`.
+pub const DEFAULT_MAX_STOP_BYTES: usize = 256;
+
 /// The configurable bounds (`--max-stop-strings`, `--max-stop-string-bytes`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -22,6 +27,12 @@ pub struct Refusal {
     pub reason: &'static str,
     /// What is wrong, naming the field.
     pub message: String,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_stop_strings: DEFAULT_MAX_STOP_STRINGS, max_stop_bytes: DEFAULT_MAX_STOP_BYTES }
+    }
 }
 
 fn refuse(reason: &'static str, message: String) -> Result<(), Refusal> {
