@@ -51,14 +51,25 @@ impl SenderPool {
         if let Some(x) = self.connected(endpoint) {
             return Ok(x);
         }
-        let x =
-            match tokio::time::timeout(CONNECT_TIMEOUT, backend::connect(kind, endpoint, Arc::clone(mem), cfg)).await {
-                Ok(r) => Arc::new(r?),
-                Err(_) => {
-                    let why = format!("no connection within {CONNECT_TIMEOUT:?}");
-                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why));
+        let connect = backend::connect(kind, endpoint, Arc::clone(mem), cfg);
+        let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+            Ok(r) => r,
+            Err(_) => {
+                let why = format!("no connection within {CONNECT_TIMEOUT:?}");
+                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+            }
+        };
+        let x = match connected {
+            Ok(x) => Arc::new(x),
+            Err(e) => {
+                // Endpoints named in handshakes come from callers: keep none that never connected.
+                let mut entries = self.entries();
+                if entries.get(endpoint).is_some_and(|e| e.sender.is_none()) {
+                    entries.remove(endpoint);
                 }
-            };
+                return Err(e);
+            }
+        };
         self.entries().entry(endpoint.to_string()).or_default().sender = Some(Arc::clone(&x));
         Ok(x)
     }
@@ -114,6 +125,7 @@ mod tests {
         let e = r.expect_err("the black hole never connects");
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
         assert!(took < CONNECT_TIMEOUT + Duration::from_secs(2), "{took:?}");
+        assert_eq!(pool.entries().len(), 1, "the endpoint that never connected is not kept");
         drop(receiver);
     }
 }
