@@ -1,7 +1,9 @@
 //! The engine thread: the one owner of the model, the page pool and the queues. gRPC handlers
 //! and handshake tasks talk to it through [`Cmd`]s; the transfer receiver writes arriving
-//! pages into the pool itself (into pages preallocated for their room) and reports rooms'
-//! outcomes, which this thread polls.
+//! pages into the pool itself (into pages preallocated for their room), and rooms' outcomes,
+//! released pages and clients going away come as commands too ([`crate::wake`]). Between
+//! steps the thread blocks on its commands until the queues' next deadline: an idle node, or
+//! one waiting for transfers, does not wake to poll.
 //!
 //! Each step forms one batch: every running request's next token, and chunks of prompts
 //! prefilled here. A finished request's pages go back to the pool at once.
@@ -11,9 +13,9 @@
 //! joins the batch.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ferry_cluster::metrics as m;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
@@ -28,6 +30,7 @@ use tonic::Code;
 
 use crate::handshake::{HandshakeJob, Handshakes};
 use crate::queues::{Limits, Queues, Stage};
+use crate::wake::Wake;
 
 mod step;
 
@@ -47,6 +50,8 @@ pub type Out = mpsc::UnboundedSender<Result<Emit, Refused>>;
 pub struct Generate {
     /// Room and secret.
     pub key: RoomKey,
+    /// This request's incarnation ([`crate::wake::next_incarnation`]).
+    pub incarnation: u64,
     /// The prefill node's bootstrap address; None: prefill here.
     pub bootstrap: Option<String>,
     /// Prompt.
@@ -74,6 +79,27 @@ pub enum Cmd {
         /// Whether it was known.
         reply: oneshot::Sender<Result<bool, Refused>>,
     },
+    /// A request's token stream was dropped (the client went away, or the stream ended).
+    Gone {
+        /// Room.
+        room: u64,
+        /// The request's incarnation.
+        incarnation: u64,
+    },
+    /// A room's transfer ended.
+    Transferred {
+        /// Room.
+        room: u64,
+        /// The request's incarnation.
+        incarnation: u64,
+        /// How (None: the receiver dropped the room unresolved).
+        outcome: Option<Outcome>,
+    },
+    /// The last write into a closed room's pages landed: they may be reused.
+    Released {
+        /// Room.
+        room: u64,
+    },
     /// The handshake with the prefill node failed.
     HandshakeFailed {
         /// Room.
@@ -100,11 +126,13 @@ pub struct Load {
 
 struct Req {
     key: RoomKey,
+    incarnation: u64,
     prompt: Vec<u32>,
     sampler: Sampler,
     out: Out,
     pages: Option<PageAlloc>,
-    outcome: Option<oneshot::Receiver<Outcome>>,
+    /// Its room is open in the receiver, the outcome not yet in.
+    transferring: bool,
     computed: usize,
     generated: Vec<u32>,
     /// The first token, from the prefill node or the local prefill, not yet emitted.
@@ -157,6 +185,7 @@ pub struct Engine<B: Backend> {
     /// Pages of closed rooms that a connection may still be writing.
     draining: Vec<(u64, PageAlloc)>,
     handshakes: Handshakes,
+    wake: Wake,
     cfg: EngineConfig,
     load: Arc<Mutex<Load>>,
     eos: Vec<u32>,
@@ -183,6 +212,7 @@ impl<B: Backend> Engine<B> {
         kv: Arc<KvHost>,
         receiver: Arc<KvReceiver>,
         handshakes: Handshakes,
+        wake: Wake,
         cfg: EngineConfig,
         load: Arc<Mutex<Load>>,
     ) -> Self {
@@ -196,6 +226,7 @@ impl<B: Backend> Engine<B> {
             receiver,
             draining: Vec::new(),
             handshakes,
+            wake,
             cfg,
             load,
             eos,
@@ -206,17 +237,26 @@ impl<B: Backend> Engine<B> {
     /// Runs until [`Cmd::Shutdown`] and everything is freed.
     pub fn run(mut self, rx: Receiver<Cmd>) {
         loop {
-            let busy = self.reqs.values().any(|r| r.pages.is_some() && r.outcome.is_none());
-            let idle_wait = if self.reqs.is_empty() && self.draining.is_empty() { 20 } else { 1 };
-            let first = if busy {
-                rx.try_recv().ok()
+            // With a batch to compute, take what came and go on; else sleep until a command
+            // or the queues' next deadline.
+            let first = if self.queues.computing() {
+                match rx.try_recv() {
+                    Ok(c) => Some(c),
+                    Err(TryRecvError::Empty) => None,
+                    Err(TryRecvError::Disconnected) => Some(Cmd::Shutdown),
+                }
             } else {
-                match rx.recv_timeout(Duration::from_millis(idle_wait)) {
+                let wait = self.queues.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+                match wait.map_or_else(|| rx.recv().map_err(|_| RecvTimeoutError::Disconnected), |w| rx.recv_timeout(w))
+                {
                     Ok(c) => Some(c),
                     Err(RecvTimeoutError::Timeout) => None,
+                    // Every sender gone: nothing can free what is left.
+                    Err(RecvTimeoutError::Disconnected) if self.stopping => return,
                     Err(RecvTimeoutError::Disconnected) => Some(Cmd::Shutdown),
                 }
             };
+            metrics::counter!(m::ENGINE_WAKEUPS, "role" => "decode", "worker" => self.cfg.worker.clone()).increment(1);
             if let Some(c) = first {
                 self.handle(c);
                 while let Ok(c) = rx.try_recv() {
@@ -224,7 +264,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             let now = Instant::now();
-            self.reap(now);
+            self.expire(now);
             self.admit(now);
             if let Err(e) = self.step() {
                 tracing::error!(error = %e, "decode step failed; failing its requests");
@@ -233,7 +273,6 @@ impl<B: Backend> Engine<B> {
                     self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
                 }
             }
-            self.draining.retain(|(room, _)| self.receiver.inbox().writing(*room));
             self.publish();
             if self.stopping && self.reqs.is_empty() && self.draining.is_empty() {
                 return;
@@ -262,6 +301,17 @@ impl<B: Backend> Engine<B> {
                 };
                 let _ = reply.send(r);
             }
+            Cmd::Gone { room, incarnation } => {
+                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation) {
+                    self.end(room, Err(Refused::new(Code::Cancelled, "client_cancelled", "the client went away")));
+                }
+            }
+            Cmd::Transferred { room, incarnation, outcome } => {
+                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation && r.transferring) {
+                    self.transferred(room, outcome, Instant::now());
+                }
+            }
+            Cmd::Released { room } => self.draining.retain(|(r, _)| *r != room),
             Cmd::HandshakeFailed { room, why } => {
                 if self.queues.stage(room) == Some(Stage::Transfer) {
                     self.end(room, Err(why));
@@ -280,7 +330,7 @@ impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
     #[allow(clippy::result_large_err)]
     fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
-        let Generate { key, bootstrap, prompt, params, out, accepted } = g;
+        let Generate { key, incarnation, bootstrap, prompt, params, out, accepted } = g;
         if self.stopping {
             return Err((shutting_down(), accepted));
         }
@@ -316,11 +366,12 @@ impl<B: Backend> Engine<B> {
         let sampler = Sampler::new(params, &prompt);
         let r = Req {
             key,
+            incarnation,
             prompt,
             sampler,
             out,
             pages: None,
-            outcome: None,
+            transferring: false,
             computed: 0,
             generated: Vec::new(),
             first: None,
@@ -354,7 +405,10 @@ impl<B: Backend> Engine<B> {
             }
             let secret = *r.key.secret.as_bytes();
             match self.receiver.open(a.room, secret, &dest) {
-                Ok(outcome) => r.outcome = Some(outcome),
+                Ok(outcome) => {
+                    r.transferring = true;
+                    self.wake.outcome(a.room, r.incarnation, outcome);
+                }
                 Err(refusal) => {
                     let code = match refusal {
                         Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
@@ -379,51 +433,40 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// Cancelled clients, ended transfers, timeouts.
-    fn reap(&mut self, now: Instant) {
-        let mut ended = Vec::new();
-        let mut arrived = Vec::new();
-        for (&room, r) in &mut self.reqs {
-            if r.out.is_closed() {
-                ended.push((room, Err(Refused::new(Code::Cancelled, "client_cancelled", "the client went away"))));
-                continue;
+    /// A room's transfer ended: its pages reach the device and it waits to join the batch, or
+    /// the request fails with the transfer's reason.
+    fn transferred(&mut self, room: u64, outcome: Option<Outcome>, now: Instant) {
+        let aux = match outcome {
+            Some(Outcome::Success(aux)) => aux,
+            Some(Outcome::Failed(reason)) => return self.end(room, Err(transfer_refusal(&reason))),
+            None => {
+                return self.end(room, Err(Refused::new(Code::Internal, "room_lost", "the transfer room vanished")));
             }
-            let Some(rx) = &mut r.outcome else { continue };
-            match rx.try_recv() {
-                Err(oneshot::error::TryRecvError::Empty) => {}
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    ended.push((room, Err(Refused::new(Code::Internal, "room_lost", "the transfer room vanished"))));
-                }
-                Ok(Outcome::Failed(reason)) => ended.push((room, Err(transfer_refusal(&reason)))),
-                Ok(Outcome::Success(aux)) => {
-                    r.outcome = None;
-                    self.receiver.close(room);
-                    r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
-                    arrived.push(room);
-                }
-            }
-        }
-        for room in arrived {
-            let pages = self.reqs.get(&room).and_then(|r| r.pages.as_ref()).map_or(&[][..], PageAlloc::pages);
-            // SAFETY: the room is complete and closed: every write into its pages has landed and
-            // no other is accepted; the request owns the pages.
-            match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
-                Ok(()) => self.queues.advance(room, Stage::Waiting, now),
-                Err(e) => {
-                    let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
-                    ended.push((room, Err(why)));
-                }
+        };
+        let Some(r) = self.reqs.get_mut(&room) else { return };
+        r.transferring = false;
+        self.receiver.close(room);
+        r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
+        let pages = r.pages.as_ref().map_or(&[][..], PageAlloc::pages);
+        // SAFETY: the room is complete and closed: every write into its pages has landed and
+        // no other is accepted; the request owns the pages.
+        match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
+            Ok(()) => self.queues.advance(room, Stage::Waiting, now),
+            Err(e) => {
+                let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
+                self.end(room, Err(why));
             }
         }
+    }
+
+    /// Requests past their stage's timeout.
+    fn expire(&mut self, now: Instant) {
         for (room, stage) in self.queues.expired(now) {
             let why = match stage {
                 Stage::Prealloc => Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time"),
                 _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
             };
-            ended.push((room, Err(why)));
-        }
-        for (room, why) in ended {
-            self.end(room, why);
+            self.end(room, Err(why));
         }
     }
 
@@ -448,12 +491,13 @@ impl<B: Backend> Engine<B> {
             }
             let _ = r.out.send(Err(why));
         }
-        if r.outcome.take().is_some() || stage == Some(Stage::Transfer) {
+        if std::mem::take(&mut r.transferring) || stage == Some(Stage::Transfer) {
             self.receiver.close(room);
-            if let Some(p) = r.pages.take()
-                && self.receiver.inbox().writing(room)
+            if let Some(released) = self.receiver.inbox().released(room)
+                && let Some(p) = r.pages.take()
             {
                 self.draining.push((room, p));
+                self.wake.released(room, released);
             }
         }
     }

@@ -17,6 +17,7 @@ mod engine;
 mod handshake;
 pub mod queues;
 mod service;
+mod wake;
 
 pub use engine::Load;
 
@@ -219,7 +220,8 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
         data_endpoint: data_endpoint.clone(),
         backend: backend.as_str(),
     };
-    let engine = Engine::new(model, pool, kv, receiver, handshakes, cfg, Arc::clone(&load));
+    let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
+    let engine = Engine::new(model, pool, kv, receiver, handshakes, wake, cfg, Arc::clone(&load));
     let engine_thread = std::thread::Builder::new()
         .name(format!("{worker_id}-engine"))
         .spawn(move || engine.run(rx))

@@ -347,6 +347,27 @@ impl Queues {
             .collect()
     }
 
+    /// When the next request would time out as things stand (a forward pass or a new
+    /// command may move it later): the engine sleeps until then at most.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter_map(|e| match e.stage {
+                Stage::Prealloc => {
+                    Some(self.progress.map_or(e.since, |p| p.max(e.since)) + self.limits.prealloc_timeout)
+                }
+                Stage::Waiting => Some(e.since + self.limits.waiting_timeout),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether a forward pass has work: a request prefilling here, waiting to join the
+    /// batch, or running.
+    pub fn computing(&self) -> bool {
+        self.entries.values().any(|e| matches!(e.stage, Stage::Prefill | Stage::Waiting | Stage::Running))
+    }
+
     /// Requests per stage.
     pub fn depth(&self) -> HashMap<Stage, usize> {
         let mut d: HashMap<Stage, usize> = Stage::ALL.iter().map(|&s| (s, 0)).collect();

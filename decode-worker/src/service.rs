@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
 use crate::engine::{Cmd, Generate, Load};
+use crate::wake;
 use ferry_worker::EngineLink;
 
 const ROLE: &str = "decode";
@@ -47,11 +48,20 @@ impl pb::decode_server::Decode for DecodeSvc {
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
         let (accepted, ok) = oneshot::channel();
-        self.0.engine.send(Cmd::Generate(Generate { key, bootstrap, prompt: r.token_ids, params, out, accepted }))?;
+        let incarnation = wake::next_incarnation();
+        // Made before the request goes in: a call dropped while waiting for acceptance ends it
+        // too.
+        let gone = wake::Gone::new(self.0.engine.clone(), key.room.get(), incarnation);
+        let g = Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, out, accepted };
+        self.0.engine.send(Cmd::Generate(g))?;
         answer(ok, ROLE).await?;
-        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|m| match m {
-            Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
-            Err(r) => Err(Status::new(r.code, r.message)),
+        let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |m| {
+            // The stream owns the guard: dropping the stream tells the engine.
+            let _ = &gone;
+            match m {
+                Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
+                Err(r) => Err(Status::new(r.code, r.message)),
+            }
         });
         Ok(Response::new(Box::pin(stream)))
     }

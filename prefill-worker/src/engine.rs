@@ -191,16 +191,23 @@ impl<B: Backend> Engine<B> {
     /// Runs until [`Cmd::Shutdown`] (or every command sender is gone) and everything is freed.
     pub fn run(mut self, rx: Receiver<Cmd>) {
         loop {
+            // With prompts to compute, take what came and go on; else sleep until a command
+            // or the rooms' next deadline.
             let busy = self.sched.waiting_len() + self.sched.prefilling_len() > 0;
             let first = if busy {
                 rx.try_recv().ok()
             } else {
-                match rx.recv_timeout(Duration::from_millis(20)) {
+                let wait = self.rooms.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
+                match wait.map_or_else(|| rx.recv().map_err(|_| RecvTimeoutError::Disconnected), |w| rx.recv_timeout(w))
+                {
                     Ok(c) => Some(c),
                     Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => self.draining.then_some(Cmd::Shutdown),
+                    // Every sender gone (the engine keeps one for its room tasks, so only
+                    // after it was dropped): nothing can report what is left.
+                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             };
+            metrics::counter!(m::ENGINE_WAKEUPS, "role" => "prefill", "worker" => self.cfg.worker.clone()).increment(1);
             if let Some(c) = first {
                 self.handle(c);
                 while let Ok(c) = rx.try_recv() {

@@ -242,20 +242,30 @@ impl<R, H> Rooms<R, H> {
     /// others close). A closing room has no timeout here: its task's sends and abort are each
     /// bounded by the transfer timeout.
     pub fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
+        let late: Vec<u64> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| self.limit(s.phase).is_some_and(|l| now.duration_since(s.since) >= l))
+            .map(|(&r, _)| r)
+            .collect();
+        late.into_iter().filter_map(|room| self.take(room, now)).collect()
+    }
+
+    /// The timeout of a phase (a closing room has none here).
+    fn limit(&self, p: Phase) -> Option<Duration> {
         let t = self.timeouts;
-        let limit = |p: Phase| match p {
+        match p {
             Phase::Bootstrap => Some(t.bootstrap),
             Phase::Waiting => Some(t.waiting),
             Phase::Inflight => Some(t.inflight),
             Phase::Closing => None,
-        };
-        let late: Vec<u64> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| limit(s.phase).is_some_and(|l| now.duration_since(s.since) >= l))
-            .map(|(&r, _)| r)
-            .collect();
-        late.into_iter().filter_map(|room| self.take(room, now)).collect()
+        }
+    }
+
+    /// When the next room would time out as things stand: the engine sleeps until then at
+    /// most.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.slots.values().filter_map(|s| Some(s.since + self.limit(s.phase)?)).min()
     }
 
     /// The phase of `room`.
@@ -379,8 +389,10 @@ mod tests {
         r.request(3, [3; 16], "c", t0).expect("ok");
         r.handshake(3, [3; 16], "c", t0).expect("ok");
         r.computed(3, t0);
+        assert_eq!(r.next_deadline(), Some(t0 + s));
         assert!(r.expired(t0 + s - Duration::from_millis(1)).is_empty());
         let e = r.expired(t0 + s);
+        assert_eq!(r.next_deadline(), Some(t0 + 2 * s), "the first deadline left is room 2's");
         assert_eq!((e.len(), e[0].room, e[0].phase, e[0].request), (1, 1, Phase::Bootstrap, Some("a")));
         assert_eq!(
             r.expired(t0 + 2 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
@@ -392,6 +404,7 @@ mod tests {
         );
         // Rooms 2 and 3 had tasks: closing until they report.
         assert_eq!((r.phase(2), r.phase(3)), (Some(Phase::Closing), Some(Phase::Closing)));
+        assert_eq!(r.next_deadline(), None, "closing rooms wait for their tasks, not a clock");
         r.finish(2);
         r.finish(3);
         assert!(r.is_empty());

@@ -10,7 +10,7 @@ use ferry_cluster::RoomKey;
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
 use ferry_proto::v1 as pb;
-use ferry_tests::{Client, Failure, TinyModel, channel, greedy, settle};
+use ferry_tests::{Client, Failure, TinyModel, channel, greedy, metric_sum, scrape, settle};
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::runs::coalesce;
 use ferry_transfer::tcp::{TcpConfig, TcpSender};
@@ -316,4 +316,44 @@ async fn a_graceful_stop_is_bounded_with_a_sender_stalled_mid_frame() {
     let stop = tokio::spawn(async move { d.stop().await });
     tokio::time::timeout(Duration::from_secs(10), stop).await.expect("the stop ends within 10 s").expect("stop");
     assert!(t.elapsed() < Duration::from_secs(5), "stopped in {:?}; the transfer timeout is 1 s", t.elapsed());
+}
+
+/// Engine wake-ups of the worker `id` so far.
+async fn wakeups(metrics: SocketAddr, id: &str) -> f64 {
+    metric_sum(&scrape(metrics).await, "ferry_engine_wakeups_total", &format!("worker=\"{id}\""))
+}
+
+/// Issue 21's "no polling": an engine with nothing to compute sleeps until a command or its
+/// next deadline. The decode engine used to wake every millisecond while a room's pages were
+/// in transfer (~1,000 wake-ups a second), the prefill engine every 20 ms when idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_waiting_for_a_transfer_or_idle_do_not_poll() {
+    let m = TinyModel::new();
+    let (pa, mut da) = args(&m);
+    da.worker.transfer_timeout = 10.0;
+    da.worker.bootstrap_timeout = 10.0;
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
+    c.generate(&prompt(40), &greedy(4)).await.expect("served");
+    let prefill = stalling_prefill(2, false).await;
+    let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+    let mut s = decode.generate(direct(prefill, 100)).await.expect("accepted").into_inner();
+    until("the room transferring", || stage(&d, "transfer") == 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (d0, p0) = (wakeups(d.metrics_addr, &d.worker_id).await, wakeups(p.metrics_addr, &p.worker_id).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (d1, p1) = (wakeups(d.metrics_addr, &d.worker_id).await, wakeups(p.metrics_addr, &p.worker_id).await);
+    assert!(d0 >= 5.0 && p0 >= 2.0, "both engines worked: decode woke {d0} times, prefill {p0}");
+    assert!(d1 - d0 <= 5.0, "the decode engine woke {} times in 1 s waiting for a transfer", d1 - d0);
+    assert!(p1 - p0 <= 5.0, "the idle prefill engine woke {} times in 1 s", p1 - p0);
+    // Still served: a cancelled client is noticed without polling, and its pages come back.
+    assert_eq!(stage(&d, "transfer"), 1);
+    drop(s.message());
+    drop(s);
+    until("the cancelled room's pages back", || d.load().free_pages == d.load().total_pages).await;
+    c.generate(&prompt(40), &greedy(4)).await.expect("served after the wait");
+    settle(&p, std::slice::from_ref(&d)).await;
+    d.stop().await;
+    p.stop().await;
 }

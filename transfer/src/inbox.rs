@@ -20,6 +20,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Inbox {
     table: Mutex<RoomTable>,
     waiters: Mutex<HashMap<u64, oneshot::Sender<Outcome>>>,
+    /// Owners waiting for a closed room's last write to settle.
+    release_waiters: Mutex<HashMap<u64, Vec<oneshot::Sender<()>>>>,
     backend: &'static str,
 }
 
@@ -32,16 +34,29 @@ impl std::fmt::Debug for Inbox {
 impl Inbox {
     /// An empty inbox for the named backend (a metrics label).
     pub fn new(timeouts: Timeouts, backend: &'static str) -> Self {
-        Self { table: Mutex::new(RoomTable::new(timeouts)), waiters: Mutex::new(HashMap::new()), backend }
+        Self {
+            table: Mutex::new(RoomTable::new(timeouts)),
+            waiters: Mutex::new(HashMap::new()),
+            release_waiters: Mutex::new(HashMap::new()),
+            backend,
+        }
     }
 
     /// Runs `f` on the table, then tells the owners of rooms that ended.
     pub fn with_table<R>(&self, f: impl FnOnce(&mut RoomTable) -> R) -> R {
-        let (r, ended) = {
+        let (r, ended, released) = {
             let mut t = lock(&self.table);
             let r = f(&mut t);
-            (r, t.drain_ended())
+            (r, t.drain_ended(), t.drain_released())
         };
+        if !released.is_empty() {
+            let mut w = lock(&self.release_waiters);
+            for room in released {
+                for tx in w.remove(&room).unwrap_or_default() {
+                    let _ = tx.send(());
+                }
+            }
+        }
         if !ended.is_empty() {
             let mut w = lock(&self.waiters);
             for (room, outcome) in ended {
@@ -151,6 +166,20 @@ impl Inbox {
         lock(&self.table).writing(room)
     }
 
+    /// For a closed room whose pages are still being written: resolves once the last write
+    /// settled and the pages are free to reuse. None when no write is pending (they are free
+    /// now). The owner waits on this instead of polling [`writing`](Self::writing).
+    pub fn released(&self, room: u64) -> Option<oneshot::Receiver<()>> {
+        // Registered under the table lock: a write settling after the check finds the waiter.
+        let t = lock(&self.table);
+        if !t.writing(room) {
+            return None;
+        }
+        let (tx, rx) = oneshot::channel();
+        lock(&self.release_waiters).entry(room).or_default().push(tx);
+        Some(rx)
+    }
+
     /// `(open rooms, destination pages they hold)`.
     pub fn open_rooms(&self) -> (usize, usize) {
         let t = lock(&self.table);
@@ -223,5 +252,27 @@ fn keepalive(stream: &tokio::net::TcpStream) {
         .with_retries(3);
     if let Err(e) = socket2::SockRef::from(stream).set_tcp_keepalive(&ka) {
         tracing::debug!(error = %e, "TCP keepalive not set");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The owner of a room closed mid-write learns when its pages are free, without polling.
+    #[test]
+    fn released_resolves_when_the_last_write_into_a_closed_room_settles() {
+        let inbox = Inbox::new(Timeouts::default(), "test");
+        let _outcome = inbox.open(1, [1; 16], &[5, 6]).expect("open");
+        let h = Header::pages(1, [1; 16], 5, 2, &[]);
+        let claim = inbox.with_table(|t| t.claim(&h, Instant::now())).expect("claim");
+        assert!(inbox.released(1).is_none(), "an open room is not closing");
+        inbox.close(1);
+        let mut rx = inbox.released(1).expect("a write is pending");
+        assert!(rx.try_recv().is_err(), "not yet: the run is still being written");
+        inbox.settle(&h, claim, true);
+        assert_eq!(rx.try_recv(), Ok(()), "told once the write landed");
+        assert!(inbox.released(1).is_none(), "nothing pending any more");
+        inbox.open(2, [2; 16], &[5, 6]).expect("the pages are free again");
     }
 }

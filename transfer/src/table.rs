@@ -108,6 +108,9 @@ pub struct RoomTable {
     refusals: HashMap<Refusal, u64>,
     timeouts: Timeouts,
     ended: Vec<(u64, Outcome)>,
+    /// Closed rooms whose last run being written settled since the last
+    /// [`drain_released`](Self::drain_released): their pages are free.
+    released: Vec<u64>,
     /// The next room's incarnation (every `open` takes one).
     next_incarnation: u64,
 }
@@ -128,6 +131,7 @@ impl RoomTable {
             refusals: HashMap::new(),
             timeouts,
             ended: Vec::new(),
+            released: Vec::new(),
             next_incarnation: 0,
         }
     }
@@ -252,6 +256,7 @@ impl RoomTable {
             for p in z.pages {
                 self.owners.remove(&p);
             }
+            self.released.push(c.room);
         }
         true
     }
@@ -321,6 +326,12 @@ impl RoomTable {
     /// [`close`]: Self::close
     pub fn drain_ended(&mut self) -> Vec<(u64, Outcome)> {
         std::mem::take(&mut self.ended)
+    }
+
+    /// Closed rooms whose pages stopped being written since the last call (each was
+    /// [`writing`](Self::writing) when it closed).
+    pub fn drain_released(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.released)
     }
 
     /// The state of an open room.

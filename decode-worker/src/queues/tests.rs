@@ -126,6 +126,34 @@ fn waiting_for_pages_times_out_only_while_the_node_makes_no_progress() {
     assert_eq!(late, vec![(1, Stage::Prealloc), (2, Stage::Prealloc)]);
 }
 
+/// The engine sleeps until `next_deadline` when nothing computes: it must be exactly when
+/// `expired` first reports a request, and absent when nothing can time out.
+#[test]
+fn the_next_deadline_is_when_the_first_request_expires() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut q = queues(1, reserved(4));
+    assert_eq!((q.next_deadline(), q.computing()), (None, false));
+    q.push(1, 4, 8, false, t0).expect("new");
+    q.admit(100, t0);
+    assert_eq!(q.stage(1), Some(Stage::Transfer));
+    assert_eq!((q.next_deadline(), q.computing()), (None, false), "transfers time out in the receiver");
+    q.push(2, 4, 8, true, t0 + s / 2).expect("new");
+    let d = q.next_deadline().expect("room 2 waits for pages");
+    assert_eq!(d, t0 + s / 2 + s);
+    assert!(q.expired(d - Duration::from_millis(1)).is_empty());
+    assert_eq!(q.expired(d), vec![(2, Stage::Prealloc)]);
+    q.progress(t0 + s);
+    assert_eq!(q.next_deadline(), Some(t0 + 2 * s), "a forward pass moves it");
+    q.advance(1, Stage::Waiting, t0 + s);
+    assert!(q.computing());
+    assert_eq!(q.next_deadline(), Some(t0 + 2 * s), "room 2 first; room 1's waiting ends at 3 s");
+    q.remove(2);
+    assert_eq!(q.next_deadline(), Some(t0 + 3 * s));
+    q.advance(1, Stage::Running, t0 + s);
+    assert_eq!((q.next_deadline(), q.computing()), (None, true));
+}
+
 #[test]
 fn the_victim_has_the_least_progress_then_is_the_newest() {
     assert_eq!(victim(&[]), None);

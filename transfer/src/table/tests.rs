@@ -94,8 +94,10 @@ fn a_room_closed_mid_write_keeps_its_pages_until_the_write_settles() {
     assert_eq!(t.close(1), Some(State::Transferring));
     assert!(t.writing(1), "a run is still being written into pages 5 and 6");
     assert_eq!(t.open(2, [2; 16], &[6], now), Err(Refusal::PagesInUse), "not reusable yet");
+    assert!(t.drain_released().is_empty());
     t.unclaim(writing);
     assert!(!t.writing(1));
+    assert_eq!(t.drain_released(), vec![1], "the owner is told the pages are free");
     t.open(2, [2; 16], &[5, 6, 7], now).expect("free again once the write ended");
     // A failed checksum ends the claim too: the room fails, its pages are expected again.
     let c = t.claim(&pages_header(2, [2; 16], 7, 1), now).expect("claim");
