@@ -19,19 +19,21 @@ use std::time::{Duration, Instant};
 use ferry_cluster::metrics as m;
 use ferry_cluster::{Refused, Room};
 use ferry_engine::scheduler::{Prefilled, Scheduler};
-use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams, SeqChunk};
+use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams};
 use ferry_kernels::Backend;
 use ferry_radix::events::KvEvent;
-use ferry_transfer::frame::Aux;
+use ferry_transfer::Sender;
 use ferry_transfer::room::Timeouts;
-use ferry_transfer::{SendRoom, Sender};
 use ferry_worker::KvHost;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Code;
 
-use crate::room_task::{ChunkMsg, RoomTask};
+use crate::room_task::ChunkMsg;
 use crate::rooms::{Expired, Phase, PhaseTimeouts, Rooms};
 use crate::service::SenderPool;
+
+mod admit;
+mod step;
 
 /// What the Prefill call gets back.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -295,168 +297,6 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-    }
-
-    fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
-        let req = ferry_engine::Request { prompt: tokens.to_vec(), params: sampling.clone() };
-        ferry_engine::generate::validate(&self.model, &req).map_err(|e| {
-            let reason = if tokens.len() >= self.model.config().max_position_embeddings {
-                "prompt_too_long"
-            } else {
-                "invalid_request"
-            };
-            Refused::invalid(reason, e.to_string())
-        })?;
-        let pages = self.pool.pages_for(tokens.len());
-        if pages > self.pool.num_pages() {
-            return Err(Refused::new(
-                Code::ResourceExhausted,
-                "prompt_over_pool",
-                format!("the prompt needs {pages} pages; this worker's pool has {}", self.pool.num_pages()),
-            ));
-        }
-        Ok(())
-    }
-
-    /// Both halves are here: check the handshake against the prompt, start the room task, queue.
-    fn admit(&mut self, room: u64, secret: [u8; 16], r: NewRequest, h: Handshake) {
-        let need = self.pool.pages_for(r.tokens.len());
-        if h.dest.len() != need {
-            let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
-            let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
-            self.rooms.finish(room);
-            let sender = h.sender;
-            self.rt.spawn(async move {
-                let _ = sender.abort(room, secret, "destination page count does not fit the prompt").await;
-            });
-            return;
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
-        if let Err(e) = send_room.handshake(Arc::clone(&h.sender), h.dest.clone(), Instant::now()) {
-            let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
-            self.rooms.finish(room);
-            return;
-        }
-        let limit = self.cfg.timeouts.transferring;
-        let task = RoomTask {
-            mem: Arc::clone(self.kv.mem()),
-            engine: self.cmds.clone(),
-            limit,
-            senders: Arc::clone(&self.cfg.senders),
-            sender: h.sender,
-        };
-        self.rt.spawn(task.run(send_room, rx));
-        self.sched.add_with_priority(room, r.tokens.clone(), r.priority, &self.cache);
-        let sampler = Sampler::new(r.sampling, &r.tokens);
-        self.live.insert(
-            room,
-            Live {
-                tokens: r.tokens,
-                sampler,
-                reply: Some(r.reply),
-                chunks: Some(tx),
-                sent: 0,
-                wire: Vec::new(),
-                cached: 0,
-                first: None,
-                prefilled: None,
-                aborting: None,
-            },
-        );
-    }
-
-    /// One scheduled pass: compute, then hand each chunk's finished pages to its room task.
-    fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
-        let chunks = self.sched.schedule(&mut self.cache, &self.pool);
-        if chunks.is_empty() {
-            return Ok(());
-        }
-        let t0 = Instant::now();
-        let batch: Vec<SeqChunk<'_>> = chunks
-            .iter()
-            .filter_map(|c| {
-                let l = self.live.get(&c.id)?;
-                Some(SeqChunk { tokens: &l.tokens[c.start..c.end], start: c.start, pages: &c.pages, logits: c.last })
-            })
-            .collect();
-        if batch.len() != chunks.len() {
-            return Err(ferry_engine::EngineError::InvalidRequest("a scheduled request has no room".into()));
-        }
-        let computed: usize = chunks.iter().map(|c| c.end - c.start).sum();
-        let mut logits = self.model.forward(&mut self.pool, &batch)?.into_iter();
-        drop(batch);
-        let took = t0.elapsed();
-        metrics::histogram!(m::STEP_SECONDS, "role" => "prefill").record(took.as_secs_f64());
-        metrics::counter!(m::PREFILL_TOKENS, "role" => "prefill").increment(computed as u64);
-        let rate = computed as f64 / took.as_secs_f64().max(1e-9);
-        self.rate = if self.rate == 0.0 { rate } else { 0.8 * self.rate + 0.2 * rate };
-        let ps = self.pool.layout().page_size;
-        let now = Instant::now();
-        let mut outgoing = Vec::new();
-        for c in &chunks {
-            let Some(l) = self.live.get_mut(&c.id) else { continue };
-            if c.start == c.cached && c.cached > 0 && l.sent == 0 {
-                l.cached = c.cached;
-                metrics::counter!(m::PREFIX_HIT_TOKENS).increment(c.cached as u64);
-            }
-            let upto = if c.last { c.end.div_ceil(ps) } else { c.end / ps };
-            let mut aux = None;
-            if c.last {
-                let Some(mut lg) = logits.next() else { continue };
-                let s = l.sampler.sample(&mut lg);
-                l.first = Some((s.token, s.logprob));
-                aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
-                self.rooms.computed(c.id, now);
-            }
-            if l.aborting.is_some() {
-                continue;
-            }
-            if upto > l.sent || aux.is_some() {
-                outgoing.push((c.id, ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux }));
-                l.sent = upto;
-            }
-        }
-        for (room, msg) in outgoing {
-            self.hand_over(room, msg)?;
-        }
-        for p in self.sched.complete(&chunks, &mut self.cache) {
-            if let Some(l) = self.live.get_mut(&p.id) {
-                l.prefilled = Some(p);
-            }
-        }
-        Ok(())
-    }
-
-    /// Gives a chunk's pages to the room task, first copying to the host mirror those no
-    /// other room is sending.
-    fn hand_over(&mut self, room: u64, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
-        let Some(l) = self.live.get_mut(&room) else { return Ok(()) };
-        // Without a mirror the transfer reads the pool itself: nothing to copy or count.
-        if self.kv.mirrored() {
-            let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
-            // SAFETY: these pages are computed and locked for this room; no task sends them now
-            // (none is on the wire), so nobody reads their mirror pages while they are copied.
-            unsafe { self.kv.to_host(self.model.backend(), &self.pool, &fresh) }?;
-            for &p in &msg.pages {
-                *self.on_wire.entry(p).or_insert(0) += 1;
-            }
-            l.wire.extend_from_slice(&msg.pages);
-        }
-        if msg.last.is_some()
-            && let Some(&page) = msg.pages.last()
-        {
-            let layout = self.pool.layout();
-            let valid = l.tokens.len() % layout.page_size;
-            // SAFETY: the prompt's partial last page is this room's alone (the prefix cache
-            // holds whole pages), and its task has not been handed it yet.
-            unsafe { crate::tail::zero_tail(self.kv.mem(), layout, page, valid) }
-                .map_err(|e| ferry_engine::EngineError::InvalidRequest(e.to_string()))?;
-        }
-        if let Some(tx) = &l.chunks {
-            let _ = tx.send(msg);
-        }
-        Ok(())
     }
 
     /// A room task ended.

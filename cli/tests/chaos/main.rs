@@ -3,7 +3,9 @@
 //! decode nodes' data plane is cut and slowed, and a prefill daemon is frozen (SIGSTOP).
 //! Every request must complete with the colocated engine's tokens (retrying retriable
 //! errors, as a client would) within its deadline; nothing may hang; the router must drop
-//! dead workers; and at the end every worker's page pool must be back at its baseline. The
+//! dead workers; and at the end every worker's page pool must be back at its baseline. A
+//! direct caller reusing one room id ([`reuse`]) must get the reference tokens or a clear
+//! status, never another request's KV. The
 //! decode pools are small enough that decode daemons retract running requests (and
 //! recompute them) throughout. The figures per fault are printed and written to
 //! `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
@@ -12,6 +14,7 @@
 
 mod cluster;
 mod load;
+mod reuse;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -289,6 +292,16 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         }
     ));
 
+    phases.begin(&c, &load, "a direct caller reusing one room id").await;
+    let (prompt, want) = &prompts[0];
+    // 8 tokens of the reference (greedy: a prefix of its 32), so a round is quick.
+    let rounds = (3.0 * scale) as u64;
+    let reused = reuse::run(&c.decode[0].grpc, &c.prefill[0].grpc, prompt, &want[..8], rounds).await;
+    notes.push(format!(
+        "a direct caller sent {} request pairs with one room id to d0 and p0, dropping every other one mid-flight and sending the next at once: {} completed with the reference tokens, {} wrong, {} cancelled, {} hung; errors: {:?}",
+        reused.sent, reused.completed, reused.wrong, reused.cancelled, reused.hung, reused.errors
+    ));
+
     phases.begin(&c, &load, "recovery").await;
     pause(3.0).await;
     load.wait_sent(Duration::from_secs(30)).await;
@@ -323,6 +336,9 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     assert!(frozen_busy, "no prefill was busy to freeze: the phase tested nothing\n{text}");
     assert!(moved.is_some(), "the request held by the frozen prefill waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
+    assert_eq!((reused.wrong, reused.hung), (0, 0), "the direct caller reusing a room id\n{text}");
+    assert!(reused.completed > 0 && reused.cancelled > 0, "the room-id reuse phase tested nothing\n{text}");
+    assert!(reused.unclear().is_empty(), "room-id reuse met unclear errors: {:?}\n{text}", reused.unclear());
     for (name, t) in &tallies {
         assert!(t.sent > 0, "{name}: no request sent\n{text}");
         assert_eq!((t.wrong, t.failed, t.hung, t.lost), (0, 0, 0, 0), "{name}\n{text}");

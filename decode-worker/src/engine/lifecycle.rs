@@ -1,0 +1,205 @@
+//! A request's way in and out of the engine: validated and queued, admitted (pages, the
+//! receiver room, the handshake), its transfer's outcome, timeouts, and its end (the last
+//! message, the room closed, the pages freed once no write can land in them).
+
+use std::time::Instant;
+
+use ferry_cluster::metrics as m;
+use ferry_cluster::{Refused, Room};
+use ferry_engine::{FinishReason, PageAlloc, Sampled, Sampler};
+use ferry_kernels::Backend;
+use ferry_transfer::room::FailReason;
+use ferry_transfer::table::{Outcome, Refusal};
+use tokio::sync::oneshot;
+use tonic::Code;
+
+use super::{Engine, Generate, Req, shutting_down};
+use crate::handshake::HandshakeJob;
+use crate::queues::{Queues, Stage};
+
+impl<B: Backend> Engine<B> {
+    /// Validates and queues a request.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
+        let Generate { key, incarnation, bootstrap, prompt, params, out, accepted } = g;
+        if self.stopping {
+            return Err((shutting_down(), accepted));
+        }
+        let req = ferry_engine::Request { prompt: prompt.clone(), params: params.clone() };
+        if let Err(e) = ferry_engine::generate::validate(&self.model, &req) {
+            let ctx = self.model.config().max_position_embeddings;
+            let reason = if prompt.len() >= ctx { "prompt_too_long" } else { "invalid_request" };
+            return Err((Refused::invalid(reason, e.to_string()), accepted));
+        }
+        let ctx = self.model.config().max_position_embeddings;
+        let remaining = (params.max_new_tokens as usize).min(ctx - prompt.len());
+        // Whole, never half way: a request whose prompt and max tokens cannot fit the pool
+        // even alone is refused now; any other is admitted in time and never cut.
+        let whole = self.pool.pages_for(prompt.len() + remaining);
+        if !Queues::could_fit(self.pool.num_pages(), whole) {
+            let why = format!(
+                "the prompt ({} tokens) and max_tokens ({remaining}) need {whole} KV pages; this decode worker has {}: lower max_tokens",
+                prompt.len(),
+                self.pool.num_pages()
+            );
+            return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
+        }
+        let room = key.room.get();
+        if self.draining.iter().any(|(r, _)| *r == room) {
+            // An earlier request of this room id still has a page run being written: the id
+            // is not free until that write ends (issue 21's stale write).
+            let why = format!("room {room}: an earlier room with this id is still closing");
+            return Err((Refused::new(Code::AlreadyExists, "room_closing", why), accepted));
+        }
+        if let Err(e) = self.queues.push(room, prompt.len(), remaining, bootstrap.is_none(), Instant::now()) {
+            return Err((e, accepted));
+        }
+        let sampler = Sampler::new(params, &prompt);
+        let r = Req {
+            key,
+            incarnation,
+            prompt,
+            sampler,
+            out,
+            pages: None,
+            transferring: false,
+            computed: 0,
+            generated: Vec::new(),
+            first: None,
+            bootstrap,
+            retracted_at: None,
+        };
+        self.reqs.insert(room, r);
+        let _ = accepted.send(Ok(()));
+        Ok(())
+    }
+
+    /// Admits what fits: allocates prompt pages, opens the room and starts the handshake (or
+    /// starts prefilling here).
+    pub(super) fn admit(&mut self, now: Instant) {
+        if self.stopping {
+            return;
+        }
+        for a in self.queues.admit(self.pool.free_pages(), now) {
+            let alloc = match self.pool.alloc(a.pages) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.end(a.room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
+                    continue;
+                }
+            };
+            let Some(r) = self.reqs.get_mut(&a.room) else { continue };
+            let dest = alloc.pages().to_vec();
+            r.pages = Some(alloc);
+            if a.local {
+                continue;
+            }
+            let secret = *r.key.secret.as_bytes();
+            match self.receiver.open(a.room, secret, &dest) {
+                Ok(outcome) => {
+                    r.transferring = true;
+                    self.wake.outcome(a.room, r.incarnation, outcome);
+                }
+                Err(refusal) => {
+                    let code = match refusal {
+                        Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
+                        _ => Code::Internal,
+                    };
+                    let why =
+                        Refused::new(code, "room_refused", format!("receiver refused the room: {}", refusal.label()));
+                    self.end(a.room, Err(why));
+                    continue;
+                }
+            }
+            let job = HandshakeJob {
+                room: a.room,
+                key: r.key,
+                bootstrap: r.bootstrap.clone().unwrap_or_default(),
+                dest,
+                data_endpoint: self.cfg.data_endpoint.clone(),
+                backend: self.cfg.backend,
+                layout: self.cfg.layout.clone(),
+            };
+            self.handshakes.start(job);
+        }
+    }
+
+    /// A room's transfer ended: its pages reach the device and it waits to join the batch, or
+    /// the request fails with the transfer's reason.
+    pub(super) fn transferred(&mut self, room: u64, outcome: Option<Outcome>, now: Instant) {
+        let aux = match outcome {
+            Some(Outcome::Success(aux)) => aux,
+            Some(Outcome::Failed(reason)) => return self.end(room, Err(transfer_refusal(&reason))),
+            None => {
+                return self.end(room, Err(Refused::new(Code::Internal, "room_lost", "the transfer room vanished")));
+            }
+        };
+        let Some(r) = self.reqs.get_mut(&room) else { return };
+        r.transferring = false;
+        self.receiver.close(room);
+        r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
+        let pages = r.pages.as_ref().map_or(&[][..], PageAlloc::pages);
+        // SAFETY: the room is complete and closed: every write into its pages has landed and
+        // no other is accepted; the request owns the pages.
+        match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
+            Ok(()) => self.queues.advance(room, Stage::Waiting, now),
+            Err(e) => {
+                let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
+                self.end(room, Err(why));
+            }
+        }
+    }
+
+    /// Requests past their stage's timeout.
+    pub(super) fn expire(&mut self, now: Instant) {
+        for (room, stage) in self.queues.expired(now) {
+            let why = match stage {
+                Stage::Prealloc => Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time"),
+                _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
+            };
+            self.end(room, Err(why));
+        }
+    }
+
+    /// Ends a request: a last message to the client, its room closed, its pages freed (after
+    /// any write still landing in them).
+    pub(super) fn end(&mut self, room: u64, result: Result<FinishReason, Refused>) {
+        let stage = self.queues.remove(room);
+        let Some(mut r) = self.reqs.remove(&room) else { return };
+        let outcome = match &result {
+            Ok(f) => f.as_str(),
+            Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",
+            Err(_) => "error",
+        };
+        metrics::counter!(m::REQUESTS, "role" => "decode", "outcome" => outcome).increment(1);
+        if let Err(why) = result {
+            // A failure is an operator's business; a client or router that went away is not.
+            let stage = stage.map(Stage::label);
+            if outcome == "error" {
+                tracing::warn!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request failed");
+            } else {
+                tracing::debug!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request ended");
+            }
+            let _ = r.out.send(Err(why));
+        }
+        if std::mem::take(&mut r.transferring) || stage == Some(Stage::Transfer) {
+            self.receiver.close(room);
+            if let Some(released) = self.receiver.inbox().released(room)
+                && let Some(p) = r.pages.take()
+            {
+                self.draining.push((room, p));
+                self.wake.released(room, released);
+            }
+        }
+    }
+}
+
+fn transfer_refusal(r: &FailReason) -> Refused {
+    let code = match r {
+        FailReason::Timeout(_) => Code::DeadlineExceeded,
+        FailReason::Aborted(_) => Code::Aborted,
+        FailReason::Corrupt(_) | FailReason::PeerGone(_) => Code::Unavailable,
+        FailReason::Refused(_) => Code::FailedPrecondition,
+    };
+    Refused::new(code, r.label(), format!("KV transfer failed: {r:?}"))
+}

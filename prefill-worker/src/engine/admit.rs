@@ -1,0 +1,87 @@
+//! A room's way in: the prompt checked against the model and the pool, then — with the
+//! request and the decode node's handshake both here — its transfer task started and the
+//! prompt queued in the scheduler.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use ferry_cluster::Refused;
+use ferry_engine::{Sampler, SamplingParams};
+use ferry_kernels::Backend;
+use ferry_transfer::SendRoom;
+use tokio::sync::mpsc;
+use tonic::Code;
+
+use super::{Engine, Handshake, Live, NewRequest};
+use crate::room_task::RoomTask;
+
+impl<B: Backend> Engine<B> {
+    pub(super) fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
+        let req = ferry_engine::Request { prompt: tokens.to_vec(), params: sampling.clone() };
+        ferry_engine::generate::validate(&self.model, &req).map_err(|e| {
+            let reason = if tokens.len() >= self.model.config().max_position_embeddings {
+                "prompt_too_long"
+            } else {
+                "invalid_request"
+            };
+            Refused::invalid(reason, e.to_string())
+        })?;
+        let pages = self.pool.pages_for(tokens.len());
+        if pages > self.pool.num_pages() {
+            return Err(Refused::new(
+                Code::ResourceExhausted,
+                "prompt_over_pool",
+                format!("the prompt needs {pages} pages; this worker's pool has {}", self.pool.num_pages()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Both halves are here: check the handshake against the prompt, start the room task, queue.
+    pub(super) fn admit(&mut self, room: u64, secret: [u8; 16], r: NewRequest, h: Handshake) {
+        let need = self.pool.pages_for(r.tokens.len());
+        if h.dest.len() != need {
+            let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
+            let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
+            self.rooms.finish(room);
+            let sender = h.sender;
+            self.rt.spawn(async move {
+                let _ = sender.abort(room, secret, "destination page count does not fit the prompt").await;
+            });
+            return;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
+        if let Err(e) = send_room.handshake(Arc::clone(&h.sender), h.dest.clone(), Instant::now()) {
+            let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
+            self.rooms.finish(room);
+            return;
+        }
+        let limit = self.cfg.timeouts.transferring;
+        let task = RoomTask {
+            mem: Arc::clone(self.kv.mem()),
+            engine: self.cmds.clone(),
+            limit,
+            senders: Arc::clone(&self.cfg.senders),
+            sender: h.sender,
+        };
+        self.rt.spawn(task.run(send_room, rx));
+        self.sched.add_with_priority(room, r.tokens.clone(), r.priority, &self.cache);
+        let sampler = Sampler::new(r.sampling, &r.tokens);
+        self.live.insert(
+            room,
+            Live {
+                tokens: r.tokens,
+                sampler,
+                reply: Some(r.reply),
+                chunks: Some(tx),
+                sent: 0,
+                wire: Vec::new(),
+                cached: 0,
+                first: None,
+                prefilled: None,
+                aborting: None,
+            },
+        );
+    }
+}
