@@ -60,6 +60,26 @@ impl Daemon {
         assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "signal {sig} to {}", self.name);
     }
 
+    /// Sets the running process's soft limit of open files to exactly what it has open now
+    /// (every new socket or file then fails with EMFILE); returns the limit it had.
+    pub fn exhaust_files(&self) -> u64 {
+        let pid = self.child.as_ref().expect("running").id();
+        let open = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("its fds").count() as u64;
+        self.set_file_limit(open)
+    }
+
+    /// Sets the running process's soft limit of open files; returns the one it had.
+    pub fn set_file_limit(&self, soft: u64) -> u64 {
+        let pid = self.child.as_ref().expect("running").id() as libc::pid_t;
+        let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit(2) on our own child with valid pointers; a null new limit only reads.
+        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) }, 0);
+        let new = libc::rlimit { rlim_cur: soft.min(old.rlim_max), rlim_max: old.rlim_max };
+        // SAFETY: as above; the hard limit is unchanged.
+        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) }, 0, "prlimit");
+        old.rlim_cur
+    }
+
     /// SIGKILL.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -93,6 +113,8 @@ pub struct Cluster {
     pub router_metrics: String,
     /// The decode daemons' `/metrics` addresses.
     pub decode_metrics: Vec<String>,
+    /// Each decode daemon's own data-plane address (behind its proxy).
+    pub decode_data: Vec<String>,
 }
 
 /// Fixed ports for the daemons, held (bound) until the daemons start. They are drawn below
@@ -137,7 +159,8 @@ impl Cluster {
             let (id, grpc) = (format!("p{i}"), ports.take());
             prefill.push(Daemon::new(&id, common("prefill", &id, &grpc, "127.0.0.1:0", "384"), grpc));
         }
-        let (mut decode, mut proxies, mut decode_metrics) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut decode, mut proxies, mut decode_metrics, mut decode_data) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 0..2 {
             let (id, grpc, data, metrics) = (format!("d{i}"), ports.take(), ports.take(), ports.take());
             let proxy = Proxy::start(data.clone()).await;
@@ -151,13 +174,15 @@ impl Cluster {
             decode.push(Daemon::new(&id, a, grpc));
             proxies.push(proxy);
             decode_metrics.push(metrics);
+            decode_data.push(data);
         }
         let (router_grpc, router_metrics, router_http) = (ports.take(), ports.take(), ports.take());
         let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &router_http]);
         ra.extend(strings(&["--page-size", "8"]));
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
         let router = Daemon::new("router", ra, router_grpc.clone());
-        let mut c = Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics, decode_metrics };
+        let mut c =
+            Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics, decode_metrics, decode_data };
         // Workers load the model in parallel; the router last.
         drop(ports);
         ferry_tests::blocking(|| {
@@ -219,6 +244,12 @@ impl Cluster {
         let get =
             |stage: &str| ferry_tests::metric_sum(&body, "ferry_router_retries_total", &format!("stage=\"{stage}\""));
         [get("prefill"), get("decode")]
+    }
+
+    /// Data-plane accepts decode daemon `i` saw fail (and retried) since its last start.
+    pub async fn accept_errors(&self, i: usize) -> f64 {
+        let body = ferry_tests::scrape(self.decode_metrics[i].parse().expect("addr")).await;
+        ferry_tests::metric_sum(&body, "ferry_transfer_connections_refused_total", "reason=\"accept_error\"")
     }
 
     /// Retractions decode daemon `i` made since its last start.

@@ -292,6 +292,28 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
         }
     ));
 
+    phases.begin(&c, &load, "d0 out of file descriptors").await;
+    pause(0.5).await;
+    // Every new socket of d0 fails (EMFILE) for 2 s: a connection made to its data port then
+    // (and the senders' reconnects after a cut) waits in the kernel's queue while the accept
+    // loop fails, counts and retries; once descriptors are back it is served.
+    let accept_errors = c.accept_errors(0).await;
+    let limit = c.decode[0].exhaust_files();
+    let pending = tokio::net::TcpStream::connect(&c.decode_data[0]).await.expect("queued by the kernel");
+    c.proxies[0].cut();
+    pause(0.3).await;
+    c.proxies[0].restore();
+    pause(2.0).await;
+    c.decode[0].set_file_limit(limit);
+    pause(0.5).await;
+    let accept_errors = c.accept_errors(0).await - accept_errors;
+    drop(pending);
+    notes.push(format!(
+        "d0 had no file descriptor to spare for {:.1} s: its data-plane accept failed {accept_errors} times (each retried after 100 ms, until connections the fault closed freed descriptors); serving went on",
+        2.3 * scale
+    ));
+    pause(2.0).await;
+
     phases.begin(&c, &load, "a direct caller reusing one room id").await;
     let (prompt, want) = &prompts[0];
     // 8 tokens of the reference (greedy: a prefix of its 32), so a round is quick.
@@ -336,6 +358,7 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     assert!(frozen_busy, "no prefill was busy to freeze: the phase tested nothing\n{text}");
     assert!(moved.is_some(), "the request held by the frozen prefill waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
+    assert!(accept_errors > 0.0, "d0 never failed an accept while out of descriptors\n{text}");
     assert_eq!((reused.wrong, reused.hung), (0, 0), "the direct caller reusing a room id\n{text}");
     assert!(reused.completed > 0 && reused.cancelled > 0, "the room-id reuse phase tested nothing\n{text}");
     assert!(reused.unclear().is_empty(), "room-id reuse met unclear errors: {:?}\n{text}", reused.unclear());
