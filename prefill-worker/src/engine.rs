@@ -36,7 +36,7 @@ mod admit;
 mod step;
 
 /// What the Prefill call gets back.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PrefillDone {
     /// Prompt tokens found in the cache.
     pub cached_tokens: u32,
@@ -44,6 +44,8 @@ pub struct PrefillDone {
     pub first_token: u32,
     /// Its logprob.
     pub logprob: f32,
+    /// Its most likely alternatives, when asked for.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Replies to a Prefill call.
@@ -116,7 +118,7 @@ struct Live {
     /// with a host mirror.
     wire: Vec<u32>,
     cached: usize,
-    first: Option<(u32, f32)>,
+    first: Option<ferry_engine::Sampled>,
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
@@ -307,8 +309,14 @@ impl<B: Backend> Engine<B> {
         match (&l.aborting, result) {
             (None, Ok(())) => {
                 metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "sent").increment(1);
-                if let (Some(tx), Some((first_token, logprob))) = (reply, l.first) {
-                    let _ = tx.send(Ok(PrefillDone { cached_tokens: l.cached as u32, first_token, logprob }));
+                if let (Some(tx), Some(s)) = (reply, l.first.take()) {
+                    let done = PrefillDone {
+                        cached_tokens: l.cached as u32,
+                        first_token: s.token,
+                        logprob: s.logprob,
+                        top: s.top,
+                    };
+                    let _ = tx.send(Ok(done));
                 }
             }
             (aborting, result) => {

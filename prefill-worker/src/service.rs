@@ -77,6 +77,13 @@ impl pb::prefill_server::Prefill for PrefillSvc {
             room,
             cached_tokens: done.cached_tokens,
             first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
+            first_top: (!done.top.is_empty()).then(|| pb::TopLogprobs {
+                candidates: done
+                    .top
+                    .iter()
+                    .map(|&(token_id, logprob)| pb::TokenLogprob { token_id, logprob })
+                    .collect(),
+            }),
         }))
     }
 

@@ -17,8 +17,18 @@ use tonic::{Code, Status};
 use crate::admission::Admission;
 use crate::index::PrefixIndex;
 
-/// The prefill call of one attempt: the prompt tokens it found cached (None: no prefill worker).
-type PrefillTask = tokio::task::JoinHandle<Result<Option<u32>, Status>>;
+/// What a prefill call answered.
+#[derive(Debug, Clone, Default)]
+struct Prefilled {
+    /// Prompt tokens it found cached.
+    cached: u32,
+    /// The first token's top alternatives, when asked for (the decode stream carries the
+    /// first token without them).
+    first_top: Vec<(u32, f32)>,
+}
+
+/// The prefill call of one attempt (None: no prefill worker).
+type PrefillTask = tokio::task::JoinHandle<Result<Option<Prefilled>, Status>>;
 /// An attempt's first decode message: `Some(None)` when the stream ended without one, `None`
 /// when the prefill finished first.
 type FirstMessage = Option<Option<Result<pb::DecodeResponse, Status>>>;
@@ -136,10 +146,22 @@ impl Ctx {
 pub struct Piece {
     /// New text.
     pub text: String,
-    /// New token ids with their logprobs.
-    pub tokens: Vec<(u32, f32)>,
+    /// New tokens with their logprobs.
+    pub tokens: Vec<Scored>,
     /// On the last piece: why it ended and the usage.
     pub end: Option<End>,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    /// Its id.
+    pub id: u32,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The most likely tokens at its position, best first, when sampling asked for
+    /// `top_logprobs` (else empty).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// How a request ended.
@@ -300,7 +322,11 @@ impl Ctx {
             match pc.prefill(preq).await {
                 Ok(r) => {
                     pw.ok();
-                    Ok(Some(r.into_inner().cached_tokens))
+                    let r = r.into_inner();
+                    let first_top = r
+                        .first_top
+                        .map_or_else(Vec::new, |t| t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect());
+                    Ok(Some(Prefilled { cached: r.cached_tokens, first_top }))
                 }
                 Err(s) => {
                     if s.code() == Code::Unavailable {
@@ -432,6 +458,15 @@ impl Ctx {
         let mut completion = 0u32;
         let mut finish = None;
         let mut pending = first;
+        // The prefill call's answer, when taken before the end (for the first token's top
+        // alternatives).
+        let mut prefilled = None;
+        let mut prefill_task = Some(prefill_task);
+        let abort = |t: &Option<PrefillTask>| {
+            if let Some(t) = t {
+                t.abort();
+            }
+        };
         loop {
             let msg = match pending.take() {
                 Some(m) => m,
@@ -441,19 +476,46 @@ impl Ctx {
             let msg = match msg {
                 Ok(m) => m,
                 Err(s) => {
-                    prefill_task.abort();
+                    abort(&prefill_task);
                     return Err(mid_stream(s, &req.request_id, &decode.id, completion));
                 }
             };
+            let mut tops: Vec<Vec<(u32, f32)>> = msg
+                .top_logprobs
+                .iter()
+                .map(|t| t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect())
+                .collect();
+            if completion == 0
+                && req.sampling.top_logprobs > 0
+                && tops.is_empty()
+                && let Some(task) = prefill_task.take()
+            {
+                // Prefilled elsewhere: the first token's alternatives come with the prefill
+                // call's answer, which is due about now (the pages have arrived).
+                let r = task.await.unwrap_or_else(|e| Err(Status::internal(e.to_string())));
+                if let Ok(Some(p)) = &r {
+                    tops = vec![p.first_top.clone()];
+                }
+                prefilled = Some(r);
+            }
             if completion == 0 && !msg.token_ids.is_empty() {
                 metrics::histogram!(M::ROUTER_TTFT).record(arrived.elapsed().as_secs_f64());
             }
             completion += msg.token_ids.len() as u32;
-            let lps: Vec<(u32, f32)> = msg.logprobs.iter().map(|l| (l.token_id, l.logprob)).collect();
+            let lps: Vec<Scored> = msg
+                .logprobs
+                .iter()
+                .enumerate()
+                .map(|(i, l)| Scored {
+                    id: l.token_id,
+                    logprob: l.logprob,
+                    top: tops.get(i).cloned().unwrap_or_default(),
+                })
+                .collect();
             let (text, stopped) = out.push(&msg.token_ids);
             let end = wire::finish_from_proto(msg.finish_reason()).or(stopped.then_some(FinishReason::Stop));
             if tx.send(Ok(Piece { text, tokens: lps, end: None })).await.is_err() {
-                prefill_task.abort();
+                abort(&prefill_task);
                 metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
                 return Ok(()); // the client went away: dropping the calls frees both workers
             }
@@ -463,8 +525,13 @@ impl Ctx {
             }
         }
         drop(stream);
-        let cached = match prefill_task.await {
-            Ok(Ok(c)) => c.unwrap_or(0),
+        let prefilled = match (prefilled, prefill_task) {
+            (Some(r), _) => Ok(r),
+            (None, Some(t)) => t.await,
+            (None, None) => Ok(Ok(None)),
+        };
+        let cached = match prefilled {
+            Ok(Ok(c)) => c.map_or(0, |p| p.cached),
             Ok(Err(s)) if finish.is_none() => return Err(s),
             _ => cached_guess,
         };

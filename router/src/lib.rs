@@ -19,6 +19,7 @@ pub mod admission;
 pub mod generate;
 pub mod index;
 pub mod limits;
+mod logprobs;
 pub mod openai;
 pub mod placement;
 mod service;

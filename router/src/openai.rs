@@ -27,7 +27,7 @@ use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::generate::{Ctx, Piece, Prepared};
+use crate::generate::{Ctx, End, Piece, Prepared, Scored};
 
 /// Largest request body.
 pub const MAX_BODY: usize = 4 << 20;
@@ -124,6 +124,13 @@ struct Common {
     _user: Option<String>,
     #[serde(default)]
     ignore_eos: bool,
+    /// Chat: `true` returns the chosen tokens' logprobs. Completions: a number (0–20) returns
+    /// them with that many alternatives per token.
+    #[serde(default)]
+    logprobs: Option<serde_json::Value>,
+    /// Chat: alternatives per token (0–20), with `logprobs: true`.
+    #[serde(default)]
+    top_logprobs: Option<u32>,
     /// Everything else.
     #[serde(flatten)]
     other: serde_json::Map<String, serde_json::Value>,
@@ -132,17 +139,7 @@ struct Common {
 /// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
 /// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
 /// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
-const UNSERVED: [&str; 9] = [
-    "logprobs",
-    "top_logprobs",
-    "echo",
-    "logit_bias",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "functions",
-    "suffix",
-];
+const UNSERVED: [&str; 7] = ["echo", "logit_bias", "response_format", "tools", "tool_choice", "functions", "suffix"];
 
 /// Well-known fields counted under their own name when ignored; any other is counted as
 /// `other` (a label per field a client invents would make the metric unbounded).
@@ -260,6 +257,46 @@ fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
     Ok(out)
 }
 
+/// What a request asked of its response, besides the tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Shape {
+    /// Server-sent events.
+    pub stream: bool,
+    /// Logprobs of the generated tokens.
+    pub logprobs: bool,
+}
+
+/// Whether logprobs were asked for, and how many alternatives per token: chat takes
+/// `logprobs: true` and `top_logprobs: k`; completions `logprobs: k`.
+fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
+    use serde_json::Value;
+    match kind {
+        Kind::Chat => {
+            let on = match &c.logprobs {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => return Err(format!("`logprobs` must be true or false on chat completions, not {v}")),
+            };
+            match c.top_logprobs {
+                Some(k) if k > 0 && !on => Err("`top_logprobs` needs `logprobs: true`".into()),
+                k => Ok((on, k.unwrap_or(0))),
+            }
+        }
+        Kind::Completion => {
+            if c.top_logprobs.is_some_and(|k| k > 0) {
+                return Err("`top_logprobs` is a chat field: completions take `logprobs: <alternatives>`".into());
+            }
+            match &c.logprobs {
+                None | Some(Value::Null) => Ok((false, 0)),
+                Some(v) => match v.as_u64() {
+                    Some(k) => Ok((true, u32::try_from(k).unwrap_or(u32::MAX))),
+                    None => Err(format!("`logprobs` must be a number of alternatives (0–20) on completions, not {v}")),
+                },
+            }
+        }
+    }
+}
+
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -334,7 +371,7 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
 
 // The error is the finished HTTP response, returned once per request: its size is no concern.
 #[allow(clippy::result_large_err)]
-fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
+fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Response> {
     if c.model != ctx.model.name {
         return Err(err(
             StatusCode::NOT_FOUND,
@@ -353,6 +390,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
         Some(StopIn::Many(v)) => v.clone(),
     };
     ctx.limits.check_stop(&stop).map_err(|e| bad(e.reason, e.message))?;
+    let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e))?;
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
             ctx.model.tokenizer.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
@@ -386,10 +424,11 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<Prepared, Response> {
         seed: c.seed,
         max_new_tokens: c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens),
         ignore_eos: c.ignore_eos,
+        top_logprobs,
         ..d
     };
     ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
-    Ok(Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop })
+    Ok((Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop }, logprobs))
 }
 
 async fn handle(
@@ -408,7 +447,7 @@ async fn handle(
         }
         Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
-    let (p, streamed) = match parse(&ctx, &body, kind) {
+    let (p, shape) = match parse(&ctx, &body, kind) {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -418,36 +457,78 @@ async fn handle(
         Ok(s) => s,
         Err(s) => return from_status(&s),
     };
-    if streamed { sse(stream, id, model, kind).into_response() } else { whole(stream, id, model, kind).await }
+    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs };
+    if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
 
 /// Reads a request body: UTF-8, JSON with known fields only, the model, the prompt or
 /// messages (tokenized), sampling and stop strings, all checked. Returns the request and
-/// whether it asked for a stream, or the finished 4xx response.
+/// what it asked of the response, or the finished 4xx response.
 // The error is the finished HTTP response, returned once per request: its size is no concern.
 #[allow(clippy::result_large_err)]
-pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, bool), Response> {
+pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, Shape), Response> {
     let Ok(text) = std::str::from_utf8(body) else {
         return Err(err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8"));
     };
     let c: Common = serde_json::from_str(text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
     other_fields(&c.other)?;
-    Ok((prepare(ctx, &c, kind)?, c.stream))
+    let (p, logprobs) = prepare(ctx, &c, kind)?;
+    Ok((p, Shape { stream: c.stream, logprobs }))
 }
 
-async fn whole(
-    mut s: impl Stream<Item = Result<Piece, tonic::Status>> + Unpin,
+/// Who a response goes to and what it carries.
+struct Reply {
+    ctx: Arc<Ctx>,
     id: String,
     model: String,
     kind: Kind,
-) -> Response {
+    logprobs: bool,
+}
+
+impl Reply {
+    fn object(&self, streamed: bool) -> &'static str {
+        match (self.kind, streamed) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A choice's `logprobs` for `tokens` (null when not asked for); `offset` carries a
+    /// completion's text offset from chunk to chunk.
+    fn logprobs(&self, tokens: &[Scored], offset: &mut usize) -> serde_json::Value {
+        if !self.logprobs {
+            return serde_json::Value::Null;
+        }
+        let tok = &self.ctx.model.tokenizer;
+        match self.kind {
+            Kind::Chat => crate::logprobs::chat(tok, tokens),
+            Kind::Completion => crate::logprobs::completion(tok, tokens, offset),
+        }
+    }
+}
+
+fn usage(e: &End) -> serde_json::Value {
+    json!({
+        "prompt_tokens": e.prompt_tokens,
+        "completion_tokens": e.completion_tokens,
+        "total_tokens": e.prompt_tokens + e.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
+    })
+}
+
+async fn whole(mut s: impl Stream<Item = Result<Piece, tonic::Status>> + Unpin, r: Reply) -> Response {
     let mut text = String::new();
+    let mut tokens = Vec::new();
     let mut end = None;
     while let Some(p) = s.next().await {
         match p {
             Ok(p) => {
                 text.push_str(&p.text);
+                if r.logprobs {
+                    tokens.extend(p.tokens);
+                }
                 if p.end.is_some() {
                     end = p.end;
                 }
@@ -458,41 +539,38 @@ async fn whole(
     let Some(e) = end else {
         return from_status(&tonic::Status::internal("the request ended without a finish reason"));
     };
-    let usage = json!({
-        "prompt_tokens": e.prompt_tokens,
-        "completion_tokens": e.completion_tokens,
-        "total_tokens": e.prompt_tokens + e.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
-    });
-    let choice = match kind {
-        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": null}),
-        Kind::Chat => {
-            json!({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": e.finish.as_str()})
-        }
+    let logprobs = r.logprobs(&tokens, &mut 0);
+    let choice = match r.kind {
+        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
+        Kind::Chat => json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": e.finish.as_str(),
+            "logprobs": logprobs,
+        }),
     };
-    let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
-    let body =
-        json!({"id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage});
+    let body = json!({
+        "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": [choice], "usage": usage(&e),
+    });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 fn sse(
     s: impl Stream<Item = Result<Piece, tonic::Status>> + Send + 'static,
-    id: String,
-    model: String,
-    kind: Kind,
+    r: Reply,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
     let created = now();
     let mut first = true;
+    let mut offset = 0;
     let events = s
         .map(move |p| {
             let data = match p {
                 Ok(p) => {
                     let finish = p.end.map(|e| e.finish.as_str());
-                    let choice = match kind {
+                    let logprobs = r.logprobs(&p.tokens, &mut offset);
+                    let choice = match r.kind {
                         Kind::Completion => {
-                            json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": null})
+                            json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": logprobs})
                         }
                         Kind::Chat => {
                             let delta = if first {
@@ -500,19 +578,15 @@ fn sse(
                             } else {
                                 json!({"content": p.text})
                             };
-                            json!({"index": 0, "delta": delta, "finish_reason": finish})
+                            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
                         }
                     };
                     first = false;
-                    let mut chunk =
-                        json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                    let mut chunk = json!({
+                        "id": r.id, "object": r.object(true), "created": created, "model": r.model, "choices": [choice],
+                    });
                     if let Some(e) = p.end {
-                        chunk["usage"] = json!({
-                            "prompt_tokens": e.prompt_tokens,
-                            "completion_tokens": e.completion_tokens,
-                            "total_tokens": e.prompt_tokens + e.completion_tokens,
-                            "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
-                        });
+                        chunk["usage"] = usage(&e);
                     }
                     chunk
                 }

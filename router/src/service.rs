@@ -61,10 +61,17 @@ impl pb::router_server::Router for RouterSvc {
             p.map(|p| {
                 let mut m = pb::GenerateResponse { request_id: id.clone(), text: p.text, ..Default::default() };
                 if ids {
-                    m.token_ids = p.tokens.iter().map(|t| t.0).collect();
+                    m.token_ids = p.tokens.iter().map(|t| t.id).collect();
                 }
-                m.logprobs =
-                    p.tokens.iter().map(|&(token_id, logprob)| pb::TokenLogprob { token_id, logprob }).collect();
+                let tl = |&(token_id, logprob): &(u32, f32)| pb::TokenLogprob { token_id, logprob };
+                m.logprobs = p.tokens.iter().map(|t| tl(&(t.id, t.logprob))).collect();
+                if p.tokens.iter().any(|t| !t.top.is_empty()) {
+                    m.top_logprobs = p
+                        .tokens
+                        .iter()
+                        .map(|t| pb::TopLogprobs { candidates: t.top.iter().map(tl).collect() })
+                        .collect();
+                }
                 if let Some(e) = p.end {
                     m.finish_reason = wire::finish_to_proto(e.finish) as i32;
                     m.prompt_tokens = e.prompt_tokens;

@@ -1,6 +1,6 @@
 """The official `openai` client against Ferry's router, sending what SDKs and agent
 frameworks send: content as lists of parts, fields Ferry does not read (metadata, store,
-user), streaming with usage, a model lookup. Run by tests/tests/openai_client.rs:
+user), streaming with usage, a model lookup, logprobs. Run by tests/tests/openai_client.rs:
 python3 openai_client.py BASE_URL MODEL; exits non-zero with the reason on any mismatch."""
 
 import sys
@@ -47,4 +47,22 @@ except openai.BadRequestError as e:
 # Completions.
 r3 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, user="u1")
 assert r3.choices[0].finish_reason in ("length", "stop"), r3
+
+# Logprobs: chat with alternatives, whole and streamed; completions with `logprobs: k`.
+r5 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
+lp = r5.choices[0].logprobs.content
+assert len(lp) == r5.usage.completion_tokens, r5
+for e in lp:
+    assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token, e
+    assert e.logprob <= 0 and isinstance(e.bytes, list), e
+s5 = c.chat.completions.create(
+    model=model, messages=plain, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2, stream=True
+)
+toks = [e.token for ch in s5 if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+assert toks == [e.token for e in lp], (toks, lp)
+r6 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, logprobs=2)
+l6 = r6.choices[0].logprobs
+n = r6.usage.completion_tokens
+assert len(l6.tokens) == len(l6.token_logprobs) == len(l6.top_logprobs) == len(l6.text_offset) == n, l6
+assert all(len(t) == 2 for t in l6.top_logprobs), l6
 print("openai client: ok")

@@ -2,7 +2,8 @@
 //! completions, streamed and not, models and health; bad input gets a 4xx with a message,
 //! is counted, and disturbs nothing.
 
-use ferry_tests::{TinyModel, http, one_of_each, settle};
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, colocated_scored, greedy, http, one_of_each, settle};
 
 fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
@@ -96,7 +97,17 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
         ),
         (chat_with(&|c| c["messages"] = serde_json::json!([])), "bad_messages", "`messages` is empty"),
         (chat_with(&|c| c["messages"] = serde_json::json!([{"content": "hi"}])), "bad_messages", "messages[0].role"),
-        (chat_with(&|c| c["logprobs"] = true.into()), "unsupported", "`logprobs`"),
+        (chat_with(&|c| c["echo"] = true.into()), "unsupported", "`echo`"),
+        (chat_with(&|c| c["logprobs"] = "yes".into()), "bad_logprobs", "`logprobs`"),
+        (chat_with(&|c| c["top_logprobs"] = 3.into()), "bad_logprobs", "`top_logprobs` needs `logprobs: true`"),
+        (
+            chat_with(&|c| {
+                c["logprobs"] = true.into();
+                c["top_logprobs"] = 21.into();
+            }),
+            "invalid_request",
+            "top_logprobs",
+        ),
         (
             chat_with(&|c| c["response_format"] = serde_json::json!({"type": "json_object"})),
             "unsupported",
@@ -189,6 +200,128 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     let (s, _, body) = http(a, "POST", "/v1/completions", req.to_string().as_bytes()).await;
     assert_eq!(s, 200);
     assert_eq!(json(&body)["choices"][0]["text"].as_str(), Some(whole.as_str()));
+    settle(&p, std::slice::from_ref(&d)).await;
+    r.stop().await;
+    p.stop().await;
+    d.stop().await;
+}
+
+/// Logprobs in OpenAI's shapes through a prefill and a decode worker: the chosen tokens and
+/// logprobs equal the colocated engine's, the first token's alternatives (sampled on the
+/// prefill node, which sends the token alone on the data plane) are there like every other
+/// token's, streamed equals whole, and each token's bytes spell the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_match_the_engine_through_prefill_and_decode() {
+    let m = TinyModel::new();
+    let (p, d, r) = one_of_each(&m, 512, |_| ()).await;
+    let a = r.http_addr;
+    let (_, _, body) = http(a, "GET", "/v1/models", b"").await;
+    let model = json(&body)["data"][0]["id"].as_str().expect("a model id").to_string();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300).collect();
+    let want = &colocated_scored(&m.path(), std::slice::from_ref(&prompt), &greedy(6))[0];
+
+    // Completions: `logprobs: 2`, whole and streamed.
+    let req = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 2});
+    let (s, _, body) = http(a, "POST", "/v1/completions", req.to_string().as_bytes()).await;
+    assert_eq!(s, 200, "{body}");
+    let lp = json(&body)["choices"][0]["logprobs"].clone();
+    let lps: Vec<f64> =
+        lp["token_logprobs"].as_array().expect("token_logprobs").iter().filter_map(|x| x.as_f64()).collect();
+    assert_eq!(lps.len(), 6, "{lp}");
+    for (i, (&got, &(_, w))) in lps.iter().zip(want).enumerate() {
+        assert!((got - f64::from(w)).abs() < 1e-3, "token {i}: logprob {got}, colocated {w}");
+    }
+    for (i, top) in lp["top_logprobs"].as_array().expect("top_logprobs").iter().enumerate() {
+        let top = top.as_object().expect("a map");
+        // Greedy: the chosen token is the best alternative, so the map holds 2.
+        assert_eq!(top.len(), 2, "token {i}: {top:?}");
+        let chosen = lp["tokens"][i].as_str().expect("token");
+        assert!((top[chosen].as_f64().unwrap_or(0.0) - lps[i]).abs() < 1e-6, "token {i}: {top:?}");
+    }
+    let offsets: Vec<u64> = lp["text_offset"].as_array().expect("offsets").iter().filter_map(|x| x.as_u64()).collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]) && offsets[0] == 0, "{offsets:?}");
+    let mut sreq = req.clone();
+    sreq["stream"] = true.into();
+    let (_, _, body) = http(a, "POST", "/v1/completions", sreq.to_string().as_bytes()).await;
+    let chunks: Vec<serde_json::Value> =
+        body.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|e| *e != "[DONE]").map(json).collect();
+    let streamed: Vec<f64> = chunks
+        .iter()
+        .flat_map(|c| c["choices"][0]["logprobs"]["token_logprobs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|x| x.as_f64())
+        .collect();
+    assert_eq!(streamed.len(), lps.len());
+    assert!(streamed.iter().zip(&lps).all(|(x, y)| (x - y).abs() < 1e-3), "streamed {streamed:?}, whole {lps:?}");
+
+    // Chat: `logprobs: true, top_logprobs: 3`.
+    let chat = serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 5, "temperature": 0, "ignore_eos": true, "logprobs": true, "top_logprobs": 3});
+    let (s, _, body) = http(a, "POST", "/v1/chat/completions", chat.to_string().as_bytes()).await;
+    assert_eq!(s, 200, "{body}");
+    let v = json(&body);
+    let content = v["choices"][0]["logprobs"]["content"].as_array().expect("content").clone();
+    assert_eq!(content.len(), 5, "{v}");
+    let mut bytes = Vec::new();
+    for (i, e) in content.iter().enumerate() {
+        let top = e["top_logprobs"].as_array().expect("top_logprobs");
+        assert_eq!(top.len(), 3, "token {i} (the first is sampled on the prefill node): {e}");
+        assert_eq!((top[0]["token"].clone(), top[0]["logprob"].clone()), (e["token"].clone(), e["logprob"].clone()));
+        bytes.extend(e["bytes"].as_array().expect("bytes").iter().filter_map(|b| b.as_u64()).map(|b| b as u8));
+    }
+    let text = v["choices"][0]["message"]["content"].as_str().expect("text");
+    assert_eq!(String::from_utf8_lossy(&bytes), text, "the tokens' bytes spell the text");
+    let mut schat = chat.clone();
+    schat["stream"] = true.into();
+    let (_, _, body) = http(a, "POST", "/v1/chat/completions", schat.to_string().as_bytes()).await;
+    let streamed: Vec<serde_json::Value> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| json(e)["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default())
+        .collect();
+    // The same tokens and alternatives; logprobs within float noise (the second request
+    // finds its prompt in the prefix cache and computes it in other chunks).
+    let close = |x: &serde_json::Value, y: &serde_json::Value| {
+        x["token"] == y["token"]
+            && (x["logprob"].as_f64().unwrap_or(0.0) - y["logprob"].as_f64().unwrap_or(9.0)).abs() < 1e-3
+    };
+    assert_eq!(streamed.len(), content.len());
+    for (x, y) in streamed.iter().zip(&content) {
+        let (tx, ty) = (x["top_logprobs"].as_array().expect("top"), y["top_logprobs"].as_array().expect("top"));
+        assert!(close(x, y) && tx.len() == ty.len() && tx.iter().zip(ty).all(|(a, b)| close(a, b)), "{x} vs {y}");
+    }
+    // Not asked for: null.
+    let mut plain = chat.clone();
+    plain.as_object_mut().map(|o| (o.remove("logprobs"), o.remove("top_logprobs")));
+    let (_, _, body) = http(a, "POST", "/v1/chat/completions", plain.to_string().as_bytes()).await;
+    assert!(json(&body)["choices"][0]["logprobs"].is_null(), "{body}");
+
+    // The router's gRPC API: each token's alternatives, the first one's too.
+    let mut client = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let mut sampling = greedy(4);
+    sampling.top_logprobs = 2;
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.clone() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&sampling)),
+        return_token_ids: true,
+        ..Default::default()
+    };
+    let mut stream = client.generate(req).await.expect("generate").into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = stream.message().await.expect("a message") {
+        if m.token_ids.is_empty() {
+            continue;
+        }
+        assert_eq!(m.top_logprobs.len(), m.token_ids.len(), "{m:?}");
+        for (t, top) in m.token_ids.iter().zip(&m.top_logprobs) {
+            assert_eq!(top.candidates.len(), 2, "{m:?}");
+            assert_eq!(top.candidates[0].token_id, *t, "greedy: the best alternative is the token");
+        }
+        got.extend(m.token_ids.iter().zip(&m.logprobs).map(|(&t, l)| (t, l.logprob)));
+    }
+    assert_eq!(got.len(), 4);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(g.0 == w.0 && (g.1 - w.1).abs() < 1e-3, "token {i}: {g:?}, colocated {w:?}");
+    }
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
     p.stop().await;

@@ -16,6 +16,11 @@ async fn smollm2_split_over_tcp_matches_the_colocated_engine() {
         "def fibonacci(n):",
     ];
     let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).expect("encode")).collect();
+    // Byte-level BPE: each token's raw bytes (what logprobs report) spell the text, through
+    // multi-byte characters split across tokens.
+    let text = "héllo wörld ✓ 日本語\n\tdef f():";
+    let bytes: Vec<u8> = tok.encode(text).expect("encode").iter().flat_map(|&i| tok.token_bytes(i)).collect();
+    assert_eq!(bytes, text.as_bytes());
     let params = greedy(8);
     let want = colocated(&path, &prompts, &params);
     let mut pa = ferry_prefill::PrefillArgs::for_model(&path);

@@ -19,6 +19,7 @@ mod gguf_vocab;
 pub mod gguf_write;
 mod request;
 mod served;
+mod token_bytes;
 mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
@@ -26,4 +27,5 @@ pub use detok::Detokenizer;
 pub use error::TokenizeError;
 pub use request::{FinishReason, SamplingError, SamplingParams};
 pub use served::ServedModel;
+pub use token_bytes::display as token_display;
 pub use tokenizer::Tokenizer;

@@ -142,6 +142,19 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The raw bytes token `id` stands for (empty for an unknown id): what OpenAI's logprobs
+    /// report as `bytes`; [`crate::token_display`] makes its `token` string.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Some(piece) = self.inner.id_to_token(id) else { return Vec::new() };
+        let byte_level = matches!(self.inner.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_)));
+        if byte_level {
+            // Special tokens are plain ASCII, which the table maps to itself.
+            piece.chars().filter_map(crate::token_bytes::byte_level_byte).collect()
+        } else {
+            crate::token_bytes::sentencepiece_bytes(&piece)
+        }
+    }
+
     /// Ids that end generation.
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids

@@ -71,4 +71,9 @@ fn unknown_characters_fall_back_to_bytes() {
     let pieces: Vec<String> = ids.iter().map(|&i| d.push(&tok, i).expect("push")).collect();
     assert_eq!(pieces.concat(), "hé");
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+    // Logprobs report each token's raw bytes: they spell the text (with the leading space
+    // SentencePiece adds), the bytes of a split character apart.
+    let bytes: Vec<Vec<u8>> = ids.iter().map(|&i| tok.token_bytes(i)).collect();
+    assert_eq!(bytes, vec![b" h".to_vec(), vec![0xc3], vec![0xa9]]);
+    assert_eq!(ferry_tokenize::token_display(&bytes[1]), "bytes:\\xc3");
 }

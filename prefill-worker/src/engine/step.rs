@@ -52,8 +52,8 @@ impl<B: Backend> Engine<B> {
             if c.last {
                 let Some(mut lg) = logits.next() else { continue };
                 let s = l.sampler.sample(&mut lg);
-                l.first = Some((s.token, s.logprob));
                 aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
+                l.first = Some(s);
                 self.rooms.computed(c.id, now);
             }
             if l.aborting.is_some() {
