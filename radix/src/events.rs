@@ -12,14 +12,13 @@ pub const ROOT_HASH: u64 = 0;
 
 /// The chained hash of a page of `tokens` following a page whose hash is `parent`.
 pub fn page_hash(parent: u64, tokens: &[u32]) -> u64 {
-    // FNV-1a over the parent hash and the tokens, then a final avalanche (SplitMix64), so
-    // the values spread well even for short pages. Stable across runs and builds.
+    // One multiply per token (each step a bijection of the state, the rotation feeding high
+    // bits back down), then a final avalanche (SplitMix64), so the values spread well even
+    // for short pages. Stable across runs and builds. The router hashes every new page of
+    // every prompt it places with this: it was byte-wise FNV-1a, 4 multiplies per token.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ parent.rotate_left(17);
-    for t in tokens {
-        for b in t.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
+    for &t in tokens {
+        h = (h.rotate_left(23) ^ u64::from(t)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
     h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

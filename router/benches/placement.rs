@@ -1,20 +1,31 @@
-//! Router benchmark: KV events applied per second while building a prefix index of about
-//! 1M pages over 64 prefill workers, then placements per second and the p50 / p99 latency of
-//! one placement (index match + cache-aware choice over 64 workers).
-//! Run with `cargo bench -p ferry-router --bench placement`; `FERRY_BENCH_QUICK=1` shrinks
-//! the index to ~20k pages (CI smoke run).
+//! Router placement benchmark, issue 17's workload W1, through the router's own path: match
+//! (`PrefixIndex::matched`) → choose (`Placer::prefill`) → provisional insert
+//! (`PrefixIndex::provisional`), exactly what every request does.
+//!
+//! W workers (64; `FERRY_BENCH_WORKERS` for others), all healthy, equal load; pages of 16
+//! tokens; token ids uniform in [0, 50,000) from a fixed seed; G = 64 prefix groups. Preload
+//! N = 10,000 requests of 4,096 tokens (a group's 2,048-token prefix + 2,048 fresh tokens), so
+//! the first request of a group defines its home; then time 20,000 requests of each kind:
+//! (a) an exact repeat of a preloaded request, (b) a group prefix + 2,048 fresh tokens, (c)
+//! 4,096 fresh tokens (10,000). Prints mean / p50 / p99 and ops/s per kind, the index cost
+//! (match + insert) apart, the affinity of (b) (share placed on its group's home), and smg's
+//! `CacheAwarePolicy::select_worker` on this machine beside them (issue 17's figures).
+//!
+//! `cargo bench -p ferry-router --bench placement`; `FERRY_BENCH_QUICK=1` divides the counts
+//! by 20 (CI smoke run).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_router::index::PrefixIndex;
 use ferry_router::placement::{Placer, Policy, PrefillState};
 
 const PS: usize = 16;
-const WORKERS: usize = 64;
-const STEMS: usize = 100;
-const STEM_PAGES: usize = 8;
-const DOC_PAGES: usize = 49;
+const GROUPS: usize = 64;
+const PREFIX: usize = 2048;
+const LEN: usize = 4096;
+const TTL: Duration = Duration::from_secs(3600);
+/// smg on this machine, W = 64: (p50, mean) µs for (a), (b), (c).
+const SMG: [(f64, f64); 3] = [(5.0, 5.8), (10.7, 14.2), (13.2, 17.3)];
 
 struct Rng(u64);
 impl Rng {
@@ -25,95 +36,113 @@ impl Rng {
         self.0
     }
     fn tokens(&mut self, n: usize) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % 49_000) as u32 + 17).collect()
+        (0..n).map(|_| (self.next() % 50_000) as u32).collect()
     }
 }
 
-fn hashes(parent: u64, tokens: &[u32]) -> Vec<u64> {
-    page_hashes(parent, tokens, PS)
+struct Router {
+    ix: PrefixIndex,
+    placer: Placer,
+    states: Vec<PrefillState>,
+    rng: Rng,
+}
+
+impl Router {
+    /// One placement; returns the worker and (whole, index-only) seconds.
+    fn place(&mut self, prompt: &[u32], now: Instant) -> (usize, f64, f64) {
+        let t = Instant::now();
+        let m = self.ix.matched(&prompt[..prompt.len() - 1], self.states.len());
+        let t_match = t.elapsed();
+        let j = self.rng.next();
+        let c = self.placer.prefill(prompt.len(), &m, &self.states, |w| ((j >> (w % 56)) & 0xff) as f64 / 256.0);
+        let w = c.map_or(0, |c| c.worker);
+        let t1 = Instant::now();
+        self.ix.provisional(w, prompt, now, TTL).expect("insert");
+        let t_insert = t1.elapsed();
+        (w, t.elapsed().as_secs_f64(), (t_match + t_insert).as_secs_f64())
+    }
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
+fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64)) {
+    whole.sort_by(f64::total_cmp);
+    index.sort_by(f64::total_cmp);
+    let us = 1e6;
+    let mean = whole.iter().sum::<f64>() / whole.len() as f64;
+    println!(
+        "{kind}: mean {:.1} / p50 {:.1} / p99 {:.1} µs, {:.0} ops/s; index (match + insert) p50 {:.1} µs | smg p50 {:.1}, mean {:.1} µs: p50 ratio Ferry/smg {:.2}",
+        mean * us,
+        pct(whole, 0.5) * us,
+        pct(whole, 0.99) * us,
+        1.0 / mean,
+        pct(index, 0.5) * us,
+        smg.0,
+        smg.1,
+        pct(whole, 0.5) * us / smg.0
+    );
+}
+
 fn main() {
     let quick = std::env::var("FERRY_BENCH_QUICK").is_ok();
-    let docs = if quick { 400 } else { 20_000 };
+    let div = if quick { 20 } else { 1 };
+    let workers: usize = std::env::var("FERRY_BENCH_WORKERS").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
     let mut rng = Rng(0x5eed);
-    let stems: Vec<Vec<u32>> = (0..STEMS).map(|_| rng.tokens(STEM_PAGES * PS)).collect();
-    let stem_hashes: Vec<Vec<u64>> = stems.iter().map(|s| hashes(ROOT_HASH, s)).collect();
-    // Build the events first, then time only applying them.
-    let mut events: Vec<(usize, u64, Vec<u64>, Vec<u32>)> = Vec::new();
-    let mut has_stem = vec![vec![false; STEMS]; WORKERS];
-    let mut doc_prompts = Vec::new();
-    for d in 0..docs {
-        let w = d % WORKERS;
-        let s = (rng.next() % STEMS as u64) as usize;
-        if !has_stem[w][s] {
-            has_stem[w][s] = true;
-            events.push((w, ROOT_HASH, stem_hashes[s].clone(), stems[s].clone()));
-        }
-        let body = rng.tokens(DOC_PAGES * PS);
-        let parent = *stem_hashes[s].last().unwrap_or(&ROOT_HASH);
-        events.push((w, parent, hashes(parent, &body), body.clone()));
-        doc_prompts.push((s, body));
-    }
-    let pages: usize = events.iter().map(|e| e.2.len()).sum();
-    let mut ix = PrefixIndex::new(PS, 2_000_000);
-    let t0 = Instant::now();
-    for (w, parent, hs, toks) in &events {
-        ix.stored(*w, *parent, hs, toks).unwrap_or_else(|e| panic!("stored: {e}"));
-    }
-    let build = t0.elapsed().as_secs_f64();
-    println!(
-        "index: {} pages from {} stored events ({pages} pages) over {WORKERS} workers in {build:.2} s: {:.0} events/s, {:.0} pages/s",
-        ix.pages(),
-        events.len(),
-        events.len() as f64 / build,
-        pages as f64 / build
-    );
-
-    // Placements: a document's stem and part of its body (cached on one worker), or a fresh
-    // prompt below a stem (cached on the workers holding that stem).
-    let states: Vec<PrefillState> = (0..WORKERS)
-        .map(|w| PrefillState { healthy: true, queued_tokens: (w as u64 * 37) % 4000, tokens_per_second: 5000.0 })
+    let groups: Vec<Vec<u32>> = (0..GROUPS).map(|_| rng.tokens(PREFIX)).collect();
+    let states = (0..workers)
+        .map(|_| PrefillState { healthy: true, queued_tokens: 0, tokens_per_second: 5000.0 })
         .collect();
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
-    let mut placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
-    let n = if quick { 2_000 } else { 50_000 };
-    let prompts: Vec<Vec<u32>> = (0..n)
-        .map(|i| {
-            let (s, body) = &doc_prompts[(rng.next() % doc_prompts.len() as u64) as usize];
-            let mut p = stems[*s].clone();
-            if i % 2 == 0 {
-                p.extend_from_slice(&body[..(rng.next() % (DOC_PAGES * PS) as u64) as usize]);
-            } else {
-                p.extend(rng.tokens(200));
-            }
-            p
-        })
-        .collect();
-    let mut lat = Vec::with_capacity(n);
-    let mut hits = 0usize;
+    let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
+    let mut r = Router { ix: PrefixIndex::new(PS, 50_000_000), placer, states, rng: Rng(0xfeed) };
+    let now = Instant::now();
+    let n = 10_000 / div;
+    let mut preloaded = Vec::with_capacity(n);
+    let mut home = vec![None; GROUPS];
     let t0 = Instant::now();
-    for p in &prompts {
-        let t = Instant::now();
-        let m = ix.matched(p, WORKERS);
-        let j = rng.next();
-        let c = placer.prefill(p.len(), &m, &states, |w| ((j >> (w % 56)) & 0xff) as f64 / 256.0);
-        lat.push(t.elapsed().as_secs_f64() * 1e6);
-        hits += c.map_or(0, |c| c.cached_tokens);
+    for i in 0..n {
+        let g = i % GROUPS;
+        let mut p = groups[g].clone();
+        p.extend(rng.tokens(LEN - PREFIX));
+        let (w, _, _) = r.place(&p, now);
+        home[g].get_or_insert(w);
+        preloaded.push((g, p));
     }
-    let total = t0.elapsed().as_secs_f64();
-    lat.sort_by(f64::total_cmp);
-    let tokens: usize = prompts.iter().map(Vec::len).sum();
     println!(
-        "placement over {WORKERS} workers, index of {} pages: {:.0} placements/s; latency p50 {:.1} us, p99 {:.1} us; {:.0} % of prompt tokens cached on the chosen worker",
-        ix.pages(),
-        n as f64 / total,
-        pct(&lat, 0.5),
-        pct(&lat, 0.99),
-        100.0 * hits as f64 / tokens as f64
+        "W1, {workers} workers: preloaded {n} requests of {LEN} tokens ({} pages indexed) in {:.2} s",
+        r.ix.pages(),
+        t0.elapsed().as_secs_f64()
     );
+    let (mut whole, mut index) = (Vec::new(), Vec::new());
+    for _ in 0..20_000 / div {
+        let (_, p) = &preloaded[(rng.next() % n as u64) as usize];
+        let (_, a, b) = r.place(p, now);
+        whole.push(a);
+        index.push(b);
+    }
+    report("(a) exact repeat", &mut whole, &mut index, SMG[0]);
+    let (mut whole, mut index, mut at_home) = (Vec::new(), Vec::new(), 0usize);
+    let count = 20_000 / div;
+    for i in 0..count {
+        let g = i % GROUPS;
+        let mut p = groups[g].clone();
+        p.extend(rng.tokens(LEN - PREFIX));
+        let (w, a, b) = r.place(&p, now);
+        at_home += usize::from(home[g] == Some(w));
+        whole.push(a);
+        index.push(b);
+    }
+    report("(b) group prefix + fresh", &mut whole, &mut index, SMG[1]);
+    println!("(b) affinity: {:.1} % placed on the group's home (smg 100 %)", 100.0 * at_home as f64 / count as f64);
+    let (mut whole, mut index) = (Vec::new(), Vec::new());
+    for _ in 0..10_000 / div {
+        let p = rng.tokens(LEN);
+        let (_, a, b) = r.place(&p, now);
+        whole.push(a);
+        index.push(b);
+    }
+    report("(c) fresh", &mut whole, &mut index, SMG[2]);
+    println!("index: {} pages", r.ix.pages());
 }

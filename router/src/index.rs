@@ -12,6 +12,7 @@
 //! events are dropped (and counted) until pages are removed.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use ferry_radix::events::{ROOT_HASH, page_hashes};
@@ -19,6 +20,30 @@ use ferry_radix::{NodeId, Payload, RadixTree};
 
 /// Most prefill workers one index tracks.
 pub const MAX_WORKERS: usize = 64;
+
+/// Page hashes are already mixed (`page_hash` ends in an avalanche): a map keyed by them
+/// uses the key as its hash instead of hashing it again with SipHash.
+#[derive(Default)]
+struct PageHasher(u64);
+
+impl Hasher for PageHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys come here; anything else still spreads.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type PageMap = HashMap<u64, Page, BuildHasherDefault<PageHasher>>;
 
 #[derive(Debug, Clone, Default)]
 struct Hashes(Vec<u64>);
@@ -53,7 +78,7 @@ pub enum IndexError {
 /// Which workers hold which prefixes.
 pub struct PrefixIndex {
     tree: RadixTree<Hashes>,
-    pages: HashMap<u64, Page>,
+    pages: PageMap,
     max_pages: usize,
     dropped: u64,
     /// Provisional marks to expire: (deadline, page, worker bit).
@@ -72,7 +97,7 @@ impl PrefixIndex {
     pub fn new(page_size: usize, max_pages: usize) -> Self {
         Self {
             tree: RadixTree::new(page_size.max(1)),
-            pages: HashMap::new(),
+            pages: PageMap::default(),
             max_pages,
             dropped: 0,
             expiry: VecDeque::new(),
@@ -112,28 +137,53 @@ impl PrefixIndex {
 
     /// Adds the pages of `tokens` (whole pages, hashes chained from `parent`) to the tree and
     /// the table; returns their hashes. Marks nothing.
-    fn add_path(&mut self, prefix: &[u32], parent: u64, tokens: &[u32], hashes: &[u64]) -> Result<(), IndexError> {
+    fn add_path(&mut self, prefix: &[u32], tokens: &[u32], hashes: &[u64]) -> Result<(), IndexError> {
         let ps = self.page_size();
         if tokens.len() != hashes.len() * ps {
             return Err(IndexError::Malformed(format!("{} tokens for {} pages of {ps}", tokens.len(), hashes.len())));
-        }
-        let new = hashes.iter().filter(|h| !self.pages.contains_key(h)).count();
-        if self.pages.len() + new > self.max_pages {
-            self.dropped += new as u64;
-            return Ok(());
         }
         let mut full = prefix.to_vec();
         full.extend_from_slice(tokens);
         // The hashes of every page on the path, for the payload of whatever node is new.
         let mut all = page_hashes(ROOT_HASH, prefix, ps);
         all.extend_from_slice(hashes);
-        self.tree.insert(&full, |existing| Hashes(all[existing..].to_vec()));
-        let mut up = parent;
-        for (h, page) in hashes.iter().zip(tokens.chunks_exact(ps)) {
+        self.add_pages(&full, &all, prefix.len() / ps);
+        Ok(())
+    }
+
+    /// Adds the whole pages of `full` (hashes `all`, one per page) from page `from` on to the
+    /// tree and the table, unless that would pass `max_pages` (then they are dropped and
+    /// counted). Marks nothing.
+    fn add_pages(&mut self, full: &[u32], all: &[u64], from: usize) {
+        let ps = self.page_size();
+        let new = all[from..].iter().filter(|h| !self.pages.contains_key(h)).count();
+        if new == 0 {
+            return;
+        }
+        if self.pages.len() + new > self.max_pages {
+            self.dropped += new as u64;
+            return;
+        }
+        self.tree.insert(full, |existing| Hashes(all[existing..].to_vec()));
+        let mut up = if from == 0 { ROOT_HASH } else { all[from - 1] };
+        for (h, page) in all[from..].iter().zip(full[from * ps..].chunks_exact(ps)) {
             self.pages.entry(*h).or_insert_with(|| Page { parent: up, tokens: page.into(), held: 0, provisional: 0 });
             up = *h;
         }
-        Ok(())
+    }
+
+    /// The hashes of the leading whole pages of `tokens` the tree holds, in order (read from
+    /// the tree's nodes, not computed).
+    fn known_hashes(&self, tokens: &[u32]) -> Vec<u64> {
+        let m = self.tree.match_prefix(tokens);
+        let mut out = Vec::with_capacity(tokens.len() / self.page_size());
+        for &(node, pages) in &m.path {
+            match self.tree.value(node) {
+                Some(Hashes(hs)) => out.extend(hs.iter().take(pages)),
+                None => break,
+            }
+        }
+        out
     }
 
     /// A worker's KV event: it cached `tokens` (whole pages with `hashes`) below `parent`.
@@ -144,7 +194,7 @@ impl PrefixIndex {
         } else {
             self.path_of(parent).ok_or(IndexError::UnknownParent(parent))?
         };
-        self.add_path(&prefix, parent, tokens, hashes)?;
+        self.add_path(&prefix, tokens, hashes)?;
         let mut h = parent;
         while h != ROOT_HASH {
             // A worker holding a page holds its parents: mark them too (they may be known only
@@ -211,15 +261,34 @@ impl PrefixIndex {
         let b = bit(worker)?;
         let ps = self.page_size();
         let full = &prompt[..prompt.len() / ps * ps];
-        let hashes = page_hashes(ROOT_HASH, full, ps);
-        self.add_path(&[], ROOT_HASH, full, &hashes)?;
-        for h in hashes {
-            if let Some(p) = self.pages.get_mut(&h)
+        // Pages the tree has keep their hashes; only the rest are hashed, chained on.
+        let mut hashes = self.known_hashes(full);
+        let known = hashes.len();
+        for h in &hashes {
+            if let Some(p) = self.pages.get_mut(h)
                 && p.provisional & b == 0
             {
                 p.provisional |= b;
-                self.expiry.push_back((until, h, b));
+                self.expiry.push_back((until, *h, b));
             }
+        }
+        let fresh = full.len() / ps - known;
+        if fresh == 0 {
+            return Ok(());
+        }
+        if self.pages.len() + fresh > self.max_pages {
+            self.dropped += fresh as u64;
+            return Ok(());
+        }
+        let mut up = hashes.last().copied().unwrap_or(ROOT_HASH);
+        hashes.extend(page_hashes(up, &full[known * ps..], ps));
+        self.tree.insert(full, |existing| Hashes(hashes[existing..].to_vec()));
+        // Past the tree's match no page of this path is known (the table and the tree hold
+        // the same pages): each is one insert, marked at once.
+        for (&h, page) in hashes[known..].iter().zip(full[known * ps..].chunks_exact(ps)) {
+            self.pages.insert(h, Page { parent: up, tokens: page.into(), held: 0, provisional: b });
+            self.expiry.push_back((until, h, b));
+            up = h;
         }
         Ok(())
     }
@@ -386,6 +455,24 @@ mod tests {
         assert_eq!(ix.matched(&a, 2), vec![0, 0], "a's marks lapsed");
         assert_eq!(ix.matched(&b, 2), vec![0, 12], "b's were renewed");
         assert_eq!(ix.pages(), 3);
+    }
+
+    /// A placement hashes only the pages the tree lacks, chained from the last known one: the
+    /// hashes must be those the worker's events will carry (computed from the root), or its
+    /// confirmation would add a second copy of every page.
+    #[test]
+    fn placements_below_known_pages_hash_as_the_workers_do() {
+        let t0 = Instant::now();
+        let mut ix = PrefixIndex::new(PS, 1000);
+        let p: Vec<u32> = (0..24).collect();
+        let hp = hashes(&p, ROOT_HASH);
+        ix.stored(0, ROOT_HASH, &hp[..2], &p[..8]).expect("a known prefix");
+        ix.provisional(1, &p, t0, Duration::from_secs(5)).expect("placed below it");
+        assert_eq!((ix.pages(), ix.matched(&p, 2)), (6, vec![8, 24]));
+        ix.stored(1, hp[1], &hp[2..], &p[8..]).expect("worker 1 confirms");
+        assert_eq!(ix.pages(), 6, "the same pages, not new ones");
+        ix.expire(t0 + Duration::from_secs(5));
+        assert_eq!(ix.matched(&p, 2), vec![8, 24], "confirmed: held, not provisional");
     }
 
     #[test]
