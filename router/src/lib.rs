@@ -20,6 +20,7 @@ pub mod generate;
 pub mod index;
 pub mod limits;
 mod logprobs;
+pub mod offload;
 pub mod openai;
 pub mod placement;
 mod service;

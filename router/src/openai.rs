@@ -447,9 +447,22 @@ async fn handle(
         }
         Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
-    let (p, shape) = match parse(&ctx, &body, kind) {
-        Ok(x) => x,
-        Err(r) => return r,
+    // Parsing and tokenizing take CPU in proportion to the body: off the async threads.
+    let parsed = {
+        let ctx = Arc::clone(&ctx);
+        // The refusal is the finished response, once per request: its size is no concern.
+        #[allow(clippy::result_large_err)]
+        let job = move || parse(&ctx, &body, kind);
+        crate::offload::Pool::global().run(job).await
+    };
+    let (p, shape) = match parsed {
+        Ok(Ok(x)) => x,
+        Ok(Err(r)) => return r,
+        Err(busy) => {
+            let mut r = err(StatusCode::TOO_MANY_REQUESTS, "tokenizer_busy", busy.to_string());
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
     };
     let id = p.request_id.clone();
     let model = ctx.model.name.clone();

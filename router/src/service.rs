@@ -20,18 +20,38 @@ fn bad(reason: &'static str, message: impl Into<String>) -> Status {
     ferry_cluster::Refused::invalid(reason, message).status("router")
 }
 
-impl RouterSvc {
-    fn chat(&self, messages: &[pb::ChatMessage]) -> Result<Vec<u32>, Status> {
-        let msgs: Vec<ChatMessage> =
-            messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
-        let t = self.0.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
-        let text = t.render(&msgs, true).map_err(|e| bad("bad_chat", e.to_string()))?;
-        self.text(&text)
-    }
+fn chat(ctx: &Ctx, messages: &[pb::ChatMessage]) -> Result<Vec<u32>, Status> {
+    let msgs: Vec<ChatMessage> = messages.iter().map(|m| ChatMessage::new(m.role.clone(), m.content.clone())).collect();
+    let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
+    let text = t.render(&msgs, true).map_err(|e| bad("bad_chat", e.to_string()))?;
+    encode(ctx, &text)
+}
 
-    fn text(&self, text: &str) -> Result<Vec<u32>, Status> {
-        self.0.model.tokenizer.encode(text).map_err(|e| bad("tokenize", e.to_string()))
+fn encode(ctx: &Ctx, text: &str) -> Result<Vec<u32>, Status> {
+    ctx.model.tokenizer.encode(text).map_err(|e| bad("tokenize", e.to_string()))
+}
+
+impl RouterSvc {
+    /// A text or chat prompt's tokens, computed off the async threads
+    /// ([`crate::offload`]); busy: RESOURCE_EXHAUSTED.
+    async fn tokens(&self, input: Input) -> Result<Vec<u32>, Status> {
+        let ctx = Arc::clone(&self.0);
+        let job = move || match input {
+            Input::Text(t) => encode(&ctx, &t),
+            Input::Chat(c) => chat(&ctx, &c),
+        };
+        crate::offload::Pool::global().run(job).await.map_err(|busy| {
+            metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => "tokenizer_busy")
+                .increment(1);
+            Status::resource_exhausted(busy.to_string())
+        })?
     }
+}
+
+/// A prompt to tokenize.
+enum Input {
+    Text(String),
+    Chat(Vec<pb::ChatMessage>),
 }
 
 #[tonic::async_trait]
@@ -44,8 +64,8 @@ impl pb::router_server::Router for RouterSvc {
         crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;
         self.0.limits.check_stop(&r.stop).map_err(|e| bad(e.reason, e.message))?;
         let tokens = match r.prompt {
-            Some(pb::generate_request::Prompt::Text(t)) => self.text(&t)?,
-            Some(pb::generate_request::Prompt::Chat(c)) => self.chat(&c.messages)?,
+            Some(pb::generate_request::Prompt::Text(t)) => self.tokens(Input::Text(t)).await?,
+            Some(pb::generate_request::Prompt::Chat(c)) => self.tokens(Input::Chat(c.messages)).await?,
             Some(pb::generate_request::Prompt::TokenIds(t)) => t.ids,
             None => return Err(bad("empty_prompt", "the prompt is missing")),
         };
@@ -86,8 +106,8 @@ impl pb::router_server::Router for RouterSvc {
 
     async fn tokenize(&self, req: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
         let token_ids = match req.into_inner().input {
-            Some(pb::tokenize_request::Input::Text(t)) => self.text(&t)?,
-            Some(pb::tokenize_request::Input::Chat(c)) => self.chat(&c.messages)?,
+            Some(pb::tokenize_request::Input::Text(t)) => self.tokens(Input::Text(t)).await?,
+            Some(pb::tokenize_request::Input::Chat(c)) => self.tokens(Input::Chat(c.messages)).await?,
             None => return Err(bad("empty_input", "nothing to tokenize")),
         };
         Ok(Response::new(pb::TokenizeResponse { token_ids }))

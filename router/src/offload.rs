@@ -1,0 +1,120 @@
+//! CPU-heavy request work — parsing a body of up to 4 MiB, rendering a chat template,
+//! tokenizing a prompt — runs on tokio's blocking threads, at most one job per core at a
+//! time, never on the async threads that serve every connection and stream. A bounded number
+//! of jobs may wait for a core; past that a request is refused at once ([`Busy`]: 429 or
+//! RESOURCE_EXHAUSTED), before any work is done for it.
+
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Semaphore;
+
+/// Jobs that may wait per core before requests are refused.
+pub const WAITING_PER_CORE: usize = 64;
+
+/// The pool was full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the router is busy tokenizing ({0} requests waiting for a core); retry shortly")]
+pub struct Busy(pub usize);
+
+/// A bounded pool of blocking jobs.
+pub struct Pool {
+    permits: Semaphore,
+    waiting: AtomicUsize,
+    max_waiting: usize,
+}
+
+/// Counts a job as waiting while it exists (a caller that goes away stops waiting).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+static GLOBAL: LazyLock<Pool> = LazyLock::new(|| {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    Pool::new(cores, cores * WAITING_PER_CORE)
+});
+
+impl Pool {
+    /// `workers` jobs at a time, `max_waiting` more waiting.
+    pub fn new(workers: usize, max_waiting: usize) -> Self {
+        Self { permits: Semaphore::new(workers.max(1)), waiting: AtomicUsize::new(0), max_waiting }
+    }
+
+    /// The process's pool: one job per core, [`WAITING_PER_CORE`] waiting per core.
+    pub fn global() -> &'static Pool {
+        &GLOBAL
+    }
+
+    /// Jobs waiting for a core now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on a blocking thread once a core is free; [`Busy`] at once when too many
+    /// jobs wait already. A panic in `f` is the caller's.
+    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, Busy> {
+        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let queued = Waiting(&self.waiting);
+        if before >= self.max_waiting {
+            return Err(Busy(before));
+        }
+        // Never closed.
+        let permit = self.permits.acquire().await.map_err(|_| Busy(before))?;
+        drop(queued);
+        let out = tokio::task::spawn_blocking(f).await;
+        drop(permit);
+        out.map_err(|e| e.try_into_panic().map_or(Busy(0), |p| std::panic::resume_unwind(p)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn one_job_per_core_and_a_bounded_queue() {
+        let pool = Arc::new(Pool::new(1, 2));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (go, gate) = std::sync::mpsc::channel::<()>();
+        let gate = Arc::new(std::sync::Mutex::new(gate));
+        let mut jobs = Vec::new();
+        for _ in 0..3 {
+            let (pool, running, most, gate) = (pool.clone(), running.clone(), most.clone(), gate.clone());
+            jobs.push(tokio::spawn(async move {
+                pool.run(move || {
+                    let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    let _ = gate.lock().map(|g| g.recv());
+                    running.fetch_sub(1, Ordering::SeqCst);
+                })
+                .await
+            }));
+        }
+        // One runs, two wait: the queue is full.
+        for _ in 0..200 {
+            if pool.waiting() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(pool.waiting(), 2);
+        assert_eq!(pool.run(|| ()).await, Err(Busy(2)), "refused at once, before any work");
+        assert_eq!(pool.waiting(), 2, "the refused job does not count");
+        for _ in 0..3 {
+            go.send(()).expect("release a job");
+        }
+        for j in jobs {
+            assert_eq!(j.await.expect("join"), Ok(()));
+        }
+        assert_eq!(most.load(Ordering::SeqCst), 1, "never two jobs at once on one core");
+        assert_eq!(pool.waiting(), 0);
+        assert_eq!(pool.run(|| 7).await, Ok(7));
+    }
+}
