@@ -217,16 +217,9 @@ impl Registry {
             Role::Prefill => {
                 let slot = match m.0.iter().position(Option::is_none) {
                     Some(s) => s,
-                    None if m.0.len() < crate::index::MAX_WORKERS => {
+                    None => {
                         m.0.push(None);
                         m.0.len() - 1
-                    }
-                    None => {
-                        return Err(format!(
-                            "prefill worker {}: a router tracks at most {} prefill workers",
-                            w.id,
-                            crate::index::MAX_WORKERS
-                        ));
                     }
                 };
                 let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(&self.index)));
