@@ -130,13 +130,16 @@ fn terminate(procs: &mut [Proc], grace: Duration) {
 /// Runs the cluster as processes until a signal or a daemon's death.
 pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("the path of this binary")?;
+    let id = crate::up::Identity::new(args)?;
     let mut workers: Vec<Proc> = Vec::new();
     let started = (|| -> anyhow::Result<Proc> {
         let mut pending = Vec::new();
         for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
             for i in 0..n {
                 let name = format!("{role}-{i}");
-                let (child, rx) = spawn(&name, worker_cmd(&exe, role, &name, args, model))?;
+                let mut cmd = worker_cmd(&exe, role, &name, args, model);
+                cmd.args(crate::up::tls_flags(&id.tls(&name)?));
+                let (child, rx) = spawn(&name, cmd)?;
                 pending.push((name, child, rx));
             }
         }
@@ -165,6 +168,7 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
         c.args(["--grpc-addr", &r.grpc_addr.to_string(), "--http-addr", &r.http_addr.to_string()]);
         c.args(["--policy", &r.policy, "--local-prefill-below", &r.local_prefill_below.to_string()]);
         c.args(["--page-size", &r.page_size.to_string()]);
+        c.args(crate::up::tls_flags(&id.tls("router")?));
         if let Some(n) = &r.served_model_name {
             c.args(["--served-model-name", n]);
         }

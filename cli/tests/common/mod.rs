@@ -14,6 +14,8 @@ pub struct Up {
     pub grpc: std::net::SocketAddr,
     /// The daemons' process ids.
     pub pids: Vec<u32>,
+    /// Each daemon's name and gRPC address (`prefill-0`, `decode-0`, `router`).
+    pub grpc_of: Vec<(String, std::net::SocketAddr)>,
 }
 
 impl Up {
@@ -37,7 +39,8 @@ impl Up {
             .spawn()
             .expect("start `ferry up`");
         let unspecified = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-        let mut up = Self { child: Some(child), http: unspecified, grpc: unspecified, pids: Vec::new() };
+        let mut up =
+            Self { child: Some(child), http: unspecified, grpc: unspecified, pids: Vec::new(), grpc_of: Vec::new() };
         let out = BufReader::new(up.child.as_mut().and_then(|c| c.stdout.take()).expect("stdout"));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         std::thread::spawn(move || {
@@ -50,6 +53,12 @@ impl Up {
             let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
             if let Some((_, pid)) = line.rsplit_once("pid ") {
                 up.pids.push(pid.trim().parse::<u32>().expect("a pid"));
+            }
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let [name, "gRPC", addr, ..] = words[..]
+                && let Ok(a) = addr.parse()
+            {
+                up.grpc_of.push((name.to_string(), a));
             }
             if let Some(rest) = line.strip_prefix("ferry up: ready; OpenAI API at http://") {
                 up.http = rest.split("/v1").next().and_then(|a| a.parse().ok()).expect("the HTTP address");
