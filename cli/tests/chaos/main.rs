@@ -309,7 +309,7 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     let accept_errors = c.accept_errors(0).await - accept_errors;
     drop(pending);
     notes.push(format!(
-        "d0 had no file descriptor to spare for {:.1} s: its data-plane accept failed {accept_errors} times (each retried after 100 ms, until connections the fault closed freed descriptors); serving went on",
+        "d0 had no file descriptor to spare for {:.1} s: its data-plane accept failed {accept_errors} times (each retried after 100 ms); serving went on",
         2.3 * scale
     ));
     pause(2.0).await;
