@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use ferry_cluster::metrics as M;
 use ferry_cluster::{RoomKey, wire};
 use ferry_proto::v1 as pb;
-use ferry_tokenize::{Detokenizer, FinishReason, SamplingParams, ServedModel};
+use ferry_tokenize::{FinishReason, SamplingParams, ServedModel};
 use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
 
 use crate::admission::Admission;
 use crate::index::PrefixIndex;
+use crate::output::Output;
 
 /// What a prefill call answered.
 #[derive(Debug, Clone, Default)]
@@ -183,20 +184,6 @@ const PROVISIONAL_TTL: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The longest suffix of `text` that is a proper prefix of some stop string (held back in
-/// case the next token completes it).
-fn held_back(text: &str, stop: &[String]) -> usize {
-    let mut keep = 0;
-    for s in stop {
-        for (i, _) in s.char_indices().skip(1) {
-            if text.ends_with(&s[..i]) {
-                keep = keep.max(i);
-            }
-        }
-    }
-    keep
 }
 
 impl Ctx {
@@ -559,65 +546,5 @@ fn rand_jitter() -> impl Fn(usize) -> f64 {
         x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
         x ^= x >> 33;
         (x >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-/// Incremental text with stop strings.
-struct Output<'a> {
-    model: &'a ServedModel,
-    detok: Detokenizer,
-    stop: &'a [String],
-    /// Text decoded but not yet sent (it may be the start of a stop string).
-    pending: String,
-    stopped: bool,
-}
-
-impl<'a> Output<'a> {
-    fn new(model: &'a ServedModel, stop: &'a [String]) -> Self {
-        Self { model, detok: Detokenizer::new(true), stop, pending: String::new(), stopped: false }
-    }
-
-    /// Adds tokens; returns the text that can go out now, and whether a stop string ended it.
-    fn push(&mut self, ids: &[u32]) -> (String, bool) {
-        if self.stopped {
-            return (String::new(), true);
-        }
-        for &id in ids {
-            if let Ok(t) = self.detok.push(&self.model.tokenizer, id) {
-                self.pending.push_str(&t);
-            }
-        }
-        if let Some(at) = self.stop.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
-            self.stopped = true;
-            self.pending.truncate(at);
-            return (std::mem::take(&mut self.pending), true);
-        }
-        let keep = held_back(&self.pending, self.stop);
-        let out = self.pending[..self.pending.len() - keep].to_string();
-        self.pending.drain(..self.pending.len() - keep);
-        (out, false)
-    }
-
-    fn flush(&mut self) -> String {
-        if !self.stopped
-            && let Ok(t) = self.detok.flush(&self.model.tokenizer)
-        {
-            self.pending.push_str(&t);
-        }
-        std::mem::take(&mut self.pending)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::held_back;
-
-    #[test]
-    fn stop_string_prefixes_are_held_back() {
-        let stop = vec!["</end>".to_string(), "STOP".to_string()];
-        assert_eq!(held_back("hello </e", &stop), 3);
-        assert_eq!(held_back("hello ST", &stop), 2);
-        assert_eq!(held_back("hello", &stop), 0);
-        assert_eq!(held_back("x<", &stop), 1);
     }
 }

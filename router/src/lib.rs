@@ -22,6 +22,7 @@ pub mod limits;
 mod logprobs;
 pub mod offload;
 pub mod openai;
+mod output;
 pub mod placement;
 mod service;
 pub mod tls;

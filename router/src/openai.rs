@@ -10,7 +10,6 @@
 //! API keys configured, `/v1/*` needs `Authorization: Bearer <key>` (else 401); `/health` and
 //! `/metrics` stay open.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,15 +18,16 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ferry_tokenize::{ChatMessage, SamplingParams};
-use futures::{Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::generate::{Ctx, End, Piece, Prepared, Scored};
+use crate::generate::{Ctx, Prepared};
+
+mod reply;
+use reply::{Reply, sse, whole};
 
 /// Largest request body.
 pub const MAX_BODY: usize = 4 << 20;
@@ -488,125 +488,4 @@ pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, Shape), Re
     other_fields(&c.other)?;
     let (p, logprobs) = prepare(ctx, &c, kind)?;
     Ok((p, Shape { stream: c.stream, logprobs }))
-}
-
-/// Who a response goes to and what it carries.
-struct Reply {
-    ctx: Arc<Ctx>,
-    id: String,
-    model: String,
-    kind: Kind,
-    logprobs: bool,
-}
-
-impl Reply {
-    fn object(&self, streamed: bool) -> &'static str {
-        match (self.kind, streamed) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    /// A choice's `logprobs` for `tokens` (null when not asked for); `offset` carries a
-    /// completion's text offset from chunk to chunk.
-    fn logprobs(&self, tokens: &[Scored], offset: &mut usize) -> serde_json::Value {
-        if !self.logprobs {
-            return serde_json::Value::Null;
-        }
-        let tok = &self.ctx.model.tokenizer;
-        match self.kind {
-            Kind::Chat => crate::logprobs::chat(tok, tokens),
-            Kind::Completion => crate::logprobs::completion(tok, tokens, offset),
-        }
-    }
-}
-
-fn usage(e: &End) -> serde_json::Value {
-    json!({
-        "prompt_tokens": e.prompt_tokens,
-        "completion_tokens": e.completion_tokens,
-        "total_tokens": e.prompt_tokens + e.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
-    })
-}
-
-async fn whole(mut s: impl Stream<Item = Result<Piece, tonic::Status>> + Unpin, r: Reply) -> Response {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let mut end = None;
-    while let Some(p) = s.next().await {
-        match p {
-            Ok(p) => {
-                text.push_str(&p.text);
-                if r.logprobs {
-                    tokens.extend(p.tokens);
-                }
-                if p.end.is_some() {
-                    end = p.end;
-                }
-            }
-            Err(st) => return from_status(&st),
-        }
-    }
-    let Some(e) = end else {
-        return from_status(&tonic::Status::internal("the request ended without a finish reason"));
-    };
-    let logprobs = r.logprobs(&tokens, &mut 0);
-    let choice = match r.kind {
-        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": e.finish.as_str(),
-            "logprobs": logprobs,
-        }),
-    };
-    let body = json!({
-        "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": [choice], "usage": usage(&e),
-    });
-    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
-}
-
-fn sse(
-    s: impl Stream<Item = Result<Piece, tonic::Status>> + Send + 'static,
-    r: Reply,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let created = now();
-    let mut first = true;
-    let mut offset = 0;
-    let events = s
-        .map(move |p| {
-            let data = match p {
-                Ok(p) => {
-                    let finish = p.end.map(|e| e.finish.as_str());
-                    let logprobs = r.logprobs(&p.tokens, &mut offset);
-                    let choice = match r.kind {
-                        Kind::Completion => {
-                            json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": logprobs})
-                        }
-                        Kind::Chat => {
-                            let delta = if first {
-                                json!({"role": "assistant", "content": p.text})
-                            } else {
-                                json!({"content": p.text})
-                            };
-                            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
-                        }
-                    };
-                    first = false;
-                    let mut chunk = json!({
-                        "id": r.id, "object": r.object(true), "created": created, "model": r.model, "choices": [choice],
-                    });
-                    if let Some(e) = p.end {
-                        chunk["usage"] = usage(&e);
-                    }
-                    chunk
-                }
-                Err(st) => json!({"error": {"message": st.message(), "type": "upstream_error"}}),
-            };
-            Ok(Event::default().data(data.to_string()))
-        })
-        .chain(futures::stream::once(async { Ok(Event::default().data("[DONE]")) }));
-    Sse::new(events)
 }
