@@ -146,6 +146,18 @@ impl From<&LayoutDescriptor> for pb::LayoutDescriptor {
     }
 }
 
+/// One position's most likely tokens `(id, logprob)`, best first, on the wire.
+pub fn top_to_proto(top: &[(u32, f32)]) -> pb::TopLogprobs {
+    pb::TopLogprobs {
+        candidates: top.iter().map(|&(token_id, logprob)| pb::TokenLogprob { token_id, logprob }).collect(),
+    }
+}
+
+/// [`top_to_proto`] back.
+pub fn top_from_proto(t: &pb::TopLogprobs) -> Vec<(u32, f32)> {
+    t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect()
+}
+
 /// One generated token (with its logprob, top alternatives and, on the last, the finish
 /// reason) as a decode stream message.
 pub fn token_to_proto(
@@ -154,15 +166,10 @@ pub fn token_to_proto(
     top: &[(u32, f32)],
     finish: Option<FinishReason>,
 ) -> pb::DecodeResponse {
-    let tl = |&(token_id, logprob): &(u32, f32)| pb::TokenLogprob { token_id, logprob };
     pb::DecodeResponse {
         token_ids: vec![token],
         logprobs: vec![pb::TokenLogprob { token_id: token, logprob }],
-        top_logprobs: if top.is_empty() {
-            Vec::new()
-        } else {
-            vec![pb::TopLogprobs { candidates: top.iter().map(tl).collect() }]
-        },
+        top_logprobs: if top.is_empty() { Vec::new() } else { vec![top_to_proto(top)] },
         finish_reason: finish.map_or(pb::FinishReason::Unspecified, finish_to_proto) as i32,
         cached_tokens: 0,
     }

@@ -77,13 +77,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
             room,
             cached_tokens: done.cached_tokens,
             first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
-            first_top: (!done.top.is_empty()).then(|| pb::TopLogprobs {
-                candidates: done
-                    .top
-                    .iter()
-                    .map(|&(token_id, logprob)| pb::TokenLogprob { token_id, logprob })
-                    .collect(),
-            }),
+            first_top: (!done.top.is_empty()).then(|| wire::top_to_proto(&done.top)),
         }))
     }
 

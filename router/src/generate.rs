@@ -310,9 +310,7 @@ impl Ctx {
                 Ok(r) => {
                     pw.ok();
                     let r = r.into_inner();
-                    let first_top = r
-                        .first_top
-                        .map_or_else(Vec::new, |t| t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect());
+                    let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
                     Ok(Some(Prefilled { cached: r.cached_tokens, first_top }))
                 }
                 Err(s) => {
@@ -467,11 +465,7 @@ impl Ctx {
                     return Err(mid_stream(s, &req.request_id, &decode.id, completion));
                 }
             };
-            let mut tops: Vec<Vec<(u32, f32)>> = msg
-                .top_logprobs
-                .iter()
-                .map(|t| t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect())
-                .collect();
+            let mut tops: Vec<Vec<(u32, f32)>> = msg.top_logprobs.iter().map(wire::top_from_proto).collect();
             if completion == 0
                 && req.sampling.top_logprobs > 0
                 && tops.is_empty()

@@ -83,14 +83,9 @@ impl pb::router_server::Router for RouterSvc {
                 if ids {
                     m.token_ids = p.tokens.iter().map(|t| t.id).collect();
                 }
-                let tl = |&(token_id, logprob): &(u32, f32)| pb::TokenLogprob { token_id, logprob };
-                m.logprobs = p.tokens.iter().map(|t| tl(&(t.id, t.logprob))).collect();
+                m.logprobs = p.tokens.iter().map(|t| pb::TokenLogprob { token_id: t.id, logprob: t.logprob }).collect();
                 if p.tokens.iter().any(|t| !t.top.is_empty()) {
-                    m.top_logprobs = p
-                        .tokens
-                        .iter()
-                        .map(|t| pb::TopLogprobs { candidates: t.top.iter().map(tl).collect() })
-                        .collect();
+                    m.top_logprobs = p.tokens.iter().map(|t| wire::top_to_proto(&t.top)).collect();
                 }
                 if let Some(e) = p.end {
                     m.finish_reason = wire::finish_to_proto(e.finish) as i32;
