@@ -289,7 +289,11 @@ fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
             match &c.logprobs {
                 None | Some(Value::Null) => Ok((false, 0)),
                 Some(v) => match v.as_u64() {
-                    Some(k) => Ok((true, u32::try_from(k).unwrap_or(u32::MAX))),
+                    // Named as the client wrote it (the sampler's field is `top_logprobs`).
+                    Some(k) if k > u64::from(ferry_tokenize::MAX_TOP_LOGPROBS) => {
+                        Err(format!("`logprobs` must be at most {}, not {k}", ferry_tokenize::MAX_TOP_LOGPROBS))
+                    }
+                    Some(k) => Ok((true, k as u32)),
                     None => Err(format!("`logprobs` must be a number of alternatives (0–20) on completions, not {v}")),
                 },
             }

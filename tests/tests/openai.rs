@@ -121,6 +121,16 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
         assert_eq!(v["error"]["code"], code, "{text}");
         assert!(v["error"]["message"].as_str().unwrap_or("").contains(names), "names {names}: {text}");
     }
+    // Completions name their own field, not the sampler's.
+    let (s, _, text) = http(
+        a,
+        "POST",
+        "/v1/completions",
+        serde_json::json!({"model": model, "prompt": "x", "logprobs": 30}).to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!((s, json(&text)["error"]["code"].as_str()), (400, Some("bad_logprobs")), "{text}");
+    assert!(text.contains("`logprobs` must be at most 20"), "{text}");
     let long: Vec<u32> = vec![5; 2048];
     let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         ("/v1/completions", b"{not json".to_vec(), 400, "bad_json"),

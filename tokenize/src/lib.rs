@@ -25,7 +25,7 @@ mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
 pub use error::TokenizeError;
-pub use request::{FinishReason, SamplingError, SamplingParams};
+pub use request::{FinishReason, MAX_TOP_LOGPROBS, SamplingError, SamplingParams};
 pub use served::ServedModel;
 pub use token_bytes::display as token_display;
 pub use tokenizer::Tokenizer;
