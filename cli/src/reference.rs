@@ -1,6 +1,6 @@
 //! The operations guide's reference sections, generated from the code: every flag and
 //! environment variable of every command (from clap), and every metric (from
-//! `ferry_cluster::metrics::ALL`). A test keeps docs/operations.md equal to them
+//! `ferry_core::metrics::ALL`, re-exported by `ferry-cluster`). A test keeps docs/operations.md equal to them
 //! (`FERRY_BLESS=1 cargo test -p ferry reference` rewrites it).
 
 use clap::CommandFactory;

@@ -59,7 +59,7 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
         let ch = plain(decode).connect().await.map_err(|e| e.to_string())?;
         let req = pb::DecodeRequest {
             token_ids: vec![1, 2, 3],
-            room: Some(pb::RoomKey::from(&ferry_cluster::RoomKey::random())),
+            room: Some(ferry_cluster::wire::room_key_to_proto(&ferry_cluster::RoomKey::random())),
             ..Default::default()
         };
         let mut s =

@@ -85,9 +85,10 @@ pub fn finish_from_proto(f: pb::FinishReason) -> Option<FinishReason> {
     }
 }
 
-impl TryFrom<Option<pb::RoomKey>> for RoomKey {
-    type Error = WireError;
-    fn try_from(k: Option<pb::RoomKey>) -> Result<Self, WireError> {
+/// A room key from the wire, validated. (Functions, not `TryFrom`: the domain types live in
+/// `ferry-core` and the generated ones in `ferry-proto`.)
+pub fn room_key(k: Option<pb::RoomKey>) -> Result<RoomKey, WireError> {
+    {
         let k = k.ok_or_else(|| bad("room", "missing"))?;
         let room = Room::new(k.room).ok_or_else(|| bad("room.room", "room ids have 63 bits"))?;
         let secret: [u8; 16] = k
@@ -95,19 +96,18 @@ impl TryFrom<Option<pb::RoomKey>> for RoomKey {
             .as_slice()
             .try_into()
             .map_err(|_| bad("room.secret", format!("{} bytes, expected 16", k.secret.len())))?;
-        Ok(Self { room, secret: RoomSecret::from_bytes(secret) })
+        Ok(RoomKey { room, secret: RoomSecret::from_bytes(secret) })
     }
 }
 
-impl From<&RoomKey> for pb::RoomKey {
-    fn from(k: &RoomKey) -> Self {
-        Self { room: k.room.get(), secret: k.secret.as_bytes().to_vec() }
-    }
+/// [`room_key`] back.
+pub fn room_key_to_proto(k: &RoomKey) -> pb::RoomKey {
+    pb::RoomKey { room: k.room.get(), secret: k.secret.as_bytes().to_vec() }
 }
 
-impl TryFrom<Option<pb::LayoutDescriptor>> for LayoutDescriptor {
-    type Error = WireError;
-    fn try_from(l: Option<pb::LayoutDescriptor>) -> Result<Self, WireError> {
+/// A KV layout from the wire, validated.
+pub fn layout(l: Option<pb::LayoutDescriptor>) -> Result<LayoutDescriptor, WireError> {
+    {
         let l = l.ok_or_else(|| bad("layout", "missing"))?;
         if l.model_fingerprint.is_empty() {
             return Err(bad("layout.model_fingerprint", "empty"));
@@ -122,7 +122,7 @@ impl TryFrom<Option<pb::LayoutDescriptor>> for LayoutDescriptor {
                 return Err(bad(name, "must be positive"));
             }
         }
-        Ok(Self {
+        Ok(LayoutDescriptor {
             model_fingerprint: l.model_fingerprint,
             dtype: l.dtype,
             num_layers: l.num_layers,
@@ -133,16 +133,15 @@ impl TryFrom<Option<pb::LayoutDescriptor>> for LayoutDescriptor {
     }
 }
 
-impl From<&LayoutDescriptor> for pb::LayoutDescriptor {
-    fn from(l: &LayoutDescriptor) -> Self {
-        Self {
-            model_fingerprint: l.model_fingerprint.clone(),
-            dtype: l.dtype.clone(),
-            num_layers: l.num_layers,
-            num_kv_heads: l.num_kv_heads,
-            head_dim: l.head_dim,
-            page_size: l.page_size,
-        }
+/// [`layout`] back.
+pub fn layout_to_proto(l: &LayoutDescriptor) -> pb::LayoutDescriptor {
+    pb::LayoutDescriptor {
+        model_fingerprint: l.model_fingerprint.clone(),
+        dtype: l.dtype.clone(),
+        num_layers: l.num_layers,
+        num_kv_heads: l.num_kv_heads,
+        head_dim: l.head_dim,
+        page_size: l.page_size,
     }
 }
 
@@ -223,12 +222,12 @@ mod tests {
     #[test]
     fn room_keys_are_validated() {
         let k = RoomKey::random();
-        assert_eq!(RoomKey::try_from(Some(pb::RoomKey::from(&k))), Ok(k));
-        assert_eq!(RoomKey::try_from(None).map_err(|e| e.field), Err("room"));
+        assert_eq!(super::room_key(Some(super::room_key_to_proto(&k))), Ok(k));
+        assert_eq!(super::room_key(None).map_err(|e| e.field), Err("room"));
         let short = pb::RoomKey { room: 1, secret: vec![0; 15] };
-        assert_eq!(RoomKey::try_from(Some(short)).map_err(|e| e.field), Err("room.secret"));
+        assert_eq!(super::room_key(Some(short)).map_err(|e| e.field), Err("room.secret"));
         let big = pb::RoomKey { room: 1 << 63, secret: vec![0; 16] };
-        assert_eq!(RoomKey::try_from(Some(big)).map_err(|e| e.field), Err("room.room"));
+        assert_eq!(super::room_key(Some(big)).map_err(|e| e.field), Err("room.room"));
         assert!(!format!("{k:?}").contains(&format!("{:?}", k.secret.as_bytes())), "secrets are not printed");
     }
 
@@ -242,10 +241,10 @@ mod tests {
             head_dim: 64,
             page_size: 16,
         };
-        assert_eq!(LayoutDescriptor::try_from(Some(pb::LayoutDescriptor::from(&l))), Ok(l.clone()));
-        let mut p = pb::LayoutDescriptor::from(&l);
+        assert_eq!(super::layout(Some(super::layout_to_proto(&l))), Ok(l.clone()));
+        let mut p = super::layout_to_proto(&l);
         p.page_size = 0;
-        assert_eq!(LayoutDescriptor::try_from(Some(p)).map_err(|e| e.field), Err("layout.page_size"));
+        assert_eq!(super::layout(Some(p)).map_err(|e| e.field), Err("layout.page_size"));
         let other = LayoutDescriptor { page_size: 64, ..l.clone() };
         let m = l.mismatch(&other).expect("differs");
         assert!(m.contains("page_size 16 vs 64"), "{m}");

@@ -96,11 +96,11 @@ impl Handshakes {
     async fn call(&self, job: HandshakeJob) -> Result<(), Refused> {
         let ch = self.channel(&job.bootstrap)?;
         let req = pb::HandshakeRequest {
-            room: Some(pb::RoomKey::from(&job.key)),
+            room: Some(ferry_cluster::wire::room_key_to_proto(&job.key)),
             dest_pages: job.dest,
             data_endpoint: job.data_endpoint,
             transfer_backend: job.backend.to_string(),
-            layout: Some(pb::LayoutDescriptor::from(&job.layout)),
+            layout: Some(ferry_cluster::wire::layout_to_proto(&job.layout)),
             registration: Vec::new(),
         };
         match pb::bootstrap_client::BootstrapClient::new(ch).handshake(req).await {

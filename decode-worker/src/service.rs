@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::{Refused, RoomKey, wire};
+use ferry_cluster::{Refused, wire};
 use ferry_proto::v1 as pb;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -43,7 +43,7 @@ impl pb::decode_server::Decode for DecodeSvc {
 
     async fn generate(&self, req: Request<pb::DecodeRequest>) -> Result<Response<TokenStream>, Status> {
         let r = req.into_inner();
-        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let key = wire::room_key(r.room).map_err(refused)?;
         let params = wire::sampling_from_proto(r.sampling);
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
@@ -68,7 +68,7 @@ impl pb::decode_server::Decode for DecodeSvc {
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
         let r = req.into_inner();
-        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let key = wire::room_key(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
         self.0.engine.send(Cmd::Abort {
             room: key.room.get(),

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::{LayoutDescriptor, Refused, RoomKey, wire};
+use ferry_cluster::{LayoutDescriptor, Refused, wire};
 use ferry_proto::v1 as pb;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::BackendKind;
@@ -61,7 +61,7 @@ pub struct PrefillSvc(pub Arc<Shared>);
 impl pb::prefill_server::Prefill for PrefillSvc {
     async fn prefill(&self, req: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
         let r = req.into_inner();
-        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let key = wire::room_key(r.room).map_err(refused)?;
         let sampling = wire::sampling_from_proto(r.sampling);
         let (reply, rx) = oneshot::channel();
         let room = key.room.get();
@@ -83,7 +83,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
 
     async fn abort(&self, req: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
         let r = req.into_inner();
-        let key = RoomKey::try_from(r.room).map_err(refused)?;
+        let key = wire::room_key(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
         self.0.engine.send(Cmd::Abort {
             room: key.room.get(),
@@ -127,8 +127,8 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
     async fn handshake(&self, req: Request<pb::HandshakeRequest>) -> Result<Response<pb::HandshakeResponse>, Status> {
         let r = req.into_inner();
         let s = &self.0;
-        let key = RoomKey::try_from(r.room).map_err(refused)?;
-        let layout = LayoutDescriptor::try_from(r.layout).map_err(refused)?;
+        let key = wire::room_key(r.room).map_err(refused)?;
+        let layout = wire::layout(r.layout).map_err(refused)?;
         if let Some(why) = s.layout.mismatch(&layout) {
             return Err(Refused::new(Code::FailedPrecondition, "layout_mismatch", why).status(ROLE));
         }

@@ -286,7 +286,7 @@ impl Ctx {
         dw: &Arc<Worker>,
     ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask), Status> {
         let sampling = Some(wire::sampling_to_proto(&req.sampling));
-        let room = Some(pb::RoomKey::from(&key));
+        let room = Some(wire::room_key_to_proto(&key));
         let pw = prefill;
         let dreq = pb::DecodeRequest {
             request_id: req.request_id.clone(),

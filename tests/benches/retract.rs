@@ -57,7 +57,7 @@ async fn one(
     let key = RoomKey::random();
     let req = pb::DecodeRequest {
         request_id: format!("bench-{}", key.room.get()),
-        room: Some(pb::RoomKey::from(&key)),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
         prefill_bootstrap_addr: String::new(),
         token_ids: prompt,
         sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),

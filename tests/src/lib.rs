@@ -147,7 +147,7 @@ impl Client {
         let sampling = Some(ferry_cluster::wire::sampling_to_proto(params));
         let req = pb::DecodeRequest {
             request_id: format!("test-{}", key.room.get()),
-            room: Some(pb::RoomKey::from(&key)),
+            room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
             prefill_bootstrap_addr: self.prefill.as_ref().map(|p| p.1.clone()).unwrap_or_default(),
             token_ids: prompt.to_vec(),
             sampling: sampling.clone(),
@@ -171,7 +171,7 @@ impl Client {
             let Some((p, _)) = &self.prefill else { return Ok(()) };
             let req = pb::PrefillRequest {
                 request_id: format!("test-{}", key.room.get()),
-                room: Some(pb::RoomKey::from(&key)),
+                room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
                 token_ids: prompt.to_vec(),
                 sampling,
                 priority: 0,

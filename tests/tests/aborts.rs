@@ -38,7 +38,7 @@ fn prompt(n: usize) -> Vec<u32> {
 fn direct(bootstrap: impl ToString, tokens: usize) -> pb::DecodeRequest {
     pb::DecodeRequest {
         request_id: "direct".into(),
-        room: Some(pb::RoomKey::from(&RoomKey::random())),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&RoomKey::random())),
         prefill_bootstrap_addr: bootstrap.to_string(),
         token_ids: prompt(tokens),
         sampling: None,
@@ -110,7 +110,7 @@ async fn a_stopped_decode_daemon_leaves_the_prefill_daemon_clean() {
     let key = RoomKey::random();
     let decode_call = pb::DecodeRequest {
         request_id: "x".into(),
-        room: Some(pb::RoomKey::from(&key)),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
         prefill_bootstrap_addr: p.grpc_addr.to_string(),
         token_ids: prompt(1800),
         sampling: None,
@@ -120,7 +120,7 @@ async fn a_stopped_decode_daemon_leaves_the_prefill_daemon_clean() {
     let mut prefill = pb::prefill_client::PrefillClient::new(channel(p.grpc_addr).await);
     let prefill_call = pb::PrefillRequest {
         request_id: "x".into(),
-        room: Some(pb::RoomKey::from(&key)),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
         token_ids: prompt(1800),
         sampling: None,
         priority: 0,

@@ -23,9 +23,9 @@ async fn bad_calls_are_refused_clearly_and_harm_nothing() {
     let mut prefill = pb::prefill_client::PrefillClient::new(channel(p.grpc_addr).await);
     let mut bootstrap = pb::bootstrap_client::BootstrapClient::new(channel(p.grpc_addr).await);
     let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
-    let layout = pb::LayoutDescriptor::from(&p.layout);
+    let layout = ferry_cluster::wire::layout_to_proto(&p.layout);
     let key = RoomKey::random();
-    let pk = |k: &RoomKey| Some(pb::RoomKey::from(k));
+    let pk = |k: &RoomKey| Some(ferry_cluster::wire::room_key_to_proto(k));
     let prefill_req = |k: &RoomKey, tokens: Vec<u32>| pb::PrefillRequest {
         request_id: "bad".into(),
         room: pk(k),

@@ -86,7 +86,7 @@ impl Inbox {
         dest: &[u32],
     ) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         if let Some(&bad) = dest.iter().find(|&&p| p as usize >= arena_pages) {
-            tracing::warn!(room = %ferry_cluster::Room::label(room), page = bad, "destination page outside the arena");
+            tracing::warn!(room = %ferry_core::Room::label(room), page = bad, "destination page outside the arena");
             return Err(Refusal::OutsideRoom);
         }
         self.open(room, secret, dest)
@@ -109,7 +109,7 @@ impl Inbox {
     /// Handles a `Done` or `Abort` frame with its payload; false when refused.
     pub fn control(&self, h: &Header, payload: &[u8]) -> bool {
         if let Err(r) = self.with_table(|t| t.check_control(h)) {
-            tracing::debug!(room = %ferry_cluster::Room::label(h.room), reason = r.label(), "control frame refused");
+            tracing::debug!(room = %ferry_core::Room::label(h.room), reason = r.label(), "control frame refused");
             return false;
         }
         if h.check_payload(payload).is_err() {

@@ -1,9 +1,9 @@
-//! Recording transfer figures through the `metrics` facade (names in `ferry_cluster::metrics`).
+//! Recording transfer figures through the `metrics` facade (names in `ferry_core::metrics`).
 //! Without an installed recorder these calls cost next to nothing.
 
 use std::time::Duration;
 
-use ferry_cluster::metrics as names;
+use ferry_core::metrics as names;
 
 use crate::table::{Outcome, Refusal};
 

@@ -120,7 +120,7 @@ impl SendRoom {
             if let Some(s) = &self.sender
                 && let Err(e) = s.abort(self.id, self.secret, why).await
             {
-                tracing::debug!(room = %ferry_cluster::Room::label(self.id), error = %e, "abort not delivered; the receiver will time out");
+                tracing::debug!(room = %ferry_core::Room::label(self.id), error = %e, "abort not delivered; the receiver will time out");
             }
         }
     }

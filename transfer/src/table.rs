@@ -188,7 +188,7 @@ impl RoomTable {
     /// Checks a frame header and claims its pages (for `Pages` frames).
     pub fn claim(&mut self, h: &Header, now: Instant) -> Result<Claim, Refusal> {
         let Some(r) = self.rooms.get_mut(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
-        if !ferry_cluster::secret_eq(&r.secret, &h.secret) {
+        if !ferry_core::secret_eq(&r.secret, &h.secret) {
             return self.refuse(Refusal::WrongSecret);
         }
         if r.room.state().is_terminal() {
@@ -283,7 +283,7 @@ impl RoomTable {
     /// Checks a `Done` / `Abort` header: known open room with the right secret.
     pub fn check_control(&mut self, h: &Header) -> Result<(), Refusal> {
         let Some(r) = self.rooms.get(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
-        if !ferry_cluster::secret_eq(&r.secret, &h.secret) {
+        if !ferry_core::secret_eq(&r.secret, &h.secret) {
             return self.refuse(Refusal::WrongSecret);
         }
         if r.room.state().is_terminal() {

@@ -24,7 +24,7 @@ async fn transfers_are_measured_per_backend_outcome_and_refusal() {
     let rec = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let h = rec.handle();
     metrics::set_global_recorder(rec).expect("the only recorder in this binary");
-    ferry_cluster::metrics::describe();
+    ferry_core::metrics::describe();
 
     let page = 512;
     let mem = HostPages::new(page, 8).expect("arena");

@@ -81,7 +81,7 @@ async fn pair(
 /// prefill worker at `prefill` (the decode worker's bootstrap address); every other pair is
 /// dropped mid-flight and the next sent at once.
 pub async fn run(decode: &str, prefill: &str, prompt: &[u32], want: &[u32], rounds: u64) -> Reuse {
-    let key = pb::RoomKey::from(&RoomKey::random());
+    let key = ferry_cluster::wire::room_key_to_proto(&RoomKey::random());
     let sampling = ferry_cluster::wire::sampling_to_proto(&ferry_tests::greedy(want.len() as u32));
     let d = pb::decode_client::DecodeClient::new(ferry_tests::channel(decode.parse().expect("addr")).await);
     let p = pb::prefill_client::PrefillClient::new(ferry_tests::channel(prefill.parse().expect("addr")).await);

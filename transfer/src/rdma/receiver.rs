@@ -211,7 +211,7 @@ fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<u64>
                 let claim = match s.inbox.with_table(|t| t.claim(&h, Instant::now())) {
                     Ok(c) => c,
                     Err(r) => {
-                        tracing::debug!(room = %ferry_cluster::Room::label(h.room), reason = r.label(), "rdma run refused");
+                        tracing::debug!(room = %ferry_core::Room::label(h.room), reason = r.label(), "rdma run refused");
                         continue;
                     }
                 };

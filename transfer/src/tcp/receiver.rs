@@ -184,7 +184,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
     let claim = match s.inbox.with_table(|t| t.claim(h, Instant::now())) {
         Ok(c) => c,
         Err(refusal) => {
-            tracing::debug!(room = %ferry_cluster::Room::label(h.room), reason = refusal.label(), "frame refused");
+            tracing::debug!(room = %ferry_core::Room::label(h.room), reason = refusal.label(), "frame refused");
             return skip(stream, h.payload_len as usize, s.progress).await;
         }
     };

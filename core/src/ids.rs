@@ -87,6 +87,23 @@ impl fmt::Debug for RoomSecret {
     }
 }
 
+/// A KV page: its index in one node's page pool. Not a token, not a count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(pub u32);
+
+impl PageId {
+    /// The index.
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+impl fmt::Display for PageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "page-{}", self.0)
+    }
+}
+
 /// A room with its secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RoomKey {

@@ -1,0 +1,15 @@
+//! `ferry-core`: the words every Ferry crate shares, with nothing heavy under it (no gRPC,
+//! no etcd, no async runtime), so that the data plane (`ferry-transfer`) depends on this
+//! alone.
+//!
+//! - [`ids`]: identities as newtypes (`Room`, `RoomSecret`, `RoomKey`, `PageId`, `WorkerId`,
+//!   `RequestId`) and constant-time secret comparison;
+//! - [`LayoutDescriptor`]: the KV layout both sides of a transfer must agree on;
+//! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text.
+
+pub mod ids;
+mod layout;
+pub mod metrics;
+
+pub use ids::{PageId, RequestId, Room, RoomKey, RoomSecret, WorkerId, secret_eq};
+pub use layout::LayoutDescriptor;
