@@ -64,11 +64,11 @@ pub struct GenerateArgs {
     /// Compute device: `cpu`, or `cuda` (an NVIDIA GPU; needs a build with `--features cuda`
     /// and the CUDA 12 driver and libraries at run time), `cuda:N` for GPU N.
     #[arg(long, env = "FERRY_DEVICE", default_value = "cpu", help_heading = "Engine")]
-    device: String,
+    device: Device,
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
-    match a.device.parse::<Device>().map_err(anyhow::Error::msg)? {
+    match a.device {
         Device::Cpu => run_on(a, CpuBackend),
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {

@@ -17,6 +17,12 @@ mod up;
 
 use clap::{Parser, Subcommand};
 
+/// How a typed choice is spelled on the command line (`cache-aware`, `shared-prefix`): for
+/// passing it on to a child process and for reports.
+fn flag_name<T: clap::ValueEnum>(v: &T) -> String {
+    v.to_possible_value().map(|p| p.get_name().to_string()).unwrap_or_default()
+}
+
 /// Ferry: disaggregated prefill/decode LLM serving.
 #[derive(Debug, Parser)]
 #[command(name = "ferry", version, about)]

@@ -95,8 +95,8 @@ fn worker_cmd(exe: &Path, role: &str, id: &str, args: &UpArgs, model: &Path) -> 
     let mut c = Command::new(exe);
     c.arg(role).arg("--model").arg(model).args(["--worker-id", id]);
     c.args(["--pool-pages", &args.pool_pages.to_string(), "--page-size", &args.page_size.to_string()]);
-    c.args(["--chunked-prefill-size", &args.chunked_prefill_size.to_string(), "--transfer", &args.transfer]);
-    c.args(["--device", &args.device]);
+    c.args(["--chunked-prefill-size", &args.chunked_prefill_size.to_string(), "--transfer", args.transfer.as_str()]);
+    c.args(["--device", &args.device.to_string()]);
     if args.kv_host_mirror {
         c.arg("--kv-host-mirror");
     }
@@ -166,7 +166,7 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
             c.args(["--decode", d]);
         }
         c.args(["--grpc-addr", &r.grpc_addr.to_string(), "--http-addr", &r.http_addr.to_string()]);
-        c.args(["--policy", &r.policy, "--local-prefill-below", &r.local_prefill_below.to_string()]);
+        c.args(["--policy", &crate::flag_name(&r.policy), "--local-prefill-below", &r.local_prefill_below.to_string()]);
         c.args(["--page-size", &r.page_size.to_string()]);
         c.args(crate::up::tls_flags(&id.tls("router")?));
         if let Some(n) = &r.served_model_name {

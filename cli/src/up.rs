@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ferry_cluster::Device;
+use ferry_router::placement::Policy;
+use ferry_transfer::BackendKind;
 
 /// Flags of `ferry up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,19 +46,19 @@ pub struct UpArgs {
     #[arg(long, default_value_t = 512)]
     pub chunked_prefill_size: usize,
     /// KV transfer backend between the daemons (`tcp`; `fake` only in-process).
-    #[arg(long, default_value = "tcp")]
-    pub transfer: String,
+    #[arg(long, value_enum, default_value_t = BackendKind::Tcp)]
+    pub transfer: BackendKind,
     /// Compute device of the prefill and decode daemons: `cpu`, `cuda` or `cuda:N` (a build
     /// with `--features cuda`; every daemon then shares that GPU).
     #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
     /// Pages through a host mirror of each daemon's KV pool, as on a GPU (always on with
     /// `--device cuda`; on the CPU, for measuring what the copies cost).
     #[arg(long)]
     pub kv_host_mirror: bool,
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
-    #[arg(long, default_value = "cache-aware")]
-    pub policy: String,
+    #[arg(long, value_enum, default_value_t = Policy::CacheAware)]
+    pub policy: Policy,
     /// Prompts with fewer uncached tokens than this are prefilled on the decode daemon.
     #[arg(long, default_value_t = 0)]
     pub local_prefill_below: usize,
@@ -161,8 +164,8 @@ fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::Worker
     w.pool_pages = args.pool_pages;
     w.page_size = args.page_size;
     w.chunked_prefill_size = args.chunked_prefill_size;
-    w.transfer = args.transfer.clone();
-    w.device = args.device.clone();
+    w.transfer = args.transfer;
+    w.device = args.device;
     w.kv_host_mirror = args.kv_host_mirror;
     w
 }
@@ -181,7 +184,7 @@ pub fn router_args(
     );
     r.grpc_addr = args.grpc_addr;
     r.http_addr = args.http_addr;
-    r.policy = args.policy.clone();
+    r.policy = args.policy;
     r.local_prefill_below = args.local_prefill_below;
     r.page_size = args.page_size;
     if !Path::new(&args.model).exists() {

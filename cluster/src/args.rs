@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ferry_transfer::BackendKind;
+
 use crate::Device;
 use crate::discovery::Role;
 use crate::discovery::etcd::EtcdConfig;
@@ -34,84 +36,111 @@ pub fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v.max(0.001)))
 }
 
+/// Element type of KV pages (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dtype {
+    /// 32-bit floats: every backend's KV pages today.
+    F32,
+}
+
+impl Dtype {
+    /// The name in flags and in the KV layout both sides of a transfer compare.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+        }
+    }
+}
+
+/// A daemon's flags at their defaults, with only `required` given (`["--model", path]`) and
+/// every environment variable ignored: the defaults are written once, in the `#[arg]`
+/// attributes, and tests and `ferry up` start from them. Panics when `required` is not enough
+/// to parse (a programming error: a new required flag).
+pub fn defaults<P: clap::Parser>(required: &[std::ffi::OsString]) -> P {
+    let cmd = P::command().mut_args(|a| a.env(None::<&str>));
+    let argv = std::iter::once(std::ffi::OsString::from("ferry")).chain(required.iter().cloned());
+    let m = cmd.try_get_matches_from(argv).unwrap_or_else(|e| panic!("a daemon's defaults do not parse: {e}"));
+    P::from_arg_matches(&m).unwrap_or_else(|e| panic!("a daemon's defaults do not parse: {e}"))
+}
+
 /// Flags shared by the prefill and decode daemons.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerArgs {
     /// The model: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a
     /// GGUF file.
-    #[arg(long, env = "FERRY_MODEL")]
+    #[arg(long, env = "FERRY_MODEL", help_heading = "Model")]
     pub model: PathBuf,
     /// Compute device: `cpu`, `cuda` (GPU 0) or `cuda:N`. CUDA needs a build with
     /// `--features cuda` and the NVIDIA driver and CUDA 12 libraries at run time; its KV pool
     /// lives on the GPU and travels through a pinned host mirror (see --kv-host-mirror).
-    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
-    pub device: String,
+    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu", help_heading = "Model")]
+    pub device: Device,
     /// Keep a host mirror of the KV pool and copy pages across (device → host before sending,
     /// host → device once a room arrived). Always on with `--device cuda`; on the CPU it
     /// exercises that path (the pool is otherwise shared with the transfer in place).
-    #[arg(long, env = "FERRY_KV_HOST_MIRROR")]
+    #[arg(long, env = "FERRY_KV_HOST_MIRROR", help_heading = "Pool")]
     pub kv_host_mirror: bool,
     /// Element type of KV pages, which must match between prefill and decode: `f32` on every
     /// backend (the CUDA backend keeps weights in bf16 and computes its GEMMs in bf16).
-    #[arg(long, env = "FERRY_DTYPE", default_value = "f32")]
-    pub dtype: String,
+    #[arg(long, env = "FERRY_DTYPE", value_enum, default_value_t = Dtype::F32, help_heading = "Pool")]
+    pub dtype: Dtype,
     /// Tokens per KV page. Prefill and decode nodes must agree (checked at the handshake).
-    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16)]
+    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16, help_heading = "Pool")]
     pub page_size: usize,
     /// KV pages in the pool. 0: size the pool from --mem-fraction.
-    #[arg(long, env = "FERRY_POOL_PAGES", default_value_t = 0)]
+    #[arg(long, env = "FERRY_POOL_PAGES", default_value_t = 0, help_heading = "Pool")]
     pub pool_pages: usize,
     /// Fraction of memory given to the KV pool when --pool-pages is 0: of this machine's
     /// memory on the CPU, of the GPU's memory with `--device cuda`.
-    #[arg(long, env = "FERRY_MEM_FRACTION", default_value_t = 0.1)]
+    #[arg(long, env = "FERRY_MEM_FRACTION", default_value_t = 0.1, help_heading = "Pool")]
     pub mem_fraction: f64,
     /// Prompt tokens computed per forward pass (chunked prefill); long prompts take several.
-    #[arg(long, env = "FERRY_CHUNKED_PREFILL_SIZE", default_value_t = 512)]
+    #[arg(long, env = "FERRY_CHUNKED_PREFILL_SIZE", default_value_t = 512, help_heading = "Scheduling")]
     pub chunked_prefill_size: usize,
     /// This worker's id, in metrics, load reports and KV events. Default: `<role>-<gRPC port>`.
-    #[arg(long, env = "FERRY_WORKER_ID")]
+    #[arg(long, env = "FERRY_WORKER_ID", help_heading = "Discovery")]
     pub worker_id: Option<String>,
     /// gRPC listen address (port 0: any free port).
-    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0")]
+    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0", help_heading = "Discovery")]
     pub grpc_addr: SocketAddr,
     /// Prometheus `/metrics` listen address (port 0: any free port).
-    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0")]
+    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0", help_heading = "Observability")]
     pub metrics_addr: SocketAddr,
     /// KV transfer backend: `tcp`, `rdma` (needs a build with `--features rdma` and a device),
     /// `fake` (moves nothing; scheduling tests, one process only) or `auto` (rdma when a
     /// device is present, else tcp).
-    #[arg(long, env = "FERRY_TRANSFER", default_value = "tcp")]
-    pub transfer: String,
+    #[arg(long, env = "FERRY_TRANSFER", value_enum, default_value_t = BackendKind::Tcp, help_heading = "Transfer")]
+    pub transfer: BackendKind,
     /// Decode nodes: the data-plane listen address for incoming KV pages (port 0: any).
-    #[arg(long, env = "FERRY_TRANSFER_ADDR", default_value = "127.0.0.1:0")]
+    #[arg(long, env = "FERRY_TRANSFER_ADDR", default_value = "127.0.0.1:0", help_heading = "Transfer")]
     pub transfer_addr: SocketAddr,
     /// tcp backend: connections per peer.
-    #[arg(long, env = "FERRY_TRANSFER_CONNECTIONS", default_value_t = 4)]
+    #[arg(long, env = "FERRY_TRANSFER_CONNECTIONS", default_value_t = 4, help_heading = "Transfer")]
     pub transfer_connections: usize,
     /// Seconds a room may wait for its other half (the request or the handshake).
-    #[arg(long, env = "FERRY_BOOTSTRAP_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "FERRY_BOOTSTRAP_TIMEOUT", default_value_t = 30.0, help_heading = "Timeouts")]
     pub bootstrap_timeout: f64,
     /// Seconds a room may wait for prefill to start sending (queueing and compute).
-    #[arg(long, env = "FERRY_WAITING_TIMEOUT", default_value_t = 300.0)]
+    #[arg(long, env = "FERRY_WAITING_TIMEOUT", default_value_t = 300.0, help_heading = "Timeouts")]
     pub waiting_timeout: f64,
     /// Seconds a transfer may go without progress.
-    #[arg(long, env = "FERRY_TRANSFER_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "FERRY_TRANSFER_TIMEOUT", default_value_t = 30.0, help_heading = "Timeouts")]
     pub transfer_timeout: f64,
     /// etcd discovery: where etcd is and the cluster's name.
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// The gRPC `host:port` routers reach this worker at, registered in etcd. Default: the
     /// bound --grpc-addr (required when that is a wildcard such as 0.0.0.0).
-    #[arg(long, env = "FERRY_ADVERTISE_ADDR")]
+    #[arg(long, env = "FERRY_ADVERTISE_ADDR", help_heading = "Discovery")]
     pub advertise_addr: Option<String>,
     /// Decode nodes: the data-plane `host:port` prefill nodes connect to, sent in the
     /// handshake. Default: the bound --transfer-addr; when that is a wildcard, the
     /// --advertise-addr host with the bound port.
-    #[arg(long, env = "FERRY_TRANSFER_ADVERTISE_ADDR")]
+    #[arg(long, env = "FERRY_TRANSFER_ADVERTISE_ADDR", help_heading = "Transfer")]
     pub transfer_advertise_addr: Option<String>,
     /// Seconds of the worker's etcd lease: a worker that stops renewing it (killed, cut off)
     /// leaves the cluster after this long.
-    #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5)]
+    #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5, help_heading = "Discovery")]
     pub etcd_lease_ttl: i64,
     /// Mutual TLS between daemons.
     #[command(flatten)]
@@ -123,10 +152,10 @@ pub struct WorkerArgs {
 pub struct EtcdArgs {
     /// etcd client endpoints (`host:port` or `http://host:port`, comma-separated). Unset: no
     /// etcd; workers are named statically to the router.
-    #[arg(long = "etcd", env = "FERRY_ETCD", value_delimiter = ',')]
+    #[arg(long = "etcd", env = "FERRY_ETCD", value_delimiter = ',', help_heading = "Discovery")]
     pub endpoints: Vec<String>,
     /// The cluster's name; its workers register under `/ferry/<cluster>/<role>/<id>`.
-    #[arg(long, env = "FERRY_CLUSTER", default_value = "default")]
+    #[arg(long, env = "FERRY_CLUSTER", default_value = "default", help_heading = "Discovery")]
     pub cluster: String,
 }
 
@@ -141,32 +170,14 @@ impl EtcdArgs {
 }
 
 impl WorkerArgs {
-    /// Defaults for `model` (tests and `ferry up` start from here).
+    /// Defaults for `model` (tests and `ferry up` start from here): the flags' own defaults.
     pub fn for_model(model: impl Into<PathBuf>) -> Self {
-        Self {
-            model: model.into(),
-            device: "cpu".into(),
-            kv_host_mirror: false,
-            dtype: "f32".into(),
-            page_size: 16,
-            pool_pages: 0,
-            mem_fraction: 0.1,
-            chunked_prefill_size: 512,
-            worker_id: None,
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            transfer: "tcp".into(),
-            transfer_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            transfer_connections: 4,
-            bootstrap_timeout: 30.0,
-            waiting_timeout: 300.0,
-            transfer_timeout: 30.0,
-            etcd: EtcdArgs { endpoints: Vec::new(), cluster: "default".into() },
-            advertise_addr: None,
-            transfer_advertise_addr: None,
-            etcd_lease_ttl: 5,
-            internal_tls: InternalTlsArgs::default(),
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            w: WorkerArgs,
         }
+        defaults::<Only>(&["--model".into(), model.into().into_os_string()]).w
     }
 
     /// The data-plane endpoint to advertise for a receiver bound at `bound` (see
@@ -215,11 +226,7 @@ impl WorkerArgs {
 
     /// Checks what can be checked before loading anything.
     pub fn check(&self) -> Result<(), String> {
-        self.device()?;
         self.timeouts()?;
-        if self.dtype != "f32" {
-            return Err(format!("--dtype {}: KV pages are f32 on every backend", self.dtype));
-        }
         if self.page_size == 0 || self.chunked_prefill_size == 0 {
             return Err("--page-size and --chunked-prefill-size must be positive".into());
         }
@@ -234,10 +241,6 @@ impl WorkerArgs {
     }
 
     /// Pool pages: --pool-pages, or --mem-fraction of the machine's memory.
-    /// The compute device `--device` names.
-    pub fn device(&self) -> Result<Device, String> {
-        self.device.parse()
-    }
 
     /// KV pages for the pool: --pool-pages, or --mem-fraction of `device_bytes` (a GPU's
     /// memory) or, when None, of this machine's memory.
@@ -301,5 +304,34 @@ mod tests {
             (a.worker.addr.as_str(), a.etcd.key(a.worker.role, &a.worker.id)),
             ("10.1.2.3:7001", "/ferry/default/prefill/p0".to_string())
         );
+    }
+
+    #[derive(clap::Parser)]
+    struct Only {
+        #[command(flatten)]
+        w: WorkerArgs,
+    }
+
+    /// Issue 18: a choice flag with a value it does not know fails as the flags are parsed,
+    /// naming the flag and listing the choices (before: a string, refused at start or not at
+    /// all).
+    #[test]
+    fn choice_flags_refuse_unknown_values_at_parse_time_listing_the_choices() {
+        use clap::Parser as _;
+        let parse = |extra: &[&str]| {
+            let argv = ["ferry", "--model", "m.gguf"].iter().chain(extra).copied().collect::<Vec<_>>();
+            Only::try_parse_from(argv).map(|o| o.w)
+        };
+        let e = parse(&["--transfer", "quic"]).err().expect("unknown backend").to_string();
+        assert!(e.contains("--transfer") && e.contains("tcp, rdma, fake, auto"), "{e}");
+        let e = parse(&["--dtype", "bf16"]).err().expect("unknown dtype").to_string();
+        assert!(e.contains("--dtype") && e.contains("f32"), "{e}");
+        let e = parse(&["--device", "tpu"]).err().expect("unknown device").to_string();
+        assert!(e.contains("--device") && e.contains("use cpu, cuda or cuda:N"), "{e}");
+        let w = parse(&["--transfer", "rdma", "--device", "cuda:1"]).expect("valid");
+        assert_eq!((w.transfer, w.device), (BackendKind::Rdma, Device::Cuda(1)));
+        // The defaults are the attributes' own.
+        let d = WorkerArgs::for_model("m.gguf");
+        assert_eq!((d.transfer, d.device, d.dtype, d.page_size), (BackendKind::Tcp, Device::Cpu, Dtype::F32, 16));
     }
 }

@@ -29,17 +29,17 @@ pub struct InternalTlsArgs {
     /// PEM certificate chain this daemon presents to the other Ferry daemons, as a gRPC server
     /// (workers) and as a client (router, decode → prefill); with --internal-tls-key and
     /// --internal-tls-ca it turns on mutual TLS between daemons. Unset: plaintext.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_CERT", requires_all = ["internal_tls_key", "internal_tls_ca"])]
+    #[arg(long, env = "FERRY_INTERNAL_TLS_CERT", requires_all = ["internal_tls_key", "internal_tls_ca"], help_heading = "TLS")]
     pub internal_tls_cert: Option<PathBuf>,
     /// PEM private key of --internal-tls-cert.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_KEY", requires = "internal_tls_cert")]
+    #[arg(long, env = "FERRY_INTERNAL_TLS_KEY", requires = "internal_tls_cert", help_heading = "TLS")]
     pub internal_tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) of the cluster: peers must present a certificate it signed.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_CA", requires = "internal_tls_cert")]
+    #[arg(long, env = "FERRY_INTERNAL_TLS_CA", requires = "internal_tls_cert", help_heading = "TLS")]
     pub internal_tls_ca: Option<PathBuf>,
     /// The name workers' certificates are checked against. Default: the host of the address
     /// the worker is reached at (its certificate must then name that host or IP).
-    #[arg(long, env = "FERRY_INTERNAL_TLS_SERVER_NAME")]
+    #[arg(long, env = "FERRY_INTERNAL_TLS_SERVER_NAME", help_heading = "TLS")]
     pub internal_tls_server_name: Option<String>,
 }
 

@@ -47,7 +47,7 @@ pub struct DecodeArgs {
     #[command(flatten)]
     pub worker: WorkerArgs,
     /// Most requests admitted at once (transferring, prefilling, waiting and running).
-    #[arg(long, env = "FERRY_MAX_RUNNING_REQUESTS", default_value_t = 64, help_heading = "Admission")]
+    #[arg(long, env = "FERRY_DECODE_MAX_RUNNING_REQUESTS", default_value_t = 64, help_heading = "Admission")]
     pub max_running_requests: usize,
     /// How admission estimates the KV pages a request's decoding will take: `adaptive` (a
     /// share of its remaining max tokens that falls while no request is retracted and, after
@@ -109,16 +109,7 @@ impl DecodeArgs {
 impl DecodeArgs {
     /// Defaults for `model`.
     pub fn for_model(model: impl Into<std::path::PathBuf>) -> Self {
-        Self {
-            worker: WorkerArgs::for_model(model),
-            max_running_requests: 64,
-            decode_admission: AdmissionKind::Adaptive,
-            num_reserved_decode_tokens: 256,
-            init_new_token_ratio: 0.3,
-            min_new_token_ratio: 0.05,
-            new_token_ratio_decay_steps: 200,
-            prealloc_timeout: 60.0,
-        }
+        ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string()])
     }
 }
 

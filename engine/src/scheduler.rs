@@ -33,6 +33,7 @@ use crate::pool::{PageAlloc, PagePool};
 
 /// How waiting requests are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Policy {
     /// Longest cached prefix first.
     #[default]

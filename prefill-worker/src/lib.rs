@@ -44,27 +44,23 @@ pub struct PrefillArgs {
     /// Flags every worker shares.
     #[command(flatten)]
     pub worker: WorkerArgs,
-    /// Order of waiting requests: `lpm` (longest cached prefix first), `dfs-weight` or `fcfs`.
-    #[arg(long, env = "FERRY_SCHEDULE_POLICY", default_value = "lpm")]
-    pub schedule_policy: String,
+    /// Order of waiting requests: `lpm` (longest cached prefix first), `dfs-weight` (depth
+    /// first over the cache tree, heaviest subtree first) or `fcfs`.
+    #[arg(long, env = "FERRY_SCHEDULE_POLICY", value_enum, default_value_t = Policy::Lpm, help_heading = "Scheduling")]
+    pub schedule_policy: Policy,
     /// A request sharing at least this many uncached tokens with a prompt being computed
     /// waits for it (the in-queue prefix check); 0 disables the check.
-    #[arg(long, env = "FERRY_IN_QUEUE_THRESHOLD", default_value_t = 32)]
+    #[arg(long, env = "FERRY_IN_QUEUE_THRESHOLD", default_value_t = 32, help_heading = "Scheduling")]
     pub in_queue_threshold: usize,
     /// Longest destination page list one handshake may carry.
-    #[arg(long, env = "FERRY_MAX_DEST_PAGES", default_value_t = 1 << 16)]
+    #[arg(long, env = "FERRY_MAX_DEST_PAGES", default_value_t = 1 << 16, help_heading = "Transfer")]
     pub max_dest_pages: usize,
 }
 
 impl PrefillArgs {
     /// Defaults for `model`.
     pub fn for_model(model: impl Into<std::path::PathBuf>) -> Self {
-        Self {
-            worker: WorkerArgs::for_model(model),
-            schedule_policy: "lpm".into(),
-            in_queue_threshold: 32,
-            max_dest_pages: 1 << 16,
-        }
+        ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string()])
     }
 }
 
@@ -123,7 +119,7 @@ impl ferry_worker::StartOn for PrefillArgs {
 async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, StartError> {
     let w = &args.worker;
     let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
-    let policy: Policy = args.schedule_policy.parse().map_err(StartError::config)?;
+    let policy = args.schedule_policy;
     let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
         Loaded::load(w, compute, "prefill").await?;
     let kv_mirrored = kv.mirrored();

@@ -10,7 +10,7 @@
 use std::str::FromStr;
 
 /// How prefill workers are chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Policy {
     /// Least estimated time to first token, counting cached prefixes (the default).
     #[default]

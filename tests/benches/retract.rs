@@ -125,7 +125,7 @@ async fn run(edit: &dyn Fn(&mut DecodeArgs), load: &Load) -> Figures {
     let mut a = DecodeArgs::for_model(&path);
     a.worker.pool_pages = load.pages;
     if let Ok(dev) = std::env::var("FERRY_BENCH_DEVICE") {
-        a.worker.device = dev;
+        a.worker.device = dev.parse().expect("FERRY_BENCH_DEVICE: cpu, cuda or cuda:N");
     }
     edit(&mut a);
     let d = ferry_decode::start(a).await.expect("decode up");

@@ -23,7 +23,7 @@ impl Rng {
 }
 
 /// Runs the workload under `policy`; returns (prompt tokens, cached tokens).
-async fn run(m: &TinyModel, policy: &str) -> (u64, u64) {
+async fn run(m: &TinyModel, policy: ferry_router::placement::Policy) -> (u64, u64) {
     let mut ps = Vec::new();
     for _ in 0..4 {
         let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
@@ -38,7 +38,7 @@ async fn run(m: &TinyModel, policy: &str) -> (u64, u64) {
         ps.iter().map(|p| p.grpc_addr.to_string()).collect(),
         vec![d.grpc_addr.to_string()],
     );
-    args.policy = policy.into();
+    args.policy = policy;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {
@@ -86,8 +86,8 @@ async fn run(m: &TinyModel, policy: &str) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_aware_placement_computes_fewer_prefill_tokens_than_round_robin() {
     let m = TinyModel::new();
-    let (p_ca, c_ca) = run(&m, "cache-aware").await;
-    let (p_rr, c_rr) = run(&m, "round-robin").await;
+    let (p_ca, c_ca) = run(&m, ferry_router::placement::Policy::CacheAware).await;
+    let (p_rr, c_rr) = run(&m, ferry_router::placement::Policy::RoundRobin).await;
     assert_eq!(p_ca, p_rr, "the same workload");
     let (ca, rr) = (p_ca - c_ca, p_rr - c_rr);
     println!(

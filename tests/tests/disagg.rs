@@ -1,14 +1,17 @@
 //! Prefill and decode daemons in-process, real gRPC and a real data plane between them: the
 //! tokens are exactly the colocated engine's, and every page comes back.
 
+use clap::Parser as _;
+use ferry_cluster::Device;
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
 use ferry_tests::{Client, TinyModel, colocated_scored, greedy, prompts_with_shared_prefixes, settle, settle_decode};
+use ferry_transfer::BackendKind;
 
 struct Setup {
     page_size: usize,
     chunk: usize,
-    transfer: &'static str,
+    transfer: BackendKind,
     decodes: usize,
     /// Pages through host mirrors of the pools (the GPU path, on the CPU).
     mirror: bool,
@@ -19,7 +22,7 @@ fn prefill_args(m: &TinyModel, s: &Setup) -> PrefillArgs {
     a.worker.page_size = s.page_size;
     a.worker.chunked_prefill_size = s.chunk;
     a.worker.pool_pages = 4096;
-    a.worker.transfer = s.transfer.into();
+    a.worker.transfer = s.transfer;
     a.worker.kv_host_mirror = s.mirror;
     a
 }
@@ -29,7 +32,7 @@ fn decode_args(m: &TinyModel, s: &Setup) -> DecodeArgs {
     a.worker.page_size = s.page_size;
     a.worker.chunked_prefill_size = s.chunk;
     a.worker.pool_pages = 4096;
-    a.worker.transfer = s.transfer.into();
+    a.worker.transfer = s.transfer;
     a.worker.kv_host_mirror = s.mirror;
     a
 }
@@ -80,13 +83,13 @@ async fn parity(s: Setup, n: usize, max_len: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_parity_32_prompts_chunks_dividing_the_page() {
-    parity(Setup { page_size: 16, chunk: 64, transfer: "tcp", decodes: 1, mirror: false }, 32, 2000).await;
+    parity(Setup { page_size: 16, chunk: 64, transfer: BackendKind::Tcp, decodes: 1, mirror: false }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_parity_with_chunks_not_dividing_the_page() {
-    parity(Setup { page_size: 16, chunk: 50, transfer: "tcp", decodes: 1, mirror: false }, 32, 2000).await;
-    parity(Setup { page_size: 7, chunk: 64, transfer: "tcp", decodes: 1, mirror: false }, 12, 700).await;
+    parity(Setup { page_size: 16, chunk: 50, transfer: BackendKind::Tcp, decodes: 1, mirror: false }, 32, 2000).await;
+    parity(Setup { page_size: 7, chunk: 64, transfer: BackendKind::Tcp, decodes: 1, mirror: false }, 12, 700).await;
 }
 
 /// The GPU path on the CPU: prefill copies each chunk's pages to a host mirror before they
@@ -95,19 +98,19 @@ async fn tcp_parity_with_chunks_not_dividing_the_page() {
 /// already on the wire for one room are sent again for another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_parity_through_host_mirrors() {
-    parity(Setup { page_size: 16, chunk: 50, transfer: "tcp", decodes: 2, mirror: true }, 32, 2000).await;
+    parity(Setup { page_size: 16, chunk: 50, transfer: BackendKind::Tcp, decodes: 2, mirror: true }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_decode_daemons_share_one_prefill_daemon() {
-    parity(Setup { page_size: 16, chunk: 128, transfer: "tcp", decodes: 2, mirror: false }, 32, 2000).await;
+    parity(Setup { page_size: 16, chunk: 128, transfer: BackendKind::Tcp, decodes: 2, mirror: false }, 32, 2000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_transport_schedules_the_same_way() {
     // Nothing moves: the decode node's pages hold no prompt KV, so only scheduling and page
     // accounting are checked here — every request completes with the requested length.
-    let s = Setup { page_size: 16, chunk: 64, transfer: "fake", decodes: 1, mirror: false };
+    let s = Setup { page_size: 16, chunk: 64, transfer: BackendKind::Fake, decodes: 1, mirror: false };
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(32, 2000, 359, 5);
     let p = ferry_prefill::start(prefill_args(&m, &s)).await.expect("prefill up");
@@ -128,7 +131,7 @@ async fn fake_transport_schedules_the_same_way() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_prefill_on_the_decode_node_matches_too() {
-    let s = Setup { page_size: 16, chunk: 100, transfer: "tcp", decodes: 1, mirror: false };
+    let s = Setup { page_size: 16, chunk: 100, transfer: BackendKind::Tcp, decodes: 1, mirror: false };
     let m = TinyModel::new();
     let prompts = prompts_with_shared_prefixes(8, 1500, 359, 3);
     let params = greedy(5);
@@ -147,12 +150,12 @@ async fn local_prefill_on_the_decode_node_matches_too() {
 /// start and say why. Where a GPU is present they start on it, with their pools mirrored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cuda_daemons_start_on_a_gpu_or_say_why_not() {
-    let s = Setup { page_size: 16, chunk: 64, transfer: "tcp", decodes: 1, mirror: false };
+    let s = Setup { page_size: 16, chunk: 64, transfer: BackendKind::Tcp, decodes: 1, mirror: false };
     let m = TinyModel::new();
     let mut pa = prefill_args(&m, &s);
-    pa.worker.device = "cuda".into();
+    pa.worker.device = Device::Cuda(0);
     let mut da = decode_args(&m, &s);
-    da.worker.device = "cuda:0".into();
+    da.worker.device = Device::Cuda(0);
     let why = |e: ferry_prefill::StartError| {
         let text = e.to_string();
         assert!(text.contains("--device cuda"), "{text}");
@@ -171,8 +174,7 @@ async fn cuda_daemons_start_on_a_gpu_or_say_why_not() {
         }
         Err(e) => why(e),
     }
-    let mut bad = prefill_args(&m, &s);
-    bad.worker.device = "cuda:x".into();
-    let e = ferry_prefill::start(bad).await.expect_err("not a GPU index");
+    // A device that is not one fails as the flags are parsed, before anything loads.
+    let e = PrefillArgs::try_parse_from(["ferry-prefill", "--model", "m", "--device", "cuda:x"]).expect_err("no index");
     assert!(e.to_string().contains("GPU index"), "{e}");
 }

@@ -129,7 +129,7 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     // the prompt there, but the index forgets a stopped worker's entries as soon as its event
     // stream breaks, and the repeat then went to either worker (retried or not).
     args.load_poll_ms = 60_000;
-    args.policy = "least-load".into();
+    args.policy = ferry_router::placement::Policy::LeastLoad;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {

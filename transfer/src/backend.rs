@@ -22,6 +22,7 @@ use crate::tcp::{TcpReceiver, TcpSender};
 
 /// A transfer backend, as an operator names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum BackendKind {
     /// Raw TCP.
     Tcp,

@@ -49,8 +49,7 @@ impl<B: Backend> Loaded<B> {
     /// `role` labels the mirror's metrics.
     pub async fn load(w: &WorkerArgs, backend_: B, role: &'static str) -> Result<Self, StartError> {
         w.check().map_err(StartError::Config)?;
-        let requested: BackendKind = w.transfer.parse().map_err(StartError::config)?;
-        let backend = ferry_transfer::backend::choose(requested, ferry_transfer::backend::rdma_usable())
+        let backend = ferry_transfer::backend::choose(w.transfer, ferry_transfer::backend::rdma_usable())
             .map_err(StartError::config)?;
         let path = w.model.clone();
         let model = tokio::task::spawn_blocking(move || Model::load(&path, backend_))
@@ -66,7 +65,7 @@ impl<B: Backend> Loaded<B> {
         let c = model.config();
         let layout = LayoutDescriptor {
             model_fingerprint: model.fingerprint().to_string(),
-            dtype: "f32".into(),
+            dtype: w.dtype.as_str().into(),
             num_layers: c.num_layers as u32,
             num_kv_heads: c.num_kv_heads as u32,
             head_dim: c.head_dim as u32,
@@ -95,7 +94,7 @@ pub trait StartOn {
 /// without the `cuda` feature, no driver, no CUDA libraries, no such GPU) on a machine that
 /// cannot run it.
 pub async fn start_on_device<S: StartOn>(w: &WorkerArgs, daemon: S) -> Result<S::Running, StartError> {
-    match w.device().map_err(StartError::Config)? {
+    match w.device {
         Device::Cpu => daemon.start_on(ferry_kernels::cpu::CpuBackend).await,
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {

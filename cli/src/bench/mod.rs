@@ -28,6 +28,19 @@ use client::{Sample, Sampling, Target};
 use report::{Report, Slo};
 use workload::{Item, Synth, TraceShape};
 
+/// What `ferry bench` sends (`--workload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    /// Chat turns that share system prompts and conversation history.
+    SharedPrefix,
+    /// Few-shot prompts: a long shared block of examples, then a short question.
+    FewShot,
+    /// Prompts of random words, no shared prefixes.
+    Random,
+    /// A Mooncake trace's arrivals and lengths (`--trace FILE`).
+    Trace,
+}
+
 /// Flags of `ferry bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -36,8 +49,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub url: String,
     /// Workload: `shared-prefix`, `few-shot`, `random` or `trace`.
-    #[arg(long, default_value = "shared-prefix")]
-    pub workload: String,
+    #[arg(long, value_enum, default_value_t = Workload::SharedPrefix)]
+    pub workload: Workload,
     /// A Mooncake trace (JSON lines of timestamp, input_length, output_length, hash_ids) for
     /// `--workload trace`.
     #[arg(long)]
@@ -158,17 +171,17 @@ enum Pace {
 /// The requests to send, by index (None: no more).
 struct Source {
     synth: Synth,
-    kind: String,
+    kind: Workload,
     trace: Vec<Item>,
 }
 
 impl Source {
     fn item(&self, i: usize) -> Option<Item> {
-        match self.kind.as_str() {
-            "shared-prefix" => Some(workload::shared_prefix(&self.synth, i)),
-            "few-shot" => Some(workload::few_shot(&self.synth, i)),
-            "random" => Some(workload::random(&self.synth, i)),
-            _ => self.trace.get(i).cloned(),
+        match self.kind {
+            Workload::SharedPrefix => Some(workload::shared_prefix(&self.synth, i)),
+            Workload::FewShot => Some(workload::few_shot(&self.synth, i)),
+            Workload::Random => Some(workload::random(&self.synth, i)),
+            Workload::Trace => self.trace.get(i).cloned(),
         }
     }
 }
@@ -214,9 +227,9 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
     };
     let mut cut = 0;
     let mut trace = Vec::new();
-    match args.workload.as_str() {
-        "shared-prefix" | "few-shot" | "random" => {}
-        "trace" => {
+    match args.workload {
+        Workload::SharedPrefix | Workload::FewShot | Workload::Random => {}
+        Workload::Trace => {
             let path = args.trace.as_ref().context("--workload trace needs --trace FILE")?;
             let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
             let lines = workload::read_trace(&text).map_err(anyhow::Error::msg)?;
@@ -229,9 +242,8 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
             };
             (trace, cut) = workload::from_trace(&lines, &shape);
         }
-        w => bail!("--workload {w}: use shared-prefix, few-shot, random or trace"),
     }
-    let pace = match (args.rate, args.concurrency, args.workload.as_str()) {
+    let pace = match (args.rate, args.concurrency, crate::flag_name(&args.workload).as_str()) {
         (Some(r), _, _) if r > 0.0 && r.is_finite() => Pace::Open(r),
         (Some(r), _, _) => bail!("--rate {r} must be positive"),
         (None, Some(c), _) => Pace::Closed(c.max(1)),
@@ -253,7 +265,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
             output_len: args.output_len.max(1),
             seed: args.seed,
         },
-        kind: args.workload.clone(),
+        kind: args.workload,
         trace,
     });
     let target = Arc::new(target(args).await?);
@@ -377,8 +389,12 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
             std::fs::write(p, watch::csv(&watch_cfg, &pts)).with_context(|| format!("write {}", p.display()))?;
         }
         if let Some(p) = &args.watch_png {
-            let title =
-                format!("ferry bench watch: {} ({}), {:.0} s", args.workload, mode, clock.elapsed().as_secs_f64());
+            let title = format!(
+                "ferry bench watch: {} ({}), {:.0} s",
+                crate::flag_name(&args.workload),
+                mode,
+                clock.elapsed().as_secs_f64()
+            );
             let png = watch::render(&watch_cfg, &pts, &title).map_err(anyhow::Error::msg)?;
             std::fs::write(p, png).with_context(|| format!("write {}", p.display()))?;
         }
@@ -386,7 +402,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
 
     let slo = Slo { ttft_ms: args.slo_ttft_ms, itl_ms: args.slo_itl_ms, e2e_ms: args.slo_e2e_ms };
     let mut report = Report::new(&samples, slo);
-    report.workload = args.workload.clone();
+    report.workload = crate::flag_name(&args.workload);
     report.endpoint = args.url.clone();
     report.mode = mode;
     report.cut_to_fit = cut;
