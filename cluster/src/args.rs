@@ -240,8 +240,6 @@ impl WorkerArgs {
         Ok(())
     }
 
-    /// Pool pages: --pool-pages, or --mem-fraction of the machine's memory.
-
     /// KV pages for the pool: --pool-pages, or --mem-fraction of `device_bytes` (a GPU's
     /// memory) or, when None, of this machine's memory.
     pub fn pool_pages(&self, page_bytes: usize, device_bytes: Option<usize>) -> usize {
@@ -322,11 +320,11 @@ mod tests {
             let argv = ["ferry", "--model", "m.gguf"].iter().chain(extra).copied().collect::<Vec<_>>();
             Only::try_parse_from(argv).map(|o| o.w)
         };
-        let e = parse(&["--transfer", "quic"]).err().expect("unknown backend").to_string();
+        let e = parse(&["--transfer", "quic"]).expect_err("unknown backend").to_string();
         assert!(e.contains("--transfer") && e.contains("tcp, rdma, fake, auto"), "{e}");
-        let e = parse(&["--dtype", "bf16"]).err().expect("unknown dtype").to_string();
+        let e = parse(&["--dtype", "bf16"]).expect_err("unknown dtype").to_string();
         assert!(e.contains("--dtype") && e.contains("f32"), "{e}");
-        let e = parse(&["--device", "tpu"]).err().expect("unknown device").to_string();
+        let e = parse(&["--device", "tpu"]).expect_err("unknown device").to_string();
         assert!(e.contains("--device") && e.contains("use cpu, cuda or cuda:N"), "{e}");
         let w = parse(&["--transfer", "rdma", "--device", "cuda:1"]).expect("valid");
         assert_eq!((w.transfer, w.device), (BackendKind::Rdma, Device::Cuda(1)));
