@@ -23,13 +23,15 @@ pub mod notify;
 pub mod pki;
 pub mod shutdown;
 pub mod status;
+pub mod traces;
 pub mod wire;
 
 pub use args::WorkerArgs;
 pub use device::{Device, NO_CUDA_BUILD};
 // The shared vocabulary lives in `ferry-core`; re-exported so daemons name it one way.
 pub use ferry_core::{
-    LayoutDescriptor, PageId, RequestId, Room, RoomKey, RoomSecret, WorkerId, ids, metrics, secret_eq,
+    LayoutDescriptor, PageId, RequestId, Room, RoomKey, RoomSecret, TraceContext, WorkerId, ids, metrics, secret_eq,
+    trace,
 };
 pub use shutdown::{Shutdown, ShutdownTrigger};
 pub use status::Refused;

@@ -5,11 +5,14 @@
 //! - [`ids`]: identities as newtypes (`Room`, `RoomSecret`, `RoomKey`, `PageId`, `WorkerId`,
 //!   `RequestId`) and constant-time secret comparison;
 //! - [`LayoutDescriptor`]: the KV layout both sides of a transfer must agree on;
-//! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text.
+//! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text;
+//! - [`trace`]: the W3C trace context that follows one request across daemons.
 
 pub mod ids;
 mod layout;
 pub mod metrics;
+pub mod trace;
 
 pub use ids::{PageId, RequestId, Room, RoomKey, RoomSecret, WorkerId, secret_eq};
 pub use layout::LayoutDescriptor;
+pub use trace::TraceContext;

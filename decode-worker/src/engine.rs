@@ -62,6 +62,10 @@ pub struct Generate {
     pub out: Out,
     /// Accepted or refused (before any token).
     pub accepted: oneshot::Sender<Result<(), Refused>>,
+    /// The request's span (request id, room, trace id): lines about it are written in it.
+    pub span: tracing::Span,
+    /// Its trace context, the parent of the handshake call.
+    pub trace: ferry_cluster::TraceContext,
 }
 
 /// Commands to the engine thread.
@@ -140,6 +144,8 @@ struct Req {
     bootstrap: Option<String>,
     /// When it was retracted, until it runs again.
     retracted_at: Option<Instant>,
+    span: tracing::Span,
+    trace: ferry_cluster::TraceContext,
 }
 
 impl Req {

@@ -11,6 +11,7 @@ use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
 use tonic::transport::Channel;
+use tracing::Instrument as _;
 
 use crate::engine::Cmd;
 use ferry_worker::EngineLink;
@@ -32,6 +33,10 @@ pub struct HandshakeJob {
     pub backend: &'static str,
     /// Our KV layout.
     pub layout: LayoutDescriptor,
+    /// The request's span.
+    pub span: tracing::Span,
+    /// The request's trace context on this node (the handshake call's parent).
+    pub trace: ferry_cluster::TraceContext,
 }
 
 /// Starts handshakes and keeps one gRPC channel per prefill node. Channels connect lazily,
@@ -61,20 +66,24 @@ impl Handshakes {
     /// Starts `job` in the background.
     pub fn start(&self, job: HandshakeJob) {
         let me = self.clone();
-        self.rt.spawn(async move {
-            let room = job.room;
-            let r = tokio::time::timeout(me.timeout, me.call(job)).await;
-            let why = match r {
-                Ok(Ok(())) => return,
-                Ok(Err(why)) => why,
-                Err(_) => Refused::new(
-                    Code::DeadlineExceeded,
-                    "handshake_timeout",
-                    "the prefill node did not answer the handshake",
-                ),
-            };
-            let _ = me.engine.send(Cmd::HandshakeFailed { room, why });
-        });
+        let span = job.span.clone();
+        self.rt.spawn(
+            async move {
+                let room = job.room;
+                let r = tokio::time::timeout(me.timeout, me.call(job)).await;
+                let why = match r {
+                    Ok(Ok(())) => return,
+                    Ok(Err(why)) => why,
+                    Err(_) => Refused::new(
+                        Code::DeadlineExceeded,
+                        "handshake_timeout",
+                        "the prefill node did not answer the handshake",
+                    ),
+                };
+                let _ = me.engine.send(Cmd::HandshakeFailed { room, why });
+            }
+            .instrument(span),
+        );
     }
 
     fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
@@ -103,6 +112,7 @@ impl Handshakes {
             layout: Some(ferry_cluster::wire::layout_to_proto(&job.layout)),
             registration: Vec::new(),
         };
+        let req = ferry_cluster::traces::request_with(req, &job.trace);
         match pb::bootstrap_client::BootstrapClient::new(ch).handshake(req).await {
             Ok(_) => Ok(()),
             // The channel connects on first use: a connect failure is this call's.

@@ -42,8 +42,11 @@ impl pb::decode_server::Decode for DecodeSvc {
     type GenerateStream = TokenStream;
 
     async fn generate(&self, req: Request<pb::DecodeRequest>) -> Result<Response<TokenStream>, Status> {
+        let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
+        let (span, trace) = ferry_cluster::traces::worker_span(ROLE, &r.request_id, key.room, caller);
+        tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "decode request");
         let params = wire::sampling_from_proto(r.sampling);
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
@@ -52,7 +55,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         // Made before the request goes in: a call dropped while waiting for acceptance ends it
         // too.
         let gone = wake::Gone::new(self.0.engine.clone(), key.room.get(), incarnation);
-        let g = Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, out, accepted };
+        let g = Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, out, accepted, span, trace };
         self.0.engine.send(Cmd::Generate(g))?;
         answer(ok, ROLE).await?;
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |m| {

@@ -61,6 +61,8 @@ pub struct NewRequest {
     pub priority: i32,
     /// Where the outcome goes.
     pub reply: PrefillReply,
+    /// The request's span (request id, room, trace id): lines about it are written in it.
+    pub span: tracing::Span,
 }
 
 /// A decode node's handshake, its sender already connected.
@@ -122,6 +124,7 @@ struct Live {
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
+    span: tracing::Span,
 }
 
 /// Engine settings.
@@ -326,6 +329,7 @@ impl<B: Backend> Engine<B> {
                     (None, Ok(())) => "transfer ended early".into(),
                 };
                 metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
+                let _in = l.span.enter();
                 if aborting.is_none() {
                     tracing::warn!(room = %Room::label(room), reason = %why, "room failed");
                 } else {
@@ -393,7 +397,10 @@ impl<B: Backend> Engine<B> {
         for gone in self.rooms.expired(now) {
             let why =
                 Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
-            tracing::warn!(room = %Room::label(gone.room), phase = gone.phase.label(), "room timed out");
+            let span = self.live.get(&gone.room).map(|l| l.span.clone());
+            let span =
+                span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
+            tracing::warn!(parent: &span, room = %Room::label(gone.room), phase = gone.phase.label(), "room timed out");
             self.abandon(gone, why);
         }
     }

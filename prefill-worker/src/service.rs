@@ -60,12 +60,15 @@ pub struct PrefillSvc(pub Arc<Shared>);
 #[tonic::async_trait]
 impl pb::prefill_server::Prefill for PrefillSvc {
     async fn prefill(&self, req: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+        let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
+        let (span, _) = ferry_cluster::traces::worker_span(ROLE, &r.request_id, key.room, caller);
+        tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "prefill request");
         let sampling = wire::sampling_from_proto(r.sampling);
         let (reply, rx) = oneshot::channel();
         let room = key.room.get();
-        let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply };
+        let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply, span };
         let secret = *key.secret.as_bytes();
         self.0.engine.send(Cmd::Request { room, secret, req: new })?;
         // If the caller goes away before the answer, the room is aborted (and its pages freed).

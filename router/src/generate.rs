@@ -8,11 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
-use ferry_cluster::{RoomKey, wire};
+use ferry_cluster::{RoomKey, TraceContext, traces, wire};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::{FinishReason, SamplingParams, ServedModel};
 use futures::{Stream, StreamExt};
 use tonic::{Code, Status};
+use tracing::Instrument as _;
 
 use crate::admission::Admission;
 use crate::index::PrefixIndex;
@@ -108,6 +109,9 @@ pub struct Prepared {
     pub sampling: SamplingParams,
     /// Stop strings.
     pub stop: Vec<String>,
+    /// The caller's trace (from its `traceparent`), or a new one: the router's span for the
+    /// request is a child of it, and the workers' spans children of the router's.
+    pub trace: TraceContext,
 }
 
 /// What every request shares.
@@ -266,14 +270,28 @@ impl Ctx {
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            let _slot = slot; // held while the request runs
-            let out = me.run(req, key, prefill, decode, arrived, &tx).await;
-            if let Err(s) = out {
-                metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
-                let _ = tx.send(Err(s)).await;
+        // The router's span: a child of the caller's; every line about the request carries it.
+        let trace = req.trace.child();
+        let span = tracing::info_span!(
+            "request",
+            role = "router",
+            request_id = ?req.request_id,
+            room = %key.room,
+            trace_id = %trace.trace_id_hex(),
+            span_id = %trace.span_id_hex(),
+        );
+        let req = Prepared { trace, ..req };
+        tokio::spawn(
+            async move {
+                let _slot = slot; // held while the request runs
+                let out = me.run(req, key, prefill, decode, arrived, &tx).await;
+                if let Err(s) = out {
+                    metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
+                    let _ = tx.send(Err(s)).await;
+                }
             }
-        });
+            .instrument(span),
+        );
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
     }
 
@@ -285,6 +303,7 @@ impl Ctx {
         prefill: Option<Arc<Worker>>,
         dw: &Arc<Worker>,
     ) -> Result<(tonic::Streaming<pb::DecodeResponse>, PrefillTask), Status> {
+        tracing::Span::current().record("room", tracing::field::display(key.room));
         let sampling = Some(wire::sampling_to_proto(&req.sampling));
         let room = Some(wire::room_key_to_proto(&key));
         let pw = prefill;
@@ -303,25 +322,29 @@ impl Ctx {
             sampling,
             priority: 0,
         };
-        let prefill_task = tokio::spawn(async move {
-            let Some(pw) = pw else { return Ok(None) };
-            let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
-            match pc.prefill(preq).await {
-                Ok(r) => {
-                    pw.ok();
-                    let r = r.into_inner();
-                    let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
-                    Ok(Some(Prefilled { cached: r.cached_tokens, first_top }))
-                }
-                Err(s) => {
-                    if s.code() == Code::Unavailable {
-                        pw.failed();
+        let trace = req.trace;
+        let prefill_task = tokio::spawn(
+            async move {
+                let Some(pw) = pw else { return Ok(None) };
+                let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
+                match pc.prefill(traces::request_with(preq, &trace)).await {
+                    Ok(r) => {
+                        pw.ok();
+                        let r = r.into_inner();
+                        let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
+                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top }))
                     }
-                    Err(s)
+                    Err(s) => {
+                        if s.code() == Code::Unavailable {
+                            pw.failed();
+                        }
+                        Err(s)
+                    }
                 }
             }
-        });
-        match dc.generate(dreq).await {
+            .instrument(tracing::Span::current()),
+        );
+        match dc.generate(traces::request_with(dreq, &req.trace)).await {
             Ok(s) => {
                 dw.ok();
                 Ok((s.into_inner(), prefill_task))

@@ -20,6 +20,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use ferry_cluster::TraceContext;
+use ferry_cluster::trace::TRACEPARENT;
 use ferry_tokenize::{ChatMessage, SamplingParams};
 use serde::Deserialize;
 use serde_json::json;
@@ -432,7 +434,16 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
         ..d
     };
     ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
-    Ok((Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop }, logprobs))
+    Ok((
+        Prepared {
+            request_id: format!("ferry-{:016x}", rand::random::<u64>()),
+            tokens,
+            sampling,
+            stop,
+            trace: TraceContext::random(),
+        },
+        logprobs,
+    ))
 }
 
 async fn handle(
@@ -459,7 +470,7 @@ async fn handle(
         let job = move || parse(&ctx, &body, kind);
         crate::offload::Pool::global().run(job).await
     };
-    let (p, shape) = match parsed {
+    let (mut p, shape) = match parsed {
         Ok(Ok(x)) => x,
         Ok(Err(r)) => return r,
         Err(busy) => {
@@ -468,6 +479,10 @@ async fn handle(
             return r;
         }
     };
+    // The caller's trace, when its `traceparent` header is well-formed.
+    if let Some(t) = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse) {
+        p.trace = t;
+    }
     let id = p.request_id.clone();
     let model = ctx.model.name.clone();
     let stream = match ctx.generate(p).await {

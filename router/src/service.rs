@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ferry_cluster::wire;
+use ferry_cluster::{TraceContext, wire};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ChatMessage;
 use futures::{Stream, StreamExt};
@@ -59,6 +59,7 @@ impl pb::router_server::Router for RouterSvc {
     type GenerateStream = Out;
 
     async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<Out>, Status> {
+        let trace = ferry_cluster::traces::from_metadata(req.metadata()).unwrap_or_else(TraceContext::random);
         let r = req.into_inner();
         // Before any work for the request: the id is echoed and logged, stops scanned per token.
         crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;
@@ -75,7 +76,7 @@ impl pb::router_server::Router for RouterSvc {
                 .increment(1);
         })?;
         let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
-        let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop };
+        let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace };
         let ids = r.return_token_ids;
         let out = self.0.generate(prepared).await?.map(move |p| {
             p.map(|p| {

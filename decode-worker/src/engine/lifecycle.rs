@@ -21,7 +21,7 @@ impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
     #[allow(clippy::result_large_err)]
     pub(super) fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
-        let Generate { key, incarnation, bootstrap, prompt, params, out, accepted } = g;
+        let Generate { key, incarnation, bootstrap, prompt, params, out, accepted, span, trace } = g;
         if self.stopping {
             return Err((shutting_down(), accepted));
         }
@@ -68,6 +68,8 @@ impl<B: Backend> Engine<B> {
             first: None,
             bootstrap,
             retracted_at: None,
+            span,
+            trace,
         };
         self.reqs.insert(room, r);
         let _ = accepted.send(Ok(()));
@@ -119,6 +121,8 @@ impl<B: Backend> Engine<B> {
                 data_endpoint: self.cfg.data_endpoint.clone(),
                 backend: self.cfg.backend,
                 layout: self.cfg.layout.clone(),
+                span: r.span.clone(),
+                trace: r.trace,
             };
             self.handshakes.start(job);
         }
@@ -175,6 +179,7 @@ impl<B: Backend> Engine<B> {
         if let Err(why) = result {
             // A failure is an operator's business; a client or router that went away is not.
             let stage = stage.map(Stage::label);
+            let _in = r.span.enter();
             if outcome == "error" {
                 tracing::warn!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request failed");
             } else {

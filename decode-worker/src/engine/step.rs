@@ -5,7 +5,6 @@
 
 use std::time::Instant;
 
-use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
 use ferry_engine::{PageAlloc, Sampled, SeqChunk};
 use ferry_kernels::Backend;
@@ -168,12 +167,13 @@ impl<B: Backend> Engine<B> {
         r.computed = 0;
         let target = r.kv_target();
         let progress = r.generated.len();
+        let span = r.span.clone();
         r.retracted_at.get_or_insert(now);
         self.queues.retract(room, target, now);
         let w = self.cfg.worker.clone();
         metrics::counter!(m::RETRACTIONS, "worker" => w.clone(), "reason" => "out_of_pages").increment(1);
         metrics::counter!(m::RETRACTED_TOKENS, "worker" => w).increment(lost as u64);
-        tracing::info!(room = %Room::label(room), progress, recompute = target, "retracted: no free KV page");
+        tracing::info!(parent: &span, progress, recompute = target, "retracted: no free KV page");
     }
 
     /// This step's rows: every running request's next token, then local prefill chunks

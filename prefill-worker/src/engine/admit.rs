@@ -81,6 +81,7 @@ impl<B: Backend> Engine<B> {
                 first: None,
                 prefilled: None,
                 aborting: None,
+                span: r.span,
             },
         );
     }
