@@ -5,18 +5,6 @@
 
 use std::future::Future;
 
-/// Logs at info unless RUST_LOG says otherwise.
-pub fn init_logging() {
-    init_logging_at("info");
-}
-
-/// Logs at `level` unless RUST_LOG says otherwise.
-pub fn init_logging_at(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
-}
-
 /// The line a daemon started with `--ready-line` prints once it serves.
 pub const READY: &str = "FERRY_READY";
 
@@ -53,6 +41,8 @@ pub struct RouterCmd {
 }
 
 fn serve<R, E, S, F>(
+    service: &'static str,
+    otlp: Option<String>,
     start: S,
     ready: impl AsyncFnOnce(&R) -> Option<String>,
     stop: impl FnOnce(R) -> F,
@@ -62,9 +52,10 @@ where
     S: Future<Output = Result<R, E>>,
     F: Future<Output = ()>,
 {
-    init_logging();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
+        // In the runtime: the OTLP exporter's client lives there.
+        let _telemetry = ferry_cluster::telemetry::init(service, "info", otlp.as_deref())?;
         let running = start.await?;
         if let Some(line) = ready(&running).await {
             println!("{READY} {line}");
@@ -76,7 +67,10 @@ where
 
 /// Runs `ferry prefill`.
 pub fn prefill(c: PrefillCmd) -> anyhow::Result<()> {
+    let otlp = c.args.worker.telemetry.otlp_endpoint.clone();
     serve(
+        "ferry-prefill",
+        otlp,
         ferry_prefill::start(c.args),
         async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
         |r| r.stop(),
@@ -85,7 +79,10 @@ pub fn prefill(c: PrefillCmd) -> anyhow::Result<()> {
 
 /// Runs `ferry decode`.
 pub fn decode(c: DecodeCmd) -> anyhow::Result<()> {
+    let otlp = c.args.worker.telemetry.otlp_endpoint.clone();
     serve(
+        "ferry-decode",
+        otlp,
         ferry_decode::start(c.args),
         async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
         |r| r.stop(),
@@ -97,7 +94,10 @@ pub fn router(c: RouterCmd) -> anyhow::Result<()> {
     let (np, nd) = (c.args.prefill.len(), c.args.decode.len());
     // With etcd, workers beyond those named join as they come: ready once a decode worker has.
     let discovered = !c.args.etcd.endpoints.is_empty();
+    let otlp = c.args.telemetry.otlp_endpoint.clone();
     serve(
+        "ferry-router",
+        otlp,
         ferry_router::start(c.args),
         async |r| {
             if !c.ready_line {

@@ -100,6 +100,9 @@ fn worker_cmd(exe: &Path, role: &str, id: &str, args: &UpArgs, model: &Path) -> 
     if args.kv_host_mirror {
         c.arg("--kv-host-mirror");
     }
+    if let Some(e) = &args.telemetry.otlp_endpoint {
+        c.args(["--otlp-endpoint", e]);
+    }
     c
 }
 
@@ -168,6 +171,9 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
         c.args(["--grpc-addr", &r.grpc_addr.to_string(), "--http-addr", &r.http_addr.to_string()]);
         c.args(["--policy", &crate::flag_name(&r.policy), "--local-prefill-below", &r.local_prefill_below.to_string()]);
         c.args(["--page-size", &r.page_size.to_string()]);
+        if let Some(e) = &args.telemetry.otlp_endpoint {
+            c.args(["--otlp-endpoint", e]);
+        }
         c.args(crate::up::tls_flags(&id.tls("router")?));
         if let Some(n) = &r.served_model_name {
             c.args(["--served-model-name", n]);

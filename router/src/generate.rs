@@ -109,9 +109,9 @@ pub struct Prepared {
     pub sampling: SamplingParams,
     /// Stop strings.
     pub stop: Vec<String>,
-    /// The caller's trace (from its `traceparent`), or a new one: the router's span for the
-    /// request is a child of it, and the workers' spans children of the router's.
-    pub trace: TraceContext,
+    /// The trace: the caller's context (its `traceparent`) when it sent one; once the
+    /// request is placed, the router span's own, the parent of the calls to the workers.
+    pub trace: Option<TraceContext>,
 }
 
 /// What every request shares.
@@ -271,16 +271,16 @@ impl Ctx {
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // The router's span: a child of the caller's; every line about the request carries it.
-        let trace = req.trace.child();
         let span = tracing::info_span!(
             "request",
             role = "router",
             request_id = ?req.request_id,
             room = %key.room,
-            trace_id = %trace.trace_id_hex(),
-            span_id = %trace.span_id_hex(),
+            trace_id = tracing::field::Empty,
+            span_id = tracing::field::Empty,
         );
-        let req = Prepared { trace, ..req };
+        let own = ferry_cluster::telemetry::join(&span, req.trace);
+        let req = Prepared { trace: Some(own), ..req };
         tokio::spawn(
             async move {
                 let _slot = slot; // held while the request runs
@@ -322,7 +322,7 @@ impl Ctx {
             sampling,
             priority: 0,
         };
-        let trace = req.trace;
+        let trace = req.trace.unwrap_or_else(TraceContext::random);
         let prefill_task = tokio::spawn(
             async move {
                 let Some(pw) = pw else { return Ok(None) };
@@ -344,7 +344,7 @@ impl Ctx {
             }
             .instrument(tracing::Span::current()),
         );
-        match dc.generate(traces::request_with(dreq, &req.trace)).await {
+        match dc.generate(traces::request_with(dreq, &trace)).await {
             Ok(s) => {
                 dw.ok();
                 Ok((s.into_inner(), prefill_task))

@@ -124,6 +124,9 @@ pub struct RouterArgs {
     /// Mutual TLS to the workers.
     #[command(flatten)]
     pub internal_tls: InternalTlsArgs,
+    /// Span export (OTLP).
+    #[command(flatten)]
+    pub telemetry: ferry_cluster::telemetry::TelemetryArgs,
     /// PEM certificate chain for TLS on the public gRPC and HTTP endpoints (with --tls-key);
     /// unset: plaintext.
     #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key", help_heading = "TLS")]

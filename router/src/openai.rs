@@ -435,13 +435,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     };
     ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
     Ok((
-        Prepared {
-            request_id: format!("ferry-{:016x}", rand::random::<u64>()),
-            tokens,
-            sampling,
-            stop,
-            trace: TraceContext::random(),
-        },
+        Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop, trace: None },
         logprobs,
     ))
 }
@@ -480,9 +474,7 @@ async fn handle(
         }
     };
     // The caller's trace, when its `traceparent` header is well-formed.
-    if let Some(t) = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse) {
-        p.trace = t;
-    }
+    p.trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
     let id = p.request_id.clone();
     let model = ctx.model.name.clone();
     let stream = match ctx.generate(p).await {

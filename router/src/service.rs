@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
-use ferry_cluster::{TraceContext, wire};
+use ferry_cluster::wire;
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ChatMessage;
 use futures::{Stream, StreamExt};
@@ -59,7 +59,7 @@ impl pb::router_server::Router for RouterSvc {
     type GenerateStream = Out;
 
     async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<Out>, Status> {
-        let trace = ferry_cluster::traces::from_metadata(req.metadata()).unwrap_or_else(TraceContext::random);
+        let trace = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         // Before any work for the request: the id is echoed and logged, stops scanned per token.
         crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;

@@ -11,17 +11,22 @@ use std::sync::{Arc, Mutex};
 use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, greedy, http_with, one_of_each};
 use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id};
+use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
 
 type Seen = Arc<Mutex<Vec<HashMap<String, String>>>>;
 
-/// Records the fields of every `request` span.
-struct Spans(Seen);
+/// Records the fields of every `request` span, those recorded after it was made included.
+#[derive(Default)]
+struct Spans {
+    seen: Seen,
+    /// Span id → its place in `seen`.
+    at: Mutex<HashMap<u64, usize>>,
+}
 
-struct Fields(HashMap<String, String>);
+struct Fields<'a>(&'a mut HashMap<String, String>);
 
-impl Visit for Fields {
+impl Visit for Fields<'_> {
     fn record_debug(&mut self, f: &Field, v: &dyn std::fmt::Debug) {
         self.0.insert(f.name().to_string(), format!("{v:?}").trim_matches('"').to_string());
     }
@@ -31,11 +36,19 @@ impl Visit for Fields {
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
-    fn on_new_span(&self, attrs: &Attributes<'_>, _id: &Id, _ctx: Context<'_, S>) {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
         if attrs.metadata().name() == "request" {
-            let mut f = Fields(HashMap::new());
-            attrs.record(&mut f);
-            self.0.lock().expect("spans").push(f.0);
+            let mut fields = HashMap::new();
+            attrs.record(&mut Fields(&mut fields));
+            let mut seen = self.seen.lock().expect("spans");
+            self.at.lock().expect("ids").insert(id.into_u64(), seen.len());
+            seen.push(fields);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        if let Some(&i) = self.at.lock().expect("ids").get(&id.into_u64()) {
+            values.record(&mut Fields(&mut self.seen.lock().expect("spans")[i]));
         }
     }
 }
@@ -52,7 +65,7 @@ fn spans_with(seen: &Seen, key: &str, value: &str) -> HashMap<String, HashMap<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_trace_id_follows_a_request_through_router_prefill_and_decode() {
     let seen: Seen = Arc::default();
-    let subscriber = tracing_subscriber::registry().with(Spans(Arc::clone(&seen)));
+    let subscriber = tracing_subscriber::registry().with(Spans { seen: Arc::clone(&seen), at: Default::default() });
     tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this binary");
     let m = TinyModel::new();
     let (p, d, r) = one_of_each(&m, 512, |_| {}).await;

@@ -58,6 +58,9 @@ spec:
             - --max-running-requests={{ $w.maxRunningRequests }}
             {{- end }}
             {{- include "ferry.internalTlsArgs" $ | nindent 12 }}
+            {{- with $.Values.otlpEndpoint }}
+            - --otlp-endpoint={{ . }}
+            {{- end }}
             {{- range $w.extraArgs }}
             - {{ . }}
             {{- end }}

@@ -1,0 +1,122 @@
+//! `--otlp-endpoint` (issue 18): each request's spans on the router, prefill and decode reach
+//! an OTLP/gRPC collector as one trace — the caller's trace id, the router's span a child of
+//! the caller's, the workers' spans children of the router's.
+//!
+//! The collector is a real OTLP trace service (the OpenTelemetry project's generated server)
+//! on a loopback port; the export is process-wide, so this binary holds this test alone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, greedy, one_of_each};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+
+/// A span as the collector got it.
+#[derive(Debug, Clone)]
+struct Got {
+    trace: String,
+    id: String,
+    parent: String,
+    attrs: HashMap<String, String>,
+}
+
+#[derive(Default, Clone)]
+struct Collector(Arc<Mutex<Vec<Got>>>);
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut got = self.0.lock().expect("collector");
+        for rs in req.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    let attrs = s
+                        .attributes
+                        .iter()
+                        .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                            Value::StringValue(v) => Some((kv.key.clone(), v.trim_matches('"').to_string())),
+                            _ => None,
+                        })
+                        .collect();
+                    got.push(Got {
+                        trace: hex(&s.trace_id),
+                        id: hex(&s.span_id),
+                        parent: hex(&s.parent_span_id),
+                        attrs,
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_spans_reach_an_otlp_collector_as_one_trace() {
+    let collector = Collector::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let svc = TraceServiceServer::new(collector.clone());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let telemetry =
+        ferry_cluster::telemetry::init("ferry-test", "warn", Some(&format!("http://{addr}"))).expect("exporter");
+
+    let m = TinyModel::new();
+    let (p, d, r) = one_of_each(&m, 512, |_| {}).await;
+    let caller = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let mut req = tonic::Request::new(pb::GenerateRequest {
+        request_id: "eval-7".into(),
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: (1..40).collect() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
+        stop: Vec::new(),
+        return_token_ids: true,
+    });
+    let parent = format!("00-{}-{}-01", caller.0, caller.1);
+    req.metadata_mut().insert("traceparent", parent.parse().expect("ascii"));
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    while s.message().await.expect("stream").is_some() {}
+    // The workers' spans end when their engines forget the request: stopping ends them all.
+    r.stop().await;
+    d.stop().await;
+    p.stop().await;
+
+    let mut spans: HashMap<String, Got> = HashMap::new();
+    for _ in 0..100 {
+        telemetry.flush();
+        let got = collector.0.lock().expect("collector").clone();
+        spans = got
+            .into_iter()
+            .filter(|s| s.trace == caller.0)
+            .filter_map(|s| Some((s.attrs.get("role")?.clone(), s)))
+            .collect();
+        if spans.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let router = spans.get("router").unwrap_or_else(|| panic!("no router span in the caller's trace: {spans:?}"));
+    assert_eq!(router.parent, caller.1, "the router's span is a child of the caller's: {router:?}");
+    for role in ["prefill", "decode"] {
+        let w = spans.get(role).unwrap_or_else(|| panic!("no {role} span in the caller's trace: {spans:?}"));
+        assert_eq!(w.parent, router.id, "{role}'s span is a child of the router's: {spans:?}");
+        assert_eq!(w.attrs.get("request_id").map(String::as_str), Some("eval-7"), "{w:?}");
+        assert_eq!(w.attrs.get("room"), router.attrs.get("room"), "one room: {spans:?}");
+        assert_eq!(w.attrs.get("span_id"), Some(&w.id), "the logged span id is the exported one: {w:?}");
+    }
+}
