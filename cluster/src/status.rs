@@ -5,6 +5,10 @@ use tonic::{Code, Status};
 
 use crate::wire::WireError;
 
+/// The gRPC metadata key carrying a refusal's stable reason (`request_over_pool`,
+/// `room_closing`, ...): the router passes a worker's on to its clients.
+pub const REASON: &str = "ferry-reason";
+
 /// A refused call: its gRPC code, a metrics reason label and the message for the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
@@ -32,7 +36,9 @@ impl Refused {
     pub fn status(self, role: &'static str) -> Status {
         metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => self.reason).increment(1);
         tracing::info!(role, reason = self.reason, message = %self.message, "refused");
-        Status::new(self.code, self.message)
+        let mut s = Status::new(self.code, self.message);
+        s.metadata_mut().insert(REASON, tonic::metadata::MetadataValue::from_static(self.reason));
+        s
     }
 }
 

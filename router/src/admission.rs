@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::error::RouterError;
 use ferry_cluster::metrics as M;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::Status;
 
 /// Bounds on running and waiting requests.
 #[derive(Debug, Clone, Copy)]
@@ -44,14 +44,10 @@ impl Drop for Waiting<'_> {
     }
 }
 
-fn refused(reason: &'static str, message: String, retry_after: Duration) -> Status {
+fn refused(reason: &'static str, message: String, retry_after: Duration) -> RouterError {
     metrics::counter!(M::ROUTER_ADMISSION, "outcome" => reason).increment(1);
     metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
-    let mut s = Status::resource_exhausted(message);
-    if let Ok(v) = retry_after.as_millis().to_string().parse() {
-        s.metadata_mut().insert("retry-after-ms", v);
-    }
-    s
+    RouterError::Busy { reason, message, retry_after }
 }
 
 impl Admission {
@@ -63,7 +59,7 @@ impl Admission {
 
     /// Waits for a slot: immediately when one is free, else in the queue for at most the
     /// timeout; refuses when the queue is full or the wait times out.
-    pub async fn admit(&self) -> Result<Slot, Status> {
+    pub async fn admit(&self) -> Result<Slot, RouterError> {
         if self.limits.max_running == 0 {
             return Ok(Slot { _permit: None });
         }
@@ -91,7 +87,7 @@ impl Admission {
                 metrics::histogram!(M::ROUTER_QUEUE_SECONDS).record(started.elapsed().as_secs_f64());
                 Ok(Slot { _permit: Some(p) })
             }
-            Ok(Err(_)) => Err(Status::unavailable("the router is stopping")),
+            Ok(Err(_)) => Err(RouterError::Stopping),
             Err(_) => Err(refused(
                 "timeout",
                 format!("no capacity within {} ms in the admission queue", self.limits.timeout.as_millis()),
@@ -123,7 +119,7 @@ mod tests {
         while a.waiting() == 0 {
             tokio::task::yield_now().await;
         }
-        let third = a.admit().await.err().expect("the queue is full");
+        let third = a.admit().await.err().expect("the queue is full").status();
         assert_eq!(third.code(), tonic::Code::ResourceExhausted);
         assert!(third.message().contains("at capacity"), "{third:?}");
         assert!(third.metadata().get("retry-after-ms").is_some());
@@ -139,7 +135,7 @@ mod tests {
         let t = Instant::now();
         let e = a.admit().await.err().expect("times out");
         assert!(t.elapsed() >= Duration::from_millis(50));
-        assert!(e.message().contains("admission queue"), "{e:?}");
+        assert!(e.to_string().contains("admission queue"), "{e:?}");
         assert_eq!(a.waiting(), 0, "a timed-out request leaves the queue");
     }
 

@@ -16,6 +16,7 @@ use tonic::{Code, Status};
 use tracing::Instrument as _;
 
 use crate::admission::Admission;
+use crate::error::RouterError;
 use crate::index::PrefixIndex;
 use crate::output::Output;
 
@@ -60,15 +61,12 @@ impl Stage {
 /// A decode stream that broke after tokens went out cannot be retried transparently: the
 /// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
 /// as an opaque transport error); the worker's own refusals keep their code.
-fn mid_stream(s: Status, request: &str, worker: &str, sent: u32) -> Status {
+fn mid_stream(s: Status, request: &str, worker: &str, sent: u32) -> RouterError {
     if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
         tracing::warn!(request = %request, worker = %worker, error = %s, sent, "decode worker failed mid-stream");
-        return Status::unavailable(format!(
-            "decode worker {worker} failed after {sent} tokens ({}); retry the request",
-            s.message()
-        ));
+        return RouterError::MidStream { worker: worker.to_string(), sent, cause: s.message().to_string() };
     }
-    s
+    s.into()
 }
 
 /// A decode worker as placement sees it.
@@ -192,31 +190,30 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Ctx {
     /// Checks a request against the model.
-    pub fn validate(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Status> {
+    pub fn validate(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), RouterError> {
         if tokens.is_empty() {
-            return Err(Status::invalid_argument("the prompt is empty"));
+            return Err(RouterError::invalid("empty_prompt", "the prompt is empty"));
         }
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.model.vocab_size) {
-            return Err(Status::invalid_argument(format!(
-                "token id {t} is outside the vocabulary of {}",
-                self.model.vocab_size
-            )));
+            let why = format!("token id {t} is outside the vocabulary of {}", self.model.vocab_size);
+            return Err(RouterError::invalid("token_out_of_vocabulary", why));
         }
         if tokens.len() >= self.model.context_length {
-            return Err(Status::invalid_argument(format!(
+            let why = format!(
                 "the prompt has {} tokens; the context holds {} (including at least one generated token)",
                 tokens.len(),
                 self.model.context_length
-            )));
+            );
+            return Err(RouterError::invalid("prompt_too_long", why));
         }
-        sampling.validate(self.model.vocab_size).map_err(|e| Status::invalid_argument(e.to_string()))
+        sampling.validate(self.model.vocab_size).map_err(|e| RouterError::invalid("bad_sampling", e.to_string()))
     }
 
     /// Waits for admission, then places and starts `req`; the stream yields its output.
     pub async fn generate(
         self: &Arc<Self>,
         req: Prepared,
-    ) -> Result<impl Stream<Item = Result<Piece, Status>> + use<>, Status> {
+    ) -> Result<impl Stream<Item = Result<Piece, RouterError>> + use<>, RouterError> {
         let slot = self.admission.admit().await?;
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
@@ -244,14 +241,12 @@ impl Ctx {
         let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
             match e {
-                NoDecode::NoRoom(r) => {
-                    let mut s = Status::resource_exhausted(e.to_string());
-                    if let Ok(v) = r.retry_after_ms.to_string().parse() {
-                        s.metadata_mut().insert("retry-after-ms", v);
-                    }
-                    s
-                }
-                NoDecode::TooLarge { .. } => Status::out_of_range(e.to_string()),
+                NoDecode::NoRoom(r) => RouterError::Busy {
+                    reason: "no_decode_room",
+                    message: e.to_string(),
+                    retry_after: Duration::from_millis(r.retry_after_ms),
+                },
+                NoDecode::TooLarge { .. } => RouterError::TooLarge { message: e.to_string() },
             }
         })?;
         let prefill = choice
@@ -457,8 +452,8 @@ impl Ctx {
         prefill: Option<(usize, Arc<Worker>, usize)>,
         decode: Arc<Worker>,
         arrived: Instant,
-        tx: &tokio::sync::mpsc::Sender<Result<Piece, Status>>,
-    ) -> Result<(), Status> {
+        tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
+    ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
         let (mut stream, prefill_task, first, decode) =
             self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
@@ -536,10 +531,11 @@ impl Ctx {
         };
         let cached = match prefilled {
             Ok(Ok(c)) => c.map_or(0, |p| p.cached),
-            Ok(Err(s)) if finish.is_none() => return Err(s),
+            Ok(Err(s)) if finish.is_none() => return Err(s.into()),
             _ => cached_guess,
         };
-        let finish = finish.ok_or_else(|| Status::internal("the decode stream ended without a finish reason"))?;
+        let finish =
+            finish.ok_or_else(|| RouterError::Internal("the decode stream ended without a finish reason".into()))?;
         let tail = out.flush();
         let end = End {
             finish,

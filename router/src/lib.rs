@@ -16,6 +16,7 @@
 //! Workers are named statically or discovered through etcd (they join and leave at any time).
 
 pub mod admission;
+pub mod error;
 pub mod generate;
 pub mod index;
 pub mod limits;

@@ -26,6 +26,7 @@ use ferry_tokenize::{ChatMessage, SamplingParams};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::error::RouterError;
 use crate::generate::{Ctx, Prepared};
 
 mod reply;
@@ -35,29 +36,27 @@ use reply::{Reply, sse, whole};
 pub const MAX_BODY: usize = 4 << 20;
 
 fn err(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Response {
-    let message = message.into();
     metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => reason).increment(1);
     let kind = if status == StatusCode::TOO_MANY_REQUESTS { "rate_limit_error" } else { "invalid_request_error" };
-    let body = json!({"error": {"message": message, "type": kind, "code": reason}});
+    body(status, kind, reason, &message.into())
+}
+
+fn body(status: StatusCode, kind: &str, code: &str, message: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "code": code}});
     (status, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
-fn from_status(s: &tonic::Status) -> Response {
-    use tonic::Code;
-    let status = match s.code() {
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => StatusCode::BAD_REQUEST,
-        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
-        Code::NotFound => StatusCode::NOT_FOUND,
-        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let mut r = err(status, "upstream", s.message().to_string());
-    if status == StatusCode::TOO_MANY_REQUESTS {
-        let secs = s
-            .metadata()
-            .get("retry-after-ms")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-            .map_or(1, |ms| ms.div_ceil(1000).max(1));
+/// The one mapping of the router's errors to the OpenAI API: the HTTP status and error type
+/// by kind, the stable reason as `code`, `Retry-After` (seconds) on refusals that hint one.
+fn from_error(e: &RouterError) -> Response {
+    if let RouterError::Invalid { reason, message } = e {
+        return err(StatusCode::BAD_REQUEST, reason, message.clone());
+    }
+    let (code, kind) = e.http();
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut r = body(status, kind, e.reason(), &e.to_string());
+    if let Some(after) = e.retry_after().filter(|_| status == StatusCode::TOO_MANY_REQUESTS) {
+        let secs = (after.as_millis() as u64).div_ceil(1000).max(1);
         if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
             r.headers_mut().insert(header::RETRY_AFTER, v);
         }
@@ -433,7 +432,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
         top_logprobs,
         ..d
     };
-    ctx.validate(&tokens, &sampling).map_err(|s| bad("invalid_request", s.message().to_string()))?;
+    ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
     Ok((
         Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop, trace: None },
         logprobs,
@@ -479,7 +478,7 @@ async fn handle(
     let model = ctx.model.name.clone();
     let stream = match ctx.generate(p).await {
         Ok(s) => s,
-        Err(s) => return from_status(&s),
+        Err(e) => return from_error(&e),
     };
     let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }

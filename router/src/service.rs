@@ -71,15 +71,17 @@ impl pb::router_server::Router for RouterSvc {
             None => return Err(bad("empty_prompt", "the prompt is missing")),
         };
         let sampling = wire::sampling_from_proto(r.sampling);
-        self.0.validate(&tokens, &sampling).inspect_err(|_| {
-            metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => "invalid_request")
+        self.0.validate(&tokens, &sampling).map_err(|e| {
+            metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => e.reason().to_string())
                 .increment(1);
+            e.status()
         })?;
         let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace };
         let ids = r.return_token_ids;
-        let out = self.0.generate(prepared).await?.map(move |p| {
-            p.map(|p| {
+        // The one mapping of the router's errors to gRPC.
+        let out = self.0.generate(prepared).await.map_err(|e| e.status())?.map(move |p| {
+            p.map_err(|e| e.status()).map(|p| {
                 let mut m = pb::GenerateResponse { request_id: id.clone(), text: p.text, ..Default::default() };
                 if ids {
                     m.token_ids = p.tokens.iter().map(|t| t.id).collect();

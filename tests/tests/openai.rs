@@ -105,7 +105,7 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
                 c["logprobs"] = true.into();
                 c["top_logprobs"] = 21.into();
             }),
-            "invalid_request",
+            "bad_sampling",
             "top_logprobs",
         ),
         (
@@ -144,19 +144,19 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
             "/v1/completions",
             serde_json::json!({"model": model, "prompt": "x", "temperature": -1}).to_string().into_bytes(),
             400,
-            "invalid_request",
+            "bad_sampling",
         ),
         (
             "/v1/completions",
             serde_json::json!({"model": model, "prompt": long}).to_string().into_bytes(),
             400,
-            "invalid_request",
+            "prompt_too_long",
         ),
         (
             "/v1/completions",
             serde_json::json!({"model": model, "prompt": ""}).to_string().into_bytes(),
             400,
-            "invalid_request",
+            "empty_prompt",
         ),
         ("/v1/completions", vec![b'{', 0xff, 0xfe, b'}'], 400, "invalid_utf8"),
         ("/v1/completions", vec![b' '; ferry_router::openai::MAX_BODY + 1], 413, "body_too_large"),
@@ -193,7 +193,9 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     for code in [
         "bad_json",
         "model_not_found",
-        "invalid_request",
+        "bad_sampling",
+        "prompt_too_long",
+        "empty_prompt",
         "invalid_utf8",
         "body_too_large",
         "bad_messages",

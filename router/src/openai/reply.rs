@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde_json::json;
 
-use super::{Kind, from_status, now};
+use super::{Kind, from_error, now};
+use crate::error::RouterError;
 use crate::generate::{Ctx, End, Piece, Scored};
 
 /// Who a response goes to and what it carries.
@@ -54,7 +55,7 @@ fn usage(e: &End) -> serde_json::Value {
     })
 }
 
-pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, tonic::Status>> + Unpin, r: Reply) -> Response {
+pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> + Unpin, r: Reply) -> Response {
     let mut text = String::new();
     let mut tokens = Vec::new();
     let mut end = None;
@@ -69,11 +70,11 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, tonic::Status>
                     end = p.end;
                 }
             }
-            Err(st) => return from_status(&st),
+            Err(e) => return from_error(&e),
         }
     }
     let Some(e) = end else {
-        return from_status(&tonic::Status::internal("the request ended without a finish reason"));
+        return from_error(&RouterError::Internal("the request ended without a finish reason".into()));
     };
     let logprobs = r.logprobs(&tokens, &mut 0);
     let choice = match r.kind {
@@ -92,7 +93,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, tonic::Status>
 }
 
 pub(super) fn sse(
-    s: impl Stream<Item = Result<Piece, tonic::Status>> + Send + 'static,
+    s: impl Stream<Item = Result<Piece, RouterError>> + Send + 'static,
     r: Reply,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let created = now();
@@ -126,7 +127,7 @@ pub(super) fn sse(
                     }
                     chunk
                 }
-                Err(st) => json!({"error": {"message": st.message(), "type": "upstream_error"}}),
+                Err(e) => json!({"error": {"message": e.to_string(), "type": e.http().1, "code": e.reason()}}),
             };
             Ok(Event::default().data(data.to_string()))
         })
