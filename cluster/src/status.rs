@@ -36,6 +36,12 @@ impl Refused {
     pub fn status(self, role: &'static str) -> Status {
         metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => self.reason).increment(1);
         tracing::info!(role, reason = self.reason, message = %self.message, "refused");
+        self.into_status()
+    }
+
+    /// The status, its reason in the `ferry-reason` metadata (not counted: for failures that
+    /// are not the caller's fault, such as a transfer that broke).
+    pub fn into_status(self) -> Status {
         let mut s = Status::new(self.code, self.message);
         s.metadata_mut().insert(REASON, tonic::metadata::MetadataValue::from_static(self.reason));
         s

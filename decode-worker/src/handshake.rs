@@ -121,16 +121,18 @@ impl Handshakes {
                 let why = format!("prefill node {}: {}", job.bootstrap, s.message());
                 Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
             }
-            Err(s) => {
-                if s.code() == Code::Unavailable {
-                    self.channels().remove(&job.bootstrap);
-                }
-                Err(Refused::new(
-                    s.code(),
-                    "handshake_refused",
-                    format!("the prefill node refused the handshake: {}", s.message()),
-                ))
+            // A connection that broke or never answered (HTTP/2 keepalive unanswered: a
+            // frozen host, a port that accepts and says nothing) is not a refusal.
+            Err(s) if s.code() == Code::Unavailable => {
+                self.channels().remove(&job.bootstrap);
+                let why = format!("prefill node {} did not answer the handshake: {}", job.bootstrap, s.message());
+                Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
             }
+            Err(s) => Err(Refused::new(
+                s.code(),
+                "handshake_refused",
+                format!("the prefill node refused the handshake: {}", s.message()),
+            )),
         }
     }
 }

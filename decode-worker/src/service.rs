@@ -63,7 +63,7 @@ impl pb::decode_server::Decode for DecodeSvc {
             let _ = &gone;
             match m {
                 Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
-                Err(r) => Err(Status::new(r.code, r.message)),
+                Err(r) => Err(r.into_status()),
             }
         });
         Ok(Response::new(Box::pin(stream)))

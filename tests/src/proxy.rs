@@ -1,7 +1,9 @@
 //! A loopback TCP proxy that can cut the network: every connection through it is dropped and
 //! new ones are refused until it is restored. It simulates a partition between two real
 //! parts (a router and etcd, say, or a prefill node and a decode node's data plane). It can
-//! also delay every chunk it forwards, a slow link.
+//! also delay every chunk it forwards, a slow link, or stall: forward half of a chunk (in
+//! the middle of a frame, as a rule) and then nothing, closing nothing, as a frozen or
+//! partitioned peer does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
     delay_us: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
     epoch: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -28,8 +31,9 @@ impl Proxy {
         let addr = l.local_addr().expect("proxy address");
         let cut = Arc::new(AtomicBool::new(false));
         let delay_us = Arc::new(AtomicU64::new(0));
+        let stalled = Arc::new(AtomicBool::new(false));
         let (epoch, _) = watch::channel(0u64);
-        let (c, e, delay) = (Arc::clone(&cut), epoch.clone(), Arc::clone(&delay_us));
+        let (c, e, delay, stall) = (Arc::clone(&cut), epoch.clone(), Arc::clone(&delay_us), Arc::clone(&stalled));
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = l.accept().await {
                 if c.load(Ordering::SeqCst) {
@@ -38,20 +42,21 @@ impl Proxy {
                 let mut gone = e.subscribe();
                 let target = target.clone();
                 let delay = Arc::clone(&delay);
+                let stall = Arc::clone(&stall);
                 tokio::spawn(async move {
                     let Ok(out) = TcpStream::connect(&target).await else { return };
                     let _ = (inbound.set_nodelay(true), out.set_nodelay(true));
                     let (ri, wi) = inbound.into_split();
                     let (ro, wo) = out.into_split();
                     tokio::select! {
-                        _ = pump(ri, wo, Arc::clone(&delay)) => {}
-                        _ = pump(ro, wi, delay) => {}
+                        _ = pump(ri, wo, Arc::clone(&delay), Arc::clone(&stall)) => {}
+                        _ = pump(ro, wi, delay, stall) => {}
                         _ = gone.changed() => {}
                     }
                 });
             }
         });
-        Self { addr, cut, delay_us, epoch, task }
+        Self { addr, cut, delay_us, stalled, epoch, task }
     }
 
     /// Its address.
@@ -70,17 +75,25 @@ impl Proxy {
         self.cut.store(false, Ordering::SeqCst);
     }
 
+    /// Stalls every connection (`true`): the chunk in hand is forwarded up to its middle, then
+    /// nothing more until `false`, and nothing is closed.
+    pub fn stall(&self, on: bool) {
+        self.stalled.store(on, Ordering::SeqCst);
+    }
+
     /// Holds every chunk read from either side for `d` before forwarding it (zero: none).
     pub fn delay(&self, d: Duration) {
         self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
     }
 }
 
-/// Copies `from` to `to`, one read at a time, each held for the current delay.
+/// Copies `from` to `to`, one read at a time, each held for the current delay; while
+/// stalled, stops in the middle of a chunk.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_us: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 256 << 10];
     loop {
@@ -92,7 +105,17 @@ async fn pump(
         if d > 0 {
             tokio::time::sleep(Duration::from_micros(d)).await;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        let mut from_byte = 0;
+        if stalled.load(Ordering::SeqCst) {
+            from_byte = n / 2;
+            if to.write_all(&buf[..from_byte]).await.is_err() {
+                break;
+            }
+            while stalled.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        if to.write_all(&buf[from_byte..n]).await.is_err() {
             break;
         }
     }

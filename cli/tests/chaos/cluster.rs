@@ -302,22 +302,39 @@ impl Cluster {
     /// Waits (up to `within`) until a decode daemon has a request in its transfer queue (pages
     /// allocated, KV on its way); returns whether one did.
     pub async fn wait_transfer(&self, within: Duration) -> bool {
+        self.wait_transfer_at(within).await.is_some()
+    }
+
+    /// Rooms decode daemon `i`'s receiver ended as failed (any reason) since its last start.
+    pub async fn receiver_failures(&self, i: usize) -> f64 {
+        match self.decode_metrics[i].parse() {
+            Ok(a) => ferry_tests::metric_sum(
+                &ferry_tests::scrape(a).await,
+                "ferry_transfer_rooms_total",
+                "side=\"receiver\",outcome=\"failed\"",
+            ),
+            Err(_) => 0.0,
+        }
+    }
+
+    /// [`Self::wait_transfer`], saying which decode daemon.
+    pub async fn wait_transfer_at(&self, within: Duration) -> Option<usize> {
         let mut clients = Vec::new();
         for d in &self.decode {
             clients.push(pb::load_client::LoadClient::new(ferry_tests::channel(d.grpc.parse().expect("addr")).await));
         }
         let t = Instant::now();
         while t.elapsed() < within {
-            for c in &mut clients {
+            for (i, c) in clients.iter_mut().enumerate() {
                 if let Ok(r) = c.report(pb::LoadRequest {}).await
                     && r.into_inner().queue_depth.get("transfer").is_some_and(|&n| n > 0)
                 {
-                    return true;
+                    return Some(i);
                 }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        false
+        None
     }
 
     /// Each worker's load report: (name, report).

@@ -5,13 +5,16 @@
 //! errors, as a client would) within its deadline; nothing may hang; the router must drop
 //! dead workers; and at the end every worker's page pool must be back at its baseline. A
 //! direct caller reusing one room id ([`reuse`]) must get the reference tokens or a clear
-//! status, never another request's KV. The
+//! status, never another request's KV. A decode node's data plane stalled mid-frame and a
+//! handshake address that never answers ([`blackhole`]) must each end their room within its
+//! timeout with a clear reason. The
 //! decode pools are small enough that decode daemons retract running requests (and
 //! recompute them) throughout. The figures per fault are printed and written to
 //! `target/tmp/chaos-report.md` (docs/reliability.md quotes them).
 //!
 //! Loopback only, bounded: about 9 fault phases of a few seconds, 3 clients, 32-token answers.
 
+mod blackhole;
 mod cluster;
 mod load;
 mod reuse;
@@ -314,6 +317,42 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     ));
     pause(2.0).await;
 
+    phases.begin(&c, &load, "a stall mid-frame; a handshake black hole").await;
+    pause(0.5).await;
+    // One decode node's data plane stops in the middle of a chunk and closes nothing (a
+    // frozen or partitioned link); at the same time a direct caller names a bootstrap address
+    // that accepts and never answers. Each stuck room must end within its timeout (10 s
+    // here) with a clear reason while other rooms go on.
+    let stalled = c.wait_transfer_at(Duration::from_secs(20)).await;
+    let i = stalled.unwrap_or(0);
+    let failures = c.receiver_failures(i).await;
+    let t = Instant::now();
+    c.proxies[i].stall(true);
+    let (target, prompt) = (c.decode[1 - i].grpc.clone(), prompts[1].0.clone());
+    let hole = tokio::spawn(async move { blackhole::run(&target, &prompt, Duration::from_secs(30)).await });
+    let mut stall_ended = None;
+    while t.elapsed() < Duration::from_secs(20) {
+        if c.receiver_failures(i).await > failures {
+            stall_ended = Some(t.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    c.proxies[i].stall(false);
+    let hole = hole.await.expect("black-hole caller");
+    notes.push(format!(
+        "d{i}'s data plane stalled mid-chunk{}: {}; a Decode call to d{} naming a black-hole bootstrap address ended after {:.1} s with {}",
+        if stalled.is_some() { " during a transfer" } else { "" },
+        match stall_ended {
+            Some(d) => format!("its receiver failed the stuck room after {:.1} s", d.as_secs_f64()),
+            None => "no room failed on it within 20 s".into(),
+        },
+        1 - i,
+        hole.took.as_secs_f64(),
+        hole.status.as_ref().map_or("no status".into(), |s| format!("{:?} ({})", s.code(), s.message())),
+    ));
+    pause(1.0).await;
+
     phases.begin(&c, &load, "a direct caller reusing one room id").await;
     let (prompt, want) = &prompts[0];
     // 8 tokens of the reference (greedy: a prefix of its 32), so a round is quick.
@@ -359,6 +398,18 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     assert!(moved.is_some(), "the request held by the frozen prefill waited for it to thaw\n{text}");
     assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
     assert!(accept_errors > 0.0, "d0 never failed an accept while out of descriptors\n{text}");
+    // Each stuck room ends within its timeout (10 s) and the time to notice it (4 s).
+    let bound = Duration::from_secs(14);
+    assert!(stalled.is_some(), "no transfer was under way to stall: the phase tested nothing\n{text}");
+    assert!(stall_ended.is_some_and(|d| d <= bound), "the room stalled mid-frame ended after {stall_ended:?}\n{text}");
+    // Ended by the handshake timeout or, sooner, by the unanswered HTTP/2 keepalive; either
+    // way with the reason named.
+    let hole_reason = hole.status.as_ref().and_then(|s| s.metadata().get("ferry-reason")?.to_str().ok());
+    assert!(
+        matches!(hole_reason, Some("handshake_timeout" | "prefill_unreachable")),
+        "the black-hole handshake: {hole:?}\n{text}"
+    );
+    assert!(hole.took <= bound, "the black-hole handshake ended after {:?}\n{text}", hole.took);
     assert_eq!((reused.wrong, reused.hung), (0, 0), "the direct caller reusing a room id\n{text}");
     assert!(reused.completed > 0 && reused.cancelled > 0, "the room-id reuse phase tested nothing\n{text}");
     assert!(reused.unclear().is_empty(), "room-id reuse met unclear errors: {:?}\n{text}", reused.unclear());
