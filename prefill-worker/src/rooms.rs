@@ -299,6 +299,9 @@ impl<R, H> Rooms<R, H> {
 }
 
 #[cfg(test)]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,0 +1,156 @@
+//! Random event sequences against the room machine (issue 21): whatever arrives — requests
+//! and handshakes in either order, duplicates, wrong secrets, aborts, timeouts, room tasks
+//! ending, ids reused — every request and handshake handed in comes back exactly once (paired,
+//! refused, aborted or timed out: each ends with a reason), an id with a live room task is
+//! never paired again, and once every task has reported and every timeout passed the machine
+//! holds nothing.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::{Phase, PhaseTimeouts, Rooms};
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Request { room: u64, good: bool },
+    Handshake { room: u64, good: bool },
+    Abort { room: u64, secret: Option<bool> },
+    Computed(u64),
+    Progress(u64),
+    /// The engine failed a room whose task runs.
+    Close(u64),
+    /// A room's task reported (only rooms with a task).
+    TaskEnded(u64),
+    Tick(u64),
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    let room = 0u64..4;
+    prop_oneof![
+        (room.clone(), proptest::bool::weighted(0.9)).prop_map(|(room, good)| Ev::Request { room, good }),
+        (room.clone(), proptest::bool::weighted(0.9)).prop_map(|(room, good)| Ev::Handshake { room, good }),
+        (room.clone(), proptest::option::of(any::<bool>())).prop_map(|(room, secret)| Ev::Abort { room, secret }),
+        room.clone().prop_map(Ev::Computed),
+        room.clone().prop_map(Ev::Progress),
+        room.clone().prop_map(Ev::Close),
+        room.prop_map(Ev::TaskEnded),
+        (0u64..2500).prop_map(Ev::Tick),
+    ]
+}
+
+fn secret(room: u64, good: bool) -> [u8; 16] {
+    [room as u8 + if good { 1 } else { 100 }; 16]
+}
+
+/// What the machine holds, by payload id.
+#[derive(Default)]
+struct Model {
+    held: HashSet<u32>,
+    next: u32,
+    /// Rooms whose task runs (paired, not yet reported).
+    tasks: HashSet<u64>,
+}
+
+impl Model {
+    fn give(&mut self) -> u32 {
+        self.next += 1;
+        self.held.insert(self.next);
+        self.next
+    }
+
+    fn back(&mut self, x: u32) -> Result<(), TestCaseError> {
+        prop_assert!(self.held.remove(&x), "payload {x} came back twice or was never given");
+        Ok(())
+    }
+}
+
+fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
+    let s = Duration::from_secs(1);
+    let mut rooms: Rooms<u32, u32> = Rooms::new(PhaseTimeouts { bootstrap: s, waiting: 2 * s, inflight: 3 * s });
+    let mut m = Model::default();
+    let mut now = Instant::now();
+    for e in events {
+        match e {
+            Ev::Request { room, good } | Ev::Handshake { room, good } => {
+                let x = m.give();
+                let is_request = matches!(e, Ev::Request { .. });
+                let taken = m.tasks.contains(&room);
+                let r = if is_request {
+                    rooms.request(room, secret(room, good), x, now)
+                } else {
+                    rooms.handshake(room, secret(room, good), x, now)
+                };
+                match r {
+                    Ok(None) => prop_assert!(!taken, "room {room}: its task runs, yet a half was queued"),
+                    Ok(Some((a, b))) => {
+                        prop_assert!(!taken, "room {room} paired again while its task runs");
+                        m.back(a)?;
+                        m.back(b)?;
+                        m.tasks.insert(room);
+                        prop_assert_eq!(rooms.phase(room), Some(Phase::Waiting));
+                    }
+                    Err((_, back)) => {
+                        prop_assert_eq!(back, x, "a refusal hands back what it refused");
+                        m.back(back)?;
+                    }
+                }
+            }
+            Ev::Abort { room, secret: sec } => {
+                if let Ok(Some(gone)) = rooms.abort(room, sec.map(|g| secret(room, g)), now) {
+                    for x in gone.request.into_iter().chain(gone.handshake) {
+                        m.back(x)?;
+                    }
+                }
+            }
+            Ev::Computed(room) => rooms.computed(room, now),
+            Ev::Progress(room) => rooms.progress(room, now),
+            Ev::Close(room) => {
+                if m.tasks.contains(&room) {
+                    rooms.close(room, now);
+                    prop_assert_eq!(rooms.phase(room), Some(Phase::Closing));
+                }
+            }
+            Ev::TaskEnded(room) => {
+                if m.tasks.remove(&room) {
+                    prop_assert!(rooms.finish(room).is_some(), "room {room}'s task ended but the room was gone");
+                }
+            }
+            Ev::Tick(ms) => {
+                now += Duration::from_millis(ms);
+                for gone in rooms.expired(now) {
+                    for x in gone.request.into_iter().chain(gone.handshake) {
+                        m.back(x)?;
+                    }
+                }
+            }
+        }
+        let (b, w, i) = rooms.depth();
+        prop_assert_eq!(b + w + i, rooms.len());
+        prop_assert!(rooms.next_deadline().is_none_or(|d| d > now), "a deadline already passed");
+    }
+    // The end: every timeout passes, every task reports.
+    for gone in rooms.expired(now + Duration::from_secs(3600)) {
+        for x in gone.request.into_iter().chain(gone.handshake) {
+            m.back(x)?;
+        }
+    }
+    for room in m.tasks.drain() {
+        rooms.finish(room);
+    }
+    prop_assert!(m.held.is_empty(), "never handed back: {:?}", m.held);
+    prop_assert!(rooms.is_empty(), "rooms left: {:?}", rooms.depth());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn every_request_and_handshake_ends_once_and_ids_stay_taken_while_tasks_run(
+        events in proptest::collection::vec(ev(), 1..80),
+    ) {
+        run(events)?;
+    }
+}
