@@ -26,11 +26,12 @@ impl Room {
     pub fn get(self) -> u64 {
         self.0
     }
+}
 
-    /// How log lines name room `id` (`room-<16 hex digits>`, as the router's lines do): for
-    /// the workers, which keep room ids as plain `u64`s.
-    pub fn label(id: u64) -> impl fmt::Display {
-        Room(id)
+/// Every 32-bit id is a room id (tests and tools name rooms by small numbers).
+impl From<u32> for Room {
+    fn from(id: u32) -> Self {
+        Self(u64::from(id))
     }
 }
 
@@ -77,6 +78,12 @@ impl RoomSecret {
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
+    }
+}
+
+impl From<[u8; 16]> for RoomSecret {
+    fn from(b: [u8; 16]) -> Self {
+        Self(b)
     }
 }
 

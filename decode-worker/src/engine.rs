@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
+use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey, RoomSecret};
 use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams};
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
@@ -75,9 +75,9 @@ pub enum Cmd {
     /// An Abort call; replies whether the room was known.
     Abort {
         /// Room.
-        room: u64,
+        room: Room,
         /// Its secret.
-        secret: [u8; 16],
+        secret: RoomSecret,
         /// Why.
         reason: String,
         /// Whether it was known.
@@ -86,14 +86,14 @@ pub enum Cmd {
     /// A request's token stream was dropped (the client went away, or the stream ended).
     Gone {
         /// Room.
-        room: u64,
+        room: Room,
         /// The request's incarnation.
         incarnation: u64,
     },
     /// A room's transfer ended.
     Transferred {
         /// Room.
-        room: u64,
+        room: Room,
         /// The request's incarnation.
         incarnation: u64,
         /// How (None: the receiver dropped the room unresolved).
@@ -102,12 +102,12 @@ pub enum Cmd {
     /// The last write into a closed room's pages landed: they may be reused.
     Released {
         /// Room.
-        room: u64,
+        room: Room,
     },
     /// The handshake with the prefill node failed.
     HandshakeFailed {
         /// Room.
-        room: u64,
+        room: Room,
         /// Why.
         why: Refused,
     },
@@ -186,10 +186,10 @@ pub struct Engine<B: Backend> {
     pool: PagePool<B>,
     kv: Arc<KvHost>,
     queues: Queues,
-    reqs: HashMap<u64, Req>,
+    reqs: HashMap<Room, Req>,
     receiver: Arc<KvReceiver>,
     /// Pages of closed rooms that a connection may still be writing.
-    draining: Vec<(u64, PageAlloc)>,
+    draining: Vec<(Room, PageAlloc)>,
     handshakes: Handshakes,
     wake: Wake,
     cfg: EngineConfig,
@@ -264,7 +264,7 @@ impl<B: Backend> Engine<B> {
             self.admit(now);
             if let Err(e) = self.step() {
                 tracing::error!(error = %e, "decode step failed; failing its requests");
-                let rooms: Vec<u64> = self.reqs.keys().copied().collect();
+                let rooms: Vec<Room> = self.reqs.keys().copied().collect();
                 for room in rooms {
                     self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
                 }
@@ -287,7 +287,7 @@ impl<B: Backend> Engine<B> {
             Cmd::Abort { room, secret, reason, reply } => {
                 let r = match self.reqs.get(&room) {
                     None => Ok(false),
-                    Some(r) if !ferry_cluster::secret_eq(r.key.secret.as_bytes(), &secret) => {
+                    Some(r) if r.key.secret != secret => {
                         Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
                     }
                     Some(_) => {
@@ -315,7 +315,7 @@ impl<B: Backend> Engine<B> {
             }
             Cmd::Shutdown => {
                 self.stopping = true;
-                let rooms: Vec<u64> = self.reqs.keys().copied().collect();
+                let rooms: Vec<Room> = self.reqs.keys().copied().collect();
                 for room in rooms {
                     self.end(room, Err(shutting_down()));
                 }
@@ -323,7 +323,7 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn emit(&mut self, room: u64, s: Sampled) -> Option<FinishReason> {
+    fn emit(&mut self, room: Room, s: Sampled) -> Option<FinishReason> {
         let r = self.reqs.get_mut(&room)?;
         let tok = s.token;
         r.generated.push(tok);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cluster::mtls::InternalTls;
-use ferry_cluster::{LayoutDescriptor, Refused, RoomKey};
+use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -20,7 +20,7 @@ use ferry_worker::EngineLink;
 #[derive(Debug, Clone)]
 pub struct HandshakeJob {
     /// The room.
-    pub room: u64,
+    pub room: Room,
     /// Its key.
     pub key: RoomKey,
     /// The prefill node's bootstrap address.

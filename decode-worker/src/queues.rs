@@ -32,7 +32,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use ferry_cluster::Refused;
+use ferry_cluster::{Refused, Room};
 use tonic::Code;
 
 /// After a retraction, the estimate covers this many more tokens of every running request
@@ -126,8 +126,8 @@ struct Entry {
 
 /// The decode node's requests.
 pub struct Queues {
-    entries: HashMap<u64, Entry>,
-    prealloc: VecDeque<u64>,
+    entries: HashMap<Room, Entry>,
+    prealloc: VecDeque<Room>,
     limits: Limits,
     /// The adaptive estimate's ratio.
     ratio: f64,
@@ -140,7 +140,7 @@ pub struct Queues {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Admitted {
     /// The room.
-    pub room: u64,
+    pub room: Room,
     /// Pages to allocate now (its context's).
     pub pages: usize,
     /// Whether it prefills here.
@@ -150,7 +150,7 @@ pub struct Admitted {
 /// The request to retract among `candidates` (room, decoded tokens, admission order): the one
 /// with the least decoded progress, the newest among equals. Retracting it loses the least
 /// work, and the oldest requests keep going, so some request always finishes.
-pub fn victim(candidates: &[(u64, usize, u64)]) -> Option<u64> {
+pub fn victim(candidates: &[(Room, usize, u64)]) -> Option<Room> {
     candidates.iter().min_by_key(|&&(_, progress, order)| (progress, std::cmp::Reverse(order))).map(|c| c.0)
 }
 
@@ -169,7 +169,7 @@ impl Queues {
     }
 
     /// A new request with a prompt of `context` tokens that may generate `limit` tokens.
-    pub fn push(&mut self, room: u64, context: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
+    pub fn push(&mut self, room: Room, context: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
         if self.entries.contains_key(&room) {
             return Err(Refused::new(Code::AlreadyExists, "duplicate_room", format!("room {room} is already here")));
         }
@@ -251,14 +251,14 @@ impl Queues {
     }
 
     /// `room` took `pages` more pages while decoding.
-    pub fn grew(&mut self, room: u64, pages: usize) {
+    pub fn grew(&mut self, room: Room, pages: usize) {
         if let Some(e) = self.entries.get_mut(&room) {
             e.grown += pages;
         }
     }
 
     /// `room` generated a token.
-    pub fn token(&mut self, room: u64) {
+    pub fn token(&mut self, room: Room) {
         if let Some(e) = self.entries.get_mut(&room) {
             e.generated += 1;
         }
@@ -268,7 +268,7 @@ impl Queues {
     /// It waits at the front of the prealloc queue and prefills locally when admitted again.
     /// The adaptive estimate becomes what the requests still admitted have shown (see the
     /// module). Returns false (and changes nothing) for a room that is not admitted.
-    pub fn retract(&mut self, room: u64, context: usize, now: Instant) -> bool {
+    pub fn retract(&mut self, room: Room, context: usize, now: Instant) -> bool {
         let Some(e) = self.entries.get_mut(&room) else { return false };
         if e.stage == Stage::Prealloc {
             return false;
@@ -298,7 +298,7 @@ impl Queues {
     }
 
     /// Admission order of `room` (for [`victim`]); 0 before admission.
-    pub fn order(&self, room: u64) -> u64 {
+    pub fn order(&self, room: Room) -> u64 {
         self.entries.get(&room).map_or(0, |e| e.order)
     }
 
@@ -308,7 +308,7 @@ impl Queues {
     }
 
     /// Moves `room` to `stage`.
-    pub fn advance(&mut self, room: u64, stage: Stage, now: Instant) {
+    pub fn advance(&mut self, room: Room, stage: Stage, now: Instant) {
         if let Some(e) = self.entries.get_mut(&room) {
             e.stage = stage;
             e.since = now;
@@ -316,12 +316,12 @@ impl Queues {
     }
 
     /// The stage of `room`.
-    pub fn stage(&self, room: u64) -> Option<Stage> {
+    pub fn stage(&self, room: Room) -> Option<Stage> {
         self.entries.get(&room).map(|e| e.stage)
     }
 
     /// Forgets `room`; returns the stage it was in.
-    pub fn remove(&mut self, room: u64) -> Option<Stage> {
+    pub fn remove(&mut self, room: Room) -> Option<Stage> {
         let e = self.entries.remove(&room)?;
         if e.stage == Stage::Prealloc {
             self.prealloc.retain(|&r| r != room);
@@ -332,7 +332,7 @@ impl Queues {
     /// Requests past their stage's timeout (prealloc: counted from its arrival or the node's
     /// last forward pass, whichever is later; waiting; transfers time out in the transfer
     /// receiver, local prefill and running do not time out).
-    pub fn expired(&self, now: Instant) -> Vec<(u64, Stage)> {
+    pub fn expired(&self, now: Instant) -> Vec<(Room, Stage)> {
         self.entries
             .iter()
             .filter(|(_, e)| match e.stage {

@@ -54,7 +54,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         let incarnation = wake::next_incarnation();
         // Made before the request goes in: a call dropped while waiting for acceptance ends it
         // too.
-        let gone = wake::Gone::new(self.0.engine.clone(), key.room.get(), incarnation);
+        let gone = wake::Gone::new(self.0.engine.clone(), key.room, incarnation);
         let g = Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, out, accepted, span, trace };
         self.0.engine.send(Cmd::Generate(g))?;
         answer(ok, ROLE).await?;
@@ -73,12 +73,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
-        self.0.engine.send(Cmd::Abort {
-            room: key.room.get(),
-            secret: *key.secret.as_bytes(),
-            reason: r.reason,
-            reply,
-        })?;
+        self.0.engine.send(Cmd::Abort { room: key.room, secret: key.secret, reason: r.reason, reply })?;
         Ok(Response::new(pb::AbortResponse { found: answer(rx, ROLE).await? }))
     }
 }

@@ -6,6 +6,7 @@
 //! Every request has an *incarnation*, unique in the process: a command about a request names
 //! it, so a late one (its request already ended, its room id maybe reused) changes nothing.
 
+use ferry_cluster::Room;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_transfer::table::Outcome;
@@ -35,7 +36,7 @@ impl Wake {
     }
 
     /// The room's outcome, when the receiver resolves it (None: the room vanished).
-    pub fn outcome(&self, room: u64, incarnation: u64, rx: oneshot::Receiver<Outcome>) {
+    pub fn outcome(&self, room: Room, incarnation: u64, rx: oneshot::Receiver<Outcome>) {
         let engine = self.engine.clone();
         self.rt.spawn(async move {
             let outcome = rx.await.ok();
@@ -44,7 +45,7 @@ impl Wake {
     }
 
     /// The closed room's pages, once no write into them is pending.
-    pub fn released(&self, room: u64, rx: oneshot::Receiver<()>) {
+    pub fn released(&self, room: Room, rx: oneshot::Receiver<()>) {
         let engine = self.engine.clone();
         self.rt.spawn(async move {
             let _ = rx.await;
@@ -57,13 +58,13 @@ impl Wake {
 /// stream ended) tells the engine, which ends the request if it is still there.
 pub struct Gone {
     engine: EngineLink<Cmd>,
-    room: u64,
+    room: Room,
     incarnation: u64,
 }
 
 impl Gone {
     /// A guard for the request `(room, incarnation)`.
-    pub fn new(engine: EngineLink<Cmd>, room: u64, incarnation: u64) -> Self {
+    pub fn new(engine: EngineLink<Cmd>, room: Room, incarnation: u64) -> Self {
         Self { engine, room, incarnation }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{Refused, Room};
+use ferry_cluster::{Refused, Room, RoomSecret};
 use ferry_engine::scheduler::{Prefilled, Scheduler};
 use ferry_engine::{Model, PagePool, RadixCache, Sampler, SamplingParams};
 use ferry_kernels::Backend;
@@ -76,15 +76,15 @@ pub struct Handshake {
 /// Commands to the engine thread.
 pub enum Cmd {
     /// A Prefill call.
-    Request { room: u64, secret: [u8; 16], req: NewRequest },
+    Request { room: Room, secret: RoomSecret, req: NewRequest },
     /// A Bootstrap.Handshake call.
-    Handshake { room: u64, secret: [u8; 16], hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
+    Handshake { room: Room, secret: RoomSecret, hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
     /// An Abort call; replies whether the room was known.
-    Abort { room: u64, secret: [u8; 16], reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
+    Abort { room: Room, secret: RoomSecret, reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
     /// A room task sent a chunk (the inflight timeout counts from the last one).
-    Progress { room: u64 },
+    Progress { room: Room },
     /// A room task finished: its transfer succeeded or failed.
-    Sent { room: u64, result: Result<(), String> },
+    Sent { room: Room, result: Result<(), String> },
     /// A snapshot of the prefix cache for a KV event subscriber.
     Snapshot { reply: oneshot::Sender<KvEvent> },
     /// Stop admitting, abort what is in flight, free everything, exit.
@@ -144,7 +144,7 @@ pub struct Engine<B: Backend> {
     cache: RadixCache,
     sched: Scheduler,
     rooms: Rooms<NewRequest, Handshake>,
-    live: HashMap<u64, Live>,
+    live: HashMap<Room, Live>,
     kv: Arc<KvHost>,
     /// Per page: how many room tasks may be sending it from its mirror page (with a mirror).
     on_wire: HashMap<u32, u32>,
@@ -224,7 +224,7 @@ impl<B: Backend> Engine<B> {
             self.expire(Instant::now());
             if let Err(e) = self.step() {
                 tracing::error!(error = %e, "prefill pass failed; failing its rooms");
-                let rooms: Vec<u64> = self.live.keys().copied().collect();
+                let rooms: Vec<Room> = self.live.keys().copied().collect();
                 for room in rooms {
                     self.fail(room, Refused::new(Code::Internal, "engine_error", e.to_string()));
                 }
@@ -291,7 +291,7 @@ impl<B: Backend> Engine<B> {
             }
             Cmd::Shutdown => {
                 self.draining = true;
-                let all: Vec<u64> = self.live.keys().copied().collect();
+                let all: Vec<Room> = self.live.keys().copied().collect();
                 for room in all {
                     if let Ok(Some(gone)) = self.rooms.abort(room, None, now) {
                         self.abandon(gone, shutting_down());
@@ -305,7 +305,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A room task ended.
-    fn sent(&mut self, room: u64, result: Result<(), String>) {
+    fn sent(&mut self, room: Room, result: Result<(), String>) {
         let Some(mut l) = self.live.remove(&room) else { return };
         self.rooms.finish(room);
         let reply = l.reply.take();
@@ -331,9 +331,9 @@ impl<B: Backend> Engine<B> {
                 metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
                 let _in = l.span.enter();
                 if aborting.is_none() {
-                    tracing::warn!(room = %Room::label(room), reason = %why, "room failed");
+                    tracing::warn!(room = %room, reason = %why, "room failed");
                 } else {
-                    tracing::debug!(room = %Room::label(room), reason = %why, "room ended");
+                    tracing::debug!(room = %room, reason = %why, "room ended");
                 }
                 if let Some(tx) = reply {
                     let _ = tx.send(Err(Refused::new(Code::Unavailable, "transfer_failed", why)));
@@ -345,7 +345,7 @@ impl<B: Backend> Engine<B> {
 
     /// Frees what a room holds: its scheduler entry (queued or computing) or its computed
     /// pages (unlocking the cache node).
-    fn release(&mut self, room: u64, l: Live) {
+    fn release(&mut self, room: Room, l: Live) {
         for p in &l.wire {
             if let Some(n) = self.on_wire.get_mut(p) {
                 *n -= 1;
@@ -359,13 +359,13 @@ impl<B: Backend> Engine<B> {
             drop(p.tail);
             drop(p.duplicates);
         } else {
-            self.sched.abort(room, &mut self.cache);
+            self.sched.abort(room.get(), &mut self.cache);
         }
     }
 
     /// Fails a live room: tells the caller, stops the room task; frees now when no page is on
     /// the wire, else when the task reports.
-    fn fail(&mut self, room: u64, why: Refused) {
+    fn fail(&mut self, room: Room, why: Refused) {
         // The id stays taken until the room task reports (`sent`).
         self.rooms.close(room, Instant::now());
         let Some(l) = self.live.get_mut(&room) else { return };
@@ -400,7 +400,7 @@ impl<B: Backend> Engine<B> {
             let span = self.live.get(&gone.room).map(|l| l.span.clone());
             let span =
                 span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
-            tracing::warn!(parent: &span, room = %Room::label(gone.room), phase = gone.phase.label(), "room timed out");
+            tracing::warn!(parent: &span, room = %gone.room, phase = gone.phase.label(), "room timed out");
             self.abandon(gone, why);
         }
     }

@@ -16,7 +16,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ferry_cluster::Refused;
+use ferry_cluster::{Refused, Room, RoomSecret};
 use tonic::Code;
 
 /// Where a room is.
@@ -56,7 +56,7 @@ pub struct PhaseTimeouts {
 }
 
 struct Slot<R, H> {
-    secret: [u8; 16],
+    secret: RoomSecret,
     phase: Phase,
     since: Instant,
     request: Option<R>,
@@ -66,9 +66,9 @@ struct Slot<R, H> {
 /// A room that timed out, with what it held.
 pub struct Expired<R, H> {
     /// The room.
-    pub room: u64,
+    pub room: Room,
     /// Its secret.
-    pub secret: [u8; 16],
+    pub secret: RoomSecret,
     /// The phase it timed out in.
     pub phase: Phase,
     /// Its request, if it was still bootstrapping with one.
@@ -79,11 +79,11 @@ pub struct Expired<R, H> {
 
 /// The rooms of one prefill node.
 pub struct Rooms<R, H> {
-    slots: HashMap<u64, Slot<R, H>>,
+    slots: HashMap<Room, Slot<R, H>>,
     timeouts: PhaseTimeouts,
 }
 
-fn wrong_secret(room: u64) -> Refused {
+fn wrong_secret(room: Room) -> Refused {
     Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong room secret"))
 }
 
@@ -95,7 +95,13 @@ impl<R, H> Rooms<R, H> {
 
     /// The request arrived. Returns the pair when the handshake was already there (the room
     /// is then waiting). A refusal hands the request back.
-    pub fn request(&mut self, room: u64, secret: [u8; 16], r: R, now: Instant) -> Result<Option<(R, H)>, (Refused, R)> {
+    pub fn request(
+        &mut self,
+        room: Room,
+        secret: RoomSecret,
+        r: R,
+        now: Instant,
+    ) -> Result<Option<(R, H)>, (Refused, R)> {
         let slot = match self.slot(room, secret, now, |s| s.request.is_some(), "duplicate_room", "a request") {
             Ok(s) => s,
             Err(e) => return Err((e, r)),
@@ -108,8 +114,8 @@ impl<R, H> Rooms<R, H> {
     /// hands the handshake back.
     pub fn handshake(
         &mut self,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         h: H,
         now: Instant,
     ) -> Result<Option<(R, H)>, (Refused, H)> {
@@ -124,8 +130,8 @@ impl<R, H> Rooms<R, H> {
     /// The bootstrapping slot for `room` (made when new), after the secret and duplicate checks.
     fn slot(
         &mut self,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         now: Instant,
         has: impl Fn(&Slot<R, H>) -> bool,
         reason: &'static str,
@@ -138,7 +144,7 @@ impl<R, H> Rooms<R, H> {
             request: None,
             handshake: None,
         });
-        if !ferry_cluster::secret_eq(&s.secret, &secret) {
+        if s.secret != secret {
             return Err(wrong_secret(room));
         }
         if s.phase == Phase::Closing {
@@ -151,7 +157,7 @@ impl<R, H> Rooms<R, H> {
         Ok(s)
     }
 
-    fn pair(&mut self, room: u64, now: Instant) -> Option<(R, H)> {
+    fn pair(&mut self, room: Room, now: Instant) -> Option<(R, H)> {
         let s = self.slots.get_mut(&room)?;
         if s.request.is_none() || s.handshake.is_none() {
             return None;
@@ -162,7 +168,7 @@ impl<R, H> Rooms<R, H> {
     }
 
     /// The room's prompt is computed: its last pages are on the wire.
-    pub fn computed(&mut self, room: u64, now: Instant) {
+    pub fn computed(&mut self, room: Room, now: Instant) {
         if let Some(s) = self.slots.get_mut(&room)
             && s.phase == Phase::Waiting
         {
@@ -173,13 +179,13 @@ impl<R, H> Rooms<R, H> {
 
     /// The room's task reported, or the room never had one: forgets it; returns the phase it
     /// was in.
-    pub fn finish(&mut self, room: u64) -> Option<Phase> {
+    pub fn finish(&mut self, room: Room) -> Option<Phase> {
         self.slots.remove(&room).map(|s| s.phase)
     }
 
     /// The room's transfer moved (a chunk was sent): an inflight room's timeout counts from
     /// its last progress, so a long transfer that keeps moving is not cut.
-    pub fn progress(&mut self, room: u64, now: Instant) {
+    pub fn progress(&mut self, room: Room, now: Instant) {
         if let Some(s) = self.slots.get_mut(&room)
             && s.phase == Phase::Inflight
         {
@@ -190,7 +196,7 @@ impl<R, H> Rooms<R, H> {
     /// The room ended early (failed, aborted, timed out) while its task still runs: it is
     /// `Closing` until [`finish`](Self::finish). A bootstrapping room has no task and is
     /// forgotten at once.
-    pub fn close(&mut self, room: u64, now: Instant) {
+    pub fn close(&mut self, room: Room, now: Instant) {
         match self.slots.get_mut(&room) {
             Some(s) if s.phase == Phase::Bootstrap => {
                 self.slots.remove(&room);
@@ -205,7 +211,7 @@ impl<R, H> Rooms<R, H> {
 
     /// Takes a room out by abort or timeout: a bootstrapping room is forgotten, any other
     /// becomes `Closing`.
-    fn take(&mut self, room: u64, now: Instant) -> Option<Expired<R, H>> {
+    fn take(&mut self, room: Room, now: Instant) -> Option<Expired<R, H>> {
         let s = self.slots.get_mut(&room)?;
         let gone = Expired {
             room,
@@ -223,13 +229,13 @@ impl<R, H> Rooms<R, H> {
     /// other closes. A room already closing is not aborted again (`Ok(None)`).
     pub fn abort(
         &mut self,
-        room: u64,
-        secret: Option<[u8; 16]>,
+        room: Room,
+        secret: Option<RoomSecret>,
         now: Instant,
     ) -> Result<Option<Expired<R, H>>, Refused> {
         match self.slots.get(&room) {
             None => return Ok(None),
-            Some(s) if secret.is_some_and(|x| !ferry_cluster::secret_eq(&x, &s.secret)) => {
+            Some(s) if secret.is_some_and(|x| x != s.secret) => {
                 return Err(wrong_secret(room));
             }
             Some(s) if s.phase == Phase::Closing => return Ok(None),
@@ -242,7 +248,7 @@ impl<R, H> Rooms<R, H> {
     /// others close). A closing room has no timeout here: its task's sends and abort are each
     /// bounded by the transfer timeout.
     pub fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
-        let late: Vec<u64> = self
+        let late: Vec<Room> = self
             .slots
             .iter()
             .filter(|(_, s)| self.limit(s.phase).is_some_and(|l| now.duration_since(s.since) >= l))
@@ -269,7 +275,7 @@ impl<R, H> Rooms<R, H> {
     }
 
     /// The phase of `room`.
-    pub fn phase(&self, room: u64) -> Option<Phase> {
+    pub fn phase(&self, room: Room) -> Option<Phase> {
         self.slots.get(&room).map(|s| s.phase)
     }
 
@@ -314,16 +320,16 @@ mod tests {
     fn either_half_may_come_first_and_pairs_once() {
         let t0 = Instant::now();
         let mut r = rooms();
-        assert_eq!(r.request(1, [1; 16], "req", t0).ok(), Some(None));
-        assert_eq!(r.phase(1), Some(Phase::Bootstrap));
-        assert_eq!(r.handshake(1, [1; 16], "hs", t0).ok(), Some(Some(("req", "hs"))));
-        assert_eq!(r.phase(1), Some(Phase::Waiting));
-        assert_eq!(r.handshake(2, [2; 16], "hs", t0).ok(), Some(None));
-        assert_eq!(r.request(2, [2; 16], "req", t0).ok(), Some(Some(("req", "hs"))));
+        assert_eq!(r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).ok(), Some(None));
+        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Bootstrap));
+        assert_eq!(r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "hs", t0).ok(), Some(Some(("req", "hs"))));
+        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Waiting));
+        assert_eq!(r.handshake(Room::from(2u32), RoomSecret::from([2; 16]), "hs", t0).ok(), Some(None));
+        assert_eq!(r.request(Room::from(2u32), RoomSecret::from([2; 16]), "req", t0).ok(), Some(Some(("req", "hs"))));
         assert_eq!(r.depth(), (0, 2, 0));
-        r.computed(1, t0);
+        r.computed(Room::from(1u32), t0);
         assert_eq!(r.depth(), (0, 1, 1));
-        assert_eq!(r.finish(1), Some(Phase::Inflight));
+        assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Inflight));
         assert_eq!(r.len(), 1);
     }
 
@@ -331,16 +337,16 @@ mod tests {
     fn duplicates_and_wrong_secrets_are_refused_without_harm() {
         let t0 = Instant::now();
         let mut r = rooms();
-        r.request(1, [1; 16], "req", t0).expect("first");
-        let (e, back) = r.request(1, [1; 16], "again", t0).expect_err("duplicate");
+        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).expect("first");
+        let (e, back) = r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("duplicate");
         assert_eq!((e.code, e.reason, back), (Code::AlreadyExists, "duplicate_room", "again"));
-        let (e, _) = r.handshake(1, [9; 16], "hs", t0).expect_err("wrong secret");
+        let (e, _) = r.handshake(Room::from(1u32), RoomSecret::from([9; 16]), "hs", t0).expect_err("wrong secret");
         assert_eq!(e.code, Code::PermissionDenied);
-        assert!(r.abort(1, Some([9; 16]), t0).is_err(), "an abort needs the secret");
-        assert_eq!(r.phase(1), Some(Phase::Bootstrap), "the room is untouched");
-        let gone = r.abort(1, Some([1; 16]), t0).expect("abort").expect("was known");
+        assert!(r.abort(Room::from(1u32), Some(RoomSecret::from([9; 16])), t0).is_err(), "an abort needs the secret");
+        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Bootstrap), "the room is untouched");
+        let gone = r.abort(Room::from(1u32), Some(RoomSecret::from([1; 16])), t0).expect("abort").expect("was known");
         assert_eq!((gone.phase, gone.request), (Phase::Bootstrap, Some("req")));
-        assert!(r.abort(1, None, t0).expect("unknown is fine").is_none());
+        assert!(r.abort(Room::from(1u32), None, t0).expect("unknown is fine").is_none());
     }
 
     /// Issue 21's room-id reuse: an aborted room whose task still runs keeps its id, so a
@@ -350,20 +356,28 @@ mod tests {
     fn a_room_id_stays_taken_until_the_aborted_rooms_task_reports() {
         let t0 = Instant::now();
         let mut r = rooms();
-        r.request(1, [1; 16], "req", t0).expect("request");
-        assert!(r.handshake(1, [1; 16], "hs", t0).expect("handshake").is_some(), "paired: the room task starts");
-        let gone = r.abort(1, Some([1; 16]), t0).expect("abort").expect("was known");
+        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).expect("request");
+        assert!(
+            r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "hs", t0).expect("handshake").is_some(),
+            "paired: the room task starts"
+        );
+        let gone = r.abort(Room::from(1u32), Some(RoomSecret::from([1; 16])), t0).expect("abort").expect("was known");
         assert_eq!(gone.phase, Phase::Waiting);
-        assert_eq!(r.phase(1), Some(Phase::Closing));
-        let (e, _) = r.request(1, [1; 16], "again", t0).expect_err("the id is still taken");
+        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Closing));
+        let (e, _) =
+            r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("the id is still taken");
         assert_eq!((e.code, e.reason), (Code::AlreadyExists, "room_closing"));
-        let (e, _) = r.handshake(1, [1; 16], "again", t0).expect_err("for handshakes too");
+        let (e, _) =
+            r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("for handshakes too");
         assert_eq!(e.reason, "room_closing");
-        assert!(r.abort(1, None, t0).expect("closing").is_none(), "not aborted twice");
+        assert!(r.abort(Room::from(1u32), None, t0).expect("closing").is_none(), "not aborted twice");
         assert!(r.expired(t0 + Duration::from_secs(3600)).is_empty(), "closing waits for its task");
         assert_eq!(r.depth(), (0, 0, 1));
-        assert_eq!(r.finish(1), Some(Phase::Closing));
-        assert!(r.request(1, [1; 16], "new", t0).is_ok(), "free once the task reported");
+        assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Closing));
+        assert!(
+            r.request(Room::from(1u32), RoomSecret::from([1; 16]), "new", t0).is_ok(),
+            "free once the task reported"
+        );
     }
 
     /// Issue 21's defect 6: the inflight timeout counted from the end of computation, so a
@@ -373,10 +387,10 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let mut r = rooms();
-        r.request(1, [1; 16], "a", t0).expect("ok");
-        r.handshake(1, [1; 16], "a", t0).expect("ok");
-        r.computed(1, t0);
-        r.progress(1, t0 + 2 * s);
+        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
+        r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
+        r.computed(Room::from(1u32), t0);
+        r.progress(Room::from(1u32), t0 + 2 * s);
         assert!(r.expired(t0 + 4 * s).is_empty(), "moving 2 s ago, timeout 3 s");
         assert_eq!(r.expired(t0 + 5 * s).len(), 1);
     }
@@ -386,30 +400,33 @@ mod tests {
         let t0 = Instant::now();
         let s = Duration::from_secs(1);
         let mut r = rooms();
-        r.request(1, [1; 16], "a", t0).expect("ok");
-        r.request(2, [2; 16], "b", t0).expect("ok");
-        r.handshake(2, [2; 16], "b", t0).expect("ok");
-        r.request(3, [3; 16], "c", t0).expect("ok");
-        r.handshake(3, [3; 16], "c", t0).expect("ok");
-        r.computed(3, t0);
+        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
+        r.request(Room::from(2u32), RoomSecret::from([2; 16]), "b", t0).expect("ok");
+        r.handshake(Room::from(2u32), RoomSecret::from([2; 16]), "b", t0).expect("ok");
+        r.request(Room::from(3u32), RoomSecret::from([3; 16]), "c", t0).expect("ok");
+        r.handshake(Room::from(3u32), RoomSecret::from([3; 16]), "c", t0).expect("ok");
+        r.computed(Room::from(3u32), t0);
         assert_eq!(r.next_deadline(), Some(t0 + s));
         assert!(r.expired(t0 + s - Duration::from_millis(1)).is_empty());
         let e = r.expired(t0 + s);
         assert_eq!(r.next_deadline(), Some(t0 + 2 * s), "the first deadline left is room 2's");
-        assert_eq!((e.len(), e[0].room, e[0].phase, e[0].request), (1, 1, Phase::Bootstrap, Some("a")));
+        assert_eq!((e.len(), e[0].room, e[0].phase, e[0].request), (1, Room::from(1u32), Phase::Bootstrap, Some("a")));
         assert_eq!(
             r.expired(t0 + 2 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
-            vec![(2, Phase::Waiting)]
+            vec![(Room::from(2u32), Phase::Waiting)]
         );
         assert_eq!(
             r.expired(t0 + 3 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
-            vec![(3, Phase::Inflight)]
+            vec![(Room::from(3u32), Phase::Inflight)]
         );
         // Rooms 2 and 3 had tasks: closing until they report.
-        assert_eq!((r.phase(2), r.phase(3)), (Some(Phase::Closing), Some(Phase::Closing)));
+        assert_eq!(
+            (r.phase(Room::from(2u32)), r.phase(Room::from(3u32))),
+            (Some(Phase::Closing), Some(Phase::Closing))
+        );
         assert_eq!(r.next_deadline(), None, "closing rooms wait for their tasks, not a clock");
-        r.finish(2);
-        r.finish(3);
+        r.finish(Room::from(2u32));
+        r.finish(Room::from(3u32));
         assert!(r.is_empty());
     }
 }

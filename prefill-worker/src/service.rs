@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::{LayoutDescriptor, Refused, wire};
+use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomSecret, wire};
 use ferry_proto::v1 as pb;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::BackendKind;
@@ -67,9 +67,9 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "prefill request");
         let sampling = wire::sampling_from_proto(r.sampling);
         let (reply, rx) = oneshot::channel();
-        let room = key.room.get();
+        let room = key.room;
         let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply, span };
-        let secret = *key.secret.as_bytes();
+        let secret = key.secret;
         self.0.engine.send(Cmd::Request { room, secret, req: new })?;
         // If the caller goes away before the answer, the room is aborted (and its pages freed).
         let guard = AbortOnDrop { shared: Arc::clone(&self.0), room, secret, armed: true };
@@ -77,7 +77,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         guard.disarm();
         let done = done?;
         Ok(Response::new(pb::PrefillResponse {
-            room,
+            room: room.get(),
             cached_tokens: done.cached_tokens,
             first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
             first_top: (!done.top.is_empty()).then(|| wire::top_to_proto(&done.top)),
@@ -88,12 +88,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
-        self.0.engine.send(Cmd::Abort {
-            room: key.room.get(),
-            secret: *key.secret.as_bytes(),
-            reason: r.reason,
-            reply,
-        })?;
+        self.0.engine.send(Cmd::Abort { room: key.room, secret: key.secret, reason: r.reason, reply })?;
         Ok(Response::new(pb::AbortResponse { found: answer(rx, ROLE).await? }))
     }
 }
@@ -101,8 +96,8 @@ impl pb::prefill_server::Prefill for PrefillSvc {
 /// Aborts a room when a Prefill call is cancelled by its caller.
 struct AbortOnDrop {
     shared: Arc<Shared>,
-    room: u64,
-    secret: [u8; 16],
+    room: Room,
+    secret: RoomSecret,
     armed: bool,
 }
 
@@ -148,7 +143,7 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
         })?;
         let (reply, rx) = oneshot::channel();
         let hs = Handshake { dest: r.dest_pages, sender };
-        s.engine.send(Cmd::Handshake { room: key.room.get(), secret: *key.secret.as_bytes(), hs, reply })?;
+        s.engine.send(Cmd::Handshake { room: key.room, secret: key.secret, hs, reply })?;
         answer(rx, ROLE).await?;
         Ok(Response::new(pb::HandshakeResponse { room: key.room.get() }))
     }

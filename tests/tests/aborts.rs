@@ -226,8 +226,8 @@ impl pb::bootstrap_server::Bootstrap for Stalling {
         req: tonic::Request<pb::HandshakeRequest>,
     ) -> Result<tonic::Response<pb::HandshakeResponse>, tonic::Status> {
         let r = req.into_inner();
-        let key = r.room.expect("room");
-        let secret: [u8; 16] = key.secret.as_slice().try_into().expect("secret");
+        let key = ferry_cluster::wire::room_key(r.room).expect("room");
+        let secret = key.secret;
         let page_bytes = {
             let l = r.layout.expect("layout");
             (l.num_layers * 2 * l.page_size * l.num_kv_heads * l.head_dim * 4) as usize
@@ -257,7 +257,7 @@ impl pb::bootstrap_server::Bootstrap for Stalling {
             tokio::time::sleep(Duration::from_secs(30)).await;
             drop((tx, raw));
         });
-        Ok(tonic::Response::new(pb::HandshakeResponse { room: key.room }))
+        Ok(tonic::Response::new(pb::HandshakeResponse { room: key.room.get() }))
     }
 }
 

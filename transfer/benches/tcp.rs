@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ferry_core::{Room, RoomSecret};
 use ferry_transfer::frame::Aux;
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::room::Timeouts;
@@ -81,10 +82,11 @@ async fn setup(pages: usize, connections: usize) -> std::io::Result<Setup> {
     Ok(Setup { src, receiver, sender })
 }
 
-async fn send_room(s: &Setup, room: u64, chunks: &[PageRun], pace: Option<Duration>) -> std::io::Result<(f64, f64)> {
+async fn send_room(s: &Setup, id: u64, chunks: &[PageRun], pace: Option<Duration>) -> std::io::Result<(f64, f64)> {
     let total: u32 = chunks.iter().map(|r| r.len).sum();
     let dest: Vec<u32> = chunks.iter().flat_map(|r| r.dst..r.dst + r.len).collect();
-    let done = s.receiver.open(room, [3; 16], &dest).map_err(|r| std::io::Error::other(r.label()))?;
+    let (room, secret) = (Room::new(id).expect("63 bits"), RoomSecret::from([3; 16]));
+    let done = s.receiver.open(room, secret, &dest).map_err(|r| std::io::Error::other(r.label()))?;
     let t = Instant::now();
     // The producer "computes" chunks (sleeps `pace` each) and hands them over; the consumer
     // sends each as soon as it is produced, overlapping the next chunk's compute.
@@ -105,15 +107,13 @@ async fn send_room(s: &Setup, room: u64, chunks: &[PageRun], pace: Option<Durati
     };
     let consumer = async {
         while let Some(c) = rx.recv().await {
-            s.sender.send_pages(room, [3; 16], &[c], &s.src).await?;
+            s.sender.send_pages(room, secret, &[c], &s.src).await?;
         }
         Ok::<(), std::io::Error>(())
     };
     let (last_produced, sent) = tokio::join!(producer, consumer);
     sent?;
-    s.sender
-        .send_done(room, [3; 16], Aux { first_token: 0, logprob: 0.0, room_echo: room, total_pages: total })
-        .await?;
+    s.sender.send_done(room, secret, Aux { first_token: 0, logprob: 0.0, room_echo: id, total_pages: total }).await?;
     let outcome = tokio::time::timeout(Duration::from_secs(60), done)
         .await
         .map_err(std::io::Error::other)?

@@ -2,6 +2,7 @@
 //! and [`Sender`] / [`Receiver`] enums whose calls are the same whatever moves the bytes,
 //! with the transfer metrics recorded here once for all of them.
 
+use ferry_core::{Room, RoomSecret};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -131,8 +132,8 @@ impl Sender {
     /// given, the room's aux data. Records bytes, runs and time.
     pub async fn send(
         &self,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         runs: &[PageRun],
         mem: &HostPages,
         last: Option<Aux>,
@@ -160,7 +161,7 @@ impl Sender {
     }
 
     /// Tells the receiver the room is abandoned.
-    pub async fn abort(&self, room: u64, secret: [u8; 16], reason: &str) -> std::io::Result<()> {
+    pub async fn abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
         match self {
             Self::Tcp(s) => s.send_abort(room, secret, reason).await,
             Self::Fake(s) => s.send_abort(room, secret, reason).map_err(refused),
@@ -213,7 +214,7 @@ impl Receiver {
     }
 
     /// Opens a room that may fill `dest`; resolves with its outcome.
-    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         match self {
             Self::Tcp(r) => r.open(room, secret, dest),
             Self::Fake(r) => r.open(room, secret, dest),
@@ -224,13 +225,13 @@ impl Receiver {
     }
 
     /// Where a room stands (None once closed, or never opened).
-    pub fn poll(&self, room: u64) -> Option<State> {
+    pub fn poll(&self, room: Room) -> Option<State> {
         self.inbox().tick();
         self.inbox().state(room)
     }
 
     /// Forgets a room: aborts it when still open, releases its pages, refuses later frames.
-    pub fn close(&self, room: u64) -> Option<State> {
+    pub fn close(&self, room: Room) -> Option<State> {
         self.inbox().close(room)
     }
 }

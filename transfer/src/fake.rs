@@ -2,6 +2,7 @@
 //! as a real receiver (secrets, page ownership, refusals, timeouts). For scheduling tests of
 //! whole clusters in one process, and for warm-up.
 
+use ferry_core::{Room, RoomSecret};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -44,13 +45,13 @@ impl FakeReceiver {
     }
 
     /// Opens a room that may fill `dest`.
-    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         self.inbox.tick();
         self.inbox.open(room, secret, dest)
     }
 
     /// Forgets a room.
-    pub fn close(&self, room: u64) -> Option<State> {
+    pub fn close(&self, room: Room) -> Option<State> {
         self.inbox.close(room)
     }
 
@@ -80,7 +81,7 @@ impl FakeSender {
     }
 
     /// "Sends" runs: the receiver accounts for the pages without any byte moving.
-    pub fn send_pages(&self, room: u64, secret: [u8; 16], runs: &[PageRun]) -> Result<(), Refusal> {
+    pub fn send_pages(&self, room: Room, secret: RoomSecret, runs: &[PageRun]) -> Result<(), Refusal> {
         self.inbox.tick();
         for r in runs {
             let h = Header::with(Kind::Pages, room, secret, r.dst, r.len, &[]);
@@ -91,7 +92,7 @@ impl FakeSender {
     }
 
     /// Delivers the aux data.
-    pub fn send_done(&self, room: u64, secret: [u8; 16], aux: Aux) -> Result<(), Refusal> {
+    pub fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> Result<(), Refusal> {
         let h = Header::with(Kind::Done, room, secret, 0, 0, &[]);
         self.inbox.with_table(|t| {
             t.check_control(&h)?;
@@ -101,7 +102,7 @@ impl FakeSender {
     }
 
     /// Abandons the room.
-    pub fn send_abort(&self, room: u64, secret: [u8; 16], reason: &str) -> Result<(), Refusal> {
+    pub fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> Result<(), Refusal> {
         let h = Header::with(Kind::Abort, room, secret, 0, 0, &[]);
         self.inbox.with_table(|t| {
             t.check_control(&h)?;
@@ -120,17 +121,28 @@ mod tests {
     async fn completes_at_once_with_real_accounting() {
         let rx = FakeReceiver::new(Timeouts::default());
         let tx = rx.sender();
-        let done = rx.open(1, [1; 16], &[4, 5, 6]).expect("open");
-        assert_eq!(tx.send_pages(1, [2; 16], &coalesce(&[0], &[4])), Err(Refusal::WrongSecret));
-        tx.send_pages(1, [1; 16], &coalesce(&[0, 1, 2], &[4, 5, 6])).expect("send");
-        assert_eq!(tx.send_pages(1, [1; 16], &coalesce(&[0], &[4])), Err(Refusal::Duplicate));
-        tx.send_done(1, [1; 16], Aux { first_token: 3, logprob: 0.0, room_echo: 1, total_pages: 3 }).expect("done");
+        let done = rx.open(Room::from(1u32), RoomSecret::from([1; 16]), &[4, 5, 6]).expect("open");
+        assert_eq!(
+            tx.send_pages(Room::from(1u32), RoomSecret::from([2; 16]), &coalesce(&[0], &[4])),
+            Err(Refusal::WrongSecret)
+        );
+        tx.send_pages(Room::from(1u32), RoomSecret::from([1; 16]), &coalesce(&[0, 1, 2], &[4, 5, 6])).expect("send");
+        assert_eq!(
+            tx.send_pages(Room::from(1u32), RoomSecret::from([1; 16]), &coalesce(&[0], &[4])),
+            Err(Refusal::Duplicate)
+        );
+        tx.send_done(
+            Room::from(1u32),
+            RoomSecret::from([1; 16]),
+            Aux { first_token: 3, logprob: 0.0, room_echo: 1, total_pages: 3 },
+        )
+        .expect("done");
         assert!(matches!(done.await, Ok(Outcome::Success(a)) if a.first_token == 3));
-        rx.close(1);
-        let done = rx.open(2, [2; 16], &[4]).expect("pages free again");
-        tx.send_abort(2, [2; 16], "bye").expect("abort");
+        rx.close(Room::from(1u32));
+        let done = rx.open(Room::from(2u32), RoomSecret::from([2; 16]), &[4]).expect("pages free again");
+        tx.send_abort(Room::from(2u32), RoomSecret::from([2; 16]), "bye").expect("abort");
         assert!(matches!(done.await, Ok(Outcome::Failed(FailReason::Aborted(_)))));
-        rx.close(2);
+        rx.close(Room::from(2u32));
         assert_eq!(rx.inbox().open_rooms(), (0, 0));
     }
 }

@@ -8,7 +8,10 @@
 //! page number is caught before any byte of payload is placed. Kinds: `Pages` (a run of
 //! `n_pages` whole pages for destination pages `dst_page..`), `Done` (the last message of a
 //! room: the aux data), `Abort` (a reason text). The decoder is total: any 52 bytes give a
-//! header or an error, never a panic, and lengths are bounded by [`Limits`].
+//! header or an error, never a panic, and lengths are bounded by [`Limits`]. A room id over
+//! 63 bits is refused: the header decodes into a [`Room`].
+
+use ferry_core::{Room, RoomSecret};
 
 /// Header size in bytes.
 pub const HEADER_LEN: usize = 52;
@@ -31,9 +34,9 @@ pub struct Header {
     /// Frame kind.
     pub kind: Kind,
     /// Room id.
-    pub room: u64,
+    pub room: Room,
     /// Room secret.
-    pub secret: [u8; 16],
+    pub secret: RoomSecret,
     /// First destination page (`Pages`).
     pub dst_page: u32,
     /// Pages in the run (`Pages`).
@@ -71,6 +74,9 @@ pub enum FrameError {
     /// Flags or reserved bits set.
     #[error("reserved header bits set")]
     Reserved,
+    /// A room id over 63 bits (no router mints one).
+    #[error("room id {0:#x} is over 63 bits")]
+    BadRoom(u64),
     /// The payload length does not fit the kind or the limits.
     #[error("bad payload length {len} for {kind:?}: {why}")]
     Length {
@@ -88,12 +94,12 @@ pub enum FrameError {
 
 impl Header {
     /// A `Pages` header for `payload`.
-    pub fn pages(room: u64, secret: [u8; 16], dst_page: u32, n_pages: u32, payload: &[u8]) -> Self {
+    pub fn pages(room: Room, secret: RoomSecret, dst_page: u32, n_pages: u32, payload: &[u8]) -> Self {
         Self::with(Kind::Pages, room, secret, dst_page, n_pages, payload)
     }
 
     /// A header of `kind` for `payload`.
-    pub fn with(kind: Kind, room: u64, secret: [u8; 16], dst_page: u32, n_pages: u32, payload: &[u8]) -> Self {
+    pub fn with(kind: Kind, room: Room, secret: RoomSecret, dst_page: u32, n_pages: u32, payload: &[u8]) -> Self {
         Self {
             kind,
             room,
@@ -110,8 +116,8 @@ impl Header {
         let mut b = [0u8; HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         b[4] = self.kind as u8;
-        b[8..16].copy_from_slice(&self.room.to_le_bytes());
-        b[16..32].copy_from_slice(&self.secret);
+        b[8..16].copy_from_slice(&self.room.get().to_le_bytes());
+        b[16..32].copy_from_slice(self.secret.as_bytes());
         b[32..36].copy_from_slice(&self.dst_page.to_le_bytes());
         b[36..40].copy_from_slice(&self.n_pages.to_le_bytes());
         b[40..44].copy_from_slice(&self.payload_len.to_le_bytes());
@@ -144,10 +150,11 @@ impl Header {
         room.copy_from_slice(&b[8..16]);
         let mut secret = [0u8; 16];
         secret.copy_from_slice(&b[16..32]);
+        let room = u64::from_le_bytes(room);
         let h = Self {
             kind,
-            room: u64::from_le_bytes(room),
-            secret,
+            room: Room::new(room).ok_or(FrameError::BadRoom(room))?,
+            secret: RoomSecret::from_bytes(secret),
             dst_page: u32_at(32),
             n_pages: u32_at(36),
             payload_len: u32_at(40),
@@ -238,17 +245,17 @@ mod tests {
     #[test]
     fn headers_round_trip_and_checks_fire() {
         let payload = vec![7u8; 128];
-        let h = Header::pages(42, [9; 16], 3, 2, &payload);
+        let h = Header::pages(Room::from(42u32), RoomSecret::from([9; 16]), 3, 2, &payload);
         let b = h.encode();
         assert_eq!(Header::decode(&b, &LIMITS), Ok(h));
         assert_eq!(h.check_payload(&payload), Ok(()));
         let mut corrupt = payload.clone();
         corrupt[5] ^= 1;
         assert_eq!(h.check_payload(&corrupt), Err(FrameError::PayloadCrc));
-        let wrong_len = Header::pages(42, [9; 16], 3, 3, &payload).encode();
+        let wrong_len = Header::pages(Room::from(42u32), RoomSecret::from([9; 16]), 3, 3, &payload).encode();
         assert!(matches!(Header::decode(&wrong_len, &LIMITS), Err(FrameError::Length { .. })));
         let big = vec![0u8; 64 * 17];
-        let too_big = Header::pages(1, [0; 16], 0, 17, &big).encode();
+        let too_big = Header::pages(Room::from(1u32), RoomSecret::from([0; 16]), 0, 17, &big).encode();
         assert!(matches!(
             Header::decode(&too_big, &LIMITS),
             Err(FrameError::Length { why: "over the frame size limit", .. })
@@ -256,6 +263,12 @@ mod tests {
         let mut flipped = b;
         flipped[33] ^= 0x80; // dst_page
         assert_eq!(Header::decode(&flipped, &LIMITS), Err(FrameError::HeaderCrc));
+        // A room id over 63 bits is refused even with a valid checksum.
+        let mut wide = b;
+        wide[15] |= 0x80;
+        let crc = crc32c::crc32c(&wide[..48]);
+        wide[48..52].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(Header::decode(&wide, &LIMITS), Err(FrameError::BadRoom(_))));
         let aux = Aux { first_token: 17, logprob: -0.5, room_echo: 42, total_pages: 9 };
         assert_eq!(Aux::decode(&aux.encode()), Some(aux));
         assert_eq!(Aux::decode(&[0; 3]), None);

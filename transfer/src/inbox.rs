@@ -1,6 +1,7 @@
 //! What every receiver backend shares: the room table behind a lock, and the owners waiting
 //! for their rooms' outcomes.
 
+use ferry_core::{Room, RoomSecret};
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -19,9 +20,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Open rooms and their waiting owners.
 pub struct Inbox {
     table: Mutex<RoomTable>,
-    waiters: Mutex<HashMap<u64, oneshot::Sender<Outcome>>>,
+    waiters: Mutex<HashMap<Room, oneshot::Sender<Outcome>>>,
     /// Owners waiting for a closed room's last write to settle.
-    release_waiters: Mutex<HashMap<u64, Vec<oneshot::Sender<()>>>>,
+    release_waiters: Mutex<HashMap<Room, Vec<oneshot::Sender<()>>>>,
     backend: &'static str,
 }
 
@@ -70,7 +71,7 @@ impl Inbox {
     }
 
     /// Opens a room that may fill `dest`; the receiver resolves with its outcome.
-    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         let (tx, rx) = oneshot::channel();
         self.with_table(|t| t.open(room, secret, dest, Instant::now()))?;
         lock(&self.waiters).insert(room, tx);
@@ -81,12 +82,12 @@ impl Inbox {
     pub fn open_in(
         &self,
         arena_pages: usize,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         dest: &[u32],
     ) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         if let Some(&bad) = dest.iter().find(|&&p| p as usize >= arena_pages) {
-            tracing::warn!(room = %ferry_core::Room::label(room), page = bad, "destination page outside the arena");
+            tracing::warn!(room = %room, page = bad, "destination page outside the arena");
             return Err(Refusal::OutsideRoom);
         }
         self.open(room, secret, dest)
@@ -109,7 +110,7 @@ impl Inbox {
     /// Handles a `Done` or `Abort` frame with its payload; false when refused.
     pub fn control(&self, h: &Header, payload: &[u8]) -> bool {
         if let Err(r) = self.with_table(|t| t.check_control(h)) {
-            tracing::debug!(room = %ferry_core::Room::label(h.room), reason = r.label(), "control frame refused");
+            tracing::debug!(room = %h.room, reason = r.label(), "control frame refused");
             return false;
         }
         if h.check_payload(payload).is_err() {
@@ -130,7 +131,7 @@ impl Inbox {
     }
 
     /// Fails every room in `rooms` that has not ended (a connection carrying them broke).
-    pub fn fail_all(&self, rooms: impl IntoIterator<Item = u64>, reason: &FailReason) {
+    pub fn fail_all(&self, rooms: impl IntoIterator<Item = Room>, reason: &FailReason) {
         self.with_table(|t| {
             for room in rooms {
                 t.fail(room, reason.clone());
@@ -139,7 +140,7 @@ impl Inbox {
     }
 
     /// Forgets a room (after its outcome, or to abort it from this side).
-    pub fn close(&self, room: u64) -> Option<State> {
+    pub fn close(&self, room: Room) -> Option<State> {
         self.with_table(|t| {
             t.fail(room, FailReason::Aborted("closed by the receiver".into()));
             t.close(room)
@@ -157,19 +158,19 @@ impl Inbox {
     }
 
     /// The state of an open room (None once closed or never opened).
-    pub fn state(&self, room: u64) -> Option<State> {
+    pub fn state(&self, room: Room) -> Option<State> {
         lock(&self.table).state(room)
     }
 
     /// Whether a closed room still has runs being written: its pages must not be reused yet.
-    pub fn writing(&self, room: u64) -> bool {
+    pub fn writing(&self, room: Room) -> bool {
         lock(&self.table).writing(room)
     }
 
     /// For a closed room whose pages are still being written: resolves once the last write
     /// settled and the pages are free to reuse. None when no write is pending (they are free
     /// now). The owner waits on this instead of polling [`writing`](Self::writing).
-    pub fn released(&self, room: u64) -> Option<oneshot::Receiver<()>> {
+    pub fn released(&self, room: Room) -> Option<oneshot::Receiver<()>> {
         // Registered under the table lock: a write settling after the check finds the waiter.
         let t = lock(&self.table);
         if !t.writing(room) {
@@ -263,16 +264,16 @@ mod tests {
     #[test]
     fn released_resolves_when_the_last_write_into_a_closed_room_settles() {
         let inbox = Inbox::new(Timeouts::default(), "test");
-        let _outcome = inbox.open(1, [1; 16], &[5, 6]).expect("open");
-        let h = Header::pages(1, [1; 16], 5, 2, &[]);
+        let _outcome = inbox.open(Room::from(1u32), RoomSecret::from([1; 16]), &[5, 6]).expect("open");
+        let h = Header::pages(Room::from(1u32), RoomSecret::from([1; 16]), 5, 2, &[]);
         let claim = inbox.with_table(|t| t.claim(&h, Instant::now())).expect("claim");
-        assert!(inbox.released(1).is_none(), "an open room is not closing");
-        inbox.close(1);
-        let mut rx = inbox.released(1).expect("a write is pending");
+        assert!(inbox.released(Room::from(1u32)).is_none(), "an open room is not closing");
+        inbox.close(Room::from(1u32));
+        let mut rx = inbox.released(Room::from(1u32)).expect("a write is pending");
         assert!(rx.try_recv().is_err(), "not yet: the run is still being written");
         inbox.settle(&h, claim, true);
         assert_eq!(rx.try_recv(), Ok(()), "told once the write landed");
-        assert!(inbox.released(1).is_none(), "nothing pending any more");
-        inbox.open(2, [2; 16], &[5, 6]).expect("the pages are free again");
+        assert!(inbox.released(Room::from(1u32)).is_none(), "nothing pending any more");
+        inbox.open(Room::from(2u32), RoomSecret::from([2; 16]), &[5, 6]).expect("the pages are free again");
     }
 }

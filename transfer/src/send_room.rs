@@ -3,6 +3,7 @@
 //! chunk (transferring) and closed by the last chunk's aux data (success) — or failed, by a
 //! send error, an abort or a timeout. State only moves forward ([`crate::room`]).
 
+use ferry_core::{Room as RoomId, RoomSecret};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,8 +18,8 @@ use crate::table::Outcome;
 /// One room on the prefill node.
 #[derive(Debug)]
 pub struct SendRoom {
-    id: u64,
-    secret: [u8; 16],
+    id: RoomId,
+    secret: RoomSecret,
     room: Room,
     sender: Option<Arc<Sender>>,
     dest: Vec<u32>,
@@ -29,7 +30,7 @@ pub struct SendRoom {
 
 impl SendRoom {
     /// A room known from the request, waiting for the decode node's handshake.
-    pub fn new(id: u64, secret: [u8; 16], timeouts: Timeouts, now: Instant) -> Self {
+    pub fn new(id: RoomId, secret: RoomSecret, timeouts: Timeouts, now: Instant) -> Self {
         Self {
             id,
             secret,
@@ -42,7 +43,7 @@ impl SendRoom {
     }
 
     /// The room id.
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> RoomId {
         self.id
     }
 
@@ -120,7 +121,7 @@ impl SendRoom {
             if let Some(s) = &self.sender
                 && let Err(e) = s.abort(self.id, self.secret, why).await
             {
-                tracing::debug!(room = %ferry_core::Room::label(self.id), error = %e, "abort not delivered; the receiver will time out");
+                tracing::debug!(room = %self.id, error = %e, "abort not delivered; the receiver will time out");
             }
         }
     }

@@ -7,6 +7,7 @@
 //! payload is read and *committed* after its checksum passed, so two writers never touch
 //! one page and a corrupt payload never reaches a page.
 
+use ferry_core::{PageId, Room as RoomId, RoomSecret};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -64,7 +65,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     /// The room.
-    pub room: u64,
+    pub room: RoomId,
     /// Which opening of the room id the claim belongs to: a claim settles only its own
     /// incarnation, never a later room opened with the same id.
     pub incarnation: u64,
@@ -89,7 +90,7 @@ struct Closing {
 
 struct RecvRoom {
     incarnation: u64,
-    secret: [u8; 16],
+    secret: RoomSecret,
     /// Destination page → its state.
     pages: HashMap<u32, PageState>,
     received: usize,
@@ -99,18 +100,18 @@ struct RecvRoom {
 
 /// Open rooms of one receiver.
 pub struct RoomTable {
-    rooms: HashMap<u64, RecvRoom>,
+    rooms: HashMap<RoomId, RecvRoom>,
     /// Closed rooms with runs still being written: their pages stay owned until the last
     /// claim settles, so no new room is handed a page a writer may still touch.
-    closing: HashMap<u64, Closing>,
+    closing: HashMap<RoomId, Closing>,
     /// Destination page → the open room holding it.
-    owners: HashMap<u32, u64>,
+    owners: HashMap<PageId, RoomId>,
     refusals: HashMap<Refusal, u64>,
     timeouts: Timeouts,
-    ended: Vec<(u64, Outcome)>,
+    ended: Vec<(RoomId, Outcome)>,
     /// Closed rooms whose last run being written settled since the last
     /// [`drain_released`](Self::drain_released): their pages are free.
-    released: Vec<u64>,
+    released: Vec<RoomId>,
     /// The next room's incarnation (every `open` takes one).
     next_incarnation: u64,
 }
@@ -160,7 +161,7 @@ impl RoomTable {
     /// Opens a room that may fill `dest` (its preallocated pages), waiting for input. A room
     /// id is refused while an earlier room of that id is open, or closed with a run still
     /// being written ([`Refusal::RoomClosing`]).
-    pub fn open(&mut self, room: u64, secret: [u8; 16], dest: &[u32], now: Instant) -> Result<(), Refusal> {
+    pub fn open(&mut self, room: RoomId, secret: RoomSecret, dest: &[u32], now: Instant) -> Result<(), Refusal> {
         if self.rooms.contains_key(&room) {
             return self.refuse(Refusal::DuplicateRoom);
         }
@@ -169,12 +170,12 @@ impl RoomTable {
         }
         let mut pages = HashMap::with_capacity(dest.len());
         for &p in dest {
-            if self.owners.contains_key(&p) || pages.insert(p, PageState::Expected).is_some() {
+            if self.owners.contains_key(&PageId(p)) || pages.insert(p, PageState::Expected).is_some() {
                 return self.refuse(Refusal::PagesInUse);
             }
         }
         for &p in dest {
-            self.owners.insert(p, room);
+            self.owners.insert(PageId(p), room);
         }
         let mut r = Room::new(now, self.timeouts);
         // The receiver opens a room once the handshake is sent: it waits for input.
@@ -188,7 +189,7 @@ impl RoomTable {
     /// Checks a frame header and claims its pages (for `Pages` frames).
     pub fn claim(&mut self, h: &Header, now: Instant) -> Result<Claim, Refusal> {
         let Some(r) = self.rooms.get_mut(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
-        if !ferry_core::secret_eq(&r.secret, &h.secret) {
+        if r.secret != h.secret {
             return self.refuse(Refusal::WrongSecret);
         }
         if r.room.state().is_terminal() {
@@ -254,7 +255,7 @@ impl RoomTable {
             && let Some(z) = self.closing.remove(&c.room)
         {
             for p in z.pages {
-                self.owners.remove(&p);
+                self.owners.remove(&PageId(p));
             }
             self.released.push(c.room);
         }
@@ -262,15 +263,15 @@ impl RoomTable {
     }
 
     /// Whether a closed room still has runs being written (its pages are not free yet).
-    pub fn writing(&self, room: u64) -> bool {
+    pub fn writing(&self, room: RoomId) -> bool {
         self.closing.contains_key(&room)
     }
 
     /// Records the room's `Done` frame (already checked by [`claim`](Self::claim)'s rules:
     /// call [`check_control`](Self::check_control) first).
-    pub fn done(&mut self, room: u64, aux: Aux, now: Instant) {
+    pub fn done(&mut self, room: RoomId, aux: Aux, now: Instant) {
         let Some(r) = self.rooms.get_mut(&room) else { return };
-        if aux.room_echo != room || aux.total_pages as usize != r.pages.len() {
+        if aux.room_echo != room.get() || aux.total_pages as usize != r.pages.len() {
             let why =
                 format!("aux says {} pages for room {:#x}, {} expected", aux.total_pages, aux.room_echo, r.pages.len());
             self.fail(room, FailReason::Corrupt(why));
@@ -283,7 +284,7 @@ impl RoomTable {
     /// Checks a `Done` / `Abort` header: known open room with the right secret.
     pub fn check_control(&mut self, h: &Header) -> Result<(), Refusal> {
         let Some(r) = self.rooms.get(&h.room) else { return self.refuse(Refusal::UnknownRoom) };
-        if !ferry_core::secret_eq(&r.secret, &h.secret) {
+        if r.secret != h.secret {
             return self.refuse(Refusal::WrongSecret);
         }
         if r.room.state().is_terminal() {
@@ -292,7 +293,7 @@ impl RoomTable {
         Ok(())
     }
 
-    fn try_complete(&mut self, room: u64, now: Instant) {
+    fn try_complete(&mut self, room: RoomId, now: Instant) {
         let Some(r) = self.rooms.get_mut(&room) else { return };
         if let (Some(aux), true) = (r.aux, r.received == r.pages.len()) {
             if r.room.advance(State::Success, now).is_ok() {
@@ -302,7 +303,7 @@ impl RoomTable {
     }
 
     /// Fails a room (its claimed pages stay unusable until it is closed).
-    pub fn fail(&mut self, room: u64, reason: FailReason) {
+    pub fn fail(&mut self, room: RoomId, reason: FailReason) {
         if let Some(r) = self.rooms.get_mut(&room) {
             if r.room.fail(reason.clone()) {
                 self.ended.push((room, Outcome::Failed(reason)));
@@ -324,25 +325,25 @@ impl RoomTable {
     /// Rooms that ended since the last call. The caller acts on them, then [`close`]s them.
     ///
     /// [`close`]: Self::close
-    pub fn drain_ended(&mut self) -> Vec<(u64, Outcome)> {
+    pub fn drain_ended(&mut self) -> Vec<(RoomId, Outcome)> {
         std::mem::take(&mut self.ended)
     }
 
     /// Closed rooms whose pages stopped being written since the last call (each was
     /// [`writing`](Self::writing) when it closed).
-    pub fn drain_released(&mut self) -> Vec<u64> {
+    pub fn drain_released(&mut self) -> Vec<RoomId> {
         std::mem::take(&mut self.released)
     }
 
     /// The state of an open room.
-    pub fn state(&self, room: u64) -> Option<State> {
+    pub fn state(&self, room: RoomId) -> Option<State> {
         self.rooms.get(&room).map(|r| r.room.state())
     }
 
     /// Forgets a room; later frames for it are refused. Its pages are released at once, or,
     /// when runs are still being written into them, as the last of those settles (see
     /// [`writing`](Self::writing)). Returns its state, or None when it was not open.
-    pub fn close(&mut self, room: u64) -> Option<State> {
+    pub fn close(&mut self, room: RoomId) -> Option<State> {
         let r = self.rooms.remove(&room)?;
         let claimed = r.pages.values().filter(|&&s| s == PageState::Claimed).count();
         if claimed > 0 {
@@ -350,7 +351,7 @@ impl RoomTable {
             self.closing.insert(room, Closing { incarnation: r.incarnation, pages, claimed });
         } else {
             for p in r.pages.keys() {
-                self.owners.remove(p);
+                self.owners.remove(&PageId(*p));
             }
         }
         Some(r.room.state())

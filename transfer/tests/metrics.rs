@@ -1,6 +1,7 @@
 //! Transfer metrics, read back through the Prometheus exporter. Its own test binary: the
 //! recorder is process-global, and exact counts need no other test moving bytes meanwhile.
 
+use ferry_core::{Room, RoomSecret};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,17 +33,21 @@ async fn transfers_are_measured_per_backend_outcome_and_refusal() {
     let sender = Arc::new(Sender::Fake(fake.sender()));
     let receiver = Receiver::Fake(fake);
     let dst = [5, 6, 7];
-    let done = receiver.open(1, [1; 16], &dst).expect("open");
-    let mut room = SendRoom::new(1, [1; 16], Timeouts::default(), Instant::now());
+    let done = receiver.open(Room::from(1u32), RoomSecret::from([1; 16]), &dst).expect("open");
+    let mut room = SendRoom::new(Room::from(1u32), RoomSecret::from([1; 16]), Timeouts::default(), Instant::now());
     room.handshake(Arc::clone(&sender), dst.to_vec(), Instant::now()).expect("handshake");
     room.send(0, &[0, 1], &mem, None).await.expect("chunk 1");
     let aux = Aux { first_token: 9, logprob: 0.0, room_echo: 1, total_pages: 3 };
     room.send(2, &[4], &mem, Some(aux)).await.expect("chunk 2");
     assert!(matches!(done.await, Ok(Outcome::Success(_))));
-    assert!(receiver.open(1, [1; 16], &[0]).is_err(), "a duplicate room is refused");
-    receiver.close(1);
-    let mut late =
-        SendRoom::new(2, [2; 16], Timeouts { bootstrap: Duration::ZERO, ..Timeouts::default() }, Instant::now());
+    assert!(receiver.open(Room::from(1u32), RoomSecret::from([1; 16]), &[0]).is_err(), "a duplicate room is refused");
+    receiver.close(Room::from(1u32));
+    let mut late = SendRoom::new(
+        Room::from(2u32),
+        RoomSecret::from([2; 16]),
+        Timeouts { bootstrap: Duration::ZERO, ..Timeouts::default() },
+        Instant::now(),
+    );
     late.poll(Instant::now());
     ferry_transfer::backend::choose(
         ferry_transfer::BackendKind::Auto,

@@ -44,7 +44,7 @@ impl<B: Backend> Engine<B> {
             );
             return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
         }
-        let room = key.room.get();
+        let room = key.room;
         if self.draining.iter().any(|(r, _)| *r == room) {
             // An earlier request of this room id still has a page run being written: the id
             // is not free until that write ends (issue 21's stale write).
@@ -96,7 +96,7 @@ impl<B: Backend> Engine<B> {
             if a.local {
                 continue;
             }
-            let secret = *r.key.secret.as_bytes();
+            let secret = r.key.secret;
             match self.receiver.open(a.room, secret, &dest) {
                 Ok(outcome) => {
                     r.transferring = true;
@@ -130,7 +130,7 @@ impl<B: Backend> Engine<B> {
 
     /// A room's transfer ended: its pages reach the device and it waits to join the batch, or
     /// the request fails with the transfer's reason.
-    pub(super) fn transferred(&mut self, room: u64, outcome: Option<Outcome>, now: Instant) {
+    pub(super) fn transferred(&mut self, room: Room, outcome: Option<Outcome>, now: Instant) {
         let aux = match outcome {
             Some(Outcome::Success(aux)) => aux,
             Some(Outcome::Failed(reason)) => return self.end(room, Err(transfer_refusal(&reason))),
@@ -167,7 +167,7 @@ impl<B: Backend> Engine<B> {
 
     /// Ends a request: a last message to the client, its room closed, its pages freed (after
     /// any write still landing in them).
-    pub(super) fn end(&mut self, room: u64, result: Result<FinishReason, Refused>) {
+    pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
         let stage = self.queues.remove(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
         let outcome = match &result {
@@ -181,9 +181,9 @@ impl<B: Backend> Engine<B> {
             let stage = stage.map(Stage::label);
             let _in = r.span.enter();
             if outcome == "error" {
-                tracing::warn!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request failed");
+                tracing::warn!(room = %room, ?stage, reason = why.reason, message = %why.message, "request failed");
             } else {
-                tracing::debug!(room = %Room::label(room), ?stage, reason = why.reason, message = %why.message, "request ended");
+                tracing::debug!(room = %room, ?stage, reason = why.reason, message = %why.message, "request ended");
             }
             let _ = r.out.send(Err(why));
         }

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
 use ferry_engine::{PageAlloc, Sampled, SeqChunk};
 use ferry_kernels::Backend;
@@ -14,7 +15,7 @@ use crate::queues::{Stage, victim};
 
 /// One sequence of the step's batch.
 struct Row {
-    room: u64,
+    room: Room,
     /// First position computed.
     start: usize,
     /// Tokens computed.
@@ -28,7 +29,7 @@ impl<B: Backend> Engine<B> {
     pub(super) fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
         let now = Instant::now();
         // Waiting → running: the first token (sampled by the prefill node) goes out first.
-        let joined: Vec<u64> =
+        let joined: Vec<Room> =
             self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Waiting)).collect();
         for room in joined {
             let Some(first) = self.reqs.get_mut(&room).and_then(|r| r.first.take()) else { continue };
@@ -128,7 +129,7 @@ impl<B: Backend> Engine<B> {
             if short <= self.pool.free_pages() {
                 break;
             }
-            let candidates: Vec<(u64, usize, u64)> = self
+            let candidates: Vec<(Room, usize, u64)> = self
                 .reqs
                 .iter()
                 .filter(|(room, r)| match self.queues.stage(**room) {
@@ -142,7 +143,7 @@ impl<B: Backend> Engine<B> {
             self.retract(v, now);
             retracted = true;
         }
-        let growing: Vec<u64> =
+        let growing: Vec<Room> =
             self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Running)).collect();
         for room in growing {
             let Some(r) = self.reqs.get_mut(&room) else { continue };
@@ -159,7 +160,7 @@ impl<B: Backend> Engine<B> {
     /// Frees a request's pages and sends it back to the prealloc queue with the context it
     /// must recompute (its prompt and all but its last generated token); its sampler, and so
     /// its random stream, carries on when it resumes.
-    fn retract(&mut self, room: u64, now: Instant) {
+    fn retract(&mut self, room: Room, now: Instant) {
         let running = self.queues.stage(room) == Some(Stage::Running);
         let Some(r) = self.reqs.get_mut(&room) else { return };
         let lost = if running { r.kv_target() } else { r.computed };
@@ -179,7 +180,7 @@ impl<B: Backend> Engine<B> {
     /// This step's rows: every running request's next token, then local prefill chunks
     /// (oldest room first) within the chunk budget.
     fn plan(&self) -> Vec<Row> {
-        let mut rooms: Vec<u64> = self.reqs.keys().copied().collect();
+        let mut rooms: Vec<Room> = self.reqs.keys().copied().collect();
         rooms.sort_unstable();
         let mut plan = Vec::new();
         let mut budget = self.cfg.chunk_size.max(1);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferry_cluster::Refused;
+use ferry_cluster::{Refused, Room, RoomSecret};
 use ferry_engine::{Sampler, SamplingParams};
 use ferry_kernels::Backend;
 use ferry_transfer::SendRoom;
@@ -38,7 +38,7 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Both halves are here: check the handshake against the prompt, start the room task, queue.
-    pub(super) fn admit(&mut self, room: u64, secret: [u8; 16], r: NewRequest, h: Handshake) {
+    pub(super) fn admit(&mut self, room: Room, secret: RoomSecret, r: NewRequest, h: Handshake) {
         let need = self.pool.pages_for(r.tokens.len());
         if h.dest.len() != need {
             let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
@@ -66,7 +66,7 @@ impl<B: Backend> Engine<B> {
             sender: h.sender,
         };
         self.rt.spawn(task.run(send_room, rx));
-        self.sched.add_with_priority(room, r.tokens.clone(), r.priority, &self.cache);
+        self.sched.add_with_priority(room.get(), r.tokens.clone(), r.priority, &self.cache);
         let sampler = Sampler::new(r.sampling, &r.tokens);
         self.live.insert(
             room,

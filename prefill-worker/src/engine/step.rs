@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
 use ferry_engine::SeqChunk;
 use ferry_kernels::Backend;
@@ -23,7 +24,7 @@ impl<B: Backend> Engine<B> {
         let batch: Vec<SeqChunk<'_>> = chunks
             .iter()
             .filter_map(|c| {
-                let l = self.live.get(&c.id)?;
+                let l = self.live.get(&room_of(c.id))?;
                 Some(SeqChunk { tokens: &l.tokens[c.start..c.end], start: c.start, pages: &c.pages, logits: c.last })
             })
             .collect();
@@ -42,7 +43,8 @@ impl<B: Backend> Engine<B> {
         let now = Instant::now();
         let mut outgoing = Vec::new();
         for c in &chunks {
-            let Some(l) = self.live.get_mut(&c.id) else { continue };
+            let room = room_of(c.id);
+            let Some(l) = self.live.get_mut(&room) else { continue };
             if c.start == c.cached && c.cached > 0 && l.sent == 0 {
                 l.cached = c.cached;
                 metrics::counter!(m::PREFIX_HIT_TOKENS).increment(c.cached as u64);
@@ -54,13 +56,13 @@ impl<B: Backend> Engine<B> {
                 let s = l.sampler.sample(&mut lg);
                 aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
                 l.first = Some(s);
-                self.rooms.computed(c.id, now);
+                self.rooms.computed(room, now);
             }
             if l.aborting.is_some() {
                 continue;
             }
             if upto > l.sent || aux.is_some() {
-                outgoing.push((c.id, ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux }));
+                outgoing.push((room, ChunkMsg { first: l.sent, pages: c.pages[l.sent..upto].to_vec(), last: aux }));
                 l.sent = upto;
             }
         }
@@ -68,7 +70,7 @@ impl<B: Backend> Engine<B> {
             self.hand_over(room, msg)?;
         }
         for p in self.sched.complete(&chunks, &mut self.cache) {
-            if let Some(l) = self.live.get_mut(&p.id) {
+            if let Some(l) = self.live.get_mut(&room_of(p.id)) {
                 l.prefilled = Some(p);
             }
         }
@@ -77,7 +79,7 @@ impl<B: Backend> Engine<B> {
 
     /// Gives a chunk's pages to the room task, first copying to the host mirror those no
     /// other room is sending.
-    pub(super) fn hand_over(&mut self, room: u64, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
+    pub(super) fn hand_over(&mut self, room: Room, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
         let Some(l) = self.live.get_mut(&room) else { return Ok(()) };
         // Without a mirror the transfer reads the pool itself: nothing to copy or count.
         if self.kv.mirrored() {
@@ -105,4 +107,10 @@ impl<B: Backend> Engine<B> {
         }
         Ok(())
     }
+}
+
+/// The room a scheduler entry belongs to: the scheduler keeps `Room::get` ids, so every id it
+/// hands back is one.
+fn room_of(id: u64) -> Room {
+    Room::new(id).expect("the scheduler's ids are room ids")
 }

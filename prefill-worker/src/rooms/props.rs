@@ -10,13 +10,24 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
+use ferry_cluster::{Room, RoomSecret};
+
 use super::{Phase, PhaseTimeouts, Rooms};
 
 #[derive(Debug, Clone)]
 enum Ev {
-    Request { room: u64, good: bool },
-    Handshake { room: u64, good: bool },
-    Abort { room: u64, secret: Option<bool> },
+    Request {
+        room: u64,
+        good: bool,
+    },
+    Handshake {
+        room: u64,
+        good: bool,
+    },
+    Abort {
+        room: u64,
+        secret: Option<bool>,
+    },
     Computed(u64),
     Progress(u64),
     /// The engine failed a room whose task runs.
@@ -40,8 +51,12 @@ fn ev() -> impl Strategy<Value = Ev> {
     ]
 }
 
-fn secret(room: u64, good: bool) -> [u8; 16] {
-    [room as u8 + if good { 1 } else { 100 }; 16]
+fn secret(room: u64, good: bool) -> RoomSecret {
+    RoomSecret::from([room as u8 + if good { 1 } else { 100 }; 16])
+}
+
+fn id(room: u64) -> Room {
+    Room::new(room).expect("63 bits")
 }
 
 /// What the machine holds, by payload id.
@@ -78,9 +93,9 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
                 let is_request = matches!(e, Ev::Request { .. });
                 let taken = m.tasks.contains(&room);
                 let r = if is_request {
-                    rooms.request(room, secret(room, good), x, now)
+                    rooms.request(id(room), secret(room, good), x, now)
                 } else {
-                    rooms.handshake(room, secret(room, good), x, now)
+                    rooms.handshake(id(room), secret(room, good), x, now)
                 };
                 match r {
                     Ok(None) => prop_assert!(!taken, "room {room}: its task runs, yet a half was queued"),
@@ -89,7 +104,7 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
                         m.back(a)?;
                         m.back(b)?;
                         m.tasks.insert(room);
-                        prop_assert_eq!(rooms.phase(room), Some(Phase::Waiting));
+                        prop_assert_eq!(rooms.phase(id(room)), Some(Phase::Waiting));
                     }
                     Err((_, back)) => {
                         prop_assert_eq!(back, x, "a refusal hands back what it refused");
@@ -98,23 +113,23 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
                 }
             }
             Ev::Abort { room, secret: sec } => {
-                if let Ok(Some(gone)) = rooms.abort(room, sec.map(|g| secret(room, g)), now) {
+                if let Ok(Some(gone)) = rooms.abort(id(room), sec.map(|g| secret(room, g)), now) {
                     for x in gone.request.into_iter().chain(gone.handshake) {
                         m.back(x)?;
                     }
                 }
             }
-            Ev::Computed(room) => rooms.computed(room, now),
-            Ev::Progress(room) => rooms.progress(room, now),
+            Ev::Computed(room) => rooms.computed(id(room), now),
+            Ev::Progress(room) => rooms.progress(id(room), now),
             Ev::Close(room) => {
                 if m.tasks.contains(&room) {
-                    rooms.close(room, now);
-                    prop_assert_eq!(rooms.phase(room), Some(Phase::Closing));
+                    rooms.close(id(room), now);
+                    prop_assert_eq!(rooms.phase(id(room)), Some(Phase::Closing));
                 }
             }
             Ev::TaskEnded(room) => {
                 if m.tasks.remove(&room) {
-                    prop_assert!(rooms.finish(room).is_some(), "room {room}'s task ended but the room was gone");
+                    prop_assert!(rooms.finish(id(room)).is_some(), "room {room}'s task ended but the room was gone");
                 }
             }
             Ev::Tick(ms) => {
@@ -137,7 +152,7 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
         }
     }
     for room in m.tasks.drain() {
-        rooms.finish(room);
+        rooms.finish(id(room));
     }
     prop_assert!(m.held.is_empty(), "never handed back: {:?}", m.held);
     prop_assert!(rooms.is_empty(), "rooms left: {:?}", rooms.depth());

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use ferry_core::{Room, RoomSecret};
 use ferry_transfer::frame::{Aux, HEADER_LEN, Header, Kind, Limits};
 use ferry_transfer::room::Timeouts;
 use ferry_transfer::table::RoomTable;
@@ -16,7 +17,8 @@ fuzz_target!(|data: &[u8]| {
     let now = Instant::now();
     let mut table = RoomTable::new(Timeouts::default());
     let dest = [3u32, 4, 5, 9];
-    let _ = table.open(1, [7; 16], &dest, now);
+    let (room, secret) = (Room::from(1u32), RoomSecret::from([7; 16]));
+    let _ = table.open(room, secret, &dest, now);
     let mut accepted = std::collections::HashSet::new();
     for (i, chunk) in data.chunks(HEADER_LEN).enumerate() {
         let mut b = [0u8; HEADER_LEN];
@@ -33,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
         match h.kind {
             Kind::Pages => {
                 if let Ok(c) = table.claim(&h, now) {
-                    assert_eq!((c.room, h.secret), (1, [7; 16]));
+                    assert_eq!((c.room, h.secret), (room, secret));
                     for p in c.first..c.first + c.n {
                         assert!(dest.contains(&p), "page outside the room");
                         assert!(accepted.insert(p), "page accepted twice");
@@ -44,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
             Kind::Done => {
                 if table.check_control(&h).is_ok() {
                     if let Some(aux) = Aux::decode(&chunk[..chunk.len().min(20)]) {
-                        table.done(1, aux, now);
+                        table.done(room, aux, now);
                     }
                 }
             }

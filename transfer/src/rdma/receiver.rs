@@ -2,6 +2,7 @@
 //! RECVs posted on each queue pair and checks every run a SEND reports against the room table
 //! and its checksum.
 
+use ferry_core::{Room, RoomSecret};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,12 +88,12 @@ impl<V: Verbs> RdmaReceiver<V> {
     }
 
     /// Opens a room that may fill `dest`; the receiver resolves with its outcome.
-    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         self.shared.inbox.open_in(self.shared.mem.pages(), room, secret, dest)
     }
 
     /// Forgets a room; its pages may be reused and later messages for it are refused.
-    pub fn close(&self, room: u64) -> Option<State> {
+    pub fn close(&self, room: Room) -> Option<State> {
         self.shared.inbox.close(room)
     }
 
@@ -116,7 +117,7 @@ async fn serve<V: Verbs>(s: Arc<Shared<V>>, mut stream: TcpStream) {
 async fn serve_qp<V: Verbs>(
     s: &Shared<V>,
     stream: &mut TcpStream,
-    seen: &mut HashSet<u64>,
+    seen: &mut HashSet<Room>,
 ) -> std::io::Result<FailReason> {
     let peer = cm::read_hello(stream).await?;
     let slots = s.cfg.recv_slots.max(1);
@@ -190,18 +191,18 @@ async fn serve_qp<V: Verbs>(
 }
 
 /// One control message: headers of runs already written, or a `Done` / `Abort` with payload.
-fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<u64>) {
+fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room>) {
     let mut at = 0;
     while at + HEADER_LEN <= msg.len() {
         let mut hb = [0u8; HEADER_LEN];
         hb.copy_from_slice(&msg[at..at + HEADER_LEN]);
         at += HEADER_LEN;
         let h = match Header::decode(&hb, &s.limits) {
-            Ok(h) if h.room as u32 == imm => h,
+            Ok(h) if h.room.get() as u32 == imm => h,
             other => {
                 // A corrupt message: fail the rooms it could have been for.
                 tracing::warn!(?other, imm, "corrupt rdma control message");
-                let rooms: Vec<u64> = seen.iter().copied().filter(|&r| r as u32 == imm).collect();
+                let rooms: Vec<Room> = seen.iter().copied().filter(|&r| r.get() as u32 == imm).collect();
                 s.inbox.fail_all(rooms, &FailReason::Corrupt("corrupt control message".into()));
                 return;
             }
@@ -211,7 +212,7 @@ fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<u64>
                 let claim = match s.inbox.with_table(|t| t.claim(&h, Instant::now())) {
                     Ok(c) => c,
                     Err(r) => {
-                        tracing::debug!(room = %ferry_core::Room::label(h.room), reason = r.label(), "rdma run refused");
+                        tracing::debug!(room = %h.room, reason = r.label(), "rdma run refused");
                         continue;
                     }
                 };

@@ -1,6 +1,7 @@
 //! The sending side: one RC queue pair to one receiver; page runs go out as RDMA WRITEs from
 //! the registered arena, each chunk's headers follow in SENDs with immediate data.
 
+use ferry_core::{Room, RoomSecret};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -230,8 +231,8 @@ impl<V: Verbs> RdmaSender<V> {
     /// for `room`: one WRITE per run piece, then the pieces' headers in SENDs.
     pub async fn send_pages(
         &self,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         runs: &[PageRun],
         mem: &HostPages,
     ) -> std::io::Result<()> {
@@ -264,26 +265,26 @@ impl<V: Verbs> RdmaSender<V> {
         let per_msg = self.msg_bytes / HEADER_LEN;
         for chunk in headers.chunks(per_msg.max(1)) {
             let bytes: Vec<u8> = chunk.iter().flat_map(|h| h.encode()).collect();
-            ids.push(self.post_msg(&bytes, room as u32).await?);
+            ids.push(self.post_msg(&bytes, room.get() as u32).await?);
         }
         self.wait_all(&ids).await
     }
 
-    async fn control(&self, kind: Kind, room: u64, secret: [u8; 16], payload: &[u8]) -> std::io::Result<()> {
+    async fn control(&self, kind: Kind, room: Room, secret: RoomSecret, payload: &[u8]) -> std::io::Result<()> {
         let payload = &payload[..payload.len().min(MAX_SMALL_PAYLOAD as usize).min(self.msg_bytes - HEADER_LEN)];
         let mut bytes = Header::with(kind, room, secret, 0, 0, payload).encode().to_vec();
         bytes.extend_from_slice(payload);
-        let id = self.post_msg(&bytes, room as u32).await?;
+        let id = self.post_msg(&bytes, room.get() as u32).await?;
         self.wait_all(&[id]).await
     }
 
     /// Sends the room's last message: the aux data.
-    pub async fn send_done(&self, room: u64, secret: [u8; 16], aux: Aux) -> std::io::Result<()> {
+    pub async fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> std::io::Result<()> {
         self.control(Kind::Done, room, secret, &aux.encode()).await
     }
 
     /// Tells the receiver the room is abandoned.
-    pub async fn send_abort(&self, room: u64, secret: [u8; 16], reason: &str) -> std::io::Result<()> {
+    pub async fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
         self.control(Kind::Abort, room, secret, reason.as_bytes()).await
     }
 }

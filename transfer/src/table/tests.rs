@@ -3,7 +3,12 @@
 use super::*;
 use crate::frame::Kind;
 
-fn pages_header(room: u64, secret: [u8; 16], first: u32, n: u32) -> Header {
+/// The rooms ended so far, by plain id (for matching).
+fn drained(t: &mut RoomTable) -> Vec<(u64, Outcome)> {
+    t.drain_ended().into_iter().map(|(r, o)| (r.get(), o)).collect()
+}
+
+fn pages_header(room: RoomId, secret: RoomSecret, first: u32, n: u32) -> Header {
     Header { kind: Kind::Pages, room, secret, dst_page: first, n_pages: n, payload_len: 0, payload_crc: 0 }
 }
 
@@ -11,27 +16,52 @@ fn pages_header(room: u64, secret: [u8; 16], first: u32, n: u32) -> Header {
 fn frames_are_checked_against_the_room() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(1, [1; 16], &[10, 11, 12, 20], now).expect("open");
-    assert_eq!(t.open(1, [1; 16], &[30], now), Err(Refusal::DuplicateRoom));
-    assert_eq!(t.open(2, [2; 16], &[12], now), Err(Refusal::PagesInUse));
-    assert_eq!(t.claim(&pages_header(9, [1; 16], 10, 1), now), Err(Refusal::UnknownRoom));
-    assert_eq!(t.claim(&pages_header(1, [0; 16], 10, 1), now), Err(Refusal::WrongSecret));
-    assert_eq!(t.claim(&pages_header(1, [1; 16], 12, 2), now), Err(Refusal::OutsideRoom), "page 13 is not the room's");
-    assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX, 2), now), Err(Refusal::OutsideRoom));
-    assert_eq!(t.claim(&pages_header(1, [1; 16], u32::MAX - 1, 2), now), Err(Refusal::OutsideRoom), "ends at 2^32");
-    let c = t.claim(&pages_header(1, [1; 16], 10, 3), now).expect("claim");
-    assert_eq!(t.claim(&pages_header(1, [1; 16], 11, 1), now), Err(Refusal::Duplicate), "claimed pages");
+    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[10, 11, 12, 20], now).expect("open");
+    assert_eq!(t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[30], now), Err(Refusal::DuplicateRoom));
+    assert_eq!(t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[12], now), Err(Refusal::PagesInUse));
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(9u32), RoomSecret::from([1; 16]), 10, 1), now),
+        Err(Refusal::UnknownRoom)
+    );
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([0; 16]), 10, 1), now),
+        Err(Refusal::WrongSecret)
+    );
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 12, 2), now),
+        Err(Refusal::OutsideRoom),
+        "page 13 is not the room's"
+    );
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), u32::MAX, 2), now),
+        Err(Refusal::OutsideRoom)
+    );
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), u32::MAX - 1, 2), now),
+        Err(Refusal::OutsideRoom),
+        "ends at 2^32"
+    );
+    let c = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 10, 3), now).expect("claim");
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 11, 1), now),
+        Err(Refusal::Duplicate),
+        "claimed pages"
+    );
     t.commit(c, now);
-    assert_eq!(t.claim(&pages_header(1, [1; 16], 10, 1), now), Err(Refusal::Duplicate), "received pages");
+    assert_eq!(
+        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 10, 1), now),
+        Err(Refusal::Duplicate),
+        "received pages"
+    );
     // Done before the last page: completes when it arrives.
-    t.done(1, Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
-    assert!(t.drain_ended().is_empty());
-    let c = t.claim(&pages_header(1, [1; 16], 20, 1), now).expect("claim");
+    t.done(RoomId::from(1u32), Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
+    assert!(drained(&mut t).is_empty());
+    let c = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 20, 1), now).expect("claim");
     t.commit(c, now);
-    let ended = t.drain_ended();
+    let ended = drained(&mut t);
     assert!(matches!(ended.as_slice(), [(1, Outcome::Success(a))] if a.first_token == 5));
-    assert_eq!(t.claim(&pages_header(1, [1; 16], 20, 1), now), Err(Refusal::Closed));
-    assert_eq!(t.close(1), Some(State::Success));
+    assert_eq!(t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 20, 1), now), Err(Refusal::Closed));
+    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Success));
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
     assert_eq!(t.refusals(Refusal::Duplicate), 2);
 }
@@ -40,16 +70,16 @@ fn frames_are_checked_against_the_room() {
 fn wrong_aux_timeouts_and_aborts_fail_the_room() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(1, [1; 16], &[1], now).expect("open");
-    t.done(1, Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
-    assert!(matches!(t.drain_ended().as_slice(), [(1, Outcome::Failed(FailReason::Corrupt(_)))]));
-    t.open(2, [2; 16], &[2], now).expect("open");
+    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[1], now).expect("open");
+    t.done(RoomId::from(1u32), Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
+    assert!(matches!(drained(&mut t).as_slice(), [(1, Outcome::Failed(FailReason::Corrupt(_)))]));
+    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[2], now).expect("open");
     t.tick(now + Timeouts::default().waiting);
-    assert!(matches!(t.drain_ended().as_slice(), [(2, Outcome::Failed(FailReason::Timeout(State::WaitingForInput)))]));
-    t.open(3, [3; 16], &[3], now).expect("open");
-    t.fail(3, FailReason::Aborted("client".into()));
-    assert_eq!(t.drain_ended().len(), 1);
-    for r in 1..=3 {
+    assert!(matches!(drained(&mut t).as_slice(), [(2, Outcome::Failed(FailReason::Timeout(State::WaitingForInput)))]));
+    t.open(RoomId::from(3u32), RoomSecret::from([3; 16]), &[3], now).expect("open");
+    t.fail(RoomId::from(3u32), FailReason::Aborted("client".into()));
+    assert_eq!(drained(&mut t).len(), 1);
+    for r in (1..=3u32).map(RoomId::from) {
         t.close(r);
     }
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
@@ -63,25 +93,27 @@ fn wrong_aux_timeouts_and_aborts_fail_the_room() {
 fn a_reopened_room_id_cannot_settle_a_stalled_write_of_its_earlier_incarnation() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(1, [1; 16], &[5, 6], now).expect("open");
-    let stalled = t.claim(&pages_header(1, [1; 16], 5, 1), now).expect("claim");
-    assert_eq!(t.close(1), Some(State::Transferring));
-    match t.open(1, [1; 16], &[7], now) {
+    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[5, 6], now).expect("open");
+    let stalled = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 5, 1), now).expect("claim");
+    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Transferring));
+    match t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[7], now) {
         Err(r) => assert_eq!(r, Refusal::RoomClosing),
         Ok(()) => {
-            let c = t.claim(&pages_header(1, [1; 16], 7, 1), now).expect("claim the new room's page");
+            let c = t
+                .claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 7, 1), now)
+                .expect("claim the new room's page");
             t.commit(c, now);
         }
     }
     assert_eq!(
-        t.open(2, [2; 16], &[5, 6], now),
+        t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now),
         Err(Refusal::PagesInUse),
         "pages 5 and 6 handed out while a write into page 5 may still land"
     );
     t.commit(stalled, now);
-    assert!(!t.writing(1));
-    t.open(2, [2; 16], &[5, 6], now).expect("free once the stalled write ended");
-    t.open(1, [1; 16], &[7], now).expect("the id is free again too");
+    assert!(!t.writing(RoomId::from(1u32)));
+    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now).expect("free once the stalled write ended");
+    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[7], now).expect("the id is free again too");
     assert_eq!(t.refusals(Refusal::RoomClosing), 1);
 }
 
@@ -89,22 +121,26 @@ fn a_reopened_room_id_cannot_settle_a_stalled_write_of_its_earlier_incarnation()
 fn a_room_closed_mid_write_keeps_its_pages_until_the_write_settles() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(1, [1; 16], &[5, 6, 7], now).expect("open");
-    let writing = t.claim(&pages_header(1, [1; 16], 5, 2), now).expect("claim");
-    assert_eq!(t.close(1), Some(State::Transferring));
-    assert!(t.writing(1), "a run is still being written into pages 5 and 6");
-    assert_eq!(t.open(2, [2; 16], &[6], now), Err(Refusal::PagesInUse), "not reusable yet");
+    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[5, 6, 7], now).expect("open");
+    let writing = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 5, 2), now).expect("claim");
+    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Transferring));
+    assert!(t.writing(RoomId::from(1u32)), "a run is still being written into pages 5 and 6");
+    assert_eq!(
+        t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[6], now),
+        Err(Refusal::PagesInUse),
+        "not reusable yet"
+    );
     assert!(t.drain_released().is_empty());
     t.unclaim(writing);
-    assert!(!t.writing(1));
-    assert_eq!(t.drain_released(), vec![1], "the owner is told the pages are free");
-    t.open(2, [2; 16], &[5, 6, 7], now).expect("free again once the write ended");
+    assert!(!t.writing(RoomId::from(1u32)));
+    assert_eq!(t.drain_released(), vec![RoomId::from(1u32)], "the owner is told the pages are free");
+    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6, 7], now).expect("free again once the write ended");
     // A failed checksum ends the claim too: the room fails, its pages are expected again.
-    let c = t.claim(&pages_header(2, [2; 16], 7, 1), now).expect("claim");
+    let c = t.claim(&pages_header(RoomId::from(2u32), RoomSecret::from([2; 16]), 7, 1), now).expect("claim");
     t.unclaim(c);
-    t.fail(2, FailReason::Corrupt("crc".into()));
-    t.close(2);
-    assert!(!t.writing(2));
+    t.fail(RoomId::from(2u32), FailReason::Corrupt("crc".into()));
+    t.close(RoomId::from(2u32));
+    assert!(!t.writing(RoomId::from(2u32)));
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
 }
 
@@ -125,37 +161,37 @@ mod random {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Open { room: u64, first: u32, n: u32 },
-        Claim { room: u64, first: u32, n: u32, wrong_secret: bool, anywhere: bool },
+        Open { room: RoomId, first: u32, n: u32 },
+        Claim { room: RoomId, first: u32, n: u32, wrong_secret: bool, anywhere: bool },
         Settle { which: usize, ok: bool },
-        Done { room: u64, total: u32 },
-        Fail { room: u64 },
-        Close { room: u64 },
+        Done { room: RoomId, total: u32 },
+        Fail { room: RoomId },
+        Close { room: RoomId },
         Tick { secs: u64 },
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            3 => (0u64..3, 0u32..16, 1u32..5).prop_map(|(room, first, n)| Op::Open { room, first, n }),
+            3 => (0u32..3, 0u32..16, 1u32..5).prop_map(|(room, first, n)| Op::Open { room: room.into(), first, n }),
             // Mostly runs starting at one of the room's own pages (`first` picks which), so
             // that claims succeed; sometimes anywhere.
-            4 => (0u64..3, 0u32..17, 1u32..4, 0u8..8, 0u8..4).prop_map(|(room, first, n, wrong, anywhere)| Op::Claim {
-                room,
+            4 => (0u32..3, 0u32..17, 1u32..4, 0u8..8, 0u8..4).prop_map(|(room, first, n, wrong, anywhere)| Op::Claim {
+                room: room.into(),
                 first,
                 n,
                 wrong_secret: wrong == 0,
                 anywhere: anywhere == 0
             }),
             2 => (any::<usize>(), any::<bool>()).prop_map(|(which, ok)| Op::Settle { which, ok }),
-            1 => (0u64..3, 1u32..5).prop_map(|(room, total)| Op::Done { room, total }),
-            1 => (0u64..3).prop_map(|room| Op::Fail { room }),
-            2 => (0u64..3).prop_map(|room| Op::Close { room }),
+            1 => (0u32..3, 1u32..5).prop_map(|(room, total)| Op::Done { room: room.into(), total }),
+            1 => (0u32..3).prop_map(|room| Op::Fail { room: room.into() }),
+            2 => (0u32..3).prop_map(|room| Op::Close { room: room.into() }),
             1 => (0u64..40).prop_map(|secs| Op::Tick { secs }),
         ]
     }
 
-    fn secret(room: u64) -> [u8; 16] {
-        [room as u8 + 1; 16]
+    fn secret(room: RoomId) -> RoomSecret {
+        RoomSecret::from([room.get() as u8 + 1; 16])
     }
 
     fn check(t: &RoomTable, writing: &[Claim]) {
@@ -163,14 +199,14 @@ mod random {
         for (&id, r) in &t.rooms {
             for &p in r.pages.keys() {
                 assert!(held.insert(p), "page {p} in two rooms");
-                assert_eq!(t.owners.get(&p), Some(&id), "page {p} of room {id} not owned by it");
+                assert_eq!(t.owners.get(&PageId(p)), Some(&id), "page {p} of room {id} not owned by it");
             }
         }
         for (&id, z) in &t.closing {
             assert!(t.rooms.get(&id).is_none_or(|r| r.incarnation != z.incarnation));
             for &p in &z.pages {
                 assert!(held.insert(p), "closing page {p} also in another room");
-                assert_eq!(t.owners.get(&p), Some(&id));
+                assert_eq!(t.owners.get(&PageId(p)), Some(&id));
             }
         }
         assert_eq!(held.len(), t.held_pages(), "owners holds pages of no room");
@@ -179,7 +215,7 @@ mod random {
                 || t.closing.get(&c.room).is_some_and(|z| z.incarnation == c.incarnation);
             assert!(own, "{c:?} is being written but its room incarnation let go of it");
             for p in c.first..c.first + c.n {
-                assert_eq!(t.owners.get(&p), Some(&c.room), "page {p} being written is free or another room's");
+                assert_eq!(t.owners.get(&PageId(p)), Some(&c.room), "page {p} being written is free or another room's");
             }
         }
     }
@@ -196,7 +232,7 @@ mod random {
                 transferring: Duration::from_secs(30),
             });
             let mut writing: Vec<Claim> = Vec::new();
-            let (mut opened, mut ended) = (0usize, HashMap::<u64, usize>::new());
+            let (mut opened, mut ended) = (0usize, HashMap::<RoomId, usize>::new());
             let mut count = |t: &mut RoomTable| {
                 for (room, _) in t.drain_ended() {
                     *ended.entry(room).or_default() += 1;
@@ -211,7 +247,7 @@ mod random {
                         }
                     }
                     Op::Claim { room, first, n, wrong_secret, anywhere } => {
-                        let s = if wrong_secret { [0; 16] } else { secret(room) };
+                        let s = if wrong_secret { RoomSecret::from([0; 16]) } else { secret(room) };
                         let first = match t.rooms.get(&room) {
                             Some(r) if !anywhere => {
                                 let mut own: Vec<u32> = r.pages.keys().copied().collect();
@@ -235,7 +271,7 @@ mod random {
                     Op::Done { room, total } => {
                         let h = Header { kind: crate::frame::Kind::Done, room, secret: secret(room), dst_page: 0, n_pages: 0, payload_len: 0, payload_crc: 0 };
                         if t.check_control(&h).is_ok() {
-                            t.done(room, Aux { first_token: 1, logprob: 0.0, room_echo: room, total_pages: total }, now);
+                            t.done(room, Aux { first_token: 1, logprob: 0.0, room_echo: room.get(), total_pages: total }, now);
                         }
                     }
                     Op::Fail { room } => t.fail(room, FailReason::Aborted("test".into())),
@@ -256,7 +292,7 @@ mod random {
             for c in std::mem::take(&mut writing) {
                 t.unclaim(c);
             }
-            for room in 0..3 {
+            for room in (0..3u32).map(RoomId::from) {
                 t.fail(room, FailReason::Aborted("end".into()));
                 t.close(room);
             }

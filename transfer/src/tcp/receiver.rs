@@ -1,6 +1,7 @@
 //! The receiving side: accepts connections, checks every frame against the room table and
 //! reads page payloads straight into the claimed destination pages.
 
+use ferry_core::{Room, RoomSecret};
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -73,13 +74,13 @@ impl TcpReceiver {
     }
 
     /// Opens a room that may fill `dest`; the receiver resolves with its outcome.
-    pub fn open(&self, room: u64, secret: [u8; 16], dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
+    pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         self.shared.inbox.open_in(self.shared.mem.pages(), room, secret, dest)
     }
 
     /// Forgets a room (after its outcome, or to abort it from this side); its pages may be
     /// reused and later frames for it are refused.
-    pub fn close(&self, room: u64) -> Option<State> {
+    pub fn close(&self, room: Room) -> Option<State> {
         self.shared.inbox.close(room)
     }
 
@@ -143,7 +144,7 @@ const SEEN_PRUNE_AT: usize = 256;
 /// One connection: frames until EOF, a framing error or a stall mid-frame. Rooms this
 /// connection carried that have not ended fail when it breaks.
 async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
-    let mut seen: HashSet<u64> = HashSet::new();
+    let mut seen: HashSet<Room> = HashSet::new();
     let reason = loop {
         if seen.len() >= SEEN_PRUNE_AT {
             // A long-lived connection carries room after room: keep only the open ones.
@@ -180,11 +181,11 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
     s.inbox.fail_all(seen, &reason);
 }
 
-async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
+async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<()> {
     let claim = match s.inbox.with_table(|t| t.claim(h, Instant::now())) {
         Ok(c) => c,
         Err(refusal) => {
-            tracing::debug!(room = %ferry_core::Room::label(h.room), reason = refusal.label(), "frame refused");
+            tracing::debug!(room = %h.room, reason = refusal.label(), "frame refused");
             return skip(stream, h.payload_len as usize, s.progress).await;
         }
     };
@@ -207,7 +208,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
     Ok(())
 }
 
-async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<u64>) -> std::io::Result<()> {
+async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<()> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
     read_within(stream, &mut payload, s.progress).await?;
     if s.inbox.control(h, &payload) {

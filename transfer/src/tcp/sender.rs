@@ -1,5 +1,6 @@
 //! The sending side: frames out of pool memory onto a few reused connections.
 
+use ferry_core::{Room, RoomSecret};
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -125,8 +126,8 @@ impl TcpSender {
     /// connections and writing them in parallel.
     pub async fn send_pages(
         &self,
-        room: u64,
-        secret: [u8; 16],
+        room: Room,
+        secret: RoomSecret,
         runs: &[PageRun],
         mem: &HostPages,
     ) -> std::io::Result<()> {
@@ -160,14 +161,14 @@ impl TcpSender {
     }
 
     /// Sends the room's last message: the aux data.
-    pub async fn send_done(&self, room: u64, secret: [u8; 16], aux: Aux) -> std::io::Result<()> {
+    pub async fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> std::io::Result<()> {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = aux.encode();
         self.send(c, Header::with(Kind::Done, room, secret, 0, 0, &payload), &payload).await
     }
 
     /// Tells the receiver the room is abandoned.
-    pub async fn send_abort(&self, room: u64, secret: [u8; 16], reason: &str) -> std::io::Result<()> {
+    pub async fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = &reason.as_bytes()[..reason.len().min(crate::frame::MAX_SMALL_PAYLOAD as usize)];
         self.send(c, Header::with(Kind::Abort, room, secret, 0, 0, payload), payload).await

@@ -2,6 +2,7 @@
 //! WRITEs and SENDs go through `MemVerbs`, which can fail, corrupt, disconnect or stall. The
 //! calls go through the backend-independent `Sender` / `Receiver` / `SendRoom` layer.
 
+use ferry_core::{Room, RoomSecret};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,13 +44,18 @@ async fn pair(verbs: MemVerbs) -> Pair {
     Pair { src, rx_mem, receiver: Receiver::RdmaMem(r), sender: Arc::new(Sender::RdmaMem(Box::new(s))) }
 }
 
+/// Room `room`'s secret in these tests.
+fn key(room: u64) -> RoomSecret {
+    RoomSecret::from([room as u8; 16])
+}
+
 fn aux(room: u64, pages: usize) -> Aux {
     Aux { first_token: room as u32, logprob: -0.5, room_echo: room, total_pages: pages as u32 }
 }
 
 /// A room sent through `SendRoom` in chunks of up to `chunk` pages.
 async fn send_room(p: &Pair, room: u64, src: &[u32], dst: &[u32], chunk: usize) -> Result<(), FailReason> {
-    let mut r = SendRoom::new(room, [room as u8; 16], rcfg().timeouts, Instant::now());
+    let mut r = SendRoom::new(Room::new(room).expect("63 bits"), key(room), rcfg().timeouts, Instant::now());
     assert_eq!(r.poll(Instant::now()), State::Bootstrapping);
     r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now())?;
     let mut at = 0;
@@ -78,7 +84,7 @@ async fn random_rooms_arrive_bit_exact_over_rdma() {
         let mut src = rng.pick(n, &mut free_src);
         src.sort_unstable();
         let room = round + 1;
-        let done = p.receiver.open(room, [room as u8; 16], &dst).expect("open");
+        let done = p.receiver.open(Room::new(room).expect("63 bits"), key(room), &dst).expect("open");
         let chunk = 1 + rng.next(6) as usize;
         send_room(&p, room, &src, &dst, chunk).await.expect("sent");
         match outcome(done).await {
@@ -88,8 +94,9 @@ async fn random_rooms_arrive_bit_exact_over_rdma() {
         for (s, d) in src.iter().zip(&dst) {
             assert_eq!(page(&p.rx_mem, *d), page(&p.src, *s), "room {room}: page {s} -> {d}");
         }
-        assert_eq!(p.receiver.poll(room), Some(State::Success));
-        p.receiver.close(room);
+        let id = Room::new(room).expect("63 bits");
+        assert_eq!(p.receiver.poll(id), Some(State::Success));
+        p.receiver.close(id);
     }
     assert_eq!(p.receiver.inbox().open_rooms(), (0, 0));
 }
@@ -98,7 +105,7 @@ async fn faulty(fault: VerbsFault) -> (Result<(), FailReason>, Outcome, Pair) {
     let p = pair(MemVerbs::with_faults(vec![fault])).await;
     let dst: Vec<u32> = (20..32).collect();
     let src: Vec<u32> = (0..12).collect();
-    let done = p.receiver.open(5, [5; 16], &dst).expect("open");
+    let done = p.receiver.open(Room::from(5u32), RoomSecret::from([5; 16]), &dst).expect("open");
     let sent = send_room(&p, 5, &src, &dst, 4).await;
     (sent, outcome(done).await, p)
 }
@@ -109,7 +116,7 @@ async fn verbs_failures_fail_the_room_on_both_sides_with_a_reason() {
     let (sent, o, p) = faulty(VerbsFault::CorruptAt(0)).await;
     assert!(sent.is_ok(), "the sender cannot tell: {sent:?}");
     assert!(matches!(o, Outcome::Failed(FailReason::Corrupt(_))), "{o:?}");
-    p.receiver.close(5);
+    p.receiver.close(Room::from(5u32));
     // A remote access error: the queue pair breaks, both sides see it.
     let (sent, o, _) = faulty(VerbsFault::FailAt(2)).await;
     assert!(matches!(sent, Err(FailReason::PeerGone(_))), "{sent:?}");
@@ -130,9 +137,9 @@ async fn aborts_and_a_vanished_sender_free_the_room() {
     let p = pair(MemVerbs::new()).await;
     // Sender-side abort mid-room.
     let dst = [1, 2, 3];
-    let done = p.receiver.open(1, [1; 16], &dst).expect("open");
+    let done = p.receiver.open(Room::from(1u32), RoomSecret::from([1; 16]), &dst).expect("open");
     {
-        let mut r = SendRoom::new(1, [1; 16], rcfg().timeouts, Instant::now());
+        let mut r = SendRoom::new(Room::from(1u32), RoomSecret::from([1; 16]), rcfg().timeouts, Instant::now());
         r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now()).expect("handshake");
         r.send(0, &[9], &p.src, None).await.expect("first chunk");
         r.abort("client went away").await;
@@ -143,11 +150,11 @@ async fn aborts_and_a_vanished_sender_free_the_room() {
         }
         assert!(r.send(1, &[10], &p.src, None).await.is_err(), "a failed room sends nothing more");
     }
-    p.receiver.close(1);
+    p.receiver.close(Room::from(1u32));
     assert_eq!(p.receiver.inbox().open_rooms(), (0, 0));
     // The sender process goes away: its exchange socket closes, the receiver fails its rooms.
-    let done = p.receiver.open(2, [2; 16], &dst).expect("reopen the same pages");
-    let mut r = SendRoom::new(2, [2; 16], rcfg().timeouts, Instant::now());
+    let done = p.receiver.open(Room::from(2u32), RoomSecret::from([2; 16]), &dst).expect("reopen the same pages");
+    let mut r = SendRoom::new(Room::from(2u32), RoomSecret::from([2; 16]), rcfg().timeouts, Instant::now());
     r.handshake(Arc::clone(&p.sender), dst.to_vec(), Instant::now()).expect("handshake");
     r.send(0, &[9], &p.src, None).await.expect("first chunk");
     let Pair { sender, receiver, .. } = p;
@@ -155,7 +162,7 @@ async fn aborts_and_a_vanished_sender_free_the_room() {
     drop(sender);
     let o = outcome(done).await;
     assert!(matches!(o, Outcome::Failed(FailReason::PeerGone(_))), "{o:?}");
-    receiver.close(2);
+    receiver.close(Room::from(2u32));
     assert_eq!(receiver.inbox().open_rooms(), (0, 0));
 }
 
@@ -164,15 +171,15 @@ async fn sender_room_states_and_timeouts() {
     let p = pair(MemVerbs::new()).await;
     let t0 = Instant::now();
     let t = rcfg().timeouts;
-    let mut r = SendRoom::new(3, [3; 16], t, t0);
+    let mut r = SendRoom::new(Room::from(3u32), RoomSecret::from([3; 16]), t, t0);
     assert!(r.send(0, &[1], &p.src, None).await.is_err(), "no send before the handshake");
-    let mut r2 = SendRoom::new(4, [4; 16], t, t0);
+    let mut r2 = SendRoom::new(Room::from(4u32), RoomSecret::from([4; 16]), t, t0);
     assert_eq!(r2.poll(t0 + t.bootstrap), State::Failed, "bootstrap times out");
     assert!(matches!(r2.reason(), Some(FailReason::Timeout(State::Bootstrapping))));
-    r = SendRoom::new(3, [3; 16], t, t0);
+    r = SendRoom::new(Room::from(3u32), RoomSecret::from([3; 16]), t, t0);
     r.handshake(Arc::clone(&p.sender), vec![1, 2], t0).expect("handshake");
     assert_eq!(r.poll(t0 + t.waiting), State::Failed, "waiting for input times out");
-    let mut r3 = SendRoom::new(5, [5; 16], t, t0);
+    let mut r3 = SendRoom::new(Room::from(5u32), RoomSecret::from([5; 16]), t, t0);
     r3.handshake(Arc::clone(&p.sender), vec![1, 2], t0).expect("handshake");
     assert!(r3.send(1, &[1, 2], &p.src, None).await.is_err(), "slots past the destination list are refused");
 }

@@ -1,6 +1,7 @@
 //! The tcp backend over real loopback sockets: bit-exact delivery into the right pages,
 //! refusals, corruption, truncation, cuts, aborts — and nothing left behind.
 
+use ferry_core::{Room, RoomSecret};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,8 +40,8 @@ async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
             let mut srcp = rng.pick(n, &mut free_src);
             srcp.sort_unstable();
             let room = round * 10 + r + 1;
-            let secret = [room as u8; 16];
-            let done = receiver.open(room, secret, &dst).expect("open");
+            let secret = RoomSecret::from([room as u8; 16]);
+            let done = receiver.open(Room::new(room).expect("63 bits"), secret, &dst).expect("open");
             rooms.push((room, secret, srcp, dst, done));
         }
         let sends = rooms.iter().map(|(room, secret, srcp, dst, _)| {
@@ -52,12 +53,12 @@ async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
                 while at < srcp.len() {
                     let k = (1 + rng.next(4) as usize).min(srcp.len() - at);
                     let runs = coalesce(&srcp[at..at + k], &dst[at..at + k]);
-                    sender.send_pages(*room, *secret, &runs, src).await.expect("send");
+                    sender.send_pages(Room::new(*room).expect("63 bits"), *secret, &runs, src).await.expect("send");
                     at += k;
                 }
                 let aux =
                     Aux { first_token: *room as u32, logprob: -1.5, room_echo: *room, total_pages: dst.len() as u32 };
-                sender.send_done(*room, *secret, aux).await.expect("done");
+                sender.send_done(Room::new(*room).expect("63 bits"), *secret, aux).await.expect("done");
             }
         });
         futures::future::join_all(sends).await;
@@ -69,7 +70,7 @@ async fn random_rooms_arrive_bit_exact_in_the_right_pages() {
             for (s, d) in srcp.iter().zip(&dst) {
                 assert_eq!(page(&rx_mem, *d), page(&src, *s), "room {room}: page {s} → {d}");
             }
-            receiver.close(room);
+            receiver.close(Room::new(room).expect("63 bits"));
         }
         for &p in &free_dst {
             assert!(page(&rx_mem, p).iter().all(|&b| b == 0), "round {round}: untouched page {p} written");
@@ -85,17 +86,24 @@ async fn foreign_frames_are_refused_counted_and_write_nothing() {
     let receiver = TcpReceiver::bind(any_addr(), Arc::clone(&rx_mem), cfg()).await.expect("bind");
     let sender =
         TcpSender::connect(receiver.local_addr(), TcpConfig { connections: 1, ..cfg() }).await.expect("connect");
-    let done = receiver.open(7, [7; 16], &[10, 11]).expect("open");
+    let done = receiver.open(Room::from(7u32), RoomSecret::from([7; 16]), &[10, 11]).expect("open");
     let run = |src: u32, dst: u32| coalesce(&[src], &[dst]);
     // Refused frames aim at pages nothing else writes, so a write would show.
-    sender.send_pages(8, [7; 16], &run(1, 20), &src).await.expect("unknown room");
-    sender.send_pages(7, [0; 16], &run(1, 21), &src).await.expect("wrong secret");
-    sender.send_pages(7, [7; 16], &run(1, 12), &src).await.expect("outside the room");
+    sender.send_pages(Room::from(8u32), RoomSecret::from([7; 16]), &run(1, 20), &src).await.expect("unknown room");
+    sender.send_pages(Room::from(7u32), RoomSecret::from([0; 16]), &run(1, 21), &src).await.expect("wrong secret");
+    sender.send_pages(Room::from(7u32), RoomSecret::from([7; 16]), &run(1, 12), &src).await.expect("outside the room");
     // The connection still works: the real pages go through afterwards.
-    sender.send_pages(7, [7; 16], &coalesce(&[3, 4], &[10, 11]), &src).await.expect("send");
-    sender.send_pages(7, [7; 16], &run(3, 10), &src).await.expect("duplicate");
     sender
-        .send_done(7, [7; 16], Aux { first_token: 1, logprob: 0.0, room_echo: 7, total_pages: 2 })
+        .send_pages(Room::from(7u32), RoomSecret::from([7; 16]), &coalesce(&[3, 4], &[10, 11]), &src)
+        .await
+        .expect("send");
+    sender.send_pages(Room::from(7u32), RoomSecret::from([7; 16]), &run(3, 10), &src).await.expect("duplicate");
+    sender
+        .send_done(
+            Room::from(7u32),
+            RoomSecret::from([7; 16]),
+            Aux { first_token: 1, logprob: 0.0, room_echo: 7, total_pages: 2 },
+        )
         .await
         .expect("done");
     assert!(matches!(outcome(done).await, Outcome::Success(_)));
@@ -111,9 +119,9 @@ async fn foreign_frames_are_refused_counted_and_write_nothing() {
         assert!(page(&rx_mem, p).iter().all(|&b| b == 0), "refused frame wrote page {p}");
     }
     assert_eq!(page(&rx_mem, 10), page(&src, 3));
-    receiver.close(7);
+    receiver.close(Room::from(7u32));
     // Frames for a closed room are refused too.
-    sender.send_pages(7, [7; 16], &run(1, 10), &src).await.expect("late frame");
+    sender.send_pages(Room::from(7u32), RoomSecret::from([7; 16]), &run(1, 10), &src).await.expect("late frame");
     eventually("the late frame's refusal", || receiver.refusals(Refusal::UnknownRoom) == 2).await;
     assert_eq!(page(&rx_mem, 10), page(&src, 3), "late frame wrote nothing");
 }
@@ -127,10 +135,16 @@ async fn faulty_room(fault: Fault, nth: u64) -> (Outcome, TcpReceiver) {
         .await
         .expect("connect");
     let dst: Vec<u32> = (20..28).collect();
-    let done = receiver.open(5, [5; 16], &dst).expect("open");
+    let done = receiver.open(Room::from(5u32), RoomSecret::from([5; 16]), &dst).expect("open");
     let srcp: Vec<u32> = (0..8).collect();
-    let _ = sender.send_pages(5, [5; 16], &coalesce(&srcp, &dst), &src).await;
-    let _ = sender.send_done(5, [5; 16], Aux { first_token: 0, logprob: 0.0, room_echo: 5, total_pages: 8 }).await;
+    let _ = sender.send_pages(Room::from(5u32), RoomSecret::from([5; 16]), &coalesce(&srcp, &dst), &src).await;
+    let _ = sender
+        .send_done(
+            Room::from(5u32),
+            RoomSecret::from([5; 16]),
+            Aux { first_token: 0, logprob: 0.0, room_echo: 5, total_pages: 8 },
+        )
+        .await;
     (outcome(done).await, receiver)
 }
 
@@ -150,7 +164,7 @@ async fn corrupt_truncated_cut_and_dropped_frames_fail_the_room_with_a_reason() 
     assert!(matches!(o, Outcome::Success(_)), "{o:?}");
     let (o, receiver) = faulty_room(Fault::Reorder, 0).await;
     assert!(matches!(o, Outcome::Success(_)), "{o:?}");
-    receiver.close(5);
+    receiver.close(Room::from(5u32));
     assert_eq!(receiver.open_rooms(), (0, 0));
 }
 
@@ -160,20 +174,20 @@ async fn aborts_from_either_side_end_the_room_and_free_its_pages() {
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
     let sender = TcpSender::connect(receiver.local_addr(), cfg()).await.expect("connect");
-    let done = receiver.open(1, [1; 16], &[1, 2, 3]).expect("open");
-    sender.send_pages(1, [1; 16], &coalesce(&[5], &[1]), &src).await.expect("send");
-    sender.send_abort(1, [1; 16], "client went away").await.expect("abort");
+    let done = receiver.open(Room::from(1u32), RoomSecret::from([1; 16]), &[1, 2, 3]).expect("open");
+    sender.send_pages(Room::from(1u32), RoomSecret::from([1; 16]), &coalesce(&[5], &[1]), &src).await.expect("send");
+    sender.send_abort(Room::from(1u32), RoomSecret::from([1; 16]), "client went away").await.expect("abort");
     match outcome(done).await {
         Outcome::Failed(FailReason::Aborted(why)) => assert_eq!(why, "client went away"),
         other => panic!("{other:?}"),
     }
-    receiver.close(1);
+    receiver.close(Room::from(1u32));
     // Receiver side: close mid-transfer; the sender's later frames are refused.
-    let done = receiver.open(2, [2; 16], &[1, 2, 3]).expect("reopen the same pages");
-    sender.send_pages(2, [2; 16], &coalesce(&[5], &[1]), &src).await.expect("send");
-    receiver.close(2);
+    let done = receiver.open(Room::from(2u32), RoomSecret::from([2; 16]), &[1, 2, 3]).expect("reopen the same pages");
+    sender.send_pages(Room::from(2u32), RoomSecret::from([2; 16]), &coalesce(&[5], &[1]), &src).await.expect("send");
+    receiver.close(Room::from(2u32));
     assert!(matches!(outcome(done).await, Outcome::Failed(FailReason::Aborted(_))));
-    sender.send_pages(2, [2; 16], &coalesce(&[6], &[2]), &src).await.expect("late");
+    sender.send_pages(Room::from(2u32), RoomSecret::from([2; 16]), &coalesce(&[6], &[2]), &src).await.expect("late");
     eventually("the late frame's refusal", || receiver.refusals(Refusal::UnknownRoom) >= 1).await;
     assert_eq!(receiver.open_rooms(), (0, 0));
 }
@@ -186,19 +200,21 @@ async fn a_sender_stalled_mid_frame_releases_the_rooms_pages_within_the_progress
     use tokio::io::AsyncWriteExt;
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
-    let done = receiver.open(3, [3; 16], &[10, 11]).expect("open");
+    let done = receiver.open(Room::from(3u32), RoomSecret::from([3; 16]), &[10, 11]).expect("open");
     let payload = vec![7u8; PAGE];
     let mut raw = tokio::net::TcpStream::connect(receiver.local_addr()).await.expect("connect");
-    raw.write_all(&Header::pages(3, [3; 16], 10, 1, &payload).encode()).await.expect("header");
+    raw.write_all(&Header::pages(Room::from(3u32), RoomSecret::from([3; 16]), 10, 1, &payload).encode())
+        .await
+        .expect("header");
     raw.write_all(&payload[..PAGE / 2]).await.expect("half the payload");
     let t = std::time::Instant::now();
     assert!(matches!(outcome(done).await, Outcome::Failed(_)));
-    receiver.close(3);
+    receiver.close(Room::from(3u32));
     // cfg(): transfers time out after 2 s without progress.
-    eventually("the stalled run's pages released", || !receiver.inbox().writing(3)).await;
+    eventually("the stalled run's pages released", || !receiver.inbox().writing(Room::from(3u32))).await;
     assert!(t.elapsed() < Duration::from_secs(5), "took {:?}", t.elapsed());
     assert_eq!(receiver.open_rooms(), (0, 0));
-    receiver.open(4, [4; 16], &[10, 11]).expect("the pages can be handed out again");
+    receiver.open(Room::from(4u32), RoomSecret::from([4; 16]), &[10, 11]).expect("the pages can be handed out again");
     // The stalled connection was dropped: its late bytes land nowhere.
     let _ = raw.write_all(&payload[PAGE / 2..]).await;
     drop(raw);
