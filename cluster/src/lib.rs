@@ -20,6 +20,7 @@ pub mod discovery;
 pub mod exporter;
 pub mod mtls;
 pub mod notify;
+pub mod phases;
 pub mod pki;
 pub mod shutdown;
 pub mod status;

@@ -75,6 +75,12 @@ pub const ROUTER_RETRIES: &str = "ferry_router_retries_total";
 pub const ROUTER_REQUESTS: &str = "ferry_router_requests_total";
 /// Seconds from a request's arrival at the router to its first token (histogram).
 pub const ROUTER_TTFT: &str = "ferry_router_ttft_seconds";
+/// Seconds between two streamed pieces of one answer at the router (inter-token latency)
+/// (histogram).
+pub const ROUTER_ITL: &str = "ferry_router_itl_seconds";
+/// Seconds one request spent in one phase on one daemon, by `role` and `phase` (see
+/// `ferry_cluster::phases`) (histogram).
+pub const REQUEST_PHASE: &str = "ferry_request_phase_seconds";
 /// Prompt tokens of the router's finished requests, by `kind` (prompt | cached) (counter).
 pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
 /// Workers the router knows, by `role` and `state` (healthy | unhealthy) (gauge).
@@ -207,6 +213,13 @@ pub const ALL: &[Metric] = &[
         "Requests finished by the router (stop, length, abort, error, cancelled, refused)",
     ),
     m(ROUTER_TTFT, Kind::Histogram, "", "Time from arrival at the router to the first token, seconds"),
+    m(
+        REQUEST_PHASE,
+        Kind::Histogram,
+        "role, phase",
+        "Time one request spent in one phase on one daemon, seconds (router: tokenize, queue, placement, first_token, decode; prefill: prefill_queue, prefill_compute, transfer; decode: admission, transfer, local_prefill, first_token, decode)",
+    ),
+    m(ROUTER_ITL, Kind::Histogram, "", "Time between two streamed pieces of one answer (inter-token latency), seconds"),
     m(ROUTER_PROMPT_TOKENS, Kind::Counter, "kind", "Prompt tokens of finished requests (prompt, cached)"),
     m(ROUTER_WORKERS, Kind::Gauge, "role, state", "Workers known to the router (healthy, unhealthy)"),
     m(ROUTER_INDEX_PAGES, Kind::Gauge, "", "Pages in the router's prefix index"),

@@ -146,6 +146,8 @@ struct Req {
     retracted_at: Option<Instant>,
     span: tracing::Span,
     trace: ferry_cluster::TraceContext,
+    /// Where its time goes (`ferry_request_phase_seconds{role="decode"}`).
+    clock: ferry_cluster::phases::PhaseClock,
 }
 
 impl Req {
@@ -327,6 +329,10 @@ impl<B: Backend> Engine<B> {
         let r = self.reqs.get_mut(&room)?;
         let tok = s.token;
         r.generated.push(tok);
+        if r.generated.len() == 1 {
+            let phase = if r.bootstrap.is_none() { "local_prefill" } else { "first_token" };
+            r.clock.lap(phase, Instant::now());
+        }
         self.queues.token(room);
         let p = r.sampler.params();
         let ctx = self.model.config().max_position_embeddings;

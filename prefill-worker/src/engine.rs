@@ -125,6 +125,10 @@ struct Live {
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
     span: tracing::Span,
+    /// Where its time goes (`ferry_request_phase_seconds{role="prefill"}`); whether its first
+    /// chunk was scheduled.
+    clock: ferry_cluster::phases::PhaseClock,
+    started: bool,
 }
 
 /// Engine settings.
@@ -311,6 +315,7 @@ impl<B: Backend> Engine<B> {
         let reply = l.reply.take();
         match (&l.aborting, result) {
             (None, Ok(())) => {
+                l.clock.lap("transfer", Instant::now());
                 metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "sent").increment(1);
                 if let (Some(tx), Some(s)) = (reply, l.first.take()) {
                     let done = PrefillDone {

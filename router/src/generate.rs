@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
+use ferry_cluster::phases::PhaseClock;
 use ferry_cluster::{RoomKey, TraceContext, traces, wire};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::{FinishReason, SamplingParams, ServedModel};
@@ -214,7 +215,9 @@ impl Ctx {
         self: &Arc<Self>,
         req: Prepared,
     ) -> Result<impl Stream<Item = Result<Piece, RouterError>> + use<>, RouterError> {
+        let mut clock = PhaseClock::start("router", Instant::now());
         let slot = self.admission.admit().await?;
+        clock.lap("queue", Instant::now());
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let prefill_states: Vec<PrefillState> = snap
@@ -259,6 +262,7 @@ impl Ctx {
         }
         .increment(1);
         let arrived = Instant::now();
+        clock.lap("placement", arrived);
         let key = RoomKey::random();
         if let Some((slot, ..)) = &prefill {
             let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
@@ -279,7 +283,7 @@ impl Ctx {
         tokio::spawn(
             async move {
                 let _slot = slot; // held while the request runs
-                let out = me.run(req, key, prefill, decode, arrived, &tx).await;
+                let out = me.run(req, key, prefill, decode, (arrived, clock), &tx).await;
                 if let Err(s) = out {
                     metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
                     let _ = tx.send(Err(s)).await;
@@ -451,7 +455,7 @@ impl Ctx {
         key: RoomKey,
         prefill: Option<(usize, Arc<Worker>, usize)>,
         decode: Arc<Worker>,
-        arrived: Instant,
+        (arrived, mut clock): (Instant, PhaseClock),
         tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
     ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
@@ -459,6 +463,8 @@ impl Ctx {
             self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
         let mut out = Output::new(&self.model, &req.stop);
         let mut completion = 0u32;
+        // When the last piece with tokens came (for the inter-token latency).
+        let mut last_piece: Option<Instant> = None;
         let mut finish = None;
         let mut pending = first;
         // The prefill call's answer, when taken before the end (for the first token's top
@@ -497,8 +503,16 @@ impl Ctx {
                 }
                 prefilled = Some(r);
             }
-            if completion == 0 && !msg.token_ids.is_empty() {
-                metrics::histogram!(M::ROUTER_TTFT).record(arrived.elapsed().as_secs_f64());
+            if !msg.token_ids.is_empty() {
+                let now = Instant::now();
+                match last_piece {
+                    None => {
+                        metrics::histogram!(M::ROUTER_TTFT).record(now.duration_since(arrived).as_secs_f64());
+                        clock.lap("first_token", now);
+                    }
+                    Some(t) => metrics::histogram!(M::ROUTER_ITL).record(now.duration_since(t).as_secs_f64()),
+                }
+                last_piece = Some(now);
             }
             completion += msg.token_ids.len() as u32;
             let lps: Vec<Scored> = msg
@@ -546,6 +560,7 @@ impl Ctx {
         metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
+        clock.lap("decode", Instant::now());
         let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;
         Ok(())
     }

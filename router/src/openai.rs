@@ -456,6 +456,7 @@ async fn handle(
         Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
     // Parsing and tokenizing take CPU in proportion to the body: off the async threads.
+    let mut clock = ferry_cluster::phases::PhaseClock::start("router", std::time::Instant::now());
     let parsed = {
         let ctx = Arc::clone(&ctx);
         // The refusal is the finished response, once per request: its size is no concern.
@@ -464,7 +465,10 @@ async fn handle(
         crate::offload::Pool::global().run(job).await
     };
     let (mut p, shape) = match parsed {
-        Ok(Ok(x)) => x,
+        Ok(Ok(x)) => {
+            clock.lap("tokenize", std::time::Instant::now());
+            x
+        }
         Ok(Err(r)) => return r,
         Err(busy) => {
             let mut r = err(StatusCode::TOO_MANY_REQUESTS, "tokenizer_busy", busy.to_string());

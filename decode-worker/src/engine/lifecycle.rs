@@ -70,6 +70,7 @@ impl<B: Backend> Engine<B> {
             retracted_at: None,
             span,
             trace,
+            clock: ferry_cluster::phases::PhaseClock::start("decode", Instant::now()),
         };
         self.reqs.insert(room, r);
         let _ = accepted.send(Ok(()));
@@ -91,6 +92,7 @@ impl<B: Backend> Engine<B> {
                 }
             };
             let Some(r) = self.reqs.get_mut(&a.room) else { continue };
+            r.clock.lap("admission", now);
             let dest = alloc.pages().to_vec();
             r.pages = Some(alloc);
             if a.local {
@@ -140,6 +142,7 @@ impl<B: Backend> Engine<B> {
         };
         let Some(r) = self.reqs.get_mut(&room) else { return };
         r.transferring = false;
+        r.clock.lap("transfer", now);
         self.receiver.close(room);
         r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
         let pages = r.pages.as_ref().map_or(&[][..], PageAlloc::pages);
@@ -170,6 +173,9 @@ impl<B: Backend> Engine<B> {
     pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
         let stage = self.queues.remove(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
+        if result.is_ok() {
+            r.clock.lap("decode", Instant::now());
+        }
         let outcome = match &result {
             Ok(f) => f.as_str(),
             Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",

@@ -82,6 +82,8 @@ impl<B: Backend> Engine<B> {
                 prefilled: None,
                 aborting: None,
                 span: r.span,
+                clock: ferry_cluster::phases::PhaseClock::start("prefill", Instant::now()),
+                started: false,
             },
         );
     }

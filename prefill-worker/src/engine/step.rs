@@ -45,6 +45,10 @@ impl<B: Backend> Engine<B> {
         for c in &chunks {
             let room = room_of(c.id);
             let Some(l) = self.live.get_mut(&room) else { continue };
+            if !l.started {
+                l.started = true;
+                l.clock.lap("prefill_queue", t0);
+            }
             if c.start == c.cached && c.cached > 0 && l.sent == 0 {
                 l.cached = c.cached;
                 metrics::counter!(m::PREFIX_HIT_TOKENS).increment(c.cached as u64);
@@ -56,6 +60,7 @@ impl<B: Backend> Engine<B> {
                 let s = l.sampler.sample(&mut lg);
                 aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
                 l.first = Some(s);
+                l.clock.lap("prefill_compute", now);
                 self.rooms.computed(room, now);
             }
             if l.aborting.is_some() {
