@@ -83,4 +83,65 @@ mod tests {
             std::fs::write(&path, doc).expect("write docs/operations.md");
         }
     }
+
+    /// Every `expr` string in a dashboard.
+    fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                        _ => exprs(x, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
+            _ => {}
+        }
+    }
+
+    /// The Grafana dashboard (deploy/helm/ferry/dashboards/ferry.json, linked from
+    /// deploy/grafana/) parses, and every metric its queries name is one Ferry exports:
+    /// histograms through `_bucket`, the rest by their own name.
+    #[test]
+    fn the_dashboard_queries_only_metrics_ferry_exports() {
+        use ferry_cluster::metrics::{ALL, Kind};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/ferry/dashboards/ferry.json");
+        let text = std::fs::read_to_string(&path).expect("the dashboard");
+        let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+        let panels = dash["panels"].as_array().expect("panels");
+        assert!(panels.len() >= 10, "{} panels", panels.len());
+        let mut all = Vec::new();
+        exprs(&dash, &mut all);
+        assert!(all.len() >= panels.len(), "every panel has a query");
+        let mut named = std::collections::BTreeSet::new();
+        for e in &all {
+            let mut rest = e.as_str();
+            while let Some(i) = rest.find("ferry_") {
+                let tail = &rest[i..];
+                let n = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+                let name = &tail[..n];
+                let series = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
+                let (base, of_histogram) = match series {
+                    Some(b) => (b, true),
+                    None => (name, false),
+                };
+                let m =
+                    ALL.iter().find(|m| m.name == base).unwrap_or_else(|| panic!("{name} in {e:?} is no Ferry metric"));
+                let histogram = m.kind == Kind::Histogram;
+                assert_eq!(of_histogram, histogram, "{name} in {e:?}: histograms through _bucket, _sum or _count");
+                named.insert(base.to_string());
+                rest = &tail[n..];
+            }
+        }
+        for must in [
+            "ferry_router_ttft_seconds",
+            "ferry_router_itl_seconds",
+            "ferry_request_phase_seconds",
+            "ferry_queue_depth",
+            "ferry_pages",
+        ] {
+            assert!(named.contains(must), "the dashboard shows no {must}");
+        }
+    }
 }
