@@ -1,5 +1,5 @@
 //! The trace context on gRPC calls between daemons (W3C `traceparent` in the metadata, see
-//! `ferry_core::trace`), and the span a worker opens for each request it serves.
+//! `ferry_core::trace`), and the span each daemon opens for each request it serves.
 
 use ferry_core::trace::{TRACEPARENT, TraceContext};
 use ferry_core::{RequestId, Room};
@@ -18,12 +18,12 @@ pub fn request_with<T>(msg: T, parent: &TraceContext) -> tonic::Request<T> {
     r
 }
 
-/// The span a worker serves one request in: its role, the caller's request id (at most 256
+/// The span a daemon serves one request in: its role, the caller's request id (at most 256
 /// bytes, written escaped: a direct caller cannot forge log lines), the room and the trace id
 /// (the caller's, or a new trace when it sent none). Every log line about the request, on the
 /// handler and on the engine thread, is written inside it. Returns the span and its context
-/// (the parent of the calls the worker makes for the request).
-pub fn worker_span(
+/// (the parent of the calls the daemon makes for the request).
+pub fn request_span(
     role: &'static str,
     request_id: &str,
     room: Room,

@@ -45,7 +45,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
-        let (span, trace) = ferry_cluster::traces::worker_span(ROLE, &r.request_id, key.room, caller);
+        let (span, trace) = ferry_cluster::traces::request_span(ROLE, &r.request_id, key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "decode request");
         let params = wire::sampling_from_proto(r.sampling);
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);

@@ -63,7 +63,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
-        let (span, _) = ferry_cluster::traces::worker_span(ROLE, &r.request_id, key.room, caller);
+        let (span, _) = ferry_cluster::traces::request_span(ROLE, &r.request_id, key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "prefill request");
         let sampling = wire::sampling_from_proto(r.sampling);
         let (reply, rx) = oneshot::channel();

@@ -270,15 +270,7 @@ impl Ctx {
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // The router's span: a child of the caller's; every line about the request carries it.
-        let span = tracing::info_span!(
-            "request",
-            role = "router",
-            request_id = ?req.request_id,
-            room = %key.room,
-            trace_id = tracing::field::Empty,
-            span_id = tracing::field::Empty,
-        );
-        let own = ferry_cluster::telemetry::join(&span, req.trace);
+        let (span, own) = traces::request_span("router", &req.request_id, key.room, req.trace);
         let req = Prepared { trace: Some(own), ..req };
         tokio::spawn(
             async move {

@@ -360,3 +360,19 @@ pub async fn one_of_each(
     }
     (p, d, r)
 }
+
+/// Sends the router at `router` a `Router.Generate` of `ids` (greedy, `n` tokens) with
+/// `request_id` and the caller's `traceparent` in its metadata, and reads it to its end.
+pub async fn generate_traced(router: std::net::SocketAddr, request_id: &str, ids: Vec<u32>, n: u32, traceparent: &str) {
+    let mut c = ferry_proto::v1::router_client::RouterClient::new(channel(router).await);
+    let mut req = tonic::Request::new(ferry_proto::v1::GenerateRequest {
+        request_id: request_id.into(),
+        prompt: Some(ferry_proto::v1::generate_request::Prompt::TokenIds(ferry_proto::v1::TokenIds { ids })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
+        stop: Vec::new(),
+        return_token_ids: true,
+    });
+    req.metadata_mut().insert("traceparent", traceparent.parse().expect("ascii"));
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    while s.message().await.expect("stream").is_some() {}
+}

@@ -9,8 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, greedy, one_of_each};
+use ferry_tests::{TinyModel, one_of_each};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -79,18 +78,8 @@ async fn a_requests_spans_reach_an_otlp_collector_as_one_trace() {
     let m = TinyModel::new();
     let (p, d, r) = one_of_each(&m, 512, |_| {}).await;
     let caller = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
-    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
-    let mut req = tonic::Request::new(pb::GenerateRequest {
-        request_id: "eval-7".into(),
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: (1..40).collect() })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
-        stop: Vec::new(),
-        return_token_ids: true,
-    });
     let parent = format!("00-{}-{}-01", caller.0, caller.1);
-    req.metadata_mut().insert("traceparent", parent.parse().expect("ascii"));
-    let mut s = c.generate(req).await.expect("generate").into_inner();
-    while s.message().await.expect("stream").is_some() {}
+    ferry_tests::generate_traced(r.grpc_addr, "eval-7", (1..40).collect(), 4, &parent).await;
     // The workers' spans end when their engines forget the request: stopping ends them all.
     r.stop().await;
     d.stop().await;

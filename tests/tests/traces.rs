@@ -8,8 +8,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, greedy, http_with, one_of_each};
+use ferry_tests::{TinyModel, http_with, one_of_each};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt as _};
@@ -72,18 +71,8 @@ async fn one_trace_id_follows_a_request_through_router_prefill_and_decode() {
 
     // gRPC, with the caller's trace and request id.
     let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
-    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
-    let mut req = tonic::Request::new(pb::GenerateRequest {
-        request_id: "chat-42".into(),
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: (1..40).collect() })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
-        stop: Vec::new(),
-        return_token_ids: true,
-    });
     let parent = format!("00-{caller_trace}-00f067aa0ba902b7-01");
-    req.metadata_mut().insert("traceparent", parent.parse().expect("ascii"));
-    let mut s = c.generate(req).await.expect("generate").into_inner();
-    while s.message().await.expect("stream").is_some() {}
+    ferry_tests::generate_traced(r.grpc_addr, "chat-42", (1..40).collect(), 4, &parent).await;
 
     let by_role = spans_with(&seen, "trace_id", caller_trace);
     for role in ["router", "prefill", "decode"] {
