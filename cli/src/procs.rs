@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use ferry_cluster::roles::PeerRole;
 
 use crate::daemons::READY;
 use crate::up::{Endpoint, UpArgs};
@@ -137,11 +138,11 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
     let mut workers: Vec<Proc> = Vec::new();
     let started = (|| -> anyhow::Result<Proc> {
         let mut pending = Vec::new();
-        for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
+        for (role, n) in [(PeerRole::Prefill, args.prefill), (PeerRole::Decode, args.decode)] {
             for i in 0..n {
                 let name = format!("{role}-{i}");
-                let mut cmd = worker_cmd(&exe, role, &name, args, model);
-                cmd.args(crate::up::tls_flags(&id.tls(&name)?));
+                let mut cmd = worker_cmd(&exe, role.as_str(), &name, args, model);
+                cmd.args(crate::up::tls_flags(&id.tls(&name, role)?));
                 let (child, rx) = spawn(&name, cmd)?;
                 pending.push((name, child, rx));
             }
@@ -174,7 +175,7 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
         if let Some(e) = &args.telemetry.otlp_endpoint {
             c.args(["--otlp-endpoint", e]);
         }
-        c.args(crate::up::tls_flags(&id.tls("router")?));
+        c.args(crate::up::tls_flags(&id.tls("router", PeerRole::Router)?));
         if let Some(n) = &r.served_model_name {
             c.args(["--served-model-name", n]);
         }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ferry_cluster::Device;
+use ferry_cluster::roles::PeerRole;
 use ferry_router::placement::Policy;
 use ferry_transfer::BackendKind;
 
@@ -98,12 +99,13 @@ impl Identity {
         Ok(Self(Some(ferry_cluster::pki::Pki::new("ferry up cluster CA").context("making the cluster CA")?)))
     }
 
-    /// Mutual TLS flags for the daemon `name` (loopback names in its certificate); plaintext
-    /// ones with `--insecure-internal`.
-    pub fn tls(&self, name: &str) -> anyhow::Result<ferry_cluster::mtls::InternalTlsArgs> {
+    /// Mutual TLS flags for the daemon `name` of `role` (loopback names in its certificate,
+    /// the role in its common name); plaintext ones with `--insecure-internal`.
+    pub fn tls(&self, name: &str, role: PeerRole) -> anyhow::Result<ferry_cluster::mtls::InternalTlsArgs> {
         let Some(pki) = &self.0 else { return Ok(Default::default()) };
-        let leaf =
-            pki.issue(name, &["127.0.0.1", "::1", "localhost"]).with_context(|| format!("a certificate for {name}"))?;
+        let leaf = pki
+            .issue(name, Some(role), &["127.0.0.1", "::1", "localhost"])
+            .with_context(|| format!("a certificate for {name}"))?;
         Ok(pki.args(&leaf))
     }
 }
@@ -210,7 +212,7 @@ async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
             worker: worker_args(args, model, format!("prefill-{i}")),
             ..ferry_prefill::PrefillArgs::for_model(model)
         };
-        a.worker.internal_tls = id.tls(&format!("prefill-{i}"))?;
+        a.worker.internal_tls = id.tls(&format!("prefill-{i}"), PeerRole::Prefill)?;
         let p = ferry_prefill::start(a).await.with_context(|| format!("starting prefill-{i}"))?;
         list.push(Endpoint { name: format!("prefill-{i}"), grpc: p.grpc_addr, metrics: p.metrics_addr, pid: None });
         ps.push(p);
@@ -220,7 +222,7 @@ async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
             worker: worker_args(args, model, format!("decode-{i}")),
             ..ferry_decode::DecodeArgs::for_model(model)
         };
-        a.worker.internal_tls = id.tls(&format!("decode-{i}"))?;
+        a.worker.internal_tls = id.tls(&format!("decode-{i}"), PeerRole::Decode)?;
         let d = ferry_decode::start(a).await.with_context(|| format!("starting decode-{i}"))?;
         list.push(Endpoint { name: format!("decode-{i}"), grpc: d.grpc_addr, metrics: d.metrics_addr, pid: None });
         ds.push(d);
@@ -228,7 +230,7 @@ async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
     let pa: Vec<SocketAddr> = ps.iter().map(|p| p.grpc_addr).collect();
     let da: Vec<SocketAddr> = ds.iter().map(|d| d.grpc_addr).collect();
     let mut ra = router_args(args, model, &pa, &da);
-    ra.internal_tls = id.tls("router")?;
+    ra.internal_tls = id.tls("router", PeerRole::Router)?;
     let r = ferry_router::start(ra).await.context("starting the router")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !r.ready(args.prefill, args.decode) {

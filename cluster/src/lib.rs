@@ -11,7 +11,7 @@
 //! ready.
 //!
 //! [`discovery`]: static (flags or a file) and through etcd. [`mtls`]: mutual TLS between
-//! daemons.
+//! daemons; [`roles`]: which daemon may call which worker service under it.
 
 pub mod args;
 pub mod daemon;
@@ -22,6 +22,7 @@ pub mod mtls;
 pub mod notify;
 pub mod phases;
 pub mod pki;
+pub mod roles;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 use crate::mtls::InternalTlsArgs;
+use crate::roles::PeerRole;
 
 /// Why a CA or certificate could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -60,11 +61,14 @@ impl Pki {
     }
 
     /// A certificate for `names` (DNS names or IPs) signed by this CA, written as
-    /// `<file>.pem` / `<file>.key` (the key readable by this user only).
-    pub fn issue(&self, file: &str, names: &[&str]) -> Result<Leaf, PkiError> {
+    /// `<file>.pem` / `<file>.key` (the key readable by this user only). Its common name is
+    /// the `role`'s (`ferry-router`, ...: [`crate::roles`]), or `file` when it has none.
+    pub fn issue(&self, file: &str, role: Option<PeerRole>, names: &[&str]) -> Result<Leaf, PkiError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())?;
-        params.distinguished_name.push(DnType::CommonName, file);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, role.map_or(file.to_string(), |r| r.common_name().to_string()));
         let cert_pem = params.signed_by(&key, &self.issuer)?.pem();
         let key_pem = key.serialize_pem();
         let cert = self.dir.path().join(format!("{file}.pem"));

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
+use ferry_cluster::roles::PeerRole;
 use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
@@ -222,10 +223,12 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
     let (trigger, shutdown) = Shutdown::new();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;
+    // Under mutual TLS only the router may call (ferry_cluster::roles).
+    let only = |service| ferry_cluster::roles::only(service, &[PeerRole::Router], internal_tls.is_some(), "decode");
     let router = tonic::transport::Server::builder()
         .add_service(health_svc)
-        .add_service(pb::decode_server::DecodeServer::new(DecodeSvc(Arc::clone(&shared))))
-        .add_service(pb::load_server::LoadServer::new(LoadSvc(Arc::clone(&shared))));
+        .add_service(pb::decode_server::DecodeServer::with_interceptor(DecodeSvc(Arc::clone(&shared)), only("Decode")))
+        .add_service(pb::load_server::LoadServer::with_interceptor(LoadSvc(Arc::clone(&shared)), only("Load")));
     let drain = Box::new(move || {
         let _ = link.send(Cmd::Shutdown);
     });

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
+use ferry_cluster::roles::PeerRole;
 use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
@@ -166,12 +167,28 @@ async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, 
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::prefill_server::PrefillServer<PrefillSvc>>().await;
     health.set_serving::<pb::bootstrap_server::BootstrapServer<BootstrapSvc>>().await;
+    // Under mutual TLS each service answers only the role that needs it (ferry_cluster::roles).
+    let mtls = internal_tls.is_some();
+    let only = |service, allowed| ferry_cluster::roles::only(service, allowed, mtls, "prefill");
+    let (router_only, decode_only) = (&[PeerRole::Router][..], &[PeerRole::Decode][..]);
     let router = tonic::transport::Server::builder()
         .add_service(health_svc)
-        .add_service(pb::prefill_server::PrefillServer::new(PrefillSvc(Arc::clone(&shared))))
-        .add_service(pb::bootstrap_server::BootstrapServer::new(BootstrapSvc(Arc::clone(&shared))))
-        .add_service(pb::kv_events_server::KvEventsServer::new(KvEventsSvc(Arc::clone(&shared))))
-        .add_service(pb::load_server::LoadServer::new(LoadSvc(Arc::clone(&shared))));
+        .add_service(pb::prefill_server::PrefillServer::with_interceptor(
+            PrefillSvc(Arc::clone(&shared)),
+            only("Prefill", router_only),
+        ))
+        .add_service(pb::bootstrap_server::BootstrapServer::with_interceptor(
+            BootstrapSvc(Arc::clone(&shared)),
+            only("Bootstrap", decode_only),
+        ))
+        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(
+            KvEventsSvc(Arc::clone(&shared)),
+            only("KvEvents", router_only),
+        ))
+        .add_service(pb::load_server::LoadServer::with_interceptor(
+            LoadSvc(Arc::clone(&shared)),
+            only("Load", router_only),
+        ));
     let drain = Box::new(move || {
         let _ = link.send(Cmd::Shutdown);
     });

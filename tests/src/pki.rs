@@ -1,6 +1,7 @@
 //! A throwaway certificate authority for TLS tests: [`ferry_cluster::pki`], failing loudly.
 
 pub use ferry_cluster::pki::Leaf;
+pub use ferry_cluster::roles::PeerRole;
 
 /// A CA whose files live as long as it does.
 pub struct Pki(ferry_cluster::pki::Pki);
@@ -21,9 +22,10 @@ impl Pki {
         self.0.ca()
     }
 
-    /// A certificate for `names` (DNS names or IPs) signed by this CA.
-    pub fn issue(&self, file: &str, names: &[&str]) -> Leaf {
-        self.0.issue(file, names).expect("a certificate")
+    /// A certificate for `names` (DNS names or IPs) signed by this CA, for `role` (its common
+    /// name; none: `file`).
+    pub fn issue(&self, file: &str, role: Option<PeerRole>, names: &[&str]) -> Leaf {
+        self.0.issue(file, role, names).expect("a certificate")
     }
 
     /// Mutual TLS flags presenting `leaf`, trusting this CA.

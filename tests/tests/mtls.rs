@@ -2,12 +2,14 @@
 //! the workers and the decode worker the prefill worker over TLS with client certificates,
 //! and a request gives the colocated engine's tokens. A worker's gRPC refuses plaintext,
 //! a client without a certificate and one whose certificate another CA signed; the failed
-//! handshakes are counted. Unreadable files stop a daemon at start with a clear error.
+//! handshakes are counted. A certificate the CA signed for the wrong role (or for none) is
+//! refused on every worker RPC (`PERMISSION_DENIED`, `wrong_role`, counted). Unreadable files
+//! stop a daemon at start with a clear error.
 
 use std::time::Duration;
 
 use ferry_proto::v1 as pb;
-use ferry_tests::pki::Pki;
+use ferry_tests::pki::{Leaf, PeerRole, Pki};
 use ferry_tests::{TinyModel, colocated, greedy, scrape, settle};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic_health::pb::HealthCheckRequest;
@@ -46,7 +48,11 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     let m = TinyModel::new();
     let pki = Pki::new("ferry test CA");
     let names = ["localhost", "127.0.0.1"];
-    let (pl, dl, rl) = (pki.issue("prefill", &names), pki.issue("decode", &names), pki.issue("router", &names));
+    let (pl, dl, rl) = (
+        pki.issue("prefill", Some(PeerRole::Prefill), &names),
+        pki.issue("decode", Some(PeerRole::Decode), &names),
+        pki.issue("router", Some(PeerRole::Router), &names),
+    );
 
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 512;
@@ -106,7 +112,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     assert!(serving(no_cert).await.is_err(), "a client without a certificate is refused");
     let counted = counted_more(p.metrics_addr, counted, "no client certificate").await;
     let other = Pki::new("another CA");
-    let stranger = other.issue("stranger", &names);
+    let stranger = other.issue("stranger", Some(PeerRole::Router), &names);
     let wrong_ca = https()
         .tls_config(
             ClientTlsConfig::new()
@@ -116,7 +122,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
         .expect("tls");
     assert!(serving(wrong_ca).await.is_err(), "a certificate from another CA is refused");
     counted_more(p.metrics_addr, counted, "another CA").await;
-    let member = pki.issue("member", &names);
+    let member = pki.issue("member", None, &names);
     let good = https()
         .tls_config(
             ClientTlsConfig::new().ca_certificate(ca).identity(Identity::from_pem(&member.cert_pem, &member.key_pem)),
@@ -124,17 +130,89 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
         .expect("tls");
     serving(good).await.expect("a cluster member is served");
 
+    // Each worker RPC answers only its role: every other role, and a certificate naming none,
+    // is refused before the call reaches the service; the allowed role gets past the gate.
+    let callers = [(Some(PeerRole::Router), &rl), (Some(PeerRole::Prefill), &pl), (Some(PeerRole::Decode), &dl)];
+    let callers: Vec<(Option<PeerRole>, &Leaf)> = callers.into_iter().chain([(None, &member)]).collect();
+    // Both workers run in this process and share its metrics (labelled by role): one scrape.
+    let before = wrong_role(p.metrics_addr).await;
+    let mut refused = 0;
+    for (caller, leaf) in &callers {
+        let (pc, dc) = (as_peer(&pki, p.grpc_addr, leaf), as_peer(&pki, d.grpc_addr, leaf));
+        for (rpc, allowed, got) in worker_calls(pc, dc).await {
+            if *caller == Some(allowed) {
+                assert!(
+                    got.as_ref().err().is_none_or(|s| s.code() != tonic::Code::PermissionDenied),
+                    "{rpc} refused its own role {allowed}: {got:?}"
+                );
+                continue;
+            }
+            let e = got.expect_err(&format!("{rpc} called by {caller:?}"));
+            assert_eq!(e.code(), tonic::Code::PermissionDenied, "{rpc} by {caller:?}: {e}");
+            assert_eq!(e.metadata().get("ferry-reason").and_then(|v| v.to_str().ok()), Some("wrong_role"));
+            assert!(e.message().contains(&format!("served to the {allowed} only")), "{}", e.message());
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 8 * 3, "8 RPCs, each refused to 3 of the 4 callers");
+    let after = wrong_role(p.metrics_addr).await;
+    assert_eq!(after - before, refused as f64, "every wrong-role call is counted");
+
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
     d.stop().await;
     p.stop().await;
 }
 
+async fn wrong_role(metrics: std::net::SocketAddr) -> f64 {
+    ferry_tests::metric_sum(&scrape(metrics).await, "ferry_bad_requests_total", "reason=\"wrong_role\"")
+}
+
+/// A channel to `addr` presenting `leaf`.
+fn as_peer(pki: &Pki, addr: std::net::SocketAddr, leaf: &Leaf) -> tonic::transport::Channel {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .expect("uri")
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(pki.ca_pem()))
+                .identity(Identity::from_pem(&leaf.cert_pem, &leaf.key_pem)),
+        )
+        .expect("tls")
+        .connect_lazy()
+}
+
+/// Every worker RPC once (empty requests): its name, the role it is for, and its result.
+async fn worker_calls(
+    prefill: tonic::transport::Channel,
+    decode: tonic::transport::Channel,
+) -> Vec<(&'static str, PeerRole, Result<(), tonic::Status>)> {
+    use PeerRole::{Decode, Router};
+    fn ok<T>(r: Result<T, tonic::Status>) -> Result<(), tonic::Status> {
+        r.map(|_| ())
+    }
+    let mut p = pb::prefill_client::PrefillClient::new(prefill.clone());
+    let mut b = pb::bootstrap_client::BootstrapClient::new(prefill.clone());
+    let mut k = pb::kv_events_client::KvEventsClient::new(prefill.clone());
+    let mut pl = pb::load_client::LoadClient::new(prefill);
+    let mut d = pb::decode_client::DecodeClient::new(decode.clone());
+    let mut dl = pb::load_client::LoadClient::new(decode);
+    vec![
+        ("Prefill.Prefill", Router, ok(p.prefill(pb::PrefillRequest::default()).await)),
+        ("Prefill.Abort", Router, ok(p.abort(pb::AbortRequest::default()).await)),
+        ("Bootstrap.Handshake", Decode, ok(b.handshake(pb::HandshakeRequest::default()).await)),
+        ("KvEvents.Subscribe", Router, ok(k.subscribe(pb::SubscribeRequest::default()).await)),
+        ("Load.Report (prefill)", Router, ok(pl.report(pb::LoadRequest::default()).await)),
+        ("Decode.Generate", Router, ok(d.generate(pb::DecodeRequest::default()).await)),
+        ("Decode.Abort", Router, ok(d.abort(pb::AbortRequest::default()).await)),
+        ("Load.Report (decode)", Router, ok(dl.report(pb::LoadRequest::default()).await)),
+    ]
+}
+
 #[tokio::test]
 async fn unreadable_tls_files_stop_a_daemon_with_a_clear_error() {
     let m = TinyModel::new();
     let pki = Pki::new("ferry test CA");
-    let leaf = pki.issue("w", &["localhost"]);
+    let leaf = pki.issue("w", Some(PeerRole::Prefill), &["localhost"]);
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 64;
     a.worker.internal_tls = pki.args(&leaf);
