@@ -102,7 +102,7 @@ impl Identity {
     /// Mutual TLS flags for the daemon `name` of `role` (loopback names in its certificate,
     /// the role in its common name); plaintext ones with `--insecure-internal`.
     pub fn tls(&self, name: &str, role: PeerRole) -> anyhow::Result<ferry_cluster::mtls::InternalTlsArgs> {
-        let Some(pki) = &self.0 else { return Ok(Default::default()) };
+        let Some(pki) = &self.0 else { return Ok(ferry_cluster::mtls::InternalTlsArgs::insecure()) };
         let leaf = pki
             .issue(name, Some(role), &["127.0.0.1", "::1", "localhost"])
             .with_context(|| format!("a certificate for {name}"))?;
@@ -122,6 +122,9 @@ pub fn tls_flags(tls: &ferry_cluster::mtls::InternalTlsArgs) -> Vec<std::ffi::Os
             out.push(flag.into());
             out.push(p.clone().into_os_string());
         }
+    }
+    if tls.insecure_internal {
+        out.push("--insecure-internal".into());
     }
     out
 }

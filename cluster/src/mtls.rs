@@ -41,6 +41,19 @@ pub struct InternalTlsArgs {
     /// the worker is reached at (its certificate must then name that host or IP).
     #[arg(long, env = "FERRY_INTERNAL_TLS_SERVER_NAME", help_heading = "TLS")]
     pub internal_tls_server_name: Option<String>,
+    /// Run the gRPC between the daemons in plaintext, without identities: anyone who reaches a
+    /// worker's port can call it (read cached prompts, skip the router). A daemon refuses to
+    /// start without either this or --internal-tls-cert/-key/-ca. Logged at warn and exported
+    /// as `ferry_insecure_internal` 1.
+    #[arg(long, env = "FERRY_INSECURE_INTERNAL", conflicts_with = "internal_tls_cert", help_heading = "TLS")]
+    pub insecure_internal: bool,
+}
+
+impl InternalTlsArgs {
+    /// Plaintext between the daemons (`--insecure-internal`).
+    pub fn insecure() -> Self {
+        Self { insecure_internal: true, ..Self::default() }
+    }
 }
 
 /// Why the TLS files are unusable.
@@ -90,10 +103,25 @@ fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, TlsErro
 }
 
 impl InternalTls {
-    /// Reads and checks the files named by `args`; None when mutual TLS is off.
+    /// Reads and checks the files named by `args`; None when mutual TLS is off, which needs
+    /// `--insecure-internal` (warned about and exported as `ferry_insecure_internal`).
     pub fn load(args: &InternalTlsArgs) -> Result<Option<Arc<Self>>, TlsError> {
         let (cert, key, ca) = match (&args.internal_tls_cert, &args.internal_tls_key, &args.internal_tls_ca) {
-            (None, None, None) => return Ok(None),
+            (None, None, None) if args.insecure_internal => {
+                tracing::warn!(
+                    "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
+                );
+                crate::exporter::handle();
+                metrics::gauge!(crate::metrics::INSECURE_INTERNAL).set(1.0);
+                return Ok(None);
+            }
+            (None, None, None) => {
+                return Err(TlsError::Invalid(
+                    "the daemons' gRPC runs mutual TLS unless told otherwise: give --internal-tls-cert, \
+                     --internal-tls-key and --internal-tls-ca, or --insecure-internal for plaintext"
+                        .into(),
+                ));
+            }
             (Some(c), Some(k), Some(a)) => (read(c)?, read(k)?, read(a)?),
             _ => {
                 return Err(TlsError::Invalid(

@@ -85,6 +85,7 @@ impl Pki {
             internal_tls_key: Some(leaf.key.clone()),
             internal_tls_ca: Some(self.ca()),
             internal_tls_server_name: None,
+            insecure_internal: false,
         }
     }
 }

@@ -108,9 +108,10 @@ impl DecodeArgs {
 }
 
 impl DecodeArgs {
-    /// Defaults for `model`.
+    /// Defaults for `model`, with plaintext gRPC between the daemons (`--insecure-internal`;
+    /// set `worker.internal_tls` for mutual TLS).
     pub fn for_model(model: impl Into<std::path::PathBuf>) -> Self {
-        ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string()])
+        ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string(), "--insecure-internal".into()])
     }
 }
 

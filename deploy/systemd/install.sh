@@ -23,4 +23,6 @@ for f in "$here"/env/*.env; do
   [[ -e "$dest" ]] || install -m 0640 -g ferry "$f" "$dest"
 done
 systemctl daemon-reload
+[[ -e /etc/ferry/tls/ca.pem ]] ||
+  echo "no /etc/ferry/tls/ca.pem: the daemons run mutual TLS; make the cluster's certificates once with $here/make-certs.sh DIR and copy them to /etc/ferry/tls on every node (the key readable by group ferry)"
 echo "installed; edit /etc/ferry/*.env, then: systemctl enable --now ferry-router (and/or ferry-prefill, ferry-decode, ferry.target)"

@@ -138,9 +138,14 @@ pub struct RouterArgs {
 }
 
 impl RouterArgs {
-    /// Defaults for `model` and the given workers: the flags' own defaults.
+    /// Defaults for `model` and the given workers: the flags' own defaults, with plaintext
+    /// gRPC to the workers (`--insecure-internal`; set `internal_tls` for mutual TLS).
     pub fn new(model: impl Into<PathBuf>, prefill: Vec<String>, decode: Vec<String>) -> Self {
-        let mut a: Self = ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string()]);
+        let mut a: Self = ferry_cluster::args::defaults(&[
+            "--model".into(),
+            model.into().into_os_string(),
+            "--insecure-internal".into(),
+        ]);
         a.prefill = prefill;
         a.decode = decode;
         a

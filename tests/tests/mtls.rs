@@ -54,14 +54,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
         pki.issue("router", Some(PeerRole::Router), &names),
     );
 
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    a.worker.internal_tls = pki.args(&pl);
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 512;
-    a.worker.internal_tls = pki.args(&dl);
-    let d = ferry_decode::start(a).await.expect("decode up");
+    let (p, d) = workers(&m, pki.args(&pl), pki.args(&dl)).await;
     // A worker named with http:// while mutual TLS is on would be called in plaintext: refused
     // (at start for flags; a discovered one is refused and counted as worker_refused).
     let mut plain = ferry_router::RouterArgs::new(
@@ -72,33 +65,10 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     plain.internal_tls = pki.args(&rl);
     let e = ferry_router::start(plain).await.map(|_| ()).expect_err("an http:// worker under mutual TLS");
     assert!(e.to_string().contains("plaintext"), "{e}");
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
-    ra.internal_tls = pki.args(&rl);
-    let r = ferry_router::start(ra).await.expect("router up");
-    for _ in 0..500 {
-        if r.ready(1, 1) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(r.ready(1, 1), "the router reaches both workers over mutual TLS");
+    let r = router(&m, &p, &d, pki.args(&rl)).await;
 
     // A request through the whole cluster.
-    let prompt: Vec<u32> = (0..70).map(|i| (i * 13 % 300) as u32).collect();
-    let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(5));
-    let mut client = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
-    let req = pb::GenerateRequest {
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(5))),
-        return_token_ids: true,
-        ..Default::default()
-    };
-    let mut s = client.generate(req).await.expect("accepted").into_inner();
-    let mut got = Vec::new();
-    while let Some(m) = s.message().await.expect("a message") {
-        got.extend(m.token_ids);
-    }
-    assert_eq!(got, want[0]);
+    one_request(&m, &r).await;
 
     // Strangers at the prefill worker's gRPC port.
     let addr = p.grpc_addr;
@@ -162,6 +132,98 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     r.stop().await;
     d.stop().await;
     p.stop().await;
+}
+
+/// A prefill and a decode worker with these mutual TLS flags.
+async fn workers(
+    m: &TinyModel,
+    p_tls: ferry_cluster::mtls::InternalTlsArgs,
+    d_tls: ferry_cluster::mtls::InternalTlsArgs,
+) -> (ferry_prefill::Running, ferry_decode::Running) {
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    a.worker.internal_tls = p_tls;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 512;
+    a.worker.internal_tls = d_tls;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    (p, d)
+}
+
+/// A router over `p` and `d` with these mutual TLS flags, once it reaches both.
+async fn router(
+    m: &TinyModel,
+    p: &ferry_prefill::Running,
+    d: &ferry_decode::Running,
+    tls: ferry_cluster::mtls::InternalTlsArgs,
+) -> ferry_router::Running {
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
+    ra.internal_tls = tls;
+    let r = ferry_router::start(ra).await.expect("router up");
+    for _ in 0..500 {
+        if r.ready(1, 1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(r.ready(1, 1), "the router reaches both workers over mutual TLS");
+    r
+}
+
+/// A request through the router gives the colocated engine's tokens.
+async fn one_request(m: &TinyModel, r: &ferry_router::Running) {
+    let prompt: Vec<u32> = (0..70).map(|i| (i * 13 % 300) as u32).collect();
+    let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(5));
+    let mut client = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(5))),
+        return_token_ids: true,
+        ..Default::default()
+    };
+    let mut s = client.generate(req).await.expect("accepted").into_inner();
+    let mut got = Vec::new();
+    while let Some(m) = s.message().await.expect("a message") {
+        got.extend(m.token_ids);
+    }
+    assert_eq!(got, want[0]);
+}
+
+/// The systemd units' PKI (`deploy/systemd/make-certs.sh`, openssl: EC keys, the role in the
+/// common name, `ferry.internal` as the DNS name) runs a cluster: every daemon accepts the
+/// others' certificates and roles, checked against the shared server name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_units_certificates_run_a_cluster() {
+    let m = TinyModel::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/systemd/make-certs.sh");
+    let out = std::process::Command::new(script).arg(dir.path()).output().expect("run make-certs.sh");
+    assert!(out.status.success(), "make-certs.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let tls = |role: &str| ferry_cluster::mtls::InternalTlsArgs {
+        internal_tls_cert: Some(dir.path().join(format!("{role}.pem"))),
+        internal_tls_key: Some(dir.path().join(format!("{role}.key"))),
+        internal_tls_ca: Some(dir.path().join("ca.pem")),
+        internal_tls_server_name: Some("ferry.internal".into()),
+        insecure_internal: false,
+    };
+    let (p, d) = workers(&m, tls("prefill"), tls("decode")).await;
+    let r = router(&m, &p, &d, tls("router")).await;
+    one_request(&m, &r).await;
+    settle(&p, std::slice::from_ref(&d)).await;
+    r.stop().await;
+    d.stop().await;
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_daemon_without_tls_flags_or_insecure_internal_does_not_start() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 64;
+    a.worker.internal_tls = Default::default();
+    let e = ferry_prefill::start(a).await.map(|_| ()).expect_err("refused");
+    assert!(e.to_string().contains("--insecure-internal"), "{e}");
 }
 
 async fn wrong_role(metrics: std::net::SocketAddr) -> f64 {

@@ -147,7 +147,9 @@ impl Cluster {
         let etcd = Etcd::start();
         let model = model.display().to_string();
         let common = |role: &str, id: &str, grpc: &str, metrics: &str, pages: &str| {
-            let mut a = strings(&[role, "--model", &model, "--worker-id", id, "--grpc-addr", grpc]);
+            // Plaintext between the daemons: the suite's direct callers play outsiders.
+            let mut a =
+                strings(&[role, "--model", &model, "--worker-id", id, "--grpc-addr", grpc, "--insecure-internal"]);
             a.extend(strings(&["--metrics-addr", metrics, "--pool-pages", pages, "--page-size", "8"]));
             a.extend(strings(&["--etcd", &etcd.endpoint(), "--cluster", "chaos", "--etcd-lease-ttl", "2"]));
             // Short enough that a stuck room ends well inside the clients' 60 s.
@@ -179,7 +181,7 @@ impl Cluster {
         }
         let (router_grpc, router_metrics, router_http) = (ports.take(), ports.take(), ports.take());
         let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &router_http]);
-        ra.extend(strings(&["--page-size", "8"]));
+        ra.extend(strings(&["--page-size", "8", "--insecure-internal"]));
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
         let router = Daemon::new("router", ra, router_grpc.clone());
         let mut c =

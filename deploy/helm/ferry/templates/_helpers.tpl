@@ -66,25 +66,36 @@ persistentVolumeClaim:
 {{- end -}}
 {{- end -}}
 
-{{/* Mutual TLS flags (container args) when internalTls.secret is set. */}}
+{{/* The Secret holding a role's internal certificate; pass (dict "ctx" $ "role" "router"). */}}
+{{- define "ferry.internalTlsSecret" -}}
+{{- if eq .ctx.Values.internalTls.mode "secrets" -}}
+{{ get .ctx.Values.internalTls.secrets .role }}
+{{- else -}}
+{{ include "ferry.fullname" .ctx }}-internal-tls-{{ .role }}
+{{- end -}}
+{{- end -}}
+
+{{/* Mutual TLS flags (container args), or --insecure-internal; pass (dict "ctx" $ "role" r). */}}
 {{- define "ferry.internalTlsArgs" -}}
-{{- if .Values.internalTls.secret }}
+{{- if eq .ctx.Values.internalTls.mode "insecure" }}
+- --insecure-internal
+{{- else }}
 - --internal-tls-cert=/internal-tls/tls.crt
 - --internal-tls-key=/internal-tls/tls.key
 - --internal-tls-ca=/internal-tls/ca.crt
-- --internal-tls-server-name={{ .Values.internalTls.serverName }}
+- --internal-tls-server-name={{ .ctx.Values.internalTls.serverName }}
 {{- end }}
 {{- end -}}
 
-{{/* The mutual TLS volume mount and volume. */}}
+{{/* The mutual TLS volume mount and volume; pass (dict "ctx" $ "role" r). */}}
 {{- define "ferry.internalTlsMount" -}}
-{{- if .Values.internalTls.secret }}
+{{- if ne .ctx.Values.internalTls.mode "insecure" }}
 - {name: internal-tls, mountPath: /internal-tls, readOnly: true}
 {{- end }}
 {{- end -}}
 {{- define "ferry.internalTlsVolume" -}}
-{{- if .Values.internalTls.secret }}
+{{- if ne .ctx.Values.internalTls.mode "insecure" }}
 - name: internal-tls
-  secret: {secretName: {{ .Values.internalTls.secret }}}
+  secret: {secretName: {{ include "ferry.internalTlsSecret" . }}}
 {{- end }}
 {{- end -}}

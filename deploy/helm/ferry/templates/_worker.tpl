@@ -57,7 +57,7 @@ spec:
             - --transfer-advertise-addr=$(POD_IP):{{ $w.transferPort }}
             - --max-running-requests={{ $w.maxRunningRequests }}
             {{- end }}
-            {{- include "ferry.internalTlsArgs" $ | nindent 12 }}
+            {{- include "ferry.internalTlsArgs" (dict "ctx" $ "role" .role) | nindent 12 }}
             {{- with $.Values.otlpEndpoint }}
             - --otlp-endpoint={{ . }}
             {{- end }}
@@ -78,7 +78,7 @@ spec:
           # gRPC health: SERVING once the model is loaded and the pool touched; NOT_SERVING
           # while stopping. Under mutual TLS the kubelet cannot speak gRPC to the worker: TCP.
           {{- $probe := printf "grpc: {port: %v}" $w.grpcPort }}
-          {{- if $.Values.internalTls.secret }}
+          {{- if ne $.Values.internalTls.mode "insecure" }}
           {{- $probe = "tcpSocket: {port: grpc}" }}
           {{- end }}
           startupProbe:
@@ -110,7 +110,7 @@ spec:
           volumeMounts:
             - {name: model, mountPath: /models, readOnly: true}
             - {name: tmp, mountPath: /tmp}
-            {{- include "ferry.internalTlsMount" $ | nindent 12 }}
+            {{- include "ferry.internalTlsMount" (dict "ctx" $ "role" .role) | nindent 12 }}
             {{- if $w.shm.enabled }}
             - {name: shm, mountPath: /dev/shm}
             {{- end }}
@@ -119,7 +119,7 @@ spec:
           {{- include "ferry.modelVolume" $ | nindent 10 }}
         - name: tmp
           emptyDir: {}
-        {{- include "ferry.internalTlsVolume" $ | nindent 8 }}
+        {{- include "ferry.internalTlsVolume" (dict "ctx" $ "role" .role) | nindent 8 }}
         {{- if $w.shm.enabled }}
         - name: shm
           emptyDir: {medium: Memory, sizeLimit: {{ $w.shm.sizeLimit }}}
