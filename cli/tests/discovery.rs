@@ -11,7 +11,7 @@ use ferry_tests::etcd::Etcd;
 use ferry_tests::{TinyModel, http};
 
 fn etcd_args(e: &Etcd, cluster: &str) -> EtcdArgs {
-    EtcdArgs { endpoints: vec![e.endpoint()], cluster: cluster.into() }
+    EtcdArgs { endpoints: vec![e.endpoint()], cluster: cluster.into(), ..Default::default() }
 }
 
 async fn router(m: &TinyModel, e: &Etcd, cluster: &str) -> ferry_router::Running {
@@ -20,7 +20,7 @@ async fn router(m: &TinyModel, e: &Etcd, cluster: &str) -> ferry_router::Running
 
 async fn router_via(m: &TinyModel, etcd: String, cluster: &str) -> ferry_router::Running {
     let mut a = ferry_router::RouterArgs::new(m.path(), Vec::new(), Vec::new());
-    a.etcd = EtcdArgs { endpoints: vec![etcd], cluster: cluster.into() };
+    a.etcd = EtcdArgs { endpoints: vec![etcd], cluster: cluster.into(), ..Default::default() };
     ferry_router::start(a).await.expect("router up")
 }
 

@@ -10,6 +10,7 @@ use ferry_transfer::BackendKind;
 use crate::Device;
 use crate::discovery::Role;
 use crate::discovery::etcd::EtcdConfig;
+use crate::discovery::etcd_access::EtcdAccess;
 use crate::mtls::InternalTlsArgs;
 
 /// A worker's etcd registration, made once it serves.
@@ -160,15 +161,43 @@ pub struct EtcdArgs {
     /// The cluster's name; its workers register under `/ferry/<cluster>/<role>/<id>`.
     #[arg(long, env = "FERRY_CLUSTER", default_value = "default", help_heading = "Discovery")]
     pub cluster: String,
+    /// PEM CA certificate(s) etcd's server certificate must chain to: turns on TLS to etcd
+    /// (endpoints `host:port` or `https://`; `http://` is refused).
+    #[arg(long, env = "FERRY_ETCD_CA", help_heading = "Discovery")]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate presented to etcd (its `--client-cert-auth`); needs --etcd-key
+    /// and --etcd-ca.
+    #[arg(long, env = "FERRY_ETCD_CERT", requires_all = ["etcd_key", "etcd_ca"], help_heading = "Discovery")]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of --etcd-cert.
+    #[arg(long, env = "FERRY_ETCD_KEY", requires = "etcd_cert", help_heading = "Discovery")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (etcd's role-based access control); its password in --etcd-password-file.
+    #[arg(long, env = "FERRY_ETCD_USER", requires = "etcd_password_file", help_heading = "Discovery")]
+    pub etcd_user: Option<String>,
+    /// A file whose first line is --etcd-user's password (a file, so the password shows in
+    /// neither `ps` nor the environment).
+    #[arg(long, env = "FERRY_ETCD_PASSWORD_FILE", requires = "etcd_user", help_heading = "Discovery")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 impl EtcdArgs {
-    /// The etcd configuration, when endpoints are given.
+    /// The etcd configuration, when endpoints are given: TLS and user files read, endpoint
+    /// schemes checked against the TLS mode.
     pub fn config(&self) -> Result<Option<EtcdConfig>, String> {
         if self.endpoints.is_empty() {
             return Ok(None);
         }
-        EtcdConfig::new(self.endpoints.clone(), self.cluster.clone()).map(Some).map_err(|e| e.to_string())
+        let access = EtcdAccess::load(
+            self.etcd_ca.as_deref(),
+            self.etcd_cert.as_deref().zip(self.etcd_key.as_deref()),
+            self.etcd_user.as_deref().zip(self.etcd_password_file.as_deref()),
+        )
+        .map_err(|e| e.to_string())?;
+        EtcdConfig::new(self.endpoints.clone(), self.cluster.clone())
+            .and_then(|c| c.with_access(access))
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 

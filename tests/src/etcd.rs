@@ -12,6 +12,19 @@ pub struct Etcd {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    metrics_port: u16,
+    tls: Option<ServerTls>,
+}
+
+/// TLS on a test etcd's client port.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// Its certificate (PEM file).
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// When set, clients must present a certificate this CA signed (`--client-cert-auth`).
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A loopback port free now, drawn below the kernel's ephemeral range (32768 and up on
@@ -38,31 +51,48 @@ fn binary() -> PathBuf {
 impl Etcd {
     /// Starts etcd and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Starts etcd with TLS on its client port (`tls`), or plaintext, and waits until it
+    /// answers (its health is read on a separate plaintext metrics port).
+    pub fn start_with(tls: Option<ServerTls>) -> Self {
         let mut e = Self {
             child: None,
             dir: tempfile::tempdir().expect("temp dir"),
             client_port: free_port(),
             peer_port: free_port(),
+            metrics_port: free_port(),
+            tls,
         };
         e.spawn();
         e
     }
 
     fn spawn(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(binary())
-            .args(["--name", "ferry-test", "--data-dir"])
+        let mut cmd = Command::new(binary());
+        cmd.args(["--name", "ferry-test", "--data-dir"])
             .arg(self.dir.path().join("data"))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("ferry-test={peer}")])
+            .args(["--listen-metrics-urls", &format!("http://127.0.0.1:{}", self.metrics_port)])
+            .args(["--initial-cluster", &format!("ferry-test={peer}")]);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file").arg(&t.cert).arg("--key-file").arg(&t.key);
+            if let Some(ca) = &t.client_ca {
+                cmd.arg("--client-cert-auth").arg("--trusted-ca-file").arg(ca);
+            }
+        }
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::from(std::fs::File::create(self.dir.path().join("etcd.log")).expect("log file")))
             .spawn()
             .expect("start etcd");
         self.child = Some(child);
-        let health = format!("127.0.0.1:{}", self.client_port);
+        let health = format!("127.0.0.1:{}", self.metrics_port);
         if crate::blocking(|| healthy_within(&health, Duration::from_secs(20))) {
             return;
         }

@@ -16,6 +16,7 @@ use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, Wat
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use super::etcd_access::EtcdAccess;
 use super::{Role, Worker};
 
 /// How often an etcd connection with a stream open is pinged: well above etcd's default
@@ -29,6 +30,8 @@ pub struct EtcdConfig {
     pub endpoints: Vec<String>,
     /// The cluster's name: its keys live under `/ferry/<cluster>/`.
     pub cluster: String,
+    /// TLS and authentication (default: plaintext, none).
+    pub access: EtcdAccess,
 }
 
 /// An etcd failure or a bad key.
@@ -53,7 +56,16 @@ impl EtcdConfig {
         if endpoints.is_empty() {
             return Err(EtcdError::Invalid("no etcd endpoint".into()));
         }
-        Ok(Self { endpoints, cluster })
+        Ok(Self { endpoints, cluster, access: EtcdAccess::default() })
+    }
+
+    /// With TLS and authentication `access`: every endpoint's scheme must match its TLS mode.
+    pub fn with_access(mut self, access: EtcdAccess) -> Result<Self, EtcdError> {
+        for e in &self.endpoints {
+            access.check_endpoint(e)?;
+        }
+        self.access = access;
+        Ok(self)
     }
 
     /// The prefix under which this cluster's workers register.
@@ -78,7 +90,7 @@ impl EtcdConfig {
             .with_timeout(Duration::from_secs(5))
             .with_keep_alive(KEEP_ALIVE_INTERVAL, Duration::from_secs(5))
             .with_keep_alive_while_idle(false);
-        Ok(Client::connect(&self.endpoints, Some(opts)).await?)
+        Ok(Client::connect(&self.endpoints, Some(self.access.apply(opts))).await?)
     }
 
     /// The worker a key and value describe.

@@ -3,9 +3,11 @@
 //! - Static: the workers named on the command line or in a file, for one machine or a fixed
 //!   fleet. Each entry is `ADDR` or `ID=ADDR`, where `ADDR` is the worker's gRPC `host:port`; a
 //!   file holds one `prefill ENTRY` or `decode ENTRY` per line (`#` starts a comment).
-//! - [`etcd`]: workers register under a lease they keep alive; routers watch.
+//! - [`etcd`]: workers register under a lease they keep alive; routers watch. [`etcd_access`]:
+//!   TLS and authentication towards etcd.
 
 pub mod etcd;
+pub mod etcd_access;
 
 use std::collections::HashSet;
 

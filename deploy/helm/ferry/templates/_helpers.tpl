@@ -99,3 +99,44 @@ persistentVolumeClaim:
   secret: {secretName: {{ include "ferry.internalTlsSecret" . }}}
 {{- end }}
 {{- end -}}
+
+{{/* etcd TLS and auth flags for a Ferry daemon (container args). */}}
+{{- define "ferry.etcdArgs" -}}
+{{- $e := .Values.etcd -}}
+- --etcd={{ include "ferry.etcd" . }}
+- --cluster={{ .Values.cluster }}
+{{- if $e.tls.enabled }}
+- --etcd-ca=/etcd-tls/ca.crt
+- --etcd-cert=/etcd-tls/tls.crt
+- --etcd-key=/etcd-tls/tls.key
+{{- end }}
+{{- if $e.auth.user }}
+- --etcd-user={{ $e.auth.user }}
+- --etcd-password-file=/etcd-auth/password
+{{- end }}
+{{- end -}}
+
+{{/* The Secret with etcd's CA and Ferry's client certificate (ca.crt, tls.crt, tls.key). */}}
+{{- define "ferry.etcdClientSecret" -}}
+{{- .Values.etcd.tls.secret | default (printf "%s-etcd-client" (include "ferry.fullname" .)) -}}
+{{- end -}}
+
+{{/* etcd TLS and auth volume mounts and volumes of a Ferry daemon. */}}
+{{- define "ferry.etcdMounts" -}}
+{{- if .Values.etcd.tls.enabled }}
+- {name: etcd-tls, mountPath: /etcd-tls, readOnly: true}
+{{- end }}
+{{- if .Values.etcd.auth.user }}
+- {name: etcd-auth, mountPath: /etcd-auth, readOnly: true}
+{{- end }}
+{{- end -}}
+{{- define "ferry.etcdVolumes" -}}
+{{- if .Values.etcd.tls.enabled }}
+- name: etcd-tls
+  secret: {secretName: {{ include "ferry.etcdClientSecret" . }}}
+{{- end }}
+{{- if .Values.etcd.auth.user }}
+- name: etcd-auth
+  secret: {secretName: {{ .Values.etcd.auth.passwordSecret }}}
+{{- end }}
+{{- end -}}

@@ -49,8 +49,7 @@ spec:
             - --metrics-addr=0.0.0.0:{{ $w.metricsPort }}
             - --advertise-addr=$(POD_IP):{{ $w.grpcPort }}
             - --transfer={{ $w.transfer }}
-            - --etcd={{ include "ferry.etcd" $ }}
-            - --cluster={{ $.Values.cluster }}
+            {{- include "ferry.etcdArgs" $ | nindent 12 }}
             - --etcd-lease-ttl={{ $.Values.etcd.leaseTtl }}
             {{- if eq .role "decode" }}
             - --transfer-addr=0.0.0.0:{{ $w.transferPort }}
@@ -111,6 +110,7 @@ spec:
             - {name: model, mountPath: /models, readOnly: true}
             - {name: tmp, mountPath: /tmp}
             {{- include "ferry.internalTlsMount" (dict "ctx" $ "role" .role) | nindent 12 }}
+            {{- include "ferry.etcdMounts" $ | nindent 12 }}
             {{- if $w.shm.enabled }}
             - {name: shm, mountPath: /dev/shm}
             {{- end }}
@@ -120,6 +120,7 @@ spec:
         - name: tmp
           emptyDir: {}
         {{- include "ferry.internalTlsVolume" (dict "ctx" $ "role" .role) | nindent 8 }}
+        {{- include "ferry.etcdVolumes" $ | nindent 8 }}
         {{- if $w.shm.enabled }}
         - name: shm
           emptyDir: {medium: Memory, sizeLimit: {{ $w.shm.sizeLimit }}}

@@ -1,0 +1,131 @@
+//! How a daemon reaches etcd: TLS (the CA etcd's certificate must chain to, and optionally a
+//! client certificate for etcd's `--client-cert-auth`) and user/password authentication
+//! (etcd's role-based access control). Loaded from the `--etcd-*` flags; the password comes
+//! from a file so it shows in neither `ps` nor a unit's environment.
+
+use std::path::Path;
+
+use etcd_client::ConnectOptions;
+
+use super::etcd::EtcdError;
+
+/// TLS and authentication towards etcd. The default is plaintext without authentication.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    tls: Option<EtcdTls>,
+    user: Option<(String, String)>,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+struct EtcdTls {
+    ca: Vec<u8>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for EtcdAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAccess")
+            .field("tls", &self.tls.as_ref().map(|t| if t.identity.is_some() { "mutual" } else { "server" }))
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+fn read(flag: &str, p: &Path) -> Result<Vec<u8>, EtcdError> {
+    std::fs::read(p).map_err(|e| EtcdError::Invalid(format!("{flag} {}: {e}", p.display())))
+}
+
+impl EtcdAccess {
+    /// Reads the files: `ca` turns TLS on, `cert_key` adds a client certificate, `user` a
+    /// user and the file holding its password (its first line).
+    pub fn load(
+        ca: Option<&Path>,
+        cert_key: Option<(&Path, &Path)>,
+        user: Option<(&str, &Path)>,
+    ) -> Result<Self, EtcdError> {
+        let tls = match (ca, cert_key) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(EtcdError::Invalid("--etcd-cert needs --etcd-ca".into())),
+            (Some(ca), ck) => Some(EtcdTls {
+                ca: read("--etcd-ca", ca)?,
+                identity: match ck {
+                    None => None,
+                    Some((c, k)) => Some((read("--etcd-cert", c)?, read("--etcd-key", k)?)),
+                },
+            }),
+        };
+        let user = match user {
+            None => None,
+            Some((name, file)) => {
+                let raw = read("--etcd-password-file", file)?;
+                let text = String::from_utf8(raw)
+                    .map_err(|_| EtcdError::Invalid(format!("--etcd-password-file {}: not UTF-8", file.display())))?;
+                let password = text.lines().next().unwrap_or("").to_string();
+                if password.is_empty() {
+                    return Err(EtcdError::Invalid(format!("--etcd-password-file {}: empty", file.display())));
+                }
+                Some((name.to_string(), password))
+            }
+        };
+        Ok(Self { tls, user })
+    }
+
+    /// Whether the connection to etcd is TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Refuses an endpoint whose scheme contradicts the TLS mode (`http://` with TLS on would
+    /// be refused by the client anyway, `https://` with it off would fail on connect).
+    pub fn check_endpoint(&self, endpoint: &str) -> Result<(), EtcdError> {
+        let tls = self.tls();
+        match endpoint.split_once("://").map(|(s, _)| s.to_ascii_lowercase()) {
+            None => Ok(()),
+            Some(s) if (s == "https" && tls) || (s == "http" && !tls) => Ok(()),
+            Some(s) => Err(EtcdError::Invalid(format!(
+                "--etcd {endpoint}: scheme {s}:// does not match TLS to etcd ({})",
+                if tls { "on: --etcd-ca is set" } else { "off: no --etcd-ca" }
+            ))),
+        }
+    }
+
+    /// `opts` with TLS and the user added.
+    pub fn apply(&self, mut opts: ConnectOptions) -> ConnectOptions {
+        if let Some(t) = &self.tls {
+            let mut c = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(&t.ca));
+            if let Some((cert, key)) = &t.identity {
+                c = c.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            opts = opts.with_tls(c);
+        }
+        if let Some((user, password)) = &self.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
+        opts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_read_and_schemes_checked() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (ca, pw, empty) = (dir.path().join("ca.pem"), dir.path().join("pw"), dir.path().join("empty"));
+        std::fs::write(&ca, "not checked until connect").expect("write");
+        std::fs::write(&pw, "s3cret\nignored\n").expect("write");
+        std::fs::write(&empty, "\n").expect("write");
+        let a = EtcdAccess::load(Some(&ca), None, Some(("ferry", &pw))).expect("loads");
+        assert!(a.tls());
+        assert_eq!(a.user.as_ref().map(|(u, p)| (u.as_str(), p.as_str())), Some(("ferry", "s3cret")));
+        assert!(!format!("{a:?}").contains("s3cret"), "the password stays out of logs: {a:?}");
+        assert!(a.check_endpoint("https://e:2379").is_ok() && a.check_endpoint("e:2379").is_ok());
+        assert!(a.check_endpoint("http://e:2379").is_err(), "no downgrade to plaintext");
+        assert!(EtcdAccess::default().check_endpoint("https://e:2379").is_err());
+        let e = EtcdAccess::load(None, None, Some(("ferry", &empty))).expect_err("empty password");
+        assert!(e.to_string().contains("empty"), "{e}");
+        let e = EtcdAccess::load(Some(&dir.path().join("nope")), None, None).expect_err("missing CA");
+        assert!(e.to_string().contains("--etcd-ca"), "{e}");
+    }
+}

@@ -1,0 +1,120 @@
+//! TLS and authentication towards a real etcd: workers register and a router discovers them
+//! over TLS with client certificates (`--etcd-ca/-cert/-key`), and as an etcd user
+//! (`--etcd-user`, `--etcd-password-file`) once etcd's authentication is on. A daemon that
+//! cannot pass (no CA, no client certificate, no or a wrong password, an `http://` endpoint
+//! with TLS on) does not start, and says why.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ferry_cluster::args::EtcdArgs;
+use ferry_tests::TinyModel;
+use ferry_tests::etcd::{Etcd, ServerTls};
+use ferry_tests::pki::Pki;
+
+async fn prefill(m: &TinyModel, etcd: EtcdArgs) -> Result<ferry_prefill::Running, String> {
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 64;
+    a.worker.worker_id = Some("p0".into());
+    a.worker.etcd = etcd;
+    a.worker.etcd_lease_ttl = 2;
+    ferry_prefill::start(a).await.map_err(|e| e.to_string())
+}
+
+/// A router on `etcd` sees the one prefill worker registered there.
+async fn router_finds_it(m: &TinyModel, etcd: EtcdArgs) {
+    let mut a = ferry_router::RouterArgs::new(m.path(), Vec::new(), Vec::new());
+    a.etcd = etcd;
+    let r = ferry_router::start(a).await.expect("router up");
+    for _ in 0..300 {
+        if r.ready(1, 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(r.ready(1, 0), "the router found the worker through etcd");
+    r.stop().await;
+}
+
+fn args(etcd: &Etcd, cluster: &str) -> EtcdArgs {
+    EtcdArgs { endpoints: vec![etcd.endpoint()], cluster: cluster.into(), ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_over_tls_with_client_certificates() {
+    let m = TinyModel::new();
+    let pki = Pki::new("etcd test CA");
+    let names = ["127.0.0.1", "localhost"];
+    let server = pki.issue("etcd", None, &names);
+    let client = pki.issue("ferry-etcd-client", None, &names);
+    let etcd = Etcd::start_with(Some(ServerTls {
+        cert: server.cert.clone(),
+        key: server.key.clone(),
+        client_ca: Some(pki.ca()),
+    }));
+    let tls = EtcdArgs {
+        etcd_ca: Some(pki.ca()),
+        etcd_cert: Some(client.cert.clone()),
+        etcd_key: Some(client.key.clone()),
+        ..args(&etcd, "tls")
+    };
+
+    // Refused: plaintext to a TLS etcd; TLS without the client certificate it requires; an
+    // http:// endpoint while TLS is on (a downgrade).
+    let e = prefill(&m, args(&etcd, "tls")).await.map(|_| ()).expect_err("plaintext to a TLS etcd");
+    assert!(e.contains("etcd"), "{e}");
+    let e = prefill(&m, EtcdArgs { etcd_cert: None, etcd_key: None, ..tls.clone() })
+        .await
+        .map(|_| ())
+        .expect_err("no client certificate");
+    assert!(e.contains("etcd"), "{e}");
+    let downgrade = EtcdArgs { endpoints: vec![format!("http://{}", etcd.endpoint())], ..tls.clone() };
+    let e = prefill(&m, downgrade).await.map(|_| ()).expect_err("http:// with --etcd-ca");
+    assert!(e.contains("does not match TLS to etcd"), "{e}");
+
+    let p = prefill(&m, tls.clone()).await.expect("registers over TLS");
+    router_finds_it(&m, tls).await;
+    p.stop().await;
+}
+
+/// Turns on etcd's authentication with `root` and a `ferry` user that may read and write
+/// `/ferry/` only.
+async fn enable_auth(endpoint: &str, password: &str) {
+    use etcd_client::{Client, Permission};
+    let mut c = Client::connect([endpoint], None).await.expect("etcd client");
+    c.user_add("root", "root-password", None).await.expect("root user");
+    c.role_add("root").await.expect("root role");
+    c.user_grant_role("root", "root").await.expect("root is root");
+    c.role_add("ferry").await.expect("ferry role");
+    c.role_grant_permission("ferry", Permission::read_write("/ferry/").with_prefix()).await.expect("permission");
+    c.user_add("ferry", password, None).await.expect("ferry user");
+    c.user_grant_role("ferry", "ferry").await.expect("ferry role granted");
+    c.auth_enable().await.expect("auth on");
+}
+
+fn password_file(dir: &Path, name: &str, password: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{password}\n")).expect("password file");
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_as_an_etcd_user() {
+    let m = TinyModel::new();
+    let etcd = Etcd::start();
+    enable_auth(&etcd.endpoint(), "ferry-password").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let user =
+        |file| EtcdArgs { etcd_user: Some("ferry".into()), etcd_password_file: Some(file), ..args(&etcd, "auth") };
+
+    let e = prefill(&m, args(&etcd, "auth")).await.map(|_| ()).expect_err("no user");
+    assert!(e.contains("etcd"), "{e}");
+    let e =
+        prefill(&m, user(password_file(dir.path(), "wrong", "not-it"))).await.map(|_| ()).expect_err("wrong password");
+    assert!(e.contains("etcd"), "{e}");
+
+    let good = user(password_file(dir.path(), "good", "ferry-password"));
+    let p = prefill(&m, good.clone()).await.expect("registers as the ferry user");
+    router_finds_it(&m, good).await;
+    p.stop().await;
+}
