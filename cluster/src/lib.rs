@@ -11,11 +11,13 @@
 //! ready.
 //!
 //! [`discovery`]: static (flags or a file) and through etcd. [`mtls`]: mutual TLS between
-//! daemons; [`roles`]: which daemon may call which worker service under it.
+//! daemons; [`roles`]: which daemon may call which worker service under it; [`dial`]: channels
+//! to another daemon that check its role too.
 
 pub mod args;
 pub mod daemon;
 mod device;
+pub mod dial;
 pub mod discovery;
 pub mod exporter;
 pub mod mtls;

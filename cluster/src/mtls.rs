@@ -19,9 +19,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Endpoint;
 
 /// Mutual TLS flags, shared by every daemon.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -75,11 +75,9 @@ pub enum TlsError {
 /// Loaded mutual TLS material.
 #[derive(Clone)]
 pub struct InternalTls {
-    cert: Vec<u8>,
-    key: Vec<u8>,
-    ca: Vec<u8>,
-    server_name: Option<String>,
+    pub(crate) server_name: Option<String>,
     server: Arc<ServerConfig>,
+    pub(crate) client: Arc<ClientConfig>,
 }
 
 impl std::fmt::Debug for InternalTls {
@@ -130,18 +128,8 @@ impl InternalTls {
             }
         };
         let server = Arc::new(server_config(&cert, &key, &ca)?);
-        Ok(Some(Arc::new(Self { cert, key, ca, server_name: args.internal_tls_server_name.clone(), server })))
-    }
-
-    /// The TLS settings for calls to another daemon.
-    pub fn client(&self) -> ClientTlsConfig {
-        let c = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca))
-            .identity(Identity::from_pem(&self.cert, &self.key));
-        match &self.server_name {
-            Some(n) => c.domain_name(n.clone()),
-            None => c,
-        }
+        let client = Arc::new(client_config(&cert, &key, &ca)?);
+        Ok(Some(Arc::new(Self { server_name: args.internal_tls_server_name.clone(), server, client })))
     }
 
     /// Wraps `listener`: yields connections whose client presented a certificate the CA
@@ -196,12 +184,8 @@ pub fn accept_tls(
 fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, TlsError> {
     let chain = certs(cert, "--internal-tls-cert")?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Invalid(format!("--internal-tls-key: {e}")))?;
-    let mut roots = RootCertStore::empty();
-    for c in certs(ca, "--internal-tls-ca")? {
-        roots.add(c).map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
-    }
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), Arc::clone(&provider))
         .build()
         .map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
     let mut c = ServerConfig::builder_with_provider(provider)
@@ -209,6 +193,29 @@ fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, Tls
         .map_err(|e| TlsError::Invalid(e.to_string()))?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Invalid(format!("--internal-tls-cert / --internal-tls-key: {e}")))?;
+    c.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(c)
+}
+
+fn roots(ca: &[u8]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in certs(ca, "--internal-tls-ca")? {
+        roots.add(c).map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
+    }
+    Ok(roots)
+}
+
+/// The client side ([`crate::dial`]): presents `cert`, trusts `ca`, speaks HTTP/2.
+fn client_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ClientConfig, TlsError> {
+    let chain = certs(cert, "--internal-tls-cert")?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Invalid(format!("--internal-tls-key: {e}")))?;
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    let mut c = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Invalid(e.to_string()))?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(chain, key)
         .map_err(|e| TlsError::Invalid(format!("--internal-tls-cert / --internal-tls-key: {e}")))?;
     c.alpn_protocols = vec![b"h2".to_vec()];
     Ok(c)
@@ -236,22 +243,16 @@ pub fn check_scheme(addr: &str, tls: bool) -> Result<(), String> {
     }
 }
 
-/// An endpoint for another daemon's gRPC at `addr` (`host:port` or a URI): `https` with the
-/// client certificate when `tls` is given, else `http`; pinged while calls are open
-/// ([`KEEPALIVE_INTERVAL`]).
-pub fn endpoint(addr: &str, tls: Option<&InternalTls>) -> Result<Endpoint, String> {
-    check_scheme(addr, tls.is_some())?;
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    let uri = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
-    let ep = Endpoint::from_shared(uri)
+/// A plaintext endpoint for another daemon's gRPC at `addr` (`host:port` or `http://`), pinged
+/// while calls are open ([`KEEPALIVE_INTERVAL`]). Under mutual TLS, [`crate::dial::channel`]
+/// connects through it with its own TLS connector.
+pub(crate) fn endpoint(addr: &str) -> Result<Endpoint, String> {
+    let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+    Ok(Endpoint::from_shared(uri)
         .map_err(|e| format!("{addr}: {e}"))?
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-        .keep_alive_while_idle(false);
-    match tls {
-        Some(t) => ep.tls_config(t.client()).map_err(|e| format!("{addr}: TLS: {e}")),
-        None => Ok(ep),
-    }
+        .keep_alive_while_idle(false))
 }
 
 /// Finished mutual TLS connections of one listener (a stream for tonic's
@@ -287,6 +288,6 @@ mod tests {
         assert!(check_scheme("http://w:7000", false).is_ok());
         assert!(check_scheme("https://w:7000", false).is_err());
         assert!(check_scheme("ftp://w:7000", true).is_err());
-        assert!(endpoint("http://w:7000", None).is_ok());
+        assert!(endpoint("http://w:7000").is_ok());
     }
 }

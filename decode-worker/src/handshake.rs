@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cluster::mtls::InternalTls;
+use ferry_cluster::roles::PeerRole;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
@@ -95,9 +96,12 @@ impl Handshakes {
         if let Some(ch) = c.get(addr) {
             return Ok(ch.clone());
         }
-        let ep = ferry_cluster::mtls::endpoint(addr, self.tls.as_deref())
-            .map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
-        let ch = ep.connect_timeout(self.timeout).connect_lazy();
+        // Under mutual TLS the bootstrap address must present a prefill worker's certificate.
+        let timeout = self.timeout;
+        let ch = ferry_cluster::dial::channel(addr, self.tls.as_deref(), PeerRole::Prefill, |ep| {
+            ep.connect_timeout(timeout)
+        })
+        .map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
         c.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

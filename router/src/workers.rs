@@ -12,6 +12,7 @@ use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
 use ferry_cluster::metrics as M;
 use ferry_cluster::mtls::InternalTls;
+use ferry_cluster::roles::PeerRole;
 use ferry_proto::v1 as pb;
 use tonic::transport::Channel;
 
@@ -163,9 +164,16 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-fn channel(addr: &str, tls: Option<&InternalTls>) -> Result<Channel, String> {
-    let ep = ferry_cluster::mtls::endpoint(addr, tls)?;
-    Ok(ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(600)).connect_lazy())
+/// A channel to the worker of `role` at `addr`; under mutual TLS its certificate must name
+/// that role ([`ferry_cluster::dial`]).
+fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<Channel, String> {
+    let expect = match role {
+        Role::Prefill => PeerRole::Prefill,
+        Role::Decode => PeerRole::Decode,
+    };
+    ferry_cluster::dial::channel(addr, tls, expect, |ep| {
+        ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(600))
+    })
 }
 
 impl Registry {
@@ -205,7 +213,7 @@ impl Registry {
             id: w.id.clone(),
             role: w.role,
             addr: w.addr.clone(),
-            channel: channel(&w.addr, self.tls.as_deref())?,
+            channel: channel(&w.addr, w.role, self.tls.as_deref())?,
             health: Mutex::new(Health::default()),
             member: std::sync::atomic::AtomicBool::new(true),
         });

@@ -3,8 +3,9 @@
 //! and a request gives the colocated engine's tokens. A worker's gRPC refuses plaintext,
 //! a client without a certificate and one whose certificate another CA signed; the failed
 //! handshakes are counted. A certificate the CA signed for the wrong role (or for none) is
-//! refused on every worker RPC (`PERMISSION_DENIED`, `wrong_role`, counted). Unreadable files
-//! stop a daemon at start with a clear error.
+//! refused on every worker RPC (`PERMISSION_DENIED`, `wrong_role`, counted), and a worker
+//! presenting the wrong role is refused by its callers (the router, a decode worker's
+//! handshake). Unreadable files stop a daemon at start with a clear error.
 
 use std::time::Duration;
 
@@ -127,6 +128,37 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     assert_eq!(refused, 8 * 3, "8 RPCs, each refused to 3 of the 4 callers");
     let after = wrong_role(p.metrics_addr).await;
     assert_eq!(after - before, refused as f64, "every wrong-role call is counted");
+
+    // The other way round: a caller checks the role of the worker it dials. A router given the
+    // decode worker as its prefill worker (and the prefill as its decode) never takes them up,
+    // and a decode worker sent to bootstrap from a non-prefill address ends the request.
+    let client_refusals = || async {
+        ferry_tests::metric_sum(&scrape(p.metrics_addr).await, "ferry_bad_requests_total", "role=\"client\"")
+    };
+    let before = client_refusals().await;
+    let mut swapped =
+        ferry_router::RouterArgs::new(m.path(), vec![d.grpc_addr.to_string()], vec![p.grpc_addr.to_string()]);
+    swapped.internal_tls = pki.args(&rl);
+    let bad = ferry_router::start(swapped).await.expect("router up");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!bad.ready(1, 1), "workers presenting the wrong role are not taken up");
+    bad.stop().await;
+    assert!(client_refusals().await >= before + 2.0, "both refused dials are counted");
+    let mut dc = pb::decode_client::DecodeClient::new(as_peer(&pki, d.grpc_addr, &rl));
+    let req = pb::DecodeRequest {
+        request_id: "bootstrap-at-a-decode-worker".into(),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&ferry_cluster::RoomKey::random())),
+        prefill_bootstrap_addr: d.grpc_addr.to_string(),
+        token_ids: (0..40).collect(),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(3))),
+    };
+    let ended = async {
+        let mut s = dc.generate(req).await?.into_inner();
+        while s.message().await?.is_some() {}
+        Ok::<_, tonic::Status>(())
+    };
+    let e = tokio::time::timeout(Duration::from_secs(20), ended).await.expect("ends").expect_err("refused");
+    assert!(e.message().contains("is not a prefill worker"), "{e}");
 
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
