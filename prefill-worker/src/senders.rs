@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use ferry_cluster::{Room, RoomSecret};
 use ferry_transfer::backend::{self, TransferConfig};
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::{BackendKind, Sender};
@@ -35,13 +36,15 @@ impl SenderPool {
         self.entries().get(endpoint).and_then(|e| e.sender.clone())
     }
 
-    /// The sender to `endpoint`, connecting (within [`CONNECT_TIMEOUT`]) when there is none.
+    /// The sender to `endpoint`, connecting (within [`CONNECT_TIMEOUT`]) when there is none;
+    /// a new connection shows the receiver `room`'s key (the rdma exchange asks for it).
     pub async fn get(
         &self,
         kind: BackendKind,
         endpoint: &str,
         mem: &Arc<HostPages>,
         cfg: TransferConfig,
+        (room, secret): (Room, &RoomSecret),
     ) -> std::io::Result<Arc<Sender>> {
         if let Some(x) = self.connected(endpoint) {
             return Ok(x);
@@ -51,7 +54,7 @@ impl SenderPool {
         if let Some(x) = self.connected(endpoint) {
             return Ok(x);
         }
-        let connect = backend::connect(kind, endpoint, Arc::clone(mem), cfg);
+        let connect = backend::connect(kind, endpoint, Arc::clone(mem), cfg, room, secret);
         let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(r) => r,
             Err(_) => {
@@ -88,6 +91,12 @@ impl SenderPool {
 mod tests {
     use super::*;
 
+    /// The room key a new connection shows (tcp ignores it).
+    fn key() -> (Room, &'static RoomSecret) {
+        static SECRET: std::sync::OnceLock<RoomSecret> = std::sync::OnceLock::new();
+        (Room::from(1u32), SECRET.get_or_init(RoomSecret::random))
+    }
+
     /// Issue 21's defect 4: one endpoint that never answers a connect (a listener whose
     /// accept queue is full drops SYNs) used to hold the pool's lock across the connect, with
     /// no timeout, stalling every handshake on the node.
@@ -112,12 +121,13 @@ mod tests {
                 let t = std::time::Instant::now();
                 let limit = CONNECT_TIMEOUT + Duration::from_secs(2);
                 let r =
-                    tokio::time::timeout(limit, pool.get(BackendKind::Tcp, &hole_addr.to_string(), &mem, cfg)).await;
+                    tokio::time::timeout(limit, pool.get(BackendKind::Tcp, &hole_addr.to_string(), &mem, cfg, key()))
+                        .await;
                 (r.expect("the connect is bounded").map(|_| ()), t.elapsed())
             }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
-        tokio::time::timeout(Duration::from_secs(2), pool.get(BackendKind::Tcp, &good, &mem, cfg))
+        tokio::time::timeout(Duration::from_secs(2), pool.get(BackendKind::Tcp, &good, &mem, cfg, key()))
             .await
             .expect("the good endpoint does not wait behind the stuck connect")
             .expect("the good endpoint connects");

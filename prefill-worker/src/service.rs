@@ -138,7 +138,8 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
             let why = format!("the decode node speaks {:?}; this prefill node {}", r.transfer_backend, s.backend);
             return Err(Refused::new(Code::FailedPrecondition, "backend_mismatch", why).status(ROLE));
         }
-        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, s.transfer).await.map_err(|e| {
+        let room_key = (key.room, &key.secret);
+        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, s.transfer, room_key).await.map_err(|e| {
             Refused::new(Code::Unavailable, "data_plane_unreachable", format!("{}: {e}", r.data_endpoint)).status(ROLE)
         })?;
         let (reply, rx) = oneshot::channel();

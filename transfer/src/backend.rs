@@ -273,12 +273,16 @@ pub async fn bind(
     }
 }
 
-/// Connects a sender of `kind` to the receiver at `endpoint`, sending from `mem`.
+/// Connects a sender of `kind` to the receiver at `endpoint`, sending from `mem`. `room` and
+/// `secret` are the key of a room the receiver has open for this sender (the one the
+/// connection is made for): the rdma connection exchange answers no one without one.
 pub async fn connect(
     kind: BackendKind,
     endpoint: &str,
     mem: Arc<HostPages>,
     cfg: TransferConfig,
+    room: Room,
+    secret: &RoomSecret,
 ) -> std::io::Result<Sender> {
     let addr = || {
         endpoint.parse::<SocketAddr>().map_err(|e| {
@@ -293,11 +297,11 @@ pub async fn connect(
         #[cfg(feature = "rdma")]
         BackendKind::Rdma => {
             let verbs = Arc::new(crate::rdma::IbVerbs::open(None, 0).map_err(std::io::Error::other)?);
-            Ok(Sender::Rdma(Box::new(RdmaSender::connect(addr()?, verbs, mem, cfg.rdma).await?)))
+            Ok(Sender::Rdma(Box::new(RdmaSender::connect(addr()?, verbs, mem, cfg.rdma, room, secret).await?)))
         }
         #[cfg(not(feature = "rdma"))]
         BackendKind::Rdma => {
-            let _ = (mem, addr);
+            let _ = (mem, addr, room, secret);
             Err(std::io::Error::other(VerbsError::NotBuilt))
         }
         BackendKind::Auto => Err(std::io::Error::other("choose a backend before connecting (see `choose`)")),

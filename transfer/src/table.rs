@@ -186,6 +186,20 @@ impl RoomTable {
         Ok(())
     }
 
+    /// Whether a peer showing `room` and `secret` holds the key of a room open here (not
+    /// ended): what the RDMA connection exchange asks before it hands out anything. Refusals
+    /// are counted like a frame's.
+    pub fn admit_peer(&mut self, room: RoomId, secret: &RoomSecret) -> Result<(), Refusal> {
+        let Some(r) = self.rooms.get(&room) else { return self.refuse(Refusal::UnknownRoom) };
+        if r.secret != *secret {
+            return self.refuse(Refusal::WrongSecret);
+        }
+        if r.room.state().is_terminal() {
+            return self.refuse(Refusal::Closed);
+        }
+        Ok(())
+    }
+
     /// Checks a frame header and claims its pages (for `Pages` frames).
     pub fn claim(&mut self, h: &Header, now: Instant) -> Result<Claim, Refusal> {
         let Some(r) = self.rooms.get_mut(&h.room) else { return self.refuse(Refusal::UnknownRoom) };

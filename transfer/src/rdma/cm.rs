@@ -1,15 +1,20 @@
 //! Connection management over a small TCP exchange (what `rdma_cm` would do): the sender
-//! sends its queue pair endpoint, the receiver answers with its own and the registered page
-//! region. The TCP connection then stays open for the life of the queue pair: its closing is
-//! how each side learns the other is gone.
+//! sends its queue pair endpoint and the key of a room the receiver has open for it (the room
+//! id and its secret, which only travel over the daemons' mutual TLS), the receiver checks the
+//! key and only then answers with its own endpoint and the registered page region. A peer
+//! without a live room's key gets no queue pair, no address and no remote key. The TCP
+//! connection then stays open for the life of the queue pair: its closing is how each side
+//! learns the other is gone.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use ferry_core::{Room, RoomSecret};
+
 use super::verbs::{ENDPOINT_LEN, QpEndpoint};
 
 const MAGIC: [u8; 4] = *b"FRDM";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 
 /// The receiver's page region, as its peers write into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,8 +31,9 @@ pub struct RemoteRegion {
     pub msg_bytes: u32,
 }
 
-const HELLO_LEN: usize = 4 + 2 + ENDPOINT_LEN;
-const REPLY_LEN: usize = HELLO_LEN + 8 + 4 + 8 + 8 + 4;
+const HEAD_LEN: usize = 4 + 2 + ENDPOINT_LEN;
+const HELLO_LEN: usize = HEAD_LEN + 8 + 16;
+const REPLY_LEN: usize = HEAD_LEN + 8 + 4 + 8 + 8 + 4;
 
 fn bad(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("rdma connection setup: {what}"))
@@ -53,13 +59,25 @@ fn parse_head(b: &[u8]) -> std::io::Result<QpEndpoint> {
     Ok(QpEndpoint::decode(&ep))
 }
 
-/// Sender side: sends our endpoint, returns the receiver's endpoint and region.
-pub async fn hello(stream: &mut TcpStream, ours: &QpEndpoint) -> std::io::Result<(QpEndpoint, RemoteRegion)> {
-    stream.write_all(&head(ours)).await?;
+/// Sender side: sends our endpoint and the key of a room open on the receiver; returns the
+/// receiver's endpoint and region (a receiver that refuses the key closes the connection).
+pub async fn hello(
+    stream: &mut TcpStream,
+    ours: &QpEndpoint,
+    room: Room,
+    secret: &RoomSecret,
+) -> std::io::Result<(QpEndpoint, RemoteRegion)> {
+    let mut h = head(ours);
+    h.extend_from_slice(&room.get().to_le_bytes());
+    h.extend_from_slice(secret.as_bytes());
+    stream.write_all(&h).await?;
     let mut b = [0u8; REPLY_LEN];
-    stream.read_exact(&mut b).await?;
+    stream.read_exact(&mut b).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => bad(&format!("the receiver refused the key of {room}")),
+        _ => e,
+    })?;
     let peer = parse_head(&b)?;
-    let at = HELLO_LEN;
+    let at = HEAD_LEN;
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or([0; 8]));
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
     let region = RemoteRegion {
@@ -72,11 +90,17 @@ pub async fn hello(stream: &mut TcpStream, ours: &QpEndpoint) -> std::io::Result
     Ok((peer, region))
 }
 
-/// Receiver side: reads the sender's endpoint.
-pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<QpEndpoint> {
+/// Receiver side: reads the sender's endpoint and the room key it shows (the id is not yet
+/// checked to be a room: the caller checks the key against its table).
+pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<(QpEndpoint, Room, RoomSecret)> {
     let mut b = [0u8; HELLO_LEN];
     stream.read_exact(&mut b).await?;
-    parse_head(&b)
+    let ep = parse_head(&b)?;
+    let id = u64::from_le_bytes(b[HEAD_LEN..HEAD_LEN + 8].try_into().unwrap_or([0; 8]));
+    let room = Room::new(id).ok_or_else(|| bad("room id out of range"))?;
+    let mut secret = [0u8; 16];
+    secret.copy_from_slice(&b[HEAD_LEN + 8..HELLO_LEN]);
+    Ok((ep, room, RoomSecret::from_bytes(secret)))
 }
 
 /// Receiver side: answers with our endpoint and region.

@@ -1,6 +1,6 @@
-//! The receiving side: registers the page arena, accepts senders' connection exchanges, keeps
-//! RECVs posted on each queue pair and checks every run a SEND reports against the room table
-//! and its checksum.
+//! The receiving side: registers the page arena, accepts senders' connection exchanges (only
+//! from a peer showing a live room's key), keeps RECVs posted on each queue pair and checks
+//! every run a SEND reports against the room table and its checksum.
 
 use ferry_core::{Room, RoomSecret};
 use std::collections::HashSet;
@@ -119,7 +119,12 @@ async fn serve_qp<V: Verbs>(
     stream: &mut TcpStream,
     seen: &mut HashSet<Room>,
 ) -> std::io::Result<FailReason> {
-    let peer = cm::read_hello(stream).await?;
+    let (peer, room, secret) = cm::read_hello(stream).await?;
+    // Nothing (no queue pair, no region key) for a peer without a live room's key.
+    if let Err(r) = s.inbox.with_table(|t| t.admit_peer(room, &secret)) {
+        tracing::warn!(%room, reason = r.label(), "rdma connection exchange refused");
+        return Ok(FailReason::PeerGone(format!("connection exchange refused: {}", r.label())));
+    }
     let slots = s.cfg.recv_slots.max(1);
     let msg_bytes = s.cfg.msg_bytes.max(HEADER_LEN as u32 * 2) as usize;
     let mut qp = s.verbs.create_qp(slots.max(s.cfg.depth)).map_err(io_err)?;

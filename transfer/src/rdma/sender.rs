@@ -86,17 +86,20 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 
 impl<V: Verbs> RdmaSender<V> {
     /// Connects to the receiver whose connection exchange listens at `addr`, registering
-    /// `mem` (the arena pages are sent from).
+    /// `mem` (the arena pages are sent from). `room` and `secret` are the key of a room the
+    /// receiver has open for us: it answers no one else.
     pub async fn connect(
         addr: SocketAddr,
         verbs: Arc<V>,
         mem: Arc<HostPages>,
         cfg: RdmaConfig,
+        room: Room,
+        secret: &RoomSecret,
     ) -> std::io::Result<Self> {
         let mut qp = verbs.create_qp(cfg.depth.max(2)).map_err(io_err)?;
         let mut stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
-        let (peer, region) = cm::hello(&mut stream, &qp.endpoint()).await?;
+        let (peer, region) = cm::hello(&mut stream, &qp.endpoint(), room, secret).await?;
         if region.page_bytes != mem.page_bytes() as u64 {
             return Err(io_err(format!(
                 "page size mismatch: receiver pages are {} bytes, ours {}",

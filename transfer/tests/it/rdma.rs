@@ -40,8 +40,22 @@ async fn pair(verbs: MemVerbs) -> Pair {
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let verbs = Arc::new(verbs);
     let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), Arc::clone(&rx_mem), rcfg()).await.expect("bind");
-    let s = RdmaSender::connect(r.local_addr(), verbs, Arc::clone(&src), rcfg()).await.expect("connect");
+    let s = connect_for_a_room(&r, verbs, Arc::clone(&src)).await.expect("connect");
     Pair { src, rx_mem, receiver: Receiver::RdmaMem(r), sender: Arc::new(Sender::RdmaMem(Box::new(s))) }
+}
+
+/// Connects to `r` the way a prefill node does: showing the key of a room `r` has open (here
+/// one opened for the purpose, without pages, and closed again).
+async fn connect_for_a_room(
+    r: &RdmaReceiver<MemVerbs>,
+    verbs: Arc<MemVerbs>,
+    src: Arc<HostPages>,
+) -> std::io::Result<RdmaSender<MemVerbs>> {
+    let room = Room::from(999u32);
+    let _done = r.open(room, key(999), &[]).expect("open");
+    let s = RdmaSender::connect(r.local_addr(), verbs, src, rcfg(), room, &key(999)).await;
+    r.close(room);
+    s
 }
 
 /// Room `room`'s secret in these tests.
@@ -190,8 +204,45 @@ async fn a_page_size_mismatch_is_refused_at_connect() {
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg()).await.expect("bind");
     let wrong = Arc::new(HostPages::new(PAGE * 2, 4).expect("arena"));
-    let e = RdmaSender::connect(r.local_addr(), verbs, wrong, rcfg()).await.expect_err("mismatch");
+    let e = connect_for_a_room(&r, verbs, wrong).await.expect_err("mismatch");
     assert!(e.to_string().contains("page size mismatch"), "{e}");
+}
+
+/// The connection exchange hands out a queue pair, the arena's address and its remote key
+/// only to a peer showing the key of a room open on the receiver: not to a peer without one,
+/// with a wrong secret, for a closed room, or speaking something else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_exchange_answers_only_a_live_rooms_key() {
+    use ferry_transfer::table::Refusal;
+    let verbs = Arc::new(MemVerbs::new());
+    let (src, rx_mem) = (Arc::new(source()), Arc::new(HostPages::new(PAGE, PAGES).expect("arena")));
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg()).await.expect("bind");
+    let connect = |room: u32, secret: RoomSecret| {
+        let (verbs, src, at) = (Arc::clone(&verbs), Arc::clone(&src), r.local_addr());
+        async move { RdmaSender::connect(at, verbs, src, rcfg(), Room::from(room), &secret).await }
+    };
+    let refused = |why: Refusal| r.inbox().refusals(why);
+
+    let e = connect(7, key(7)).await.expect_err("no room open");
+    assert!(e.to_string().contains("the receiver refused the key of"), "{e}");
+    assert_eq!(refused(Refusal::UnknownRoom), 1);
+    let _open = r.open(Room::from(7u32), key(7), &[1, 2]).expect("open");
+    connect(7, key(8)).await.expect_err("a wrong secret");
+    assert_eq!(refused(Refusal::WrongSecret), 1);
+    // Something that is not a Ferry RDMA peer gets no answer at all.
+    let mut raw = tokio::net::TcpStream::connect(r.local_addr()).await.expect("tcp");
+    tokio::io::AsyncWriteExt::write_all(&mut raw, &[0u8; 64]).await.expect("write");
+    let mut reply = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut raw, &mut reply))
+        .await
+        .expect("closed");
+    assert_eq!((n.unwrap_or(0), reply.len()), (0, 0), "no bytes for a stranger");
+
+    let s = connect(7, key(7)).await.expect("the room's key opens the exchange");
+    assert_eq!(s.region().pages, PAGES as u64);
+    r.close(Room::from(7u32));
+    connect(7, key(7)).await.expect_err("a closed room's key");
+    assert_eq!(refused(Refusal::UnknownRoom), 2);
 }
 
 #[tokio::test]
