@@ -2,7 +2,8 @@
 //! over TLS with client certificates (`--etcd-ca/-cert/-key`), and as an etcd user
 //! (`--etcd-user`, `--etcd-password-file`) once etcd's authentication is on. A daemon that
 //! cannot pass (no CA, no client certificate, no or a wrong password, an `http://` endpoint
-//! with TLS on) does not start, and says why.
+//! with TLS on) does not start, and says why. A router under mutual TLS refuses a worker
+//! entry that would downgrade it (`http://`), counted.
 
 use std::path::Path;
 use std::time::Duration;
@@ -117,4 +118,37 @@ async fn discovery_as_an_etcd_user() {
     let p = prefill(&m, good.clone()).await.expect("registers as the ferry user");
     router_finds_it(&m, good).await;
     p.stop().await;
+}
+
+/// One etcd key can no longer make the router call a worker in plaintext: under mutual TLS an
+/// entry with `http://` is not taken up, and is counted (`worker_refused`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_worker_entry_cannot_downgrade_mutual_tls() {
+    let m = TinyModel::new();
+    let etcd = Etcd::start();
+    let pki = Pki::new("internal CA");
+    let leaf = pki.issue("router", Some(ferry_tests::pki::PeerRole::Router), &["127.0.0.1"]);
+    let mut a = ferry_router::RouterArgs::new(m.path(), Vec::new(), Vec::new());
+    a.etcd = args(&etcd, "downgrade");
+    a.internal_tls = pki.args(&leaf);
+    let r = ferry_router::start(a).await.expect("router up");
+    let refused = || async {
+        ferry_tests::metric_sum(
+            &ferry_tests::scrape(r.metrics_addr).await,
+            "ferry_bad_requests_total",
+            "worker_refused",
+        )
+    };
+    let before = refused().await;
+    let mut c = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+    c.put("/ferry/downgrade/prefill/p-plain", r#"{"addr":"http://127.0.0.1:7001"}"#, None).await.expect("put");
+    for _ in 0..250 {
+        if refused().await > before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused().await > before, "the entry was refused and counted");
+    assert!(!r.ready_at_least(1, 0), "the plaintext worker was not taken up");
+    r.stop().await;
 }
