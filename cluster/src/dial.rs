@@ -36,7 +36,9 @@ pub fn channel(
         return Ok(configure(crate::mtls::endpoint(addr)?).connect_lazy());
     };
     crate::mtls::check_scheme(addr, true)?;
-    let host_port = addr.split_once("://").map_or(addr, |(_, rest)| rest).trim_end_matches('/').to_string();
+    // host:port, without a scheme or a path.
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let host_port = rest.split('/').next().unwrap_or(rest).to_string();
     let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
     let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
     let name = ServerName::try_from(name.to_string()).map_err(|e| format!("{addr}: server name {name:?}: {e}"))?;
@@ -58,7 +60,9 @@ pub fn channel(
                 };
                 metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => "client", "reason" => "wrong_role")
                     .increment(1);
-                tracing::warn!(peer = %host_port, expected = %expect, %why, "peer refused: wrong role");
+                // At debug: a misplaced worker is dialled on every health check; the check's
+                // failure (with this message) is what the caller reports.
+                tracing::debug!(peer = %host_port, expected = %expect, %why, "peer refused: wrong role");
                 return Err(std::io::Error::other(format!("{host_port} is not a {expect} worker: it presents {why}")));
             }
             Ok::<_, std::io::Error>(TokioIo::new(stream))

@@ -3,7 +3,8 @@
 //! and the router and decode workers present theirs and check the worker's against the same
 //! CA. Certificates and keys come from PEM files. Failed handshakes are counted as bad input
 //! (`reason="mtls_handshake"`). KV pages on the data plane are guarded by each room's secret,
-//! which only travels over this channel.
+//! which is handed out over this channel (on the unencrypted data plane it then travels in
+//! each frame's header).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ pub struct InternalTlsArgs {
     /// worker's port can call it (read cached prompts, skip the router). A daemon refuses to
     /// start without either this or --internal-tls-cert/-key/-ca. Logged at warn and exported
     /// as `ferry_insecure_internal` 1.
-    #[arg(long, env = "FERRY_INSECURE_INTERNAL", conflicts_with = "internal_tls_cert", help_heading = "TLS")]
+    #[arg(long, env = "FERRY_INSECURE_INTERNAL", help_heading = "TLS")]
     pub insecure_internal: bool,
 }
 
@@ -104,6 +105,10 @@ impl InternalTls {
     /// Reads and checks the files named by `args`; None when mutual TLS is off, which needs
     /// `--insecure-internal` (warned about and exported as `ferry_insecure_internal`).
     pub fn load(args: &InternalTlsArgs) -> Result<Option<Arc<Self>>, TlsError> {
+        // Checked here, not by clap: clap counts FERRY_INSECURE_INTERNAL=false as present.
+        if args.insecure_internal && args.internal_tls_cert.is_some() {
+            return Err(TlsError::Invalid("--insecure-internal and --internal-tls-cert contradict each other".into()));
+        }
         let (cert, key, ca) = match (&args.internal_tls_cert, &args.internal_tls_key, &args.internal_tls_ca) {
             (None, None, None) if args.insecure_internal => {
                 tracing::warn!(
@@ -167,6 +172,11 @@ pub fn accept_tls(
                 match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                     Ok(Ok(tls)) => {
                         let _ = tx.send((tls, peer)).await;
+                    }
+                    // A connection closed before it said anything (a TCP probe, a port scan)
+                    // is not a failed handshake: not counted, not warned about.
+                    Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        tracing::debug!(%peer, "connection closed before a TLS handshake");
                     }
                     Ok(Err(e)) => {
                         metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => role, "reason" => reason)

@@ -106,18 +106,19 @@ pub struct RouterArgs {
     /// (429 / RESOURCE_EXHAUSTED with a retry-after hint).
     #[arg(long, env = "FERRY_MAX_QUEUED_REQUESTS", default_value_t = 1024, help_heading = "Admission")]
     pub max_queued_requests: usize,
-    /// Milliseconds a request waits in the admission queue at most before it is refused.
-    #[arg(long, env = "FERRY_QUEUE_TIMEOUT_MS", default_value_t = 30_000, help_heading = "Admission")]
-    pub queue_timeout_ms: u64,
+    /// Seconds a request waits in the admission queue at most before it is refused (like
+    /// every Ferry timeout, in seconds; fractions allowed).
+    #[arg(long, env = "FERRY_QUEUE_TIMEOUT", default_value_t = 30.0, help_heading = "Admission")]
+    pub queue_timeout: f64,
     /// Most stop strings one request may carry (more: 400 / INVALID_ARGUMENT naming `stop`).
     #[arg(long, env = "FERRY_MAX_STOP_STRINGS", default_value_t = limits::DEFAULT_MAX_STOP_STRINGS, help_heading = "Admission")]
     pub max_stop_strings: usize,
     /// Most bytes of one stop string (longer: 400 / INVALID_ARGUMENT naming it).
     #[arg(long, env = "FERRY_MAX_STOP_STRING_BYTES", default_value_t = limits::DEFAULT_MAX_STOP_BYTES, help_heading = "Admission")]
     pub max_stop_string_bytes: usize,
-    /// Milliseconds between active checks (gRPC health and load report) of every worker.
-    #[arg(long, env = "FERRY_LOAD_POLL_MS", default_value_t = 100, help_heading = "Discovery")]
-    pub load_poll_ms: u64,
+    /// Seconds between active checks (gRPC health and load report) of every worker.
+    #[arg(long, env = "FERRY_LOAD_POLL", default_value_t = 0.1, help_heading = "Discovery")]
+    pub load_poll: f64,
     /// etcd discovery: workers registered under `/ferry/<cluster>/` join and leave as they
     /// come and go (in addition to any named by flags or file).
     #[command(flatten)]
@@ -214,6 +215,9 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         d = d.merged(&StaticDiscovery::parse(&text).map_err(StartError::config)?).map_err(StartError::config)?;
     }
     let etcd = args.etcd.config().map_err(StartError::Config)?;
+    let queue_timeout =
+        ferry_cluster::args::seconds("queue-timeout", args.queue_timeout).map_err(StartError::Config)?;
+    let load_poll = ferry_cluster::args::seconds("load-poll", args.load_poll).map_err(StartError::Config)?;
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(c), Some(k)) => Some(tls::Tls::load(c, k).map_err(|e| StartError::Config(format!("TLS: {e}")))?),
         (None, None) => None,
@@ -252,11 +256,10 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         admission: Admission::new(Limits {
             max_running: args.max_running_requests,
             max_queued: args.max_queued_requests,
-            timeout: Duration::from_millis(args.queue_timeout_ms),
+            timeout: queue_timeout,
         }),
     });
-    let mut background =
-        vec![tokio::spawn(Arc::clone(&registry).poll_loads(Duration::from_millis(args.load_poll_ms.max(1))))];
+    let mut background = vec![tokio::spawn(Arc::clone(&registry).poll_loads(load_poll))];
     if let Some(etcd) = etcd {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         background.push(tokio::spawn(ferry_cluster::discovery::etcd::watch(etcd, tx)));

@@ -16,7 +16,7 @@ async fn the_admission_queue_bounds_concurrency_and_waiting() {
     let (p, d, r) = one_of_each(&m, 1100, |ra| {
         ra.max_running_requests = 1;
         ra.max_queued_requests = 1;
-        ra.queue_timeout_ms = 400;
+        ra.queue_timeout = 0.4;
     })
     .await;
 

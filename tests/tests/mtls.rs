@@ -136,14 +136,26 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
         ferry_tests::metric_sum(&scrape(p.metrics_addr).await, "ferry_bad_requests_total", "role=\"client\"")
     };
     let before = client_refusals().await;
-    let mut swapped =
-        ferry_router::RouterArgs::new(m.path(), vec![d.grpc_addr.to_string()], vec![p.grpc_addr.to_string()]);
-    swapped.internal_tls = pki.args(&rl);
-    let bad = ferry_router::start(swapped).await.expect("router up");
+    // Each router has one worker in its right place (taken up: the check passes the right
+    // role) and one in the wrong place (never taken up), one for each direction.
+    let misplaced = |prefill: std::net::SocketAddr, decode: std::net::SocketAddr| {
+        let mut a = ferry_router::RouterArgs::new(m.path(), vec![prefill.to_string()], vec![decode.to_string()]);
+        a.internal_tls = pki.args(&rl);
+        ferry_router::start(a)
+    };
+    let decode_as_prefill = misplaced(d.grpc_addr, d.grpc_addr).await.expect("router up");
+    let prefill_as_decode = misplaced(p.grpc_addr, p.grpc_addr).await.expect("router up");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!bad.ready(1, 1), "workers presenting the wrong role are not taken up");
-    bad.stop().await;
-    assert!(client_refusals().await >= before + 2.0, "both refused dials are counted");
+    // (healthy prefill workers, healthy decode workers) a router sees.
+    let healthy = |r: &ferry_router::Running| {
+        let s = r.workers().snapshot();
+        (s.prefill.iter().flatten().filter(|w| w.healthy()).count(), s.decode.iter().filter(|w| w.healthy()).count())
+    };
+    assert_eq!(healthy(&decode_as_prefill), (0, 1), "a decode worker is no prefill worker");
+    assert_eq!(healthy(&prefill_as_decode), (1, 0), "a prefill worker is no decode worker");
+    decode_as_prefill.stop().await;
+    prefill_as_decode.stop().await;
+    assert!(client_refusals().await >= before + 2.0, "refused dials are counted");
     let mut dc = pb::decode_client::DecodeClient::new(as_peer(&pki, d.grpc_addr, &rl));
     let req = pb::DecodeRequest {
         request_id: "bootstrap-at-a-decode-worker".into(),

@@ -128,7 +128,7 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     // first worker every time: the cache-aware policy would too while the prefix index holds
     // the prompt there, but the index forgets a stopped worker's entries as soon as its event
     // stream breaks, and the repeat then went to either worker (retried or not).
-    args.load_poll_ms = 60_000;
+    args.load_poll = 60.0;
     args.policy = ferry_router::placement::Policy::LeastLoad;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
@@ -181,7 +181,7 @@ async fn a_decode_worker_failing_before_the_first_token_is_retried_on_another() 
         ds.iter().map(|d| d.grpc_addr.to_string()).collect(),
     );
     // As above: the router keeps believing in the decode worker this test stops.
-    args.load_poll_ms = 60_000;
+    args.load_poll = 60.0;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.ready(1, 2) {

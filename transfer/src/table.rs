@@ -96,6 +96,8 @@ struct RecvRoom {
     received: usize,
     aux: Option<Aux>,
     room: Room,
+    /// A peer already used this room's key for an RDMA connection exchange.
+    admitted_peer: bool,
 }
 
 /// Open rooms of one receiver.
@@ -182,20 +184,26 @@ impl RoomTable {
         let _ = r.advance(State::WaitingForInput, now);
         let incarnation = self.next_incarnation;
         self.next_incarnation += 1;
-        self.rooms.insert(room, RecvRoom { incarnation, secret, pages, received: 0, aux: None, room: r });
+        self.rooms.insert(
+            room,
+            RecvRoom { incarnation, secret, pages, received: 0, aux: None, room: r, admitted_peer: false },
+        );
         Ok(())
     }
 
     /// Whether a peer showing `room` and `secret` holds the key of a room open here (not
-    /// ended): what the RDMA connection exchange asks before it hands out anything. Refusals
-    /// are counted like a frame's.
+    /// ended) that no peer used before: what the RDMA connection exchange asks before it hands
+    /// out anything, so one key opens one exchange. Refusals are counted like a frame's.
     pub fn admit_peer(&mut self, room: RoomId, secret: &RoomSecret) -> Result<(), Refusal> {
         let Some(r) = self.rooms.get(&room) else { return self.refuse(Refusal::UnknownRoom) };
         if r.secret != *secret {
             return self.refuse(Refusal::WrongSecret);
         }
-        if r.room.state().is_terminal() {
+        if r.room.state().is_terminal() || r.admitted_peer {
             return self.refuse(Refusal::Closed);
+        }
+        if let Some(r) = self.rooms.get_mut(&room) {
+            r.admitted_peer = true;
         }
         Ok(())
     }

@@ -64,6 +64,7 @@ impl EtcdConfig {
         for e in &self.endpoints {
             access.check_endpoint(e)?;
         }
+        access.check_password_route(&self.endpoints)?;
         self.access = access;
         Ok(self)
     }

@@ -89,6 +89,20 @@ impl EtcdAccess {
         }
     }
 
+    /// Refuses to send a password in plaintext: a user without `--etcd-ca` is allowed only
+    /// when every endpoint is on this machine (loopback).
+    pub fn check_password_route(&self, endpoints: &[String]) -> Result<(), EtcdError> {
+        if self.user.is_none() || self.tls() {
+            return Ok(());
+        }
+        match endpoints.iter().find(|e| !loopback(e)) {
+            None => Ok(()),
+            Some(e) => Err(EtcdError::Invalid(format!(
+                "--etcd-user without --etcd-ca would send the password in plaintext to {e}: turn on TLS to etcd"
+            ))),
+        }
+    }
+
     /// `opts` with TLS and the user added.
     pub fn apply(&self, mut opts: ConnectOptions) -> ConnectOptions {
         if let Some(t) = &self.tls {
@@ -103,6 +117,13 @@ impl EtcdAccess {
         }
         opts
     }
+}
+
+/// Whether an endpoint (`host:port`, maybe with a scheme) is on this machine.
+fn loopback(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let host = rest.rsplit_once(':').map_or(rest, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -127,5 +148,13 @@ mod tests {
         assert!(e.to_string().contains("empty"), "{e}");
         let e = EtcdAccess::load(Some(&dir.path().join("nope")), None, None).expect_err("missing CA");
         assert!(e.to_string().contains("--etcd-ca"), "{e}");
+
+        // A password goes in plaintext only to a loopback etcd.
+        let plain = EtcdAccess::load(None, None, Some(("ferry", &pw))).expect("loads");
+        let eps = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(plain.check_password_route(&eps(&["127.0.0.1:2379", "http://localhost:2379", "[::1]:2379"])).is_ok());
+        let e = plain.check_password_route(&eps(&["127.0.0.1:2379", "10.0.0.2:2379"])).expect_err("remote");
+        assert!(e.to_string().contains("10.0.0.2:2379"), "{e}");
+        assert!(a.check_password_route(&eps(&["10.0.0.2:2379"])).is_ok(), "over TLS");
     }
 }

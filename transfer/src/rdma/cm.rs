@@ -1,8 +1,10 @@
 //! Connection management over a small TCP exchange (what `rdma_cm` would do): the sender
 //! sends its queue pair endpoint and the key of a room the receiver has open for it (the room
-//! id and its secret, which only travel over the daemons' mutual TLS), the receiver checks the
-//! key and only then answers with its own endpoint and the registered page region. A peer
-//! without a live room's key gets no queue pair, no address and no remote key. The TCP
+//! id and its secret, handed out over the daemons' mutual TLS), the receiver checks the key
+//! and only then answers with its own endpoint and the registered page region. A peer without
+//! a live room's key gets no queue pair, no address and no remote key, and one key opens one
+//! exchange. The data plane is not encrypted: someone who can observe it learns the keys that
+//! cross it (here and in every frame header). The TCP
 //! connection then stays open for the life of the queue pair: its closing is how each side
 //! learns the other is gone.
 
@@ -94,8 +96,11 @@ pub async fn hello(
 /// checked to be a room: the caller checks the key against its table).
 pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<(QpEndpoint, Room, RoomSecret)> {
     let mut b = [0u8; HELLO_LEN];
-    stream.read_exact(&mut b).await?;
+    // The head first: a peer of another protocol version learns so at once (its hello may be
+    // shorter), instead of waiting for bytes that never come.
+    stream.read_exact(&mut b[..HEAD_LEN]).await?;
     let ep = parse_head(&b)?;
+    stream.read_exact(&mut b[HEAD_LEN..]).await?;
     let id = u64::from_le_bytes(b[HEAD_LEN..HEAD_LEN + 8].try_into().unwrap_or([0; 8]));
     let room = Room::new(id).ok_or_else(|| bad("room id out of range"))?;
     let mut secret = [0u8; 16];

@@ -11,9 +11,9 @@
 //!
 //! What the receiver CPU cannot do with RDMA: refuse a WRITE. A peer holding the region's key
 //! can write anywhere in the arena, so the key goes only to peers that completed the
-//! connection exchange, which asks for the key of a room open on the receiver (its secret
-//! only travels over the daemons' mutual TLS); a run that fails its room's checks or checksum
-//! fails the room. Per-room memory regions, which would bound a peer to its rooms' pages, are
+//! connection exchange, which asks for the key of a room open on the receiver (handed out over
+//! the daemons' mutual TLS; one key, one exchange); a run that fails its room's checks or
+//! checksum fails the room. The data plane itself is not encrypted. Per-room memory regions, which would bound a peer to its rooms' pages, are
 //! not built yet.
 
 pub mod cm;

@@ -22,6 +22,9 @@ use crate::memory::HostPages;
 use crate::room::{FailReason, State};
 use crate::table::{Outcome, Refusal};
 
+/// How long a peer may take to send its connection exchange.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Shared<V: Verbs> {
     inbox: Inbox,
     mem: Arc<HostPages>,
@@ -119,7 +122,9 @@ async fn serve_qp<V: Verbs>(
     stream: &mut TcpStream,
     seen: &mut HashSet<Room>,
 ) -> std::io::Result<FailReason> {
-    let (peer, room, secret) = cm::read_hello(stream).await?;
+    let (peer, room, secret) = tokio::time::timeout(HELLO_TIMEOUT, cm::read_hello(stream))
+        .await
+        .map_err(|_| io_err(format!("no connection exchange within {HELLO_TIMEOUT:?}")))??;
     // Nothing (no queue pair, no region key) for a peer without a live room's key.
     if let Err(r) = s.inbox.with_table(|t| t.admit_peer(room, &secret)) {
         tracing::warn!(%room, reason = r.label(), "rdma connection exchange refused");

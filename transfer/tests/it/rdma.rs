@@ -209,8 +209,9 @@ async fn a_page_size_mismatch_is_refused_at_connect() {
 }
 
 /// The connection exchange hands out a queue pair, the arena's address and its remote key
-/// only to a peer showing the key of a room open on the receiver: not to a peer without one,
-/// with a wrong secret, for a closed room, or speaking something else.
+/// only to a peer showing the key of a room open on the receiver, once: not to a peer without
+/// one, with a wrong secret, with a key already used, for a closed room, or speaking something
+/// else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connection_exchange_answers_only_a_live_rooms_key() {
     use ferry_transfer::table::Refusal;
@@ -240,6 +241,8 @@ async fn the_connection_exchange_answers_only_a_live_rooms_key() {
 
     let s = connect(7, key(7)).await.expect("the room's key opens the exchange");
     assert_eq!(s.region().pages, PAGES as u64);
+    connect(7, key(7)).await.expect_err("one key opens one exchange");
+    assert_eq!(refused(Refusal::Closed), 1);
     r.close(Room::from(7u32));
     connect(7, key(7)).await.expect_err("a closed room's key");
     assert_eq!(refused(Refusal::UnknownRoom), 2);

@@ -140,3 +140,15 @@ persistentVolumeClaim:
   secret: {secretName: {{ .Values.etcd.auth.passwordSecret }}}
 {{- end }}
 {{- end -}}
+
+{{/* NetworkPolicy peers: pods of `components`, and networkPolicy.nodeCIDRs; pass (dict "ctx" $ "components" (list ...)). */}}
+{{- define "ferry.peers" -}}
+{{- range $c := .components }}
+- podSelector:
+    matchLabels:
+      {{- include "ferry.selector" (dict "ctx" $.ctx "component" $c) | nindent 6 }}
+{{- end }}
+{{- range $cidr := $.ctx.Values.networkPolicy.nodeCIDRs }}
+- ipBlock: {cidr: {{ $cidr }}}
+{{- end }}
+{{- end -}}
