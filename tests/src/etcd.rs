@@ -14,6 +14,7 @@ pub struct Etcd {
     peer_port: u16,
     metrics_port: u16,
     tls: Option<ServerTls>,
+    extra: Vec<String>,
 }
 
 /// TLS on a test etcd's client port.
@@ -51,12 +52,12 @@ fn binary() -> PathBuf {
 impl Etcd {
     /// Starts etcd and waits until it answers.
     pub fn start() -> Self {
-        Self::start_with(None)
+        Self::start_with(None, &[])
     }
 
-    /// Starts etcd with TLS on its client port (`tls`), or plaintext, and waits until it
-    /// answers (its health is read on a separate plaintext metrics port).
-    pub fn start_with(tls: Option<ServerTls>) -> Self {
+    /// Starts etcd with TLS on its client port (`tls`), or plaintext, and `extra` flags, and
+    /// waits until it answers (its health is read on a separate plaintext metrics port).
+    pub fn start_with(tls: Option<ServerTls>, extra: &[&str]) -> Self {
         let mut e = Self {
             child: None,
             dir: tempfile::tempdir().expect("temp dir"),
@@ -64,6 +65,7 @@ impl Etcd {
             peer_port: free_port(),
             metrics_port: free_port(),
             tls,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         e.spawn();
         e
@@ -80,6 +82,7 @@ impl Etcd {
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--listen-metrics-urls", &format!("http://127.0.0.1:{}", self.metrics_port)])
             .args(["--initial-cluster", &format!("ferry-test={peer}")]);
+        cmd.args(&self.extra);
         if let Some(t) = &self.tls {
             cmd.arg("--cert-file").arg(&t.cert).arg("--key-file").arg(&t.key);
             if let Some(ca) = &t.client_ca {

@@ -48,11 +48,10 @@ async fn discovery_over_tls_with_client_certificates() {
     let names = ["127.0.0.1", "localhost"];
     let server = pki.issue("etcd", None, &names);
     let client = pki.issue("ferry-etcd-client", None, &names);
-    let etcd = Etcd::start_with(Some(ServerTls {
-        cert: server.cert.clone(),
-        key: server.key.clone(),
-        client_ca: Some(pki.ca()),
-    }));
+    let etcd = Etcd::start_with(
+        Some(ServerTls { cert: server.cert.clone(), key: server.key.clone(), client_ca: Some(pki.ca()) }),
+        &[],
+    );
     let tls = EtcdArgs {
         etcd_ca: Some(pki.ca()),
         etcd_cert: Some(client.cert.clone()),
@@ -150,4 +149,41 @@ async fn an_http_worker_entry_cannot_downgrade_mutual_tls() {
     }
     assert!(refused().await > before, "the entry was refused (not taken up) and counted");
     r.stop().await;
+}
+
+/// A worker logged in as an etcd user leaves at once when it stops, also after its auth token
+/// expired. It used to stay listed until its lease expired: etcd-client sends Lease calls
+/// without the token, so etcd refused the revoke ("user name is empty"). The worker now
+/// deletes its key first (renewing the token once if needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_user_leaves_at_once_when_it_stops() {
+    let m = TinyModel::new();
+    let etcd = Etcd::start_with(None, &["--auth-token-ttl", "1"]);
+    enable_auth(&etcd.endpoint(), "ferry-password").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let user = EtcdArgs {
+        etcd_user: Some("ferry".into()),
+        etcd_password_file: Some(password_file(dir.path(), "pw", "ferry-password")),
+        ..args(&etcd, "ttl")
+    };
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 64;
+    a.worker.worker_id = Some("p0".into());
+    a.worker.etcd = user;
+    a.worker.etcd_lease_ttl = 30;
+    let p = ferry_prefill::start(a).await.expect("registers");
+    let opts = etcd_client::ConnectOptions::new().with_user("root", "root-password");
+    let mut root = etcd_client::Client::connect([etcd.endpoint()], Some(opts)).await.expect("root");
+    let listed = |r: etcd_client::GetResponse| r.kvs().len();
+    let get = etcd_client::GetOptions::new().with_prefix();
+    assert_eq!(listed(root.get("/ferry/ttl/", Some(get.clone())).await.expect("get")), 1);
+    // Well past the token's 1 s (etcd checks simple tokens' expiry every second or so).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    p.stop().await;
+    root.refresh_token().await.expect("root logs in again");
+    assert_eq!(
+        listed(root.get("/ferry/ttl/", Some(get)).await.expect("get")),
+        0,
+        "the worker left at once, not after its 30 s lease"
+    );
 }

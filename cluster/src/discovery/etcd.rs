@@ -206,8 +206,10 @@ async fn keep_alive(
         };
         let why = tokio::select! {
             _ = &mut stopped => {
-                let _ = client.lease_revoke(lease).await;
-                tracing::info!(%key, "left etcd");
+                match leave_now(&mut client, &key, lease).await {
+                    Ok(()) => tracing::info!(%key, "left etcd"),
+                    Err(e) => tracing::warn!(%key, error = %e, "could not leave etcd; the lease will expire"),
+                }
                 return;
             }
             e = renewing => e,
@@ -234,6 +236,20 @@ async fn keep_alive(
             }
         }
     }
+}
+
+/// Deletes `key` and revokes `lease`. The key goes first, by a KV call: etcd-client sends
+/// Lease calls without the auth token, so under etcd's authentication `LeaseRevoke` is
+/// refused ("user name is empty") and the worker would stay listed until the lease expired.
+/// An expired token (etcd's simple tokens lapse; the keep-alive stream does not renew one) is
+/// renewed once. The revoke is then best effort.
+async fn leave_now(client: &mut Client, key: &str, lease: i64) -> Result<(), EtcdError> {
+    if client.delete(key, None).await.is_err() {
+        client.refresh_token().await?;
+        client.delete(key, None).await?;
+    }
+    let _ = client.lease_revoke(lease).await;
+    Ok(())
 }
 
 /// A change in the set of workers.
