@@ -1,5 +1,5 @@
 //! etcd discovery against a real etcd server the test starts: workers join, serve, leave
-//! (graceful stop revokes the lease at once) and expire (a SIGKILLed worker process is gone
+//! (a graceful stop deletes the key and revokes the lease at once) and expire (a SIGKILLed worker process is gone
 //! after its lease TTL); a restarted router finds the current set; a router whose etcd
 //! restarts resumes its watch without missing a change.
 
@@ -99,7 +99,7 @@ async fn workers_join_leave_and_expire() {
     assert_eq!(complete(&r).await, 200);
     assert!(r.index_pages() > 0, "the prefill worker's KV events reached the index");
 
-    // Leave: a graceful stop revokes the lease, so the worker is gone long before its 30 s
+    // Leave: a graceful stop deletes the key and revokes the lease, so the worker is gone long before its 30 s
     // TTL, and its index entries with it.
     let t = Instant::now();
     p.stop().await;

@@ -173,8 +173,9 @@ pub fn accept_tls(
                     Ok(Ok(tls)) => {
                         let _ = tx.send((tls, peer)).await;
                     }
-                    // A connection closed before it said anything (a TCP probe, a port scan)
-                    // is not a failed handshake: not counted, not warned about.
+                    // A connection closed during the handshake without an alert (a TCP probe, a
+                    // port scan; also a client that gave up) is not counted nor warned about:
+                    // probes would drown the real failures.
                     Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                         tracing::debug!(%peer, "connection closed before a TLS handshake");
                     }
@@ -289,6 +290,19 @@ impl Stream for Incoming {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plaintext_is_asked_for_explicitly_and_never_with_certificates() {
+        let pki = crate::pki::Pki::new("mtls test CA").expect("ca");
+        let leaf = pki.issue("w", Some(crate::roles::PeerRole::Prefill), &["localhost"]).expect("leaf");
+        let e = InternalTls::load(&InternalTlsArgs::default()).expect_err("neither");
+        assert!(e.to_string().contains("--insecure-internal"), "{e}");
+        assert!(InternalTls::load(&InternalTlsArgs::insecure()).expect("plaintext").is_none());
+        // FERRY_INSECURE_INTERNAL=false beside the certificate flags: mutual TLS.
+        assert!(InternalTls::load(&pki.args(&leaf)).expect("mutual TLS").is_some());
+        let both = InternalTlsArgs { insecure_internal: true, ..pki.args(&leaf) };
+        assert!(InternalTls::load(&both).expect_err("contradiction").to_string().contains("contradict"));
+    }
 
     #[test]
     fn an_address_cannot_downgrade_internal_tls() {

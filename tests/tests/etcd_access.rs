@@ -147,7 +147,8 @@ async fn an_http_worker_entry_cannot_downgrade_mutual_tls() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(refused().await > before, "the entry was refused (not taken up) and counted");
+    assert!(refused().await > before, "the entry was refused and counted");
+    assert!(r.workers().snapshot().prefill.iter().flatten().next().is_none(), "and not taken up");
     r.stop().await;
 }
 

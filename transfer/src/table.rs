@@ -191,15 +191,17 @@ impl RoomTable {
         Ok(())
     }
 
-    /// Whether a peer showing `room` and `secret` holds the key of a room open here (not
-    /// ended) that no peer used before: what the RDMA connection exchange asks before it hands
-    /// out anything, so one key opens one exchange. Refusals are counted like a frame's.
+    /// Whether a peer showing `room` and `secret` holds the key of a room open here, still
+    /// waiting for its first frame, that no peer used before: what the RDMA connection
+    /// exchange asks before it hands out anything, so one key opens one exchange and a key
+    /// already seen on the wire opens none. Refusals are counted like a frame's.
     pub fn admit_peer(&mut self, room: RoomId, secret: &RoomSecret) -> Result<(), Refusal> {
         let Some(r) = self.rooms.get(&room) else { return self.refuse(Refusal::UnknownRoom) };
         if r.secret != *secret {
             return self.refuse(Refusal::WrongSecret);
         }
-        if r.room.state().is_terminal() || r.admitted_peer {
+        // Only before its first frame: a key seen on the wire opens no exchange.
+        if r.room.state() != State::WaitingForInput || r.admitted_peer {
             return self.refuse(Refusal::Closed);
         }
         if let Some(r) = self.rooms.get_mut(&room) {

@@ -1,8 +1,8 @@
 //! etcd discovery (DESIGN.md §7).
 //!
 //! A worker registers `/ferry/<cluster>/<role>/<id>` → `{"addr":"host:port"}` under a lease of
-//! a few seconds and keeps the lease alive; a graceful stop revokes it (the worker leaves at
-//! once), a killed worker's lease expires (it leaves after the TTL). If the lease is lost — etcd
+//! a few seconds and keeps the lease alive; a graceful stop deletes the key and revokes the
+//! lease (the worker leaves at once), a killed worker's lease expires (it leaves after the TTL). If the lease is lost — etcd
 //! was unreachable for longer than the TTL — the worker grants a new one and registers again.
 //!
 //! A router lists the prefix, learns the store's revision, and watches the prefix from the next
@@ -12,7 +12,9 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -134,7 +136,8 @@ impl Registration {
         &self.key
     }
 
-    /// Revokes the lease (the key goes at once) and stops keeping it alive.
+    /// Deletes the key and revokes the lease (the worker leaves at once), and stops keeping it
+    /// alive.
     pub async fn leave(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
@@ -238,15 +241,17 @@ async fn keep_alive(
     }
 }
 
-/// Deletes `key` and revokes `lease`. The key goes first, by a KV call: etcd-client sends
-/// Lease calls without the auth token, so under etcd's authentication `LeaseRevoke` is
-/// refused ("user name is empty") and the worker would stay listed until the lease expired.
-/// An expired token (etcd's simple tokens lapse; the keep-alive stream does not renew one) is
+/// Deletes `key` if `lease` still holds it (another registration under the same id keeps
+/// its key), then revokes `lease`. The key goes first, by a KV call: etcd-client sends Lease
+/// calls without the auth token, so under etcd's authentication `LeaseRevoke` is refused
+/// ("user name is empty") and the worker would stay listed until the lease expired. An
+/// expired token (etcd's simple tokens lapse; the keep-alive stream does not renew one) is
 /// renewed once. The revoke is then best effort.
 async fn leave_now(client: &mut Client, key: &str, lease: i64) -> Result<(), EtcdError> {
-    if client.delete(key, None).await.is_err() {
+    let ours = || Txn::new().when([Compare::lease(key, CompareOp::Equal, lease)]).and_then([TxnOp::delete(key, None)]);
+    if client.txn(ours()).await.is_err() {
         client.refresh_token().await?;
-        client.delete(key, None).await?;
+        client.txn(ours()).await?;
     }
     let _ = client.lease_revoke(lease).await;
     Ok(())

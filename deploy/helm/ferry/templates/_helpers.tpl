@@ -141,14 +141,16 @@ persistentVolumeClaim:
 {{- end }}
 {{- end -}}
 
-{{/* NetworkPolicy peers: pods of `components`, and networkPolicy.nodeCIDRs; pass (dict "ctx" $ "components" (list ...)). */}}
+{{/* NetworkPolicy peers: pods of `components`, and networkPolicy.nodeCIDRs when `nodes` (where a hostNetwork worker may call from); pass (dict "ctx" $ "components" (list ...) "nodes" bool). */}}
 {{- define "ferry.peers" -}}
 {{- range $c := .components }}
 - podSelector:
     matchLabels:
       {{- include "ferry.selector" (dict "ctx" $.ctx "component" $c) | nindent 6 }}
 {{- end }}
+{{- if .nodes }}
 {{- range $cidr := $.ctx.Values.networkPolicy.nodeCIDRs }}
-- ipBlock: {cidr: {{ $cidr }}}
+- ipBlock: {cidr: {{ $cidr | quote }}}
+{{- end }}
 {{- end }}
 {{- end -}}
