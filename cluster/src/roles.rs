@@ -96,8 +96,9 @@ pub fn only(service: &'static str, allowed: &'static [PeerRole], mtls: bool, dae
 impl Only {
     /// Whether `certs` (the peer's chain, leaf first) may call the service.
     pub fn check(&self, certs: Option<&[CertificateDer<'static>]>) -> Result<PeerRole, Refused> {
-        let wanted = self.allowed.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(" or ");
+        // The message is built only for a refusal: this runs on every call.
         let refuse = |why: String| {
+            let wanted = self.allowed.iter().map(|r| r.as_str()).collect::<Vec<_>>().join(" or ");
             Refused::new(
                 Code::PermissionDenied,
                 "wrong_role",
