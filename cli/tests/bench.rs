@@ -1,7 +1,8 @@
 //! `ferry bench` against `ferry up --processes` (SmolLM2, loopback) for a few seconds, over
 //! HTTP (closed loop, shared-prefix) and over gRPC (a Mooncake-format trace): it writes its
 //! JSON and PNG, and the report is consistent — counts add up, percentiles are ordered, no
-//! time is negative, the timeline holds every token, the chart decodes.
+//! time is negative, the timeline holds every token, the chart decodes, and the phases each
+//! request reported sum to its end-to-end latency within 5 %.
 
 mod common;
 
@@ -69,6 +70,20 @@ fn check(r: &Value, tokens_per_request: Option<u64>) {
     let (cached, prompt) = (f(r, &["prefix_cache", "cached_tokens"]), f(r, &["prefix_cache", "prompt_tokens"]));
     assert!(cached <= prompt && prompt > 0.0);
     assert!(f(r, &["goodput", "requests"]) <= done);
+    // Where the time went: every request reported its phases, and they account for its
+    // end-to-end latency as the client saw it (less the connection and framing).
+    assert_eq!(f(r, &["phases", "requests"]), done, "every completed request reported its phases");
+    let ratio = f(r, &["phases", "sum_over_e2e"]);
+    assert!((0.95..=1.0001).contains(&ratio), "the phases sum to {ratio} of end-to-end: {}", r["phases"]);
+    let phases = r["phases"]["phases"].as_array().expect("phases");
+    let mean = |name: &str| {
+        let p = phases.iter().find(|p| p["phase"] == name).unwrap_or_else(|| panic!("{name} missing"));
+        f(p, &["ms", "mean"])
+    };
+    let share: f64 = phases.iter().map(|p| f(p, &["share"])).sum();
+    assert!((share - 1.0).abs() < 1e-6, "shares sum to 1: {share}");
+    assert!(mean("prefill_compute") + mean("local_prefill") > 0.0, "the prompt was computed somewhere");
+    assert!(mean("decode") > 0.0 && mean("placement") > 0.0, "{}", r["phases"]);
 }
 
 #[test]

@@ -152,6 +152,16 @@ pub fn top_to_proto(top: &[(u32, f32)]) -> pb::TopLogprobs {
     }
 }
 
+/// A request's phases on the wire.
+pub fn phases_to_proto<S: AsRef<str>>(laps: &[(S, f64)]) -> Vec<pb::PhaseTime> {
+    laps.iter().map(|(p, s)| pb::PhaseTime { phase: p.as_ref().to_string(), seconds: *s }).collect()
+}
+
+/// [`phases_to_proto`] back.
+pub fn phases_from_proto(p: &[pb::PhaseTime]) -> Vec<(String, f64)> {
+    p.iter().map(|t| (t.phase.clone(), t.seconds)).collect()
+}
+
 /// [`top_to_proto`] back.
 pub fn top_from_proto(t: &pb::TopLogprobs) -> Vec<(u32, f32)> {
     t.candidates.iter().map(|c| (c.token_id, c.logprob)).collect()
@@ -171,6 +181,7 @@ pub fn token_to_proto(
         top_logprobs: if top.is_empty() { Vec::new() } else { vec![top_to_proto(top)] },
         finish_reason: finish.map_or(pb::FinishReason::Unspecified, finish_to_proto) as i32,
         cached_tokens: 0,
+        phases: Vec::new(),
     }
 }
 

@@ -41,6 +41,8 @@ pub struct Emit {
     pub sampled: Sampled,
     /// Set on the last token.
     pub finish: Option<FinishReason>,
+    /// On the last token: the request's phases here, in order.
+    pub phases: Vec<ferry_cluster::phases::Lap>,
 }
 
 /// A client's stream of tokens (or the error that ended it).
@@ -344,7 +346,14 @@ impl<B: Backend> Engine<B> {
             None
         };
         metrics::counter!(m::GENERATED_TOKENS).increment(1);
-        let _ = r.out.send(Ok(Emit { sampled: s, finish }));
+        let phases = match finish {
+            Some(_) => {
+                r.clock.lap("decode", Instant::now());
+                r.clock.laps().to_vec()
+            }
+            None => Vec::new(),
+        };
+        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases }));
         finish
     }
 

@@ -62,7 +62,11 @@ impl pb::decode_server::Decode for DecodeSvc {
             // The stream owns the guard: dropping the stream tells the engine.
             let _ = &gone;
             match m {
-                Ok(e) => Ok(wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish)),
+                Ok(e) => {
+                    let mut m = wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish);
+                    m.phases = wire::phases_to_proto(&e.phases);
+                    Ok(m)
+                }
                 Err(r) => Err(r.into_status()),
             }
         });

@@ -46,6 +46,8 @@ pub struct PrefillDone {
     pub logprob: f32,
     /// Its most likely alternatives, when asked for.
     pub top: Vec<(u32, f32)>,
+    /// The room's phases here, in order.
+    pub phases: Vec<ferry_cluster::phases::Lap>,
 }
 
 /// Replies to a Prefill call.
@@ -323,6 +325,7 @@ impl<B: Backend> Engine<B> {
                         first_token: s.token,
                         logprob: s.logprob,
                         top: s.top,
+                        phases: l.clock.laps().to_vec(),
                     };
                     let _ = tx.send(Ok(done));
                 }

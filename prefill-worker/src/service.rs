@@ -81,6 +81,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
             cached_tokens: done.cached_tokens,
             first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
             first_top: (!done.top.is_empty()).then(|| wire::top_to_proto(&done.top)),
+            phases: wire::phases_to_proto(&done.phases),
         }))
     }
 

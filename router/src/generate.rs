@@ -29,6 +29,8 @@ struct Prefilled {
     /// The first token's top alternatives, when asked for (the decode stream carries the
     /// first token without them).
     first_top: Vec<(u32, f32)>,
+    /// The room's phases on the prefill worker.
+    phases: Vec<(String, f64)>,
 }
 
 /// The prefill call of one attempt (None: no prefill worker).
@@ -111,6 +113,9 @@ pub struct Prepared {
     /// The trace: the caller's context (its `traceparent`) when it sent one; once the
     /// request is placed, the router span's own, the parent of the calls to the workers.
     pub trace: Option<TraceContext>,
+    /// The request's clock when a phase ran before [`Ctx::generate`] (the OpenAI API's
+    /// `tokenize`); None: it starts there.
+    pub clock: Option<PhaseClock>,
 }
 
 /// What every request shares.
@@ -169,7 +174,7 @@ pub struct Scored {
 }
 
 /// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct End {
     /// Why.
     pub finish: FinishReason,
@@ -179,6 +184,8 @@ pub struct End {
     pub completion_tokens: u32,
     /// Prompt tokens found in a prefill cache.
     pub cached_tokens: u32,
+    /// Where the request's time went ([`ferry_cluster::phases::breakdown`]).
+    pub phases: [(&'static str, f64); 12],
 }
 
 /// How long a placement counts as the worker holding the prompt's pages before its own KV
@@ -213,9 +220,9 @@ impl Ctx {
     /// Waits for admission, then places and starts `req`; the stream yields its output.
     pub async fn generate(
         self: &Arc<Self>,
-        req: Prepared,
+        mut req: Prepared,
     ) -> Result<impl Stream<Item = Result<Piece, RouterError>> + use<>, RouterError> {
-        let mut clock = PhaseClock::start("router", Instant::now());
+        let mut clock = req.clock.take().unwrap_or_else(|| PhaseClock::start("router", Instant::now()));
         let slot = self.admission.admit().await?;
         clock.lap("queue", Instant::now());
         let len = req.tokens.len();
@@ -323,7 +330,8 @@ impl Ctx {
                         pw.ok();
                         let r = r.into_inner();
                         let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
-                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top }))
+                        let phases = wire::phases_from_proto(&r.phases);
+                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top, phases }))
                     }
                     Err(s) => {
                         if s.code() == Code::Unavailable {
@@ -463,6 +471,8 @@ impl Ctx {
         // alternatives).
         let mut prefilled = None;
         let mut prefill_task = Some(prefill_task);
+        // The decode worker's phases, from its last message.
+        let mut decode_phases = Vec::new();
         let abort = |t: &Option<PrefillTask>| {
             if let Some(t) = t {
                 t.abort();
@@ -481,6 +491,9 @@ impl Ctx {
                     return Err(mid_stream(s, &req.request_id, &decode.id, completion));
                 }
             };
+            if !msg.phases.is_empty() {
+                decode_phases = wire::phases_from_proto(&msg.phases);
+            }
             let mut tops: Vec<Vec<(u32, f32)>> = msg.top_logprobs.iter().map(wire::top_from_proto).collect();
             if completion == 0
                 && req.sampling.top_logprobs > 0
@@ -535,24 +548,25 @@ impl Ctx {
             (None, Some(t)) => t.await,
             (None, None) => Ok(Ok(None)),
         };
-        let cached = match prefilled {
-            Ok(Ok(c)) => c.map_or(0, |p| p.cached),
+        let (cached, prefill_phases) = match prefilled {
+            Ok(Ok(c)) => c.map_or((0, Vec::new()), |p| (p.cached, p.phases)),
             Ok(Err(s)) if finish.is_none() => return Err(s.into()),
-            _ => cached_guess,
+            _ => (cached_guess, Vec::new()),
         };
         let finish =
             finish.ok_or_else(|| RouterError::Internal("the decode stream ended without a finish reason".into()))?;
         let tail = out.flush();
+        clock.lap("decode", Instant::now());
         let end = End {
             finish,
             prompt_tokens: req.tokens.len() as u32,
             completion_tokens: completion,
             cached_tokens: cached,
+            phases: ferry_cluster::phases::breakdown(clock.laps(), &prefill_phases, &decode_phases),
         };
         metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
-        clock.lap("decode", Instant::now());
         let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;
         Ok(())
     }

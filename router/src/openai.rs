@@ -434,7 +434,14 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     };
     ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
     Ok((
-        Prepared { request_id: format!("ferry-{:016x}", rand::random::<u64>()), tokens, sampling, stop, trace: None },
+        Prepared {
+            request_id: format!("ferry-{:016x}", rand::random::<u64>()),
+            tokens,
+            sampling,
+            stop,
+            trace: None,
+            clock: None,
+        },
         logprobs,
     ))
 }
@@ -478,13 +485,15 @@ async fn handle(
     };
     // The caller's trace, when its `traceparent` header is well-formed.
     p.trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
+    p.clock = Some(clock);
     let id = p.request_id.clone();
     let model = ctx.model.name.clone();
     let stream = match ctx.generate(p).await {
         Ok(s) => s,
         Err(e) => return from_error(&e),
     };
-    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs };
+    let phases = headers.get(reply::PHASES).is_some_and(|v| v == "1" || v == "true");
+    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs, phases };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
 

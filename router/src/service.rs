@@ -3,6 +3,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use ferry_cluster::phases::PhaseClock;
 use ferry_cluster::wire;
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ChatMessage;
@@ -60,6 +61,7 @@ impl pb::router_server::Router for RouterSvc {
 
     async fn generate(&self, req: Request<pb::GenerateRequest>) -> Result<Response<Out>, Status> {
         let trace = ferry_cluster::traces::from_metadata(req.metadata());
+        let mut clock = PhaseClock::start("router", std::time::Instant::now());
         let r = req.into_inner();
         // Before any work for the request: the id is echoed and logged, stops scanned per token.
         crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;
@@ -70,6 +72,7 @@ impl pb::router_server::Router for RouterSvc {
             Some(pb::generate_request::Prompt::TokenIds(t)) => t.ids,
             None => return Err(bad("empty_prompt", "the prompt is missing")),
         };
+        clock.lap("tokenize", std::time::Instant::now());
         let sampling = wire::sampling_from_proto(r.sampling);
         self.0.validate(&tokens, &sampling).map_err(|e| {
             metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => e.reason().to_string())
@@ -77,8 +80,8 @@ impl pb::router_server::Router for RouterSvc {
             e.status()
         })?;
         let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
-        let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace };
-        let ids = r.return_token_ids;
+        let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
+        let (ids, phases) = (r.return_token_ids, r.return_phases);
         // The one mapping of the router's errors to gRPC.
         let out = self.0.generate(prepared).await.map_err(|e| e.status())?.map(move |p| {
             p.map_err(|e| e.status()).map(|p| {
@@ -95,6 +98,9 @@ impl pb::router_server::Router for RouterSvc {
                     m.prompt_tokens = e.prompt_tokens;
                     m.completion_tokens = e.completion_tokens;
                     m.cached_tokens = e.cached_tokens;
+                    if phases {
+                        m.phases = wire::phases_to_proto(&e.phases);
+                    }
                 }
                 m
             })

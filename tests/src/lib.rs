@@ -371,6 +371,7 @@ pub async fn generate_traced(router: std::net::SocketAddr, request_id: &str, ids
         sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
         stop: Vec::new(),
         return_token_ids: true,
+        return_phases: false,
     });
     req.metadata_mut().insert("traceparent", traceparent.parse().expect("ascii"));
     let mut s = c.generate(req).await.expect("generate").into_inner();

@@ -1,7 +1,16 @@
 //! Issue 18's per-phase latency, in a test binary of its own: the metrics recorder is
 //! process-wide, and a request here would move the figures another test asserts exactly.
 
+use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, scrape, settle};
+
+/// The router's phase histograms' sums, together (seconds).
+fn router_total(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("ferry_request_phase_seconds_sum") && l.contains(r#"role="router""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
 
 /// The value of the sample of `name` whose labels contain all of `labels` (0 when absent).
 fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
@@ -48,6 +57,58 @@ async fn every_phase_of_a_request_is_measured_on_each_daemon() {
     let router: f64 = want[0].1.iter().map(|ph| phase("router", ph, "sum")).sum();
     assert!(router <= e2e && router >= 0.5 * e2e, "the router's phases add up to {router:.4} s of {e2e:.4} s");
     println!("router phases {router:.4} s of {e2e:.4} s end to end ({:.1} %)", 100.0 * router / e2e);
+
+    // Asked for (`ferry-phases: 1`), a whole completion says where its time went, in a
+    // header and in the body; the breakdown sums to what the router's histograms gained.
+    let before = router_total(&scrape(r.metrics_addr).await);
+    let (status, headers, text) = ferry_tests::http_with(
+        r.http_addr,
+        "POST",
+        "/v1/completions",
+        &[("ferry-phases", "1")],
+        body.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    settle(&p, std::slice::from_ref(&d)).await;
+    let gained = router_total(&scrape(r.metrics_addr).await) - before;
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let phases = v["ferry_phases"].as_object().unwrap_or_else(|| panic!("no ferry_phases in {v}"));
+    let names: Vec<&str> = phases.keys().map(String::as_str).collect();
+    let mut want: Vec<&str> = ferry_cluster::phases::BREAKDOWN.to_vec();
+    want.sort_unstable();
+    assert_eq!(names, want, "every phase of the breakdown");
+    let sum: f64 = phases.values().map(|x| x.as_f64().expect("seconds")).sum();
+    assert!((sum - gained).abs() < 1e-3, "the breakdown sums to {sum:.6} s, the router recorded {gained:.6} s");
+    for p in ["prefill_queue", "prefill_compute", "decode_admission", "first_decode_step", "decode"] {
+        assert!(phases[p].as_f64().is_some_and(|s| s > 0.0), "{p} measured: {v}");
+    }
+    let header = headers.iter().find(|(k, _)| k == "ferry-phases").map(|(_, v)| v.clone());
+    let header = header.unwrap_or_else(|| panic!("no ferry-phases header: {headers:?}"));
+    assert!(header.starts_with("tokenize=") && header.contains(", prefill_compute="), "{header}");
+
+    // Not asked for: neither.
+    let (_, headers, text) =
+        ferry_tests::http(r.http_addr, "POST", "/v1/completions", body.to_string().as_bytes()).await;
+    assert!(!text.contains("ferry_phases") && !headers.iter().any(|(k, _)| k == "ferry-phases"), "{text}");
+
+    // Over gRPC: on the last message, when return_phases is set, in the breakdown's order.
+    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.clone() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&ferry_tests::greedy(8))),
+        return_phases: true,
+        ..Default::default()
+    };
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    let mut last = pb::GenerateResponse::default();
+    while let Some(m) = s.message().await.expect("stream") {
+        assert!(m.finish_reason == 0 || !m.phases.is_empty(), "phases come with the finish reason");
+        assert!(m.finish_reason != 0 || m.phases.is_empty(), "and only then");
+        last = m;
+    }
+    let got: Vec<&str> = last.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(got, ferry_cluster::phases::BREAKDOWN, "{last:?}");
     r.stop().await;
     d.stop().await;
     p.stop().await;

@@ -42,6 +42,7 @@ fn by_ids(ids: &[u32], n: u32) -> pb::GenerateRequest {
         sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
         stop: Vec::new(),
         return_token_ids: true,
+        return_phases: false,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The PNG chart of a run: on the left the latency CDFs (TTFT, inter-token, end-to-end) on
 //! a log-scale time axis, on the right throughput over time (output tokens per second, and
-//! completed requests per second scaled onto the same axis). Drawn on a plain RGB raster
+//! completed requests per second scaled onto the same axis); below, where the mean
+//! request's time went, phase by phase, as one stacked bar. Drawn on a plain RGB raster
 //! with the 8×8 bitmap font of `font8x8` and encoded with `png`: no system fonts needed.
 
 use super::report::Report;
@@ -12,8 +13,20 @@ const BLUE: Rgb = [31, 119, 180];
 const ORANGE: Rgb = [230, 120, 20];
 const GREEN: Rgb = [44, 160, 44];
 /// Colours for several series.
-pub(super) const PALETTE: [Rgb; 8] =
-    [BLUE, ORANGE, GREEN, [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
+pub(super) const PALETTE: [Rgb; 12] = [
+    BLUE,
+    ORANGE,
+    GREEN,
+    [214, 39, 40],
+    [148, 103, 189],
+    [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+    [188, 189, 34],
+    [23, 190, 207],
+    [255, 187, 120],
+    [152, 223, 138],
+];
 
 /// An RGB raster.
 pub(super) struct Canvas {
@@ -107,9 +120,43 @@ pub(super) fn nice_ceiling(x: f64) -> f64 {
     [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * p).find(|v| *v >= x).unwrap_or(10.0 * p)
 }
 
+const HEIGHT: usize = 680;
+
+/// Below the plots: the mean request's time as one bar of its phases, with a legend.
+fn phase_bar(c: &mut Canvas, r: &Report) {
+    let (x0, x1, y0) = (70.0, 1170.0, 516i64);
+    let p = &r.phases;
+    if p.requests == 0 {
+        c.text(x0 as i64, y0, "where the time went: no request reported its phases", BLACK);
+        return;
+    }
+    let title = format!(
+        "where the mean request's time went ({} requests; phases = {:.1} % of end-to-end)",
+        p.requests,
+        p.sum_over_e2e * 100.0
+    );
+    c.text(x0 as i64, y0, &title, BLACK);
+    let mut x = x0;
+    let mut legend = 0;
+    for (k, ph) in p.phases.iter().enumerate() {
+        let col = PALETTE[k % PALETTE.len()];
+        let w = (x1 - x0) * ph.share;
+        if w >= 0.5 {
+            c.rect(x.round() as i64, y0 + 14, (x + w).round() as i64 - 1, y0 + 40, col);
+        }
+        x += w;
+        if ph.ms.mean > 0.0 {
+            let (lx, ly) = (x0 as i64 + 275 * (legend % 4), y0 + 50 + 14 * (legend / 4));
+            c.rect(lx, ly + 1, lx + 10, ly + 7, col);
+            c.text(lx + 14, ly, &format!("{} {:.1} ms", ph.phase, ph.ms.mean), BLACK);
+            legend += 1;
+        }
+    }
+}
+
 /// The chart of `r` with the raw latencies (seconds) behind its CDFs, as PNG bytes.
 pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<u8>, String> {
-    let mut c = Canvas::new(1200, 560);
+    let mut c = Canvas::new(1200, HEIGHT);
     c.text(20, 12, &format!("ferry bench: {} ({}), {} requests", r.workload, r.mode, r.completed), BLACK);
 
     // Left: latency CDFs over log10(ms).
@@ -212,9 +259,10 @@ pub fn render(r: &Report, ttft: &[f64], itl: &[f64], e2e: &[f64]) -> Result<Vec<
         &format!("requests/s x {req_scale:.0} (mean {:.2})", r.requests_per_s),
         GREEN,
     );
+    phase_bar(&mut c, r);
     c.text(
         20,
-        536,
+        HEIGHT as i64 - 24,
         &format!(
             "TTFT p50/p90/p99 {:.0}/{:.0}/{:.0} ms   ITL p50 {:.1} ms   prefix cache hit {:.1} %",
             r.ttft_ms.p50,
@@ -234,18 +282,28 @@ mod tests {
 
     #[test]
     fn renders_a_decodable_png() {
-        use super::super::report::Bucket;
+        use super::super::report::{Bucket, Dist, Phase, Phases};
+        let phases = ferry_cluster::phases::BREAKDOWN
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Phase {
+                phase: p.to_string(),
+                ms: Dist { mean: (i % 4) as f64 * 100.0, ..Dist::default() },
+                share: (i % 4) as f64 / 18.0,
+            })
+            .collect();
         let r = Report {
             timeline: vec![
                 Bucket { t: 0.0, completed: 2, output_tokens: 40 },
                 Bucket { t: 1.0, completed: 1, output_tokens: 25 },
             ],
+            phases: Phases { requests: 3, phases, sum_over_e2e: 0.98 },
             ..Report::default()
         };
         let png = render(&r, &[0.05, 0.1], &[0.01, 0.02, 0.012], &[0.5, 0.9]).expect("png");
         let d = png::Decoder::new(std::io::Cursor::new(png));
         let reader = d.read_info().expect("a PNG");
-        assert_eq!((reader.info().width, reader.info().height), (1200, 560));
+        assert_eq!((reader.info().width, reader.info().height), (1200, HEIGHT as u32));
         // Empty runs render too.
         render(&Report::default(), &[], &[], &[]).expect("empty");
     }

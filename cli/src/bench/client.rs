@@ -31,6 +31,9 @@ pub struct Sample {
     pub cached_tokens: u32,
     /// Why it failed, if it did.
     pub error: Option<String>,
+    /// Where its time went, as the router reported it (`ferry-phases`): each phase of its
+    /// critical path and seconds, in order.
+    pub phases: Vec<(String, f64)>,
 }
 
 /// Where requests go.
@@ -111,7 +114,8 @@ async fn call(
         .method(method)
         .uri(path)
         .header("host", authority)
-        .header("content-type", "application/json");
+        .header("content-type", "application/json")
+        .header("ferry-phases", "1");
     if let Some(k) = api_key {
         req = req.header("authorization", format!("Bearer {k}"));
     }
@@ -170,6 +174,9 @@ async fn http(
                 if let Some(m) = v["error"]["message"].as_str() {
                     return Err(m.to_string());
                 }
+                if let Some(p) = v["ferry_phases"].as_object() {
+                    s.phases = p.iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0))).collect();
+                }
                 match v.get("usage") {
                     Some(u) => {
                         s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0) as u32;
@@ -211,6 +218,7 @@ async fn grpc(
             ..Default::default()
         }),
         return_token_ids: true,
+        return_phases: true,
         ..Default::default()
     };
     let mut req = tonic::Request::new(req);
@@ -228,6 +236,7 @@ async fn grpc(
             s.prompt_tokens = m.prompt_tokens;
             s.completion_tokens = m.completion_tokens;
             s.cached_tokens = m.cached_tokens;
+            s.phases = ferry_cluster::wire::phases_from_proto(&m.phases);
         }
     }
     Ok(())

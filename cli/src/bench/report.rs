@@ -90,6 +90,51 @@ pub struct Cache {
     pub hit_rate: f64,
 }
 
+/// One phase of the requests' time ([`ferry_cluster::phases::BREAKDOWN`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Phase {
+    /// Its name.
+    pub phase: String,
+    /// Its time per request, ms.
+    pub ms: Dist,
+    /// Its share of the phases' total.
+    pub share: f64,
+}
+
+/// Where the completed requests' time went, as the router reported it per request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Phases {
+    /// Completed requests that reported their phases.
+    pub requests: usize,
+    /// Each phase, in order.
+    pub phases: Vec<Phase>,
+    /// The phases' mean sum over the mean end-to-end latency the client measured, for the
+    /// same requests (1.0: the phases account for all of it; the rest is the client's
+    /// connection and the HTTP or gRPC framing).
+    pub sum_over_e2e: f64,
+}
+
+impl Phases {
+    fn of(ok: &[&Sample]) -> Self {
+        let with: Vec<&Sample> = ok.iter().copied().filter(|s| !s.phases.is_empty()).collect();
+        if with.is_empty() {
+            return Self::default();
+        }
+        let of = |s: &Sample, name: &str| s.phases.iter().filter(|(p, _)| p == name).map(|(_, t)| t).sum::<f64>();
+        let total: f64 = with.iter().flat_map(|s| s.phases.iter().map(|(_, t)| t)).sum();
+        let e2e: f64 = with.iter().map(|s| s.end - s.start).sum();
+        let phases = ferry_cluster::phases::BREAKDOWN
+            .iter()
+            .map(|name| {
+                let v: Vec<f64> = with.iter().map(|s| of(s, name)).collect();
+                let share = if total > 0.0 { v.iter().sum::<f64>() / total } else { 0.0 };
+                Phase { phase: name.to_string(), ms: Dist::of(&v), share }
+            })
+            .collect();
+        Self { requests: with.len(), phases, sum_over_e2e: if e2e > 0.0 { total / e2e } else { 0.0 } }
+    }
+}
+
 /// One second of the run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Bucket {
@@ -140,6 +185,8 @@ pub struct Report {
     pub timeline: Vec<Bucket>,
     /// Failures by message.
     pub errors: BTreeMap<String, usize>,
+    /// Where the requests' time went.
+    pub phases: Phases,
 }
 
 impl Report {
@@ -211,6 +258,7 @@ impl Report {
             },
             timeline,
             errors,
+            phases: Phases::of(&ok),
             ..Self::default()
         }
     }
@@ -248,6 +296,26 @@ impl Report {
             self.prefix_cache.prompt_tokens,
             self.prefix_cache.hit_rate * 100.0
         );
+        let p = &self.phases;
+        if p.requests > 0 {
+            s += &format!(
+                "  where the time went ({} requests; phases sum to {:.1} % of end-to-end):\n",
+                p.requests,
+                p.sum_over_e2e * 100.0
+            );
+            s += &format!("  {:<18}{:>10}{:>10}{:>10}{:>8}\n", "phase (ms)", "mean", "p50", "p99", "share");
+            for ph in p.phases.iter().filter(|ph| ph.ms.max > 0.0) {
+                let d = &ph.ms;
+                s += &format!(
+                    "  {:<18}{:>10.1}{:>10.1}{:>10.1}{:>7.1}%\n",
+                    ph.phase,
+                    d.mean,
+                    d.p50,
+                    d.p99,
+                    ph.share * 100.0
+                );
+            }
+        }
         for (e, n) in &self.errors {
             s += &format!("  error ×{n}: {e}\n");
         }
@@ -268,6 +336,7 @@ mod tests {
             completion_tokens: tokens.len() as u32,
             cached_tokens: 4,
             error: error.then(|| "boom".to_string()),
+            phases: Vec::new(),
         }
     }
 
@@ -290,7 +359,24 @@ mod tests {
         assert_eq!(r.timeline.iter().map(|b| b.completed).sum::<usize>(), 2);
         assert_eq!(r.errors.get("boom"), Some(&1));
         assert!(r.table().contains("2 completed"));
+        assert_eq!(r.phases, Phases::default(), "no request reported phases");
         let d = Dist::of(&[0.004, 0.001, 0.003, 0.002]);
         assert_eq!((d.p50, d.p90, d.p99), (2.0, 4.0, 4.0));
+    }
+
+    #[test]
+    fn phases_are_summed_per_request_and_compared_with_end_to_end() {
+        let mut a = sample(0.0, &[0.5], 1.0, false);
+        a.phases = vec![("queue".into(), 0.1), ("prefill_compute".into(), 0.4), ("decode".into(), 0.4)];
+        let mut b = sample(0.0, &[0.5], 2.0, false);
+        b.phases = vec![("queue".into(), 0.3), ("prefill_compute".into(), 0.6), ("decode".into(), 0.9)];
+        let r = Report::new(&[a, b, sample(0.0, &[0.1], 0.2, false)], Slo::default());
+        let p = &r.phases;
+        assert_eq!(p.requests, 2, "the request without phases is left out");
+        assert!((p.sum_over_e2e - 2.7 / 3.0).abs() < 1e-9, "{p:?}");
+        let get = |n: &str| p.phases.iter().find(|x| x.phase == n).expect("the phase");
+        assert!((get("queue").ms.mean - 200.0).abs() < 1e-9 && (get("decode").share - 1.3 / 2.7).abs() < 1e-9);
+        assert_eq!(get("transfer").ms.max, 0.0);
+        assert!(r.table().contains("phases sum to 90.0 % of end-to-end"), "{}", r.table());
     }
 }

@@ -173,9 +173,6 @@ impl<B: Backend> Engine<B> {
     pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
         let stage = self.queues.remove(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
-        if result.is_ok() {
-            r.clock.lap("decode", Instant::now());
-        }
         let outcome = match &result {
             Ok(f) => f.as_str(),
             Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",

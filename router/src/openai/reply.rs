@@ -21,7 +21,12 @@ pub(super) struct Reply {
     pub(super) model: String,
     pub(super) kind: Kind,
     pub(super) logprobs: bool,
+    /// The client sent `ferry-phases: 1`: say where the request's time went.
+    pub(super) phases: bool,
 }
+
+/// The request header asking for the phases, and the response header carrying them.
+pub(super) const PHASES: &str = "ferry-phases";
 
 impl Reply {
     fn object(&self, streamed: bool) -> &'static str {
@@ -44,6 +49,16 @@ impl Reply {
             Kind::Completion => crate::logprobs::completion(tok, tokens, offset),
         }
     }
+}
+
+/// The phases as the `ferry_phases` field: `{"tokenize": seconds, ...}` in order.
+fn phases(e: &End) -> serde_json::Value {
+    e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
+}
+
+/// The phases as the `ferry-phases` header: `tokenize=0.000120, queue=...` (seconds).
+fn phases_header(e: &End) -> String {
+    e.phases.iter().map(|(p, s)| format!("{p}={s:.6}")).collect::<Vec<_>>().join(", ")
 }
 
 fn usage(e: &End) -> serde_json::Value {
@@ -86,10 +101,18 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
             "logprobs": logprobs,
         }),
     };
-    let body = json!({
+    let mut body = json!({
         "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": [choice], "usage": usage(&e),
     });
-    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+    let mut resp = ([(header::CONTENT_TYPE, "application/json")], String::new()).into_response();
+    if r.phases {
+        body["ferry_phases"] = phases(&e);
+        if let Ok(v) = header::HeaderValue::from_str(&phases_header(&e)) {
+            resp.headers_mut().insert(PHASES, v);
+        }
+    }
+    *resp.body_mut() = body.to_string().into();
+    resp
 }
 
 pub(super) fn sse(
@@ -124,6 +147,9 @@ pub(super) fn sse(
                     });
                     if let Some(e) = p.end {
                         chunk["usage"] = usage(&e);
+                        if r.phases {
+                            chunk["ferry_phases"] = phases(&e);
+                        }
                     }
                     chunk
                 }
