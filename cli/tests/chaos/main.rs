@@ -388,34 +388,48 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     std::fs::write(&out, &text).expect("write the report");
     println!("written to {}", out.display());
 
-    assert!(at_baseline(&loads), "pages or queues not back at baseline:\n{text}");
-    assert!(
-        idle_kills.is_empty(),
-        "killed while holding no request (the phase tested nothing): {idle_kills:?}\n{text}"
-    );
-    assert!(cut_retried, "the data-plane cut broke no transfer\n{text}");
-    assert!(frozen_busy, "no prefill was busy to freeze: the phase tested nothing\n{text}");
-    assert!(moved.is_some(), "the request held by the frozen prefill waited for it to thaw\n{text}");
-    assert!(retractions > 0.0, "the decode pools were sized to make retractions happen:\n{text}");
-    assert!(accept_errors > 0.0, "d0 never failed an accept while out of descriptors\n{text}");
+    // Every broken promise, listed together after the report (and last in the output, so a
+    // CI log cut short still shows them).
+    let mut broken: Vec<String> = Vec::new();
+    let mut check = |ok: bool, why: String| {
+        if !ok {
+            broken.push(why);
+        }
+    };
+    check(at_baseline(&loads), "pages or queues not back at baseline (see the load table)".into());
+    check(idle_kills.is_empty(), format!("killed while holding no request (the phase tested nothing): {idle_kills:?}"));
+    check(cut_retried, "the data-plane cut broke no transfer".into());
+    check(frozen_busy, "no prefill was busy to freeze: the phase tested nothing".into());
+    check(moved.is_some(), "the request held by the frozen prefill waited for it to thaw".into());
+    check(retractions > 0.0, "the decode pools were sized to make retractions happen; none did".into());
+    check(accept_errors > 0.0, "d0 never failed an accept while out of descriptors".into());
     // Each stuck room ends within its timeout (10 s) and the time to notice it (4 s).
     let bound = Duration::from_secs(14);
-    assert!(stalled.is_some(), "no transfer was under way to stall: the phase tested nothing\n{text}");
-    assert!(stall_ended.is_some_and(|d| d <= bound), "the room stalled mid-frame ended after {stall_ended:?}\n{text}");
+    check(stalled.is_some(), "no transfer was under way to stall: the phase tested nothing".into());
+    check(stall_ended.is_some_and(|d| d <= bound), format!("the room stalled mid-frame ended after {stall_ended:?}"));
     // Ended by the handshake timeout or, sooner, by the unanswered HTTP/2 keepalive; either
     // way with the reason named.
     let hole_reason = hole.status.as_ref().and_then(|s| s.metadata().get("ferry-reason")?.to_str().ok());
-    assert!(
+    check(
         matches!(hole_reason, Some("handshake_timeout" | "prefill_unreachable")),
-        "the black-hole handshake: {hole:?}\n{text}"
+        format!("the black-hole handshake: {hole:?}"),
     );
-    assert!(hole.took <= bound, "the black-hole handshake ended after {:?}\n{text}", hole.took);
-    assert_eq!((reused.wrong, reused.hung), (0, 0), "the direct caller reusing a room id\n{text}");
-    assert!(reused.completed > 0 && reused.cancelled > 0, "the room-id reuse phase tested nothing\n{text}");
-    assert!(reused.unclear().is_empty(), "room-id reuse met unclear errors: {:?}\n{text}", reused.unclear());
+    check(hole.took <= bound, format!("the black-hole handshake ended after {:?}", hole.took));
+    check((reused.wrong, reused.hung) == (0, 0), format!("the direct caller reusing a room id: {reused:?}"));
+    check(reused.completed > 0 && reused.cancelled > 0, format!("the room-id reuse phase tested nothing: {reused:?}"));
+    check(reused.unclear().is_empty(), format!("room-id reuse met unclear errors: {:?}", reused.unclear()));
     for (name, t) in &tallies {
-        assert!(t.sent > 0, "{name}: no request sent\n{text}");
-        assert_eq!((t.wrong, t.failed, t.hung, t.lost), (0, 0, 0, 0), "{name}\n{text}");
-        assert_eq!(t.completed, t.sent, "{name}: every request completes\n{text}");
+        check(t.sent > 0, format!("{name}: no request sent"));
+        check(
+            (t.wrong, t.failed, t.hung, t.lost) == (0, 0, 0, 0),
+            format!("{name}: wrong {}, failed {}, hung {}, lost {}", t.wrong, t.failed, t.hung, t.lost),
+        );
+        check(t.completed == t.sent, format!("{name}: {} of {} requests completed", t.completed, t.sent));
+    }
+    if !broken.is_empty() {
+        // The report above says the rest; a backtrace of this line would only push the
+        // reasons out of a log's tail.
+        std::panic::set_hook(Box::new(|info| eprintln!("{info}")));
+        panic!("chaos: {} promise(s) broken:\n- {}", broken.len(), broken.join("\n- "));
     }
 }
