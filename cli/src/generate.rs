@@ -17,7 +17,7 @@ use serde_json::json;
 #[derive(Debug, clap::Args)]
 pub struct GenerateArgs {
     /// Model: an HF directory (config.json, *.safetensors, tokenizer.json) or a GGUF file.
-    #[arg(long, env = "FERRY_MODEL")]
+    #[arg(long, env = ferry_cluster::env::MODEL)]
     model: PathBuf,
     /// Prompt text.
     #[arg(long, default_value = "", help_heading = "Prompt")]
@@ -63,7 +63,7 @@ pub struct GenerateArgs {
     json: bool,
     /// Compute device: `cpu`, or `cuda` (an NVIDIA GPU; needs a build with `--features cuda`
     /// and the CUDA 12 driver and libraries at run time), `cuda:N` for GPU N.
-    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu", help_heading = "Engine")]
+    #[arg(long, env = ferry_cluster::env::DEVICE, default_value = "cpu", help_heading = "Engine")]
     device: Device,
 }
 

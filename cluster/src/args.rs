@@ -69,79 +69,79 @@ pub fn defaults<P: clap::Parser>(required: &[std::ffi::OsString]) -> P {
 pub struct WorkerArgs {
     /// The model: a Hugging Face directory (config.json, safetensors, tokenizer.json) or a
     /// GGUF file.
-    #[arg(long, env = "FERRY_MODEL", help_heading = "Model")]
+    #[arg(long, env = ferry_core::env::MODEL, help_heading = "Model")]
     pub model: PathBuf,
     /// Compute device: `cpu`, `cuda` (GPU 0) or `cuda:N`. CUDA needs a build with
     /// `--features cuda` and the NVIDIA driver and CUDA 12 libraries at run time; its KV pool
     /// lives on the GPU and travels through a pinned host mirror (see --kv-host-mirror).
-    #[arg(long, env = "FERRY_DEVICE", default_value = "cpu", help_heading = "Model")]
+    #[arg(long, env = ferry_core::env::DEVICE, default_value = "cpu", help_heading = "Model")]
     pub device: Device,
     /// Keep a host mirror of the KV pool and copy pages across (device → host before sending,
     /// host → device once a room arrived). Always on with `--device cuda`; on the CPU it
     /// exercises that path (the pool is otherwise shared with the transfer in place).
-    #[arg(long, env = "FERRY_KV_HOST_MIRROR", help_heading = "Pool")]
+    #[arg(long, env = ferry_core::env::KV_HOST_MIRROR, help_heading = "Pool")]
     pub kv_host_mirror: bool,
     /// Element type of KV pages, which must match between prefill and decode: `f32` on every
     /// backend (the CUDA backend keeps weights in bf16 and computes its GEMMs in bf16).
-    #[arg(long, env = "FERRY_DTYPE", value_enum, default_value_t = Dtype::F32, help_heading = "Pool")]
+    #[arg(long, env = ferry_core::env::DTYPE, value_enum, default_value_t = Dtype::F32, help_heading = "Pool")]
     pub dtype: Dtype,
     /// Tokens per KV page. Prefill and decode nodes must agree (checked at the handshake).
-    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16, help_heading = "Pool")]
+    #[arg(long, env = ferry_core::env::PAGE_SIZE, default_value_t = 16, help_heading = "Pool")]
     pub page_size: usize,
     /// KV pages in the pool. 0: size the pool from --mem-fraction.
-    #[arg(long, env = "FERRY_POOL_PAGES", default_value_t = 0, help_heading = "Pool")]
+    #[arg(long, env = ferry_core::env::POOL_PAGES, default_value_t = 0, help_heading = "Pool")]
     pub pool_pages: usize,
     /// Fraction of memory given to the KV pool when --pool-pages is 0: of this machine's
     /// memory on the CPU, of the GPU's memory with `--device cuda`.
-    #[arg(long, env = "FERRY_MEM_FRACTION", default_value_t = 0.1, help_heading = "Pool")]
+    #[arg(long, env = ferry_core::env::MEM_FRACTION, default_value_t = 0.1, help_heading = "Pool")]
     pub mem_fraction: f64,
     /// Prompt tokens computed per forward pass (chunked prefill); long prompts take several.
-    #[arg(long, env = "FERRY_CHUNKED_PREFILL_SIZE", default_value_t = 512, help_heading = "Scheduling")]
+    #[arg(long, env = ferry_core::env::CHUNKED_PREFILL_SIZE, default_value_t = 512, help_heading = "Scheduling")]
     pub chunked_prefill_size: usize,
     /// This worker's id, in metrics, load reports and KV events. Default: `<role>-<gRPC port>`.
-    #[arg(long, env = "FERRY_WORKER_ID", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::WORKER_ID, help_heading = "Discovery")]
     pub worker_id: Option<String>,
     /// gRPC listen address (port 0: any free port).
-    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::GRPC_ADDR, default_value = "127.0.0.1:0", help_heading = "Discovery")]
     pub grpc_addr: SocketAddr,
     /// Prometheus `/metrics` listen address (port 0: any free port).
-    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0", help_heading = "Observability")]
+    #[arg(long, env = ferry_core::env::METRICS_ADDR, default_value = "127.0.0.1:0", help_heading = "Observability")]
     pub metrics_addr: SocketAddr,
     /// KV transfer backend: `tcp`, `rdma` (needs a build with `--features rdma` and a device),
     /// `fake` (moves nothing; scheduling tests, one process only) or `auto` (rdma when a
     /// device is present, else tcp).
-    #[arg(long, env = "FERRY_TRANSFER", value_enum, default_value_t = BackendKind::Tcp, help_heading = "Transfer")]
+    #[arg(long, env = ferry_core::env::TRANSFER, value_enum, default_value_t = BackendKind::Tcp, help_heading = "Transfer")]
     pub transfer: BackendKind,
     /// Decode nodes: the data-plane listen address for incoming KV pages (port 0: any).
-    #[arg(long, env = "FERRY_TRANSFER_ADDR", default_value = "127.0.0.1:0", help_heading = "Transfer")]
+    #[arg(long, env = ferry_core::env::TRANSFER_ADDR, default_value = "127.0.0.1:0", help_heading = "Transfer")]
     pub transfer_addr: SocketAddr,
     /// tcp backend: connections per peer.
-    #[arg(long, env = "FERRY_TRANSFER_CONNECTIONS", default_value_t = 4, help_heading = "Transfer")]
+    #[arg(long, env = ferry_core::env::TRANSFER_CONNECTIONS, default_value_t = 4, help_heading = "Transfer")]
     pub transfer_connections: usize,
     /// Seconds a room may wait for its other half (the request or the handshake).
-    #[arg(long, env = "FERRY_BOOTSTRAP_TIMEOUT", default_value_t = 30.0, help_heading = "Timeouts")]
+    #[arg(long, env = ferry_core::env::BOOTSTRAP_TIMEOUT, default_value_t = 30.0, help_heading = "Timeouts")]
     pub bootstrap_timeout: f64,
     /// Seconds a room may wait for prefill to start sending (queueing and compute).
-    #[arg(long, env = "FERRY_WAITING_TIMEOUT", default_value_t = 300.0, help_heading = "Timeouts")]
+    #[arg(long, env = ferry_core::env::WAITING_TIMEOUT, default_value_t = 300.0, help_heading = "Timeouts")]
     pub waiting_timeout: f64,
     /// Seconds a transfer may go without progress.
-    #[arg(long, env = "FERRY_TRANSFER_TIMEOUT", default_value_t = 30.0, help_heading = "Timeouts")]
+    #[arg(long, env = ferry_core::env::TRANSFER_TIMEOUT, default_value_t = 30.0, help_heading = "Timeouts")]
     pub transfer_timeout: f64,
     /// etcd discovery: where etcd is and the cluster's name.
     #[command(flatten)]
     pub etcd: EtcdArgs,
     /// The gRPC `host:port` routers reach this worker at, registered in etcd. Default: the
     /// bound --grpc-addr (required when that is a wildcard such as 0.0.0.0).
-    #[arg(long, env = "FERRY_ADVERTISE_ADDR", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ADVERTISE_ADDR, help_heading = "Discovery")]
     pub advertise_addr: Option<String>,
     /// Decode nodes: the data-plane `host:port` prefill nodes connect to, sent in the
     /// handshake. Default: the bound --transfer-addr; when that is a wildcard, the
     /// --advertise-addr host with the bound port.
-    #[arg(long, env = "FERRY_TRANSFER_ADVERTISE_ADDR", help_heading = "Transfer")]
+    #[arg(long, env = ferry_core::env::TRANSFER_ADVERTISE_ADDR, help_heading = "Transfer")]
     pub transfer_advertise_addr: Option<String>,
     /// Seconds of the worker's etcd lease: a worker that stops renewing it (killed, cut off)
     /// leaves the cluster after this long.
-    #[arg(long, env = "FERRY_ETCD_LEASE_TTL", default_value_t = 5, help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_LEASE_TTL, default_value_t = 5, help_heading = "Discovery")]
     pub etcd_lease_ttl: i64,
     /// Mutual TLS between daemons.
     #[command(flatten)]
@@ -156,28 +156,28 @@ pub struct WorkerArgs {
 pub struct EtcdArgs {
     /// etcd client endpoints (`host:port` or `http://host:port`, comma-separated). Unset: no
     /// etcd; workers are named statically to the router.
-    #[arg(long = "etcd", env = "FERRY_ETCD", value_delimiter = ',', help_heading = "Discovery")]
+    #[arg(long = "etcd", env = ferry_core::env::ETCD, value_delimiter = ',', help_heading = "Discovery")]
     pub endpoints: Vec<String>,
     /// The cluster's name; its workers register under `/ferry/<cluster>/<role>/<id>`.
-    #[arg(long, env = "FERRY_CLUSTER", default_value = "default", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::CLUSTER, default_value = "default", help_heading = "Discovery")]
     pub cluster: String,
     /// PEM CA certificate(s) etcd's server certificate must chain to: turns on TLS to etcd
     /// (endpoints `host:port` or `https://`; `http://` is refused).
-    #[arg(long, env = "FERRY_ETCD_CA", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_CA, help_heading = "Discovery")]
     pub etcd_ca: Option<PathBuf>,
     /// PEM client certificate presented to etcd (its `--client-cert-auth`); needs --etcd-key
     /// and --etcd-ca.
-    #[arg(long, env = "FERRY_ETCD_CERT", requires_all = ["etcd_key", "etcd_ca"], help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_CERT, requires_all = ["etcd_key", "etcd_ca"], help_heading = "Discovery")]
     pub etcd_cert: Option<PathBuf>,
     /// PEM private key of --etcd-cert.
-    #[arg(long, env = "FERRY_ETCD_KEY", requires = "etcd_cert", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_KEY, requires = "etcd_cert", help_heading = "Discovery")]
     pub etcd_key: Option<PathBuf>,
     /// etcd user (etcd's role-based access control); its password in --etcd-password-file.
-    #[arg(long, env = "FERRY_ETCD_USER", requires = "etcd_password_file", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_USER, requires = "etcd_password_file", help_heading = "Discovery")]
     pub etcd_user: Option<String>,
     /// A file whose first line is --etcd-user's password (a file, so the password shows in
     /// neither `ps` nor the environment).
-    #[arg(long, env = "FERRY_ETCD_PASSWORD_FILE", requires = "etcd_user", help_heading = "Discovery")]
+    #[arg(long, env = ferry_core::env::ETCD_PASSWORD_FILE, requires = "etcd_user", help_heading = "Discovery")]
     pub etcd_password_file: Option<PathBuf>,
 }
 

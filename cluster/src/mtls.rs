@@ -30,23 +30,23 @@ pub struct InternalTlsArgs {
     /// PEM certificate chain this daemon presents to the other Ferry daemons, as a gRPC server
     /// (workers) and as a client (router, decode → prefill); with --internal-tls-key and
     /// --internal-tls-ca it turns on mutual TLS between daemons. Unset: plaintext.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_CERT", requires_all = ["internal_tls_key", "internal_tls_ca"], help_heading = "TLS")]
+    #[arg(long, env = ferry_core::env::INTERNAL_TLS_CERT, requires_all = ["internal_tls_key", "internal_tls_ca"], help_heading = "TLS")]
     pub internal_tls_cert: Option<PathBuf>,
     /// PEM private key of --internal-tls-cert.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_KEY", requires = "internal_tls_cert", help_heading = "TLS")]
+    #[arg(long, env = ferry_core::env::INTERNAL_TLS_KEY, requires = "internal_tls_cert", help_heading = "TLS")]
     pub internal_tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) of the cluster: peers must present a certificate it signed.
-    #[arg(long, env = "FERRY_INTERNAL_TLS_CA", requires = "internal_tls_cert", help_heading = "TLS")]
+    #[arg(long, env = ferry_core::env::INTERNAL_TLS_CA, requires = "internal_tls_cert", help_heading = "TLS")]
     pub internal_tls_ca: Option<PathBuf>,
     /// The name workers' certificates are checked against. Default: the host of the address
     /// the worker is reached at (its certificate must then name that host or IP).
-    #[arg(long, env = "FERRY_INTERNAL_TLS_SERVER_NAME", help_heading = "TLS")]
+    #[arg(long, env = ferry_core::env::INTERNAL_TLS_SERVER_NAME, help_heading = "TLS")]
     pub internal_tls_server_name: Option<String>,
     /// Run the gRPC between the daemons in plaintext, without identities: anyone who reaches a
     /// worker's port can call it (read cached prompts, skip the router). A daemon refuses to
     /// start without either this or --internal-tls-cert/-key/-ca. Logged at warn and exported
     /// as `ferry_insecure_internal` 1.
-    #[arg(long, env = "FERRY_INSECURE_INTERNAL", help_heading = "TLS")]
+    #[arg(long, env = ferry_core::env::INSECURE_INTERNAL, help_heading = "TLS")]
     pub insecure_internal: bool,
 }
 

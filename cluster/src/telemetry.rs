@@ -22,7 +22,7 @@ pub struct TelemetryArgs {
     /// OTLP/gRPC endpoint (`http://host:4317`) to export every request's spans to: the
     /// router's, prefill's and decode's span of a request form one trace (request id, room,
     /// role as attributes). Unset: nothing is exported; log lines still carry the trace id.
-    #[arg(long, env = "FERRY_OTLP_ENDPOINT", help_heading = "Observability")]
+    #[arg(long, env = ferry_core::env::OTLP_ENDPOINT, help_heading = "Observability")]
     pub otlp_endpoint: Option<String>,
 }
 

@@ -2,12 +2,14 @@
 //! no etcd, no async runtime), so that the data plane (`ferry-transfer`) depends on this
 //! alone.
 //!
+//! - [`env`]: every environment variable a flag reads;
 //! - [`ids`]: identities as newtypes (`Room`, `RoomSecret`, `RoomKey`, `PageId`, `WorkerId`,
 //!   `RequestId`) and constant-time secret comparison;
 //! - [`LayoutDescriptor`]: the KV layout both sides of a transfer must agree on;
 //! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text;
 //! - [`trace`]: the W3C trace context that follows one request across daemons.
 
+pub mod env;
 pub mod ids;
 mod layout;
 pub mod metrics;

@@ -48,33 +48,33 @@ pub struct DecodeArgs {
     #[command(flatten)]
     pub worker: WorkerArgs,
     /// Most requests admitted at once (transferring, prefilling, waiting and running).
-    #[arg(long, env = "FERRY_DECODE_MAX_RUNNING_REQUESTS", default_value_t = 64, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::DECODE_MAX_RUNNING_REQUESTS, default_value_t = 64, help_heading = "Admission")]
     pub max_running_requests: usize,
     /// How admission estimates the KV pages a request's decoding will take: `adaptive` (a
     /// share of its remaining max tokens that falls while no request is retracted and, after
     /// a retraction, becomes what the running requests have shown) or `reserved`
     /// (--num-reserved-decode-tokens each). Either way a request the pool cannot feed is
     /// retracted and resumed, never cut.
-    #[arg(long, env = "FERRY_DECODE_ADMISSION", value_enum, default_value_t = AdmissionKind::Adaptive, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::DECODE_ADMISSION, value_enum, default_value_t = AdmissionKind::Adaptive, help_heading = "Admission")]
     pub decode_admission: AdmissionKind,
     /// `--decode-admission reserved`: decode tokens set aside per request at admission
     /// (capped by its max tokens).
-    #[arg(long, env = "FERRY_NUM_RESERVED_DECODE_TOKENS", default_value_t = 256, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::NUM_RESERVED_DECODE_TOKENS, default_value_t = 256, help_heading = "Admission")]
     pub num_reserved_decode_tokens: usize,
     /// `--decode-admission adaptive`: the starting share of a request's remaining max tokens
     /// set aside (0 to 1).
-    #[arg(long, env = "FERRY_INIT_NEW_TOKEN_RATIO", default_value_t = 0.3, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::INIT_NEW_TOKEN_RATIO, default_value_t = 0.3, help_heading = "Admission")]
     pub init_new_token_ratio: f64,
     /// `--decode-admission adaptive`: the share's floor (0 to --init-new-token-ratio).
-    #[arg(long, env = "FERRY_MIN_NEW_TOKEN_RATIO", default_value_t = 0.05, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::MIN_NEW_TOKEN_RATIO, default_value_t = 0.05, help_heading = "Admission")]
     pub min_new_token_ratio: f64,
     /// `--decode-admission adaptive`: decode steps without a retraction for the share to fall
     /// from --init-new-token-ratio to --min-new-token-ratio.
-    #[arg(long, env = "FERRY_NEW_TOKEN_RATIO_DECAY_STEPS", default_value_t = 200, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::NEW_TOKEN_RATIO_DECAY_STEPS, default_value_t = 200, help_heading = "Admission")]
     pub new_token_ratio_decay_steps: u32,
     /// Seconds a request may wait for free pages while this worker runs no forward pass (as
     /// long as it computes, the requests ahead finish and the queue moves).
-    #[arg(long, env = "FERRY_PREALLOC_TIMEOUT", default_value_t = 60.0, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::PREALLOC_TIMEOUT, default_value_t = 60.0, help_heading = "Admission")]
     pub prealloc_timeout: f64,
 }
 

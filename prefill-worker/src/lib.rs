@@ -47,14 +47,14 @@ pub struct PrefillArgs {
     pub worker: WorkerArgs,
     /// Order of waiting requests: `lpm` (longest cached prefix first), `dfs-weight` (depth
     /// first over the cache tree, heaviest subtree first) or `fcfs`.
-    #[arg(long, env = "FERRY_SCHEDULE_POLICY", value_enum, default_value_t = Policy::Lpm, help_heading = "Scheduling")]
+    #[arg(long, env = ferry_cluster::env::SCHEDULE_POLICY, value_enum, default_value_t = Policy::Lpm, help_heading = "Scheduling")]
     pub schedule_policy: Policy,
     /// A request sharing at least this many uncached tokens with a prompt being computed
     /// waits for it (the in-queue prefix check); 0 disables the check.
-    #[arg(long, env = "FERRY_IN_QUEUE_THRESHOLD", default_value_t = 32, help_heading = "Scheduling")]
+    #[arg(long, env = ferry_cluster::env::IN_QUEUE_THRESHOLD, default_value_t = 32, help_heading = "Scheduling")]
     pub in_queue_threshold: usize,
     /// Longest destination page list one handshake may carry.
-    #[arg(long, env = "FERRY_MAX_DEST_PAGES", default_value_t = 1 << 16, help_heading = "Transfer")]
+    #[arg(long, env = ferry_cluster::env::MAX_DEST_PAGES, default_value_t = 1 << 16, help_heading = "Transfer")]
     pub max_dest_pages: usize,
 }
 

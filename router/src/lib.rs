@@ -56,68 +56,68 @@ use crate::workers::Registry;
 pub struct RouterArgs {
     /// The served model (HF directory or GGUF file): its tokenizer, chat template and limits
     /// are read from it; the weights are not loaded.
-    #[arg(long, env = "FERRY_MODEL", help_heading = "Model")]
+    #[arg(long, env = ferry_cluster::env::MODEL, help_heading = "Model")]
     pub model: PathBuf,
     /// The model name clients send (`model` in the OpenAI API). Default: the model file's or
     /// directory's name without extension.
-    #[arg(long, env = "FERRY_SERVED_MODEL_NAME", help_heading = "Model")]
+    #[arg(long, env = ferry_cluster::env::SERVED_MODEL_NAME, help_heading = "Model")]
     pub served_model_name: Option<String>,
     /// A prefill worker, `ADDR` or `ID=ADDR` (gRPC `host:port`); repeat for more.
-    #[arg(long = "prefill", env = "FERRY_PREFILL", value_delimiter = ',', help_heading = "Discovery")]
+    #[arg(long = "prefill", env = ferry_cluster::env::PREFILL, value_delimiter = ',', help_heading = "Discovery")]
     pub prefill: Vec<String>,
     /// A decode worker, `ADDR` or `ID=ADDR`; repeat for more.
-    #[arg(long = "decode", env = "FERRY_DECODE", value_delimiter = ',', help_heading = "Discovery")]
+    #[arg(long = "decode", env = ferry_cluster::env::DECODE, value_delimiter = ',', help_heading = "Discovery")]
     pub decode: Vec<String>,
     /// A file of workers, one `prefill ENTRY` or `decode ENTRY` per line (added to the flags).
-    #[arg(long, env = "FERRY_WORKERS_FILE", help_heading = "Discovery")]
+    #[arg(long, env = ferry_cluster::env::WORKERS_FILE, help_heading = "Discovery")]
     pub workers_file: Option<PathBuf>,
     /// gRPC listen address of the public `ferry.v1.Router` service.
-    #[arg(long, env = "FERRY_GRPC_ADDR", default_value = "127.0.0.1:0", help_heading = "Endpoints")]
+    #[arg(long, env = ferry_cluster::env::GRPC_ADDR, default_value = "127.0.0.1:0", help_heading = "Endpoints")]
     pub grpc_addr: SocketAddr,
     /// OpenAI-compatible HTTP API listen address (`/v1/completions`, `/v1/chat/completions`,
     /// `/v1/models`, `/v1/models/{id}`, `/health`, `/metrics`).
-    #[arg(long, env = "FERRY_HTTP_ADDR", default_value = "127.0.0.1:0", help_heading = "Endpoints")]
+    #[arg(long, env = ferry_cluster::env::HTTP_ADDR, default_value = "127.0.0.1:0", help_heading = "Endpoints")]
     pub http_addr: SocketAddr,
     /// Prometheus `/metrics` listen address.
-    #[arg(long, env = "FERRY_METRICS_ADDR", default_value = "127.0.0.1:0", help_heading = "Observability")]
+    #[arg(long, env = ferry_cluster::env::METRICS_ADDR, default_value = "127.0.0.1:0", help_heading = "Observability")]
     pub metrics_addr: SocketAddr,
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
-    #[arg(long, env = "FERRY_POLICY", value_enum, default_value_t = Policy::CacheAware, help_heading = "Placement")]
+    #[arg(long, env = ferry_cluster::env::POLICY, value_enum, default_value_t = Policy::CacheAware, help_heading = "Placement")]
     pub policy: Policy,
     /// Prompts with fewer uncached tokens than this are prefilled on the decode worker
     /// (0: always on a prefill worker when one is healthy).
-    #[arg(long, env = "FERRY_LOCAL_PREFILL_BELOW", default_value_t = 0, help_heading = "Placement")]
+    #[arg(long, env = ferry_cluster::env::LOCAL_PREFILL_BELOW, default_value_t = 0, help_heading = "Placement")]
     pub local_prefill_below: usize,
     /// Tokens per KV page; must match the workers' `--page-size`.
-    #[arg(long, env = "FERRY_PAGE_SIZE", default_value_t = 16, help_heading = "Placement")]
+    #[arg(long, env = ferry_cluster::env::PAGE_SIZE, default_value_t = 16, help_heading = "Placement")]
     pub page_size: usize,
     /// Most pages the prefix index holds (memory bound).
-    #[arg(long, env = "FERRY_MAX_INDEX_PAGES", default_value_t = 1 << 20, help_heading = "Placement")]
+    #[arg(long, env = ferry_cluster::env::MAX_INDEX_PAGES, default_value_t = 1 << 20, help_heading = "Placement")]
     pub max_index_pages: usize,
     /// API keys the public endpoints accept (`Authorization: Bearer <key>` over HTTP, the
     /// same as `authorization` metadata over gRPC); none: the endpoints are open.
-    #[arg(long = "api-key", env = "FERRY_API_KEYS", value_delimiter = ',', help_heading = "Endpoints")]
+    #[arg(long = "api-key", env = ferry_cluster::env::API_KEYS, value_delimiter = ',', help_heading = "Endpoints")]
     pub api_keys: Vec<String>,
     /// Requests running through the router at once; more wait in the admission queue
     /// (0: no bound).
-    #[arg(long, env = "FERRY_ROUTER_MAX_RUNNING_REQUESTS", default_value_t = 256, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::ROUTER_MAX_RUNNING_REQUESTS, default_value_t = 256, help_heading = "Admission")]
     pub max_running_requests: usize,
     /// Requests waiting for a slot beyond --max-running-requests; more are refused at once
     /// (429 / RESOURCE_EXHAUSTED with a retry-after hint).
-    #[arg(long, env = "FERRY_MAX_QUEUED_REQUESTS", default_value_t = 1024, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::MAX_QUEUED_REQUESTS, default_value_t = 1024, help_heading = "Admission")]
     pub max_queued_requests: usize,
     /// Seconds a request waits in the admission queue at most before it is refused (like
     /// every Ferry timeout, in seconds; fractions allowed).
-    #[arg(long, env = "FERRY_QUEUE_TIMEOUT", default_value_t = 30.0, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::QUEUE_TIMEOUT, default_value_t = 30.0, help_heading = "Admission")]
     pub queue_timeout: f64,
     /// Most stop strings one request may carry (more: 400 / INVALID_ARGUMENT naming `stop`).
-    #[arg(long, env = "FERRY_MAX_STOP_STRINGS", default_value_t = limits::DEFAULT_MAX_STOP_STRINGS, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::MAX_STOP_STRINGS, default_value_t = limits::DEFAULT_MAX_STOP_STRINGS, help_heading = "Admission")]
     pub max_stop_strings: usize,
     /// Most bytes of one stop string (longer: 400 / INVALID_ARGUMENT naming it).
-    #[arg(long, env = "FERRY_MAX_STOP_STRING_BYTES", default_value_t = limits::DEFAULT_MAX_STOP_BYTES, help_heading = "Admission")]
+    #[arg(long, env = ferry_cluster::env::MAX_STOP_STRING_BYTES, default_value_t = limits::DEFAULT_MAX_STOP_BYTES, help_heading = "Admission")]
     pub max_stop_string_bytes: usize,
     /// Seconds between active checks (gRPC health and load report) of every worker.
-    #[arg(long, env = "FERRY_LOAD_POLL", default_value_t = 0.1, help_heading = "Discovery")]
+    #[arg(long, env = ferry_cluster::env::LOAD_POLL, default_value_t = 0.1, help_heading = "Discovery")]
     pub load_poll: f64,
     /// etcd discovery: workers registered under `/ferry/<cluster>/` join and leave as they
     /// come and go (in addition to any named by flags or file).
@@ -131,10 +131,10 @@ pub struct RouterArgs {
     pub telemetry: ferry_cluster::telemetry::TelemetryArgs,
     /// PEM certificate chain for TLS on the public gRPC and HTTP endpoints (with --tls-key);
     /// unset: plaintext.
-    #[arg(long, env = "FERRY_TLS_CERT", requires = "tls_key", help_heading = "TLS")]
+    #[arg(long, env = ferry_cluster::env::TLS_CERT, requires = "tls_key", help_heading = "TLS")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key for --tls-cert.
-    #[arg(long, env = "FERRY_TLS_KEY", requires = "tls_cert", help_heading = "TLS")]
+    #[arg(long, env = ferry_cluster::env::TLS_KEY, requires = "tls_cert", help_heading = "TLS")]
     pub tls_key: Option<PathBuf>,
 }
 

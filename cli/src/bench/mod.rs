@@ -135,7 +135,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub model: Option<String>,
     /// API key (`Authorization: Bearer`).
-    #[arg(long, env = "FERRY_API_KEY")]
+    #[arg(long, env = ferry_cluster::env::API_KEY)]
     pub api_key: Option<String>,
     /// No progress bar.
     #[arg(long)]
