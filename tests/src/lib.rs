@@ -4,6 +4,7 @@
 //! `Generate` and the prefill node's `Prefill` concurrently, collect the tokens.
 
 pub mod etcd;
+pub mod otlp;
 pub mod pki;
 pub mod proxy;
 

@@ -2,76 +2,18 @@
 //! an OTLP/gRPC collector as one trace — the caller's trace id, the router's span a child of
 //! the caller's, the workers' spans children of the router's.
 //!
-//! The collector is a real OTLP trace service (the OpenTelemetry project's generated server)
-//! on a loopback port; the export is process-wide, so this binary holds this test alone.
+//! The collector is a real OTLP trace service ([`ferry_tests::otlp::Collector`]) on a
+//! loopback port; the export is process-wide, so this binary holds this test alone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_tests::otlp::{Collector, Got};
 use ferry_tests::{TinyModel, one_of_each};
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
-use opentelemetry_proto::tonic::common::v1::any_value::Value;
-
-/// A span as the collector got it.
-#[derive(Debug, Clone)]
-struct Got {
-    trace: String,
-    id: String,
-    parent: String,
-    attrs: HashMap<String, String>,
-}
-
-#[derive(Default, Clone)]
-struct Collector(Arc<Mutex<Vec<Got>>>);
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-#[tonic::async_trait]
-impl TraceService for Collector {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
-        let mut got = self.0.lock().expect("collector");
-        for rs in req.into_inner().resource_spans {
-            for ss in rs.scope_spans {
-                for s in ss.spans {
-                    let attrs = s
-                        .attributes
-                        .iter()
-                        .filter_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
-                            Value::StringValue(v) => Some((kv.key.clone(), v.trim_matches('"').to_string())),
-                            _ => None,
-                        })
-                        .collect();
-                    got.push(Got {
-                        trace: hex(&s.trace_id),
-                        id: hex(&s.span_id),
-                        parent: hex(&s.parent_span_id),
-                        attrs,
-                    });
-                }
-            }
-        }
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requests_spans_reach_an_otlp_collector_as_one_trace() {
-    let collector = Collector::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let svc = TraceServiceServer::new(collector.clone());
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(svc)
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
+    let (collector, addr) = Collector::serve("127.0.0.1:0", true).await;
     let telemetry =
         ferry_cluster::telemetry::init("ferry-test", "warn", Some(&format!("http://{addr}"))).expect("exporter");
 
@@ -88,7 +30,7 @@ async fn a_requests_spans_reach_an_otlp_collector_as_one_trace() {
     let mut spans: HashMap<String, Got> = HashMap::new();
     for _ in 0..100 {
         telemetry.flush();
-        let got = collector.0.lock().expect("collector").clone();
+        let got = collector.spans();
         spans = got
             .into_iter()
             .filter(|s| s.trace == caller.0)
