@@ -170,7 +170,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     })
 }
 
-fn worker_args(args: &UpArgs, model: &Path, id: String) -> ferry_cluster::WorkerArgs {
+fn worker_args(args: &UpArgs, model: &Path, id: ferry_cluster::WorkerId) -> ferry_cluster::WorkerArgs {
     let mut w = ferry_cluster::WorkerArgs::for_model(model);
     w.worker_id = Some(id);
     w.pool_pages = args.pool_pages;
@@ -212,7 +212,7 @@ async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
     let mut list = Vec::new();
     for i in 0..args.prefill {
         let mut a = ferry_prefill::PrefillArgs {
-            worker: worker_args(args, model, format!("prefill-{i}")),
+            worker: worker_args(args, model, ferry_cluster::WorkerId::of("prefill", i as u16)),
             ..ferry_prefill::PrefillArgs::for_model(model)
         };
         a.worker.internal_tls = id.tls(&format!("prefill-{i}"), PeerRole::Prefill)?;
@@ -222,7 +222,7 @@ async fn in_process(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
     }
     for i in 0..args.decode {
         let mut a = ferry_decode::DecodeArgs {
-            worker: worker_args(args, model, format!("decode-{i}")),
+            worker: worker_args(args, model, ferry_cluster::WorkerId::of("decode", i as u16)),
             ..ferry_decode::DecodeArgs::for_model(model)
         };
         a.worker.internal_tls = id.tls(&format!("decode-{i}"), PeerRole::Decode)?;

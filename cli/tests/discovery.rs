@@ -27,7 +27,7 @@ async fn router_via(m: &TinyModel, etcd: String, cluster: &str) -> ferry_router:
 async fn prefill(m: &TinyModel, e: &Etcd, cluster: &str, id: &str, ttl: i64) -> ferry_prefill::Running {
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 256;
-    a.worker.worker_id = Some(id.into());
+    a.worker.worker_id = Some(id.parse().expect("a worker id"));
     a.worker.etcd = etcd_args(e, cluster);
     a.worker.etcd_lease_ttl = ttl;
     ferry_prefill::start(a).await.expect("prefill up")
@@ -36,7 +36,7 @@ async fn prefill(m: &TinyModel, e: &Etcd, cluster: &str, id: &str, ttl: i64) -> 
 async fn decode(m: &TinyModel, e: &Etcd, cluster: &str, id: &str, ttl: i64) -> ferry_decode::Running {
     let mut a = ferry_decode::DecodeArgs::for_model(m.path());
     a.worker.pool_pages = 256;
-    a.worker.worker_id = Some(id.into());
+    a.worker.worker_id = Some(id.parse().expect("a worker id"));
     a.worker.etcd = etcd_args(e, cluster);
     a.worker.etcd_lease_ttl = ttl;
     ferry_decode::start(a).await.expect("decode up")
@@ -59,8 +59,8 @@ fn decode_process(m: &TinyModel, e: &Etcd, cluster: &str, id: &str, ttl: i64) ->
 /// The router's workers: (prefill ids, decode ids), sorted.
 fn members(r: &ferry_router::Running) -> (Vec<String>, Vec<String>) {
     let s = r.workers().snapshot();
-    let mut p: Vec<String> = s.prefill.iter().flatten().map(|w| w.id.clone()).collect();
-    let mut d: Vec<String> = s.decode.iter().map(|w| w.id.clone()).collect();
+    let mut p: Vec<String> = s.prefill.iter().flatten().map(|w| w.id.to_string()).collect();
+    let mut d: Vec<String> = s.decode.iter().map(|w| w.id.to_string()).collect();
     p.sort();
     d.sort();
     (p, d)

@@ -100,7 +100,7 @@ pub struct WorkerArgs {
     pub chunked_prefill_size: usize,
     /// This worker's id, in metrics, load reports and KV events. Default: `<role>-<gRPC port>`.
     #[arg(long, env = ferry_core::env::WORKER_ID, help_heading = "Discovery")]
-    pub worker_id: Option<String>,
+    pub worker_id: Option<ferry_core::WorkerId>,
     /// gRPC listen address (port 0: any free port).
     #[arg(long, env = ferry_core::env::GRPC_ADDR, default_value = "127.0.0.1:0", help_heading = "Discovery")]
     pub grpc_addr: SocketAddr,
@@ -233,7 +233,12 @@ impl WorkerArgs {
     }
 
     /// What to register in etcd for this worker (None without --etcd).
-    pub fn announce(&self, role: Role, id: &str, grpc_addr: SocketAddr) -> Result<Option<Announce>, String> {
+    pub fn announce(
+        &self,
+        role: Role,
+        id: &ferry_core::WorkerId,
+        grpc_addr: SocketAddr,
+    ) -> Result<Option<Announce>, String> {
         let Some(etcd) = self.etcd.config()? else { return Ok(None) };
         let addr = match &self.advertise_addr {
             Some(a) => a.clone(),
@@ -324,14 +329,15 @@ mod tests {
         assert_eq!(a.data_endpoint("0.0.0.0:7101").as_deref(), Ok("10.9.9.9:9000"));
 
         let wild: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
+        let p0: ferry_core::WorkerId = "p0".parse().expect("an id");
         let mut b = WorkerArgs::for_model("m");
-        assert!(b.announce(Role::Prefill, "p0", wild).expect("no etcd").is_none());
+        assert!(b.announce(Role::Prefill, &p0, wild).expect("no etcd").is_none());
         b.etcd.endpoints = vec!["127.0.0.1:2379".into()];
-        assert!(b.announce(Role::Prefill, "p0", wild).expect_err("wildcard").contains("--advertise-addr"));
+        assert!(b.announce(Role::Prefill, &p0, wild).expect_err("wildcard").contains("--advertise-addr"));
         b.advertise_addr = Some("10.1.2.3:7001".into());
-        let a = b.announce(Role::Prefill, "p0", wild).expect("valid").expect("etcd");
+        let a = b.announce(Role::Prefill, &p0, wild).expect("valid").expect("etcd");
         assert_eq!(
-            (a.worker.addr.as_str(), a.etcd.key(a.worker.role, &a.worker.id)),
+            (a.worker.addr.as_str(), a.etcd.key(a.worker.role, a.worker.id.as_str())),
             ("10.1.2.3:7001", "/ferry/default/prefill/p0".to_string())
         );
     }

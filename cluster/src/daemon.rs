@@ -59,7 +59,7 @@ pub struct Daemon {
     /// `/metrics` address.
     pub metrics_addr: SocketAddr,
     /// Worker id.
-    pub worker_id: String,
+    pub worker_id: ferry_core::WorkerId,
     trigger: ShutdownTrigger,
     drain: Box<dyn FnOnce() + Send>,
     engine: std::thread::JoinHandle<()>,
@@ -84,7 +84,7 @@ pub struct Parts {
     /// Where `/metrics` listens.
     pub metrics_addr: SocketAddr,
     /// Worker id.
-    pub worker_id: String,
+    pub worker_id: ferry_core::WorkerId,
     /// The engine thread, which exits once drained.
     pub engine: std::thread::JoinHandle<()>,
     /// Tells the engine thread to drain (stop admitting, end what is in flight, free pages).
@@ -132,14 +132,14 @@ impl Daemon {
             None => tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
                 if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
-                    tracing::error!(worker, error = %e, "gRPC server failed");
+                    tracing::error!(%worker, error = %e, "gRPC server failed");
                 }
             }),
             Some(tls) => {
                 let incoming = tls.incoming(listener, parts.role);
                 tokio::spawn(async move {
                     if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
-                        tracing::error!(worker, error = %e, "gRPC server (mutual TLS) failed");
+                        tracing::error!(%worker, error = %e, "gRPC server (mutual TLS) failed");
                     }
                 })
             }

@@ -25,11 +25,10 @@ pub fn request_with<T>(msg: T, parent: &TraceContext) -> tonic::Request<T> {
 /// (the parent of the calls the daemon makes for the request).
 pub fn request_span(
     role: &'static str,
-    request_id: &str,
+    id: &RequestId,
     room: Room,
     caller: Option<TraceContext>,
 ) -> (tracing::Span, TraceContext) {
-    let id = RequestId::new(request_id);
     let span = tracing::info_span!(
         "request",
         role,

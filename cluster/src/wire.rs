@@ -186,7 +186,11 @@ pub fn token_to_proto(
 }
 
 /// A worker's KV cache events on the wire.
-pub fn kv_events_to_proto(worker: &str, epoch: u64, events: &[ferry_radix::events::KvEvent]) -> pb::KvEventBatch {
+pub fn kv_events_to_proto(
+    worker: &crate::WorkerId,
+    epoch: u64,
+    events: &[ferry_radix::events::KvEvent],
+) -> pb::KvEventBatch {
     use ferry_radix::events::{EventKind, Stored};
     let stored = |s: &Stored| pb::KvStored {
         parent_hash: s.parent_hash,

@@ -138,6 +138,11 @@ impl WorkerId {
         (!id.is_empty() && id.len() <= 128).then_some(Self(id))
     }
 
+    /// The id a worker takes when given none: `<role>-<port>`.
+    pub fn of(role: &str, port: u16) -> Self {
+        Self(format!("{role}-{port}"))
+    }
+
     /// The id.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -147,6 +152,28 @@ impl WorkerId {
 impl fmt::Display for WorkerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for WorkerId {
+    type Err = String;
+
+    /// For flags (`--worker-id`) and discovery entries.
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::new(s).ok_or_else(|| format!("worker id {s:?}: 1 to 128 bytes"))
+    }
+}
+
+/// A worker id as a metric label value.
+impl From<WorkerId> for metrics::SharedString {
+    fn from(w: WorkerId) -> Self {
+        w.0.into()
+    }
+}
+
+impl PartialEq<str> for WorkerId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
     }
 }
 
@@ -198,5 +225,13 @@ mod tests {
         let mut other = *s.as_bytes();
         other[15] ^= 1;
         assert_ne!(s, RoomSecret::from_bytes(other));
+    }
+
+    #[test]
+    fn worker_ids_are_one_to_128_bytes() {
+        assert_eq!("p0".parse::<WorkerId>().map(|w| w.to_string()), Ok("p0".to_string()));
+        assert!("".parse::<WorkerId>().is_err() && "x".repeat(129).parse::<WorkerId>().is_err());
+        assert_eq!(WorkerId::of("decode", 7).as_str(), "decode-7");
+        assert!(WorkerId::of("decode", 7) == *"decode-7");
     }
 }

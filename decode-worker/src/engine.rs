@@ -171,7 +171,7 @@ impl Req {
 /// Engine settings.
 pub struct EngineConfig {
     /// Worker id (metrics label).
-    pub worker: String,
+    pub worker: ferry_cluster::WorkerId,
     /// Queue limits, the admission estimate among them.
     pub limits: Limits,
     /// Prompt tokens computed per step for local prefill.

@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
 
@@ -122,7 +122,7 @@ pub struct Running {
     /// `/metrics` address.
     pub metrics_addr: SocketAddr,
     /// Worker id.
-    pub worker_id: String,
+    pub worker_id: WorkerId,
     /// Where prefill nodes send this node's KV pages.
     pub data_endpoint: String,
     /// The KV layout it receives.
@@ -187,7 +187,7 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
     let receiver = Arc::new(receiver);
 
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
-    let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("decode-{}", grpc_addr.port()));
+    let worker_id = w.worker_id.clone().unwrap_or_else(|| WorkerId::of("decode", grpc_addr.port()));
     let load = Arc::new(Mutex::new(Load {
         free_pages: pages,
         admissible_pages: pages,

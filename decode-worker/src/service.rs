@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::{Refused, wire};
+use ferry_cluster::{Refused, RequestId, wire};
 use ferry_proto::v1 as pb;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -21,7 +21,7 @@ pub struct Shared {
     /// Commands to the engine thread.
     pub engine: EngineLink<Cmd>,
     /// This worker's id.
-    pub worker: String,
+    pub worker: ferry_cluster::WorkerId,
     /// The latest load figures.
     pub load: Arc<Mutex<Load>>,
 }
@@ -45,7 +45,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
-        let (span, trace) = ferry_cluster::traces::request_span(ROLE, &r.request_id, key.room, caller);
+        let (span, trace) = ferry_cluster::traces::request_span(ROLE, &RequestId::new(r.request_id), key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "decode request");
         let params = wire::sampling_from_proto(r.sampling);
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
@@ -91,7 +91,7 @@ impl pb::load_server::Load for LoadSvc {
         let l = self.0.load.lock().map_err(|_| Status::internal("load poisoned"))?.clone();
         let depth: HashMap<String, u32> = l.depth.iter().map(|&(k, v)| (k.to_string(), v as u32)).collect();
         Ok(Response::new(pb::LoadReport {
-            worker_id: self.0.worker.clone(),
+            worker_id: self.0.worker.to_string(),
             queue_depth: depth,
             free_pages: l.admissible_pages as u32,
             evictable_pages: 0,

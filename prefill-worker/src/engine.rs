@@ -136,7 +136,7 @@ struct Live {
 /// Engine settings.
 pub struct EngineConfig {
     /// Worker id (metrics label).
-    pub worker: String,
+    pub worker: ferry_cluster::WorkerId,
     /// Room timeouts (bootstrap, waiting, transfer).
     pub timeouts: Timeouts,
     /// Senders to decode nodes (a broken one is evicted).

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs};
+use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
 
@@ -73,7 +73,7 @@ pub struct Running {
     /// `/metrics` address.
     pub metrics_addr: SocketAddr,
     /// Worker id.
-    pub worker_id: String,
+    pub worker_id: WorkerId,
     /// The KV layout it sends.
     pub layout: LayoutDescriptor,
     /// The transfer backend in use.
@@ -126,7 +126,7 @@ async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, 
         Loaded::load(w, compute, "prefill").await?;
     let kv_mirrored = kv.mirrored();
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
-    let worker_id = w.worker_id.clone().unwrap_or_else(|| format!("prefill-{}", grpc_addr.port()));
+    let worker_id = w.worker_id.clone().unwrap_or_else(|| WorkerId::of("prefill", grpc_addr.port()));
 
     let (events, _) = tokio::sync::broadcast::channel(1024);
     let load = Arc::new(Mutex::new(Load { free_pages: pages, total_pages: pages, ..Load::default() }));

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomSecret, wire};
+use ferry_cluster::{LayoutDescriptor, Refused, RequestId, Room, RoomSecret, wire};
 use ferry_proto::v1 as pb;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::BackendKind;
@@ -27,7 +27,7 @@ pub struct Shared {
     /// Commands to the engine thread.
     pub engine: EngineLink<Cmd>,
     /// This worker's id.
-    pub worker: String,
+    pub worker: ferry_cluster::WorkerId,
     /// The KV layout decode nodes must match.
     pub layout: LayoutDescriptor,
     /// The transfer backend in use.
@@ -63,7 +63,7 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let caller = ferry_cluster::traces::from_metadata(req.metadata());
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
-        let (span, _) = ferry_cluster::traces::request_span(ROLE, &r.request_id, key.room, caller);
+        let (span, _) = ferry_cluster::traces::request_span(ROLE, &RequestId::new(r.request_id), key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "prefill request");
         let sampling = wire::sampling_from_proto(r.sampling);
         let (reply, rx) = oneshot::channel();
@@ -164,7 +164,7 @@ impl pb::load_server::Load for LoadSvc {
             ("inflight".to_string(), l.depth.2 as u32),
         ]);
         Ok(Response::new(pb::LoadReport {
-            worker_id: self.0.worker.clone(),
+            worker_id: self.0.worker.to_string(),
             queue_depth: depth,
             free_pages: l.free_pages as u32,
             evictable_pages: l.evictable_pages as u32,

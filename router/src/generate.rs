@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
 use ferry_cluster::phases::PhaseClock;
-use ferry_cluster::{RoomKey, TraceContext, traces, wire};
+use ferry_cluster::{RequestId, RoomKey, TraceContext, WorkerId, traces, wire};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::{FinishReason, SamplingParams, ServedModel};
 use futures::{Stream, StreamExt};
@@ -64,7 +64,7 @@ impl Stage {
 /// A decode stream that broke after tokens went out cannot be retried transparently: the
 /// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
 /// as an opaque transport error); the worker's own refusals keep their code.
-fn mid_stream(s: Status, request: &str, worker: &str, sent: u32) -> RouterError {
+fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> RouterError {
     if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
         tracing::warn!(request = %request, worker = %worker, error = %s, sent, "decode worker failed mid-stream");
         return RouterError::MidStream { worker: worker.to_string(), sent, cause: s.message().to_string() };
@@ -103,7 +103,7 @@ use crate::workers::{Registry, Worker};
 #[derive(Debug, Clone)]
 pub struct Prepared {
     /// Echoed back.
-    pub request_id: String,
+    pub request_id: RequestId,
     /// The prompt's token ids.
     pub tokens: Vec<u32>,
     /// Sampling.
@@ -306,7 +306,7 @@ impl Ctx {
         let room = Some(wire::room_key_to_proto(&key));
         let pw = prefill;
         let dreq = pb::DecodeRequest {
-            request_id: req.request_id.clone(),
+            request_id: req.request_id.to_string(),
             room: room.clone(),
             prefill_bootstrap_addr: pw.as_ref().map(|w| w.addr.clone()).unwrap_or_default(),
             token_ids: req.tokens.clone(),
@@ -314,7 +314,7 @@ impl Ctx {
         };
         let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone());
         let preq = pb::PrefillRequest {
-            request_id: req.request_id.clone(),
+            request_id: req.request_id.to_string(),
             room,
             token_ids: req.tokens.clone(),
             sampling,
@@ -360,7 +360,7 @@ impl Ctx {
 
     /// Another healthy prefill worker than those in `tried`, the one holding most of the
     /// prompt; None: prefill on the decode worker.
-    fn fallback(&self, tokens: &[u32], tried: &[String]) -> Option<Arc<Worker>> {
+    fn fallback(&self, tokens: &[u32], tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
         let cached = lock(&self.index).matched(&tokens[..tokens.len() - 1], snap.prefill.len());
         let open = snap.prefill.iter().enumerate().filter_map(|(s, w)| Some((s, w.as_ref()?)));
@@ -371,7 +371,7 @@ impl Ctx {
 
     /// The healthy decode worker, not among `tried`, with the most admissible pages for a
     /// request needing `need` pages.
-    fn other_decode(&self, need: u64, tried: &[String]) -> Option<Arc<Worker>> {
+    fn other_decode(&self, need: u64, tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
             snap.decode.iter().map(|w| decode_state(w, w.healthy() && !tried.contains(&w.id))).collect();
@@ -432,7 +432,7 @@ impl Ctx {
             match stage {
                 Stage::Prefill => {
                     let failed = target.as_ref().map(|w| w.id.clone());
-                    tracing::warn!(request = %req.request_id, room = %key.room, worker = failed.as_deref().unwrap_or("decode-local"), error = %status, "prefill failed before the first token; retrying");
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = failed.as_ref().map_or("decode-local", WorkerId::as_str), error = %status, "prefill failed before the first token; retrying");
                     tried_prefill.extend(failed);
                     target = self.fallback(&req.tokens, &tried_prefill);
                 }

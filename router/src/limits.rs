@@ -3,6 +3,8 @@
 //! bound per-token work) and the gRPC `request_id` (echoed in every message and written in
 //! log lines, so it must be short and printable: a newline in it would forge a log line).
 
+use ferry_cluster::RequestId;
+
 /// Most characters of a caller's `request_id`.
 pub const MAX_REQUEST_ID_CHARS: usize = 128;
 
@@ -35,7 +37,7 @@ impl Default for Limits {
     }
 }
 
-fn refuse(reason: &'static str, message: String) -> Result<(), Refusal> {
+fn refuse<T>(reason: &'static str, message: String) -> Result<T, Refusal> {
     Err(Refusal { reason, message })
 }
 
@@ -57,9 +59,9 @@ impl Limits {
     }
 }
 
-/// Checks a caller's `request_id`: at most [`MAX_REQUEST_ID_CHARS`] characters, none of them
-/// a control character.
-pub fn check_request_id(id: &str) -> Result<(), Refusal> {
+/// A caller's `request_id`, checked: at most [`MAX_REQUEST_ID_CHARS`] characters, none of
+/// them a control character; empty: a new random id.
+pub fn check_request_id(id: String) -> Result<RequestId, Refusal> {
     let n = id.chars().count();
     if n > MAX_REQUEST_ID_CHARS {
         return refuse("bad_request_id", format!("`request_id` has {n} characters; at most {MAX_REQUEST_ID_CHARS}"));
@@ -67,7 +69,7 @@ pub fn check_request_id(id: &str) -> Result<(), Refusal> {
     if let Some(c) = id.chars().find(|c| c.is_control()) {
         return refuse("bad_request_id", format!("`request_id` holds the control character {c:?}"));
     }
-    Ok(())
+    Ok(if id.is_empty() { RequestId::random() } else { RequestId::new(id) })
 }
 
 #[cfg(test)]
@@ -83,10 +85,12 @@ mod tests {
         assert_eq!(l.check_stop(&s(&["a", ""])).map_err(|r| r.reason), Err("bad_stop"));
         let e = l.check_stop(&s(&["a", "abcde"])).expect_err("too long");
         assert_eq!((e.reason, e.message.contains("stop[1]")), ("stop_string_too_long", true));
-        assert!(check_request_id("chat-42_x.y").is_ok());
-        assert!(check_request_id(&"é".repeat(MAX_REQUEST_ID_CHARS)).is_ok(), "characters, not bytes");
-        assert!(check_request_id(&"x".repeat(MAX_REQUEST_ID_CHARS + 1)).is_err());
-        let e = check_request_id("a\nWARN forged line").expect_err("newline");
+        assert_eq!(check_request_id("chat-42_x.y".into()).map(|r| r.to_string()), Ok("chat-42_x.y".into()));
+        let long = "é".repeat(MAX_REQUEST_ID_CHARS);
+        assert_eq!(check_request_id(long.clone()).map(|r| r.to_string()), Ok(long), "characters, not bytes");
+        assert!(check_request_id("x".repeat(MAX_REQUEST_ID_CHARS + 1)).is_err());
+        assert!(check_request_id(String::new()).is_ok_and(|r| r.as_str().starts_with("req-")), "made when empty");
+        let e = check_request_id("a\nWARN forged line".into()).expect_err("newline");
         assert!(e.message.contains("request_id"), "{}", e.message);
     }
 }

@@ -20,8 +20,8 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use ferry_cluster::TraceContext;
 use ferry_cluster::trace::TRACEPARENT;
+use ferry_cluster::{RequestId, TraceContext};
 use ferry_tokenize::{ChatMessage, SamplingParams};
 use serde::Deserialize;
 use serde_json::json;
@@ -435,7 +435,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
     Ok((
         Prepared {
-            request_id: format!("ferry-{:016x}", rand::random::<u64>()),
+            request_id: RequestId::new(format!("ferry-{:016x}", rand::random::<u64>())),
             tokens,
             sampling,
             stop,
@@ -486,7 +486,7 @@ async fn handle(
     // The caller's trace, when its `traceparent` header is well-formed.
     p.trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
     p.clock = Some(clock);
-    let id = p.request_id.clone();
+    let id = p.request_id.to_string();
     let model = ctx.model.name.clone();
     let stream = match ctx.generate(p).await {
         Ok(s) => s,

@@ -64,7 +64,7 @@ impl pb::router_server::Router for RouterSvc {
         let mut clock = PhaseClock::start("router", std::time::Instant::now());
         let r = req.into_inner();
         // Before any work for the request: the id is echoed and logged, stops scanned per token.
-        crate::limits::check_request_id(&r.request_id).map_err(|e| bad(e.reason, e.message))?;
+        let id = crate::limits::check_request_id(r.request_id).map_err(|e| bad(e.reason, e.message))?;
         self.0.limits.check_stop(&r.stop).map_err(|e| bad(e.reason, e.message))?;
         let tokens = match r.prompt {
             Some(pb::generate_request::Prompt::Text(t)) => self.tokens(Input::Text(t)).await?,
@@ -79,13 +79,12 @@ impl pb::router_server::Router for RouterSvc {
                 .increment(1);
             e.status()
         })?;
-        let id = if r.request_id.is_empty() { format!("req-{:016x}", rand::random::<u64>()) } else { r.request_id };
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
         let (ids, phases) = (r.return_token_ids, r.return_phases);
         // The one mapping of the router's errors to gRPC.
         let out = self.0.generate(prepared).await.map_err(|e| e.status())?.map(move |p| {
             p.map_err(|e| e.status()).map(|p| {
-                let mut m = pb::GenerateResponse { request_id: id.clone(), text: p.text, ..Default::default() };
+                let mut m = pb::GenerateResponse { request_id: id.to_string(), text: p.text, ..Default::default() };
                 if ids {
                     m.token_ids = p.tokens.iter().map(|t| t.id).collect();
                 }
@@ -123,7 +122,7 @@ impl pb::router_server::Router for RouterSvc {
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
         let w = self.0.workers.snapshot();
         let info = |x: &crate::workers::Worker, role: pb::WorkerRole| pb::WorkerInfo {
-            worker_id: x.id.clone(),
+            worker_id: x.id.to_string(),
             role: role as i32,
             address: x.addr.clone(),
             healthy: x.healthy(),

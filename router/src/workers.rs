@@ -8,6 +8,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
 use ferry_cluster::metrics as M;
@@ -89,7 +90,7 @@ impl Health {
 #[derive(Debug)]
 pub struct Worker {
     /// Its id.
-    pub id: String,
+    pub id: WorkerId,
     /// Its role.
     pub role: Role,
     /// Its gRPC address.
@@ -239,17 +240,17 @@ impl Registry {
     }
 
     /// Removes the worker of `role` named `id`; false when there is none.
-    pub fn remove(&self, role: Role, id: &str) -> bool {
+    pub fn remove(&self, role: Role, id: &WorkerId) -> bool {
         let mut m = lock(&self.members);
         self.remove_locked(&mut m, role, id)
     }
 
-    fn remove_locked(&self, m: &mut (Vec<Option<Member>>, Vec<Member>), role: Role, id: &str) -> bool {
+    fn remove_locked(&self, m: &mut (Vec<Option<Member>>, Vec<Member>), role: Role, id: &WorkerId) -> bool {
         let gone = match role {
-            Role::Decode => m.1.iter().position(|x| x.worker.id == id).map(|i| (m.1.remove(i), None)),
+            Role::Decode => m.1.iter().position(|x| x.worker.id == *id).map(|i| (m.1.remove(i), None)),
             Role::Prefill => {
                 m.0.iter()
-                    .position(|x| x.as_ref().is_some_and(|x| x.worker.id == id))
+                    .position(|x| x.as_ref().is_some_and(|x| x.worker.id == *id))
                     .and_then(|s| m.0[s].take().map(|x| (x, Some(s))))
             }
         };

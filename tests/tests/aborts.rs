@@ -319,7 +319,7 @@ async fn a_graceful_stop_is_bounded_with_a_sender_stalled_mid_frame() {
 }
 
 /// Engine wake-ups of the worker `id` so far.
-async fn wakeups(metrics: SocketAddr, id: &str) -> f64 {
+async fn wakeups(metrics: SocketAddr, id: &ferry_cluster::WorkerId) -> f64 {
     metric_sum(&scrape(metrics).await, "ferry_engine_wakeups_total", &format!("worker=\"{id}\""))
 }
 

@@ -16,7 +16,7 @@ use ferry_tests::pki::Pki;
 async fn prefill(m: &TinyModel, etcd: EtcdArgs) -> Result<ferry_prefill::Running, String> {
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 64;
-    a.worker.worker_id = Some("p0".into());
+    a.worker.worker_id = Some("p0".parse().expect("a worker id"));
     a.worker.etcd = etcd;
     a.worker.etcd_lease_ttl = 2;
     ferry_prefill::start(a).await.map_err(|e| e.to_string())
@@ -169,7 +169,7 @@ async fn an_etcd_user_leaves_at_once_when_it_stops() {
     };
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 64;
-    a.worker.worker_id = Some("p0".into());
+    a.worker.worker_id = Some("p0".parse().expect("a worker id"));
     a.worker.etcd = user;
     a.worker.etcd_lease_ttl = 30;
     let p = ferry_prefill::start(a).await.expect("registers");

@@ -18,10 +18,10 @@ async fn metrics_show_queues_and_transfers_moving() {
     let m = TinyModel::new();
     let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
     pa.worker.pool_pages = 512;
-    pa.worker.worker_id = Some("p0".into());
+    pa.worker.worker_id = Some("p0".parse().expect("a worker id"));
     let mut da = ferry_decode::DecodeArgs::for_model(m.path());
     da.worker.pool_pages = 512;
-    da.worker.worker_id = Some("d0".into());
+    da.worker.worker_id = Some("d0".parse().expect("a worker id"));
     let p = ferry_prefill::start(pa).await.expect("prefill up");
     let d = ferry_decode::start(da).await.expect("decode up");
     let before = scrape(d.metrics_addr).await;

@@ -109,16 +109,16 @@ impl EtcdConfig {
         Ok(w)
     }
 
-    fn parse_key(&self, key: &[u8]) -> Result<(Role, String), EtcdError> {
+    fn parse_key(&self, key: &[u8]) -> Result<(Role, crate::WorkerId), EtcdError> {
         let k = std::str::from_utf8(key).map_err(|_| EtcdError::Invalid("a key is not UTF-8".into()))?;
         let bad = || EtcdError::Invalid(format!("{k}: expected {}<role>/<id>", self.prefix()));
         let rest = k.strip_prefix(&self.prefix()).ok_or_else(bad)?;
         let (role, id) = rest.split_once('/').ok_or_else(bad)?;
         let role = Role::parse(role).ok_or_else(bad)?;
-        if id.is_empty() || id.contains('/') {
+        if id.contains('/') {
             return Err(bad());
         }
-        Ok((role, id.to_string()))
+        Ok((role, id.parse().map_err(|_| bad())?))
     }
 }
 
@@ -160,7 +160,7 @@ impl Drop for Registration {
 /// when etcd cannot be reached now.
 pub async fn register(cfg: &EtcdConfig, w: &Worker, ttl: i64) -> Result<Registration, EtcdError> {
     let ttl = ttl.max(2);
-    let key = cfg.key(w.role, &w.id);
+    let key = cfg.key(w.role, w.id.as_str());
     let value = serde_json::json!({ "addr": w.addr }).to_string();
     let mut client = cfg.connect().await?;
     let lease = put_leased(&mut client, &key, &value, ttl).await?;
@@ -269,7 +269,7 @@ pub enum Change {
         /// Its role.
         role: Role,
         /// Its id.
-        id: String,
+        id: crate::WorkerId,
     },
 }
 
@@ -359,7 +359,7 @@ mod tests {
         let k = c.key(Role::Decode, "d0");
         assert_eq!(k, "/ferry/prod-1/decode/d0");
         let w = c.parse(k.as_bytes(), br#"{"addr":"10.0.0.1:7000"}"#).expect("valid");
-        assert_eq!(w, Worker { id: "d0".into(), role: Role::Decode, addr: "10.0.0.1:7000".into() });
+        assert_eq!(w, Worker { id: "d0".parse().expect("an id"), role: Role::Decode, addr: "10.0.0.1:7000".into() });
         for (key, value, why) in [
             ("/ferry/other/decode/d0", &br#"{"addr":"h:1"}"#[..], "expected /ferry/prod-1/"),
             ("/ferry/prod-1/router/r0", br#"{"addr":"h:1"}"#, "<role>/<id>"),

@@ -43,7 +43,7 @@ impl Role {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Worker {
     /// Its id (given, or `<role>-<addr>`).
-    pub id: String,
+    pub id: crate::WorkerId,
     /// Its role.
     pub role: Role,
     /// Its gRPC address, `host:port`.
@@ -72,9 +72,7 @@ pub fn parse_entry(role: Role, s: &str) -> Result<Worker, DiscoveryError> {
     if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
         return Err(DiscoveryError(format!("{s:?}: expected host:port with a port in 1..=65535")));
     }
-    if id.is_empty() {
-        return Err(DiscoveryError(format!("{s:?}: empty worker id")));
-    }
+    let id = id.parse().map_err(|e| DiscoveryError(format!("{s:?}: {e}")))?;
     Ok(Worker { id, role, addr: addr.to_string() })
 }
 
@@ -111,7 +109,7 @@ impl StaticDiscovery {
         let mut ids = HashSet::new();
         for w in &workers {
             if !ids.insert(&w.id) {
-                return Err(DiscoveryError(format!("worker id {:?} appears twice", w.id)));
+                return Err(DiscoveryError(format!("worker id {:?} appears twice", w.id.as_str())));
             }
         }
         Ok(Self { workers })
@@ -156,7 +154,7 @@ mod tests {
     #[test]
     fn bad_entries_say_what_is_wrong() {
         for (bad, why) in
-            [("localhost", "host:port"), ("h:0", "port"), (":80", "host:port"), ("=h:1", "empty worker id")]
+            [("localhost", "host:port"), ("h:0", "port"), (":80", "host:port"), ("=h:1", "1 to 128 bytes")]
         {
             let e = StaticDiscovery::from_flags(&[bad.into()], &[]).expect_err(bad);
             assert!(e.0.contains(why), "{bad}: {e}");
