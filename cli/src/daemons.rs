@@ -67,11 +67,12 @@ where
 
 /// Runs `ferry prefill`.
 pub fn prefill(c: PrefillCmd) -> anyhow::Result<()> {
-    let otlp = c.args.worker.telemetry.otlp_endpoint.clone();
+    let config = c.args.check()?;
+    let otlp = config.worker.args.telemetry.otlp_endpoint.clone();
     serve(
         "ferry-prefill",
         otlp,
-        ferry_prefill::start(c.args),
+        ferry_prefill::start_checked(config),
         async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
         |r| r.stop(),
     )
@@ -79,11 +80,12 @@ pub fn prefill(c: PrefillCmd) -> anyhow::Result<()> {
 
 /// Runs `ferry decode`.
 pub fn decode(c: DecodeCmd) -> anyhow::Result<()> {
-    let otlp = c.args.worker.telemetry.otlp_endpoint.clone();
+    let config = c.args.check()?;
+    let otlp = config.worker.args.telemetry.otlp_endpoint.clone();
     serve(
         "ferry-decode",
         otlp,
-        ferry_decode::start(c.args),
+        ferry_decode::start_checked(config),
         async |r| c.ready_line.then(|| format!("grpc={} metrics={}", r.grpc_addr, r.metrics_addr)),
         |r| r.stop(),
     )
@@ -94,11 +96,12 @@ pub fn router(c: RouterCmd) -> anyhow::Result<()> {
     let (np, nd) = (c.args.prefill.len(), c.args.decode.len());
     // With etcd, workers beyond those named join as they come: ready once a decode worker has.
     let discovered = !c.args.etcd.endpoints.is_empty();
-    let otlp = c.args.telemetry.otlp_endpoint.clone();
+    let config = c.args.check()?;
+    let otlp = config.args.telemetry.otlp_endpoint.clone();
     serve(
         "ferry-router",
         otlp,
-        ferry_router::start(c.args),
+        ferry_router::start_checked(config),
         async |r| {
             if !c.ready_line {
                 return None;

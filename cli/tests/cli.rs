@@ -66,6 +66,22 @@ fn bad_input_is_a_clear_error_not_a_panic() {
         (vec!["model", "fetch", "no-such-model"], "unknown model"),
         (vec!["generate", "--model", m, "--prompt", "x", "--device", "tpu"], "use cpu, cuda or cuda:N"),
         (vec!["generate", "--model", m, "--prompt", "x", "--device", "cuda:x"], "GPU index"),
+        // The daemons check every flag before loading anything: a bad flag is named even
+        // when the model does not exist (issue 18's check() before run(config)).
+        (
+            vec!["prefill", "--model", "/nonexistent", "--insecure-internal", "--transfer-timeout", "inf"],
+            "--transfer-timeout inf",
+        ),
+        (
+            vec!["decode", "--model", "/nonexistent", "--insecure-internal", "--init-new-token-ratio", "2"],
+            "--init-new-token-ratio 2",
+        ),
+        (
+            vec!["router", "--model", "/nonexistent", "--insecure-internal", "--decode", "h:1", "--load-poll", "0"],
+            "--load-poll 0",
+        ),
+        (vec!["prefill", "--model", "/nonexistent"], "--insecure-internal"),
+        (vec!["prefill", "--model", "/nonexistent", "--insecure-internal", "--worker-id", ""], "worker id"),
     ];
     for (args, needle) in cases {
         let o = ferry(&args);

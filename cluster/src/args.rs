@@ -11,7 +11,7 @@ use crate::Device;
 use crate::discovery::Role;
 use crate::discovery::etcd::EtcdConfig;
 use crate::discovery::etcd_access::EtcdAccess;
-use crate::mtls::InternalTlsArgs;
+use crate::mtls::{InternalTls, InternalTlsArgs};
 
 /// A worker's etcd registration, made once it serves.
 #[derive(Debug, Clone)]
@@ -22,6 +22,53 @@ pub struct Announce {
     pub worker: crate::discovery::Worker,
     /// Lease seconds.
     pub ttl: i64,
+}
+
+/// A worker's flags, checked ([`WorkerArgs::check`]): every value in range, the internal
+/// certificates read, times as durations, etcd's settings parsed. A worker daemon starts from
+/// this, never from unchecked flags.
+#[derive(Clone)]
+pub struct WorkerConfig {
+    /// The flags as given (each value in range).
+    pub args: WorkerArgs,
+    /// Room timeouts.
+    pub timeouts: ferry_transfer::room::Timeouts,
+    /// Mutual TLS between the daemons (None: `--insecure-internal`).
+    pub internal_tls: Option<std::sync::Arc<InternalTls>>,
+    /// Where to register (None: no `--etcd`).
+    pub etcd: Option<EtcdConfig>,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerConfig")
+            .field("args", &self.args)
+            .field("timeouts", &self.timeouts)
+            .field("mutual_tls", &self.internal_tls.is_some())
+            .field("etcd", &self.etcd)
+            .finish()
+    }
+}
+
+impl WorkerConfig {
+    /// What to register in etcd for this worker (None without --etcd).
+    pub fn announce(
+        &self,
+        role: Role,
+        id: &ferry_core::WorkerId,
+        grpc_addr: SocketAddr,
+    ) -> Result<Option<Announce>, String> {
+        let Some(etcd) = self.etcd.clone() else { return Ok(None) };
+        let addr = match &self.args.advertise_addr {
+            Some(a) => a.clone(),
+            None if grpc_addr.ip().is_unspecified() => {
+                return Err(format!("--grpc-addr {grpc_addr} is a wildcard: pass --advertise-addr for etcd"));
+            }
+            None => grpc_addr.to_string(),
+        };
+        let worker = super::discovery::parse_entry(role, &format!("{id}={addr}")).map_err(|e| e.0)?;
+        Ok(Some(Announce { etcd, worker, ttl: self.args.etcd_lease_ttl }))
+    }
 }
 
 /// The longest timeout a flag may set, in seconds (a year: longer ones overflow timers).
@@ -232,49 +279,26 @@ impl WorkerArgs {
         }
     }
 
-    /// What to register in etcd for this worker (None without --etcd).
-    pub fn announce(
-        &self,
-        role: Role,
-        id: &ferry_core::WorkerId,
-        grpc_addr: SocketAddr,
-    ) -> Result<Option<Announce>, String> {
-        let Some(etcd) = self.etcd.config()? else { return Ok(None) };
-        let addr = match &self.advertise_addr {
-            Some(a) => a.clone(),
-            None if grpc_addr.ip().is_unspecified() => {
-                return Err(format!("--grpc-addr {grpc_addr} is a wildcard: pass --advertise-addr for etcd"));
-            }
-            None => grpc_addr.to_string(),
+    /// Checks every flag before anything is loaded or bound: the config a worker starts from,
+    /// or an error naming the flag.
+    pub fn check(&self) -> Result<WorkerConfig, String> {
+        let timeouts = ferry_transfer::room::Timeouts {
+            bootstrap: seconds("bootstrap-timeout", self.bootstrap_timeout)?,
+            waiting: seconds("waiting-timeout", self.waiting_timeout)?,
+            transferring: seconds("transfer-timeout", self.transfer_timeout)?,
         };
-        let worker = super::discovery::parse_entry(role, &format!("{id}={addr}")).map_err(|e| e.0)?;
-        Ok(Some(Announce { etcd, worker, ttl: self.etcd_lease_ttl }))
-    }
-
-    /// The three room timeouts (bootstrap, waiting, transfer); an error names a flag out of
-    /// range.
-    pub fn timeouts(&self) -> Result<(Duration, Duration, Duration), String> {
-        Ok((
-            seconds("bootstrap-timeout", self.bootstrap_timeout)?,
-            seconds("waiting-timeout", self.waiting_timeout)?,
-            seconds("transfer-timeout", self.transfer_timeout)?,
-        ))
-    }
-
-    /// Checks what can be checked before loading anything.
-    pub fn check(&self) -> Result<(), String> {
-        self.timeouts()?;
         if self.page_size == 0 || self.chunked_prefill_size == 0 {
             return Err("--page-size and --chunked-prefill-size must be positive".into());
         }
-        self.etcd.config()?;
+        let etcd = self.etcd.config()?;
         if self.etcd_lease_ttl < 2 {
             return Err(format!("--etcd-lease-ttl {}: at least 2 seconds", self.etcd_lease_ttl));
         }
         if self.pool_pages == 0 && !(self.mem_fraction > 0.0 && self.mem_fraction < 1.0) {
             return Err(format!("--mem-fraction {} must be in (0, 1)", self.mem_fraction));
         }
-        Ok(())
+        let internal_tls = InternalTls::load(&self.internal_tls).map_err(|e| e.to_string())?;
+        Ok(WorkerConfig { args: self.clone(), timeouts, internal_tls, etcd })
     }
 
     /// KV pages for the pool: --pool-pages, or --mem-fraction of `device_bytes` (a GPU's
@@ -331,11 +355,17 @@ mod tests {
         let wild: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
         let p0: ferry_core::WorkerId = "p0".parse().expect("an id");
         let mut b = WorkerArgs::for_model("m");
-        assert!(b.announce(Role::Prefill, &p0, wild).expect("no etcd").is_none());
+        assert!(b.check().expect("valid flags").announce(Role::Prefill, &p0, wild).expect("no etcd").is_none());
         b.etcd.endpoints = vec!["127.0.0.1:2379".into()];
-        assert!(b.announce(Role::Prefill, &p0, wild).expect_err("wildcard").contains("--advertise-addr"));
+        assert!(
+            b.check()
+                .expect("valid flags")
+                .announce(Role::Prefill, &p0, wild)
+                .expect_err("wildcard")
+                .contains("--advertise-addr")
+        );
         b.advertise_addr = Some("10.1.2.3:7001".into());
-        let a = b.announce(Role::Prefill, &p0, wild).expect("valid").expect("etcd");
+        let a = b.check().expect("valid flags").announce(Role::Prefill, &p0, wild).expect("valid").expect("etcd");
         assert_eq!(
             (a.worker.addr.as_str(), a.etcd.key(a.worker.role, a.worker.id.as_str())),
             ("10.1.2.3:7001", "/ferry/default/prefill/p0".to_string())

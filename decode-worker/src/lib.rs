@@ -24,6 +24,7 @@ pub use engine::Load;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
@@ -113,6 +114,33 @@ impl DecodeArgs {
     pub fn for_model(model: impl Into<std::path::PathBuf>) -> Self {
         ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string(), "--insecure-internal".into()])
     }
+
+    /// Checks every flag before anything is loaded or bound: the config [`run`] takes, or an
+    /// error naming the flag.
+    pub fn check(&self) -> Result<DecodeConfig, StartError> {
+        let admission = self.admission().map_err(StartError::Config)?;
+        let prealloc_timeout =
+            ferry_cluster::args::seconds("prealloc-timeout", self.prealloc_timeout).map_err(StartError::Config)?;
+        Ok(DecodeConfig {
+            worker: self.worker.check().map_err(StartError::Config)?,
+            max_running_requests: self.max_running_requests.max(1),
+            admission,
+            prealloc_timeout,
+        })
+    }
+}
+
+/// A decode daemon's flags, checked ([`DecodeArgs::check`]).
+#[derive(Debug, Clone)]
+pub struct DecodeConfig {
+    /// What every worker checks.
+    pub worker: WorkerConfig,
+    /// `--max-running-requests` (at least 1).
+    pub max_running_requests: usize,
+    /// The admission estimate (`--decode-admission` and its ratios or reserve).
+    pub admission: Admission,
+    /// `--prealloc-timeout`.
+    pub prealloc_timeout: std::time::Duration,
 }
 
 /// A running decode daemon.
@@ -155,14 +183,19 @@ impl Running {
     }
 }
 
-/// Loads the model onto the `--device` backend, allocates the pool, binds the transfer
-/// receiver and starts serving.
+/// Checks `args` and starts ([`start_checked`]).
 pub async fn start(args: DecodeArgs) -> Result<Running, StartError> {
-    let worker = args.worker.clone();
-    ferry_worker::start_on_device(&worker, args).await
+    start_checked(args.check()?).await
 }
 
-impl ferry_worker::StartOn for DecodeArgs {
+/// Loads the model onto the `--device` backend, allocates the pool, binds the transfer
+/// address and starts serving.
+pub async fn start_checked(config: DecodeConfig) -> Result<Running, StartError> {
+    let worker = config.worker.clone();
+    ferry_worker::start_on_device(&worker, config).await
+}
+
+impl ferry_worker::StartOn for DecodeConfig {
     type Running = Running;
 
     fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Running, StartError>> {
@@ -170,14 +203,12 @@ impl ferry_worker::StartOn for DecodeArgs {
     }
 }
 
-async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, StartError> {
-    let w = &args.worker;
-    let admission = args.admission().map_err(StartError::Config)?;
-    let prealloc_timeout =
-        ferry_cluster::args::seconds("prealloc-timeout", args.prealloc_timeout).map_err(StartError::Config)?;
-    let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
+async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running, StartError> {
+    let config = &args.worker;
+    let (w, internal_tls) = (&config.args, config.internal_tls.clone());
+    let (admission, prealloc_timeout) = (args.admission, args.prealloc_timeout);
     let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
-        Loaded::load(w, compute, "decode").await?;
+        Loaded::load(config, compute, "decode").await?;
     let kv_mirrored = kv.mirrored();
     let mem = Arc::clone(kv.mem());
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
@@ -199,7 +230,7 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
     let handshakes =
         Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap, internal_tls.clone());
     let limits = Limits {
-        max_running: args.max_running_requests.max(1),
+        max_running: args.max_running_requests,
         prealloc_timeout,
         waiting_timeout: timeouts.waiting,
         page_size: w.page_size,
@@ -241,7 +272,7 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
         engine: engine_thread,
         drain,
         health,
-        announce: w.announce(Role::Decode, &worker_id, grpc_addr).map_err(StartError::Config)?,
+        announce: config.announce(Role::Decode, &worker_id, grpc_addr).map_err(StartError::Config)?,
         tls: internal_tls,
         role: "decode",
         // A stalled read or send ends after the transfer timeout, the abort after it too.
@@ -264,7 +295,7 @@ async fn start_on<B: Backend>(args: DecodeArgs, compute: B) -> Result<Running, S
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.
-pub async fn run(args: DecodeArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    ferry_cluster::daemon::serve_until(start(args).await?, shutdown, Running::stop).await;
+pub async fn run(config: DecodeConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    ferry_cluster::daemon::serve_until(start_checked(config).await?, shutdown, Running::stop).await;
     Ok(())
 }

@@ -23,6 +23,7 @@ pub use engine::{Load, PrefillDone};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::{self, Daemon, Parts};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
@@ -64,6 +65,30 @@ impl PrefillArgs {
     pub fn for_model(model: impl Into<std::path::PathBuf>) -> Self {
         ferry_cluster::args::defaults(&["--model".into(), model.into().into_os_string(), "--insecure-internal".into()])
     }
+
+    /// Checks every flag before anything is loaded or bound: the config [`run`] takes, or an
+    /// error naming the flag.
+    pub fn check(&self) -> Result<PrefillConfig, StartError> {
+        Ok(PrefillConfig {
+            worker: self.worker.check().map_err(StartError::Config)?,
+            schedule_policy: self.schedule_policy,
+            in_queue_threshold: self.in_queue_threshold,
+            max_dest_pages: self.max_dest_pages,
+        })
+    }
+}
+
+/// A prefill daemon's flags, checked ([`PrefillArgs::check`]).
+#[derive(Debug, Clone)]
+pub struct PrefillConfig {
+    /// What every worker checks.
+    pub worker: WorkerConfig,
+    /// `--schedule-policy`.
+    pub schedule_policy: Policy,
+    /// `--in-queue-threshold`.
+    pub in_queue_threshold: usize,
+    /// `--max-dest-pages`.
+    pub max_dest_pages: usize,
 }
 
 /// A running prefill daemon.
@@ -104,13 +129,18 @@ impl Running {
     }
 }
 
-/// Loads the model onto the `--device` backend, allocates the pool, and starts serving.
+/// Checks `args` and starts ([`start_checked`]).
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
-    let worker = args.worker.clone();
-    ferry_worker::start_on_device(&worker, args).await
+    start_checked(args.check()?).await
 }
 
-impl ferry_worker::StartOn for PrefillArgs {
+/// Loads the model onto the `--device` backend, allocates the pool, and starts serving.
+pub async fn start_checked(config: PrefillConfig) -> Result<Running, StartError> {
+    let worker = config.worker.clone();
+    ferry_worker::start_on_device(&worker, config).await
+}
+
+impl ferry_worker::StartOn for PrefillConfig {
     type Running = Running;
 
     fn start_on<B: Backend>(self, compute: B) -> impl Future<Output = Result<Running, StartError>> {
@@ -118,12 +148,12 @@ impl ferry_worker::StartOn for PrefillArgs {
     }
 }
 
-async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, StartError> {
-    let w = &args.worker;
-    let internal_tls = ferry_cluster::mtls::InternalTls::load(&w.internal_tls).map_err(StartError::config)?;
+async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running, StartError> {
+    let config = &args.worker;
+    let (w, internal_tls) = (&config.args, config.internal_tls.clone());
     let policy = args.schedule_policy;
     let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
-        Loaded::load(w, compute, "prefill").await?;
+        Loaded::load(config, compute, "prefill").await?;
     let kv_mirrored = kv.mirrored();
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
     let worker_id = w.worker_id.clone().unwrap_or_else(|| WorkerId::of("prefill", grpc_addr.port()));
@@ -201,7 +231,7 @@ async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, 
         engine: engine_thread,
         drain,
         health,
-        announce: w.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
+        announce: config.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
         tls: internal_tls,
         role: "prefill",
         // A stalled read or send ends after the transfer timeout, the abort after it too.
@@ -214,7 +244,7 @@ async fn start_on<B: Backend>(args: PrefillArgs, compute: B) -> Result<Running, 
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.
-pub async fn run(args: PrefillArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    ferry_cluster::daemon::serve_until(start(args).await?, shutdown, Running::stop).await;
+pub async fn run(config: PrefillConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    ferry_cluster::daemon::serve_until(start_checked(config).await?, shutdown, Running::stop).await;
     Ok(())
 }

@@ -8,7 +8,7 @@ async fn main() -> anyhow::Result<()> {
     // RUST_LOG picks what is logged; by default, info (which prints the bound addresses).
     let telemetry =
         ferry_cluster::telemetry::init("ferry-prefill", "info", args.worker.telemetry.otlp_endpoint.as_deref())?;
-    ferry_prefill::run(args, ferry_cluster::shutdown::signal()).await?;
+    ferry_prefill::run(args.check()?, ferry_cluster::shutdown::signal()).await?;
     drop(telemetry);
     Ok(())
 }

@@ -16,6 +16,7 @@
 //! Workers are named statically or discovered through etcd (they join and leave at any time).
 
 pub mod admission;
+mod config;
 pub mod error;
 pub mod generate;
 pub mod index;
@@ -36,14 +37,14 @@ use std::time::Duration;
 
 use ferry_cluster::args::EtcdArgs;
 use ferry_cluster::daemon::{StartError, bind_grpc};
-use ferry_cluster::discovery::{Role, StaticDiscovery};
-use ferry_cluster::mtls::{InternalTls, InternalTlsArgs};
+use ferry_cluster::mtls::InternalTlsArgs;
 use ferry_cluster::{Shutdown, ShutdownTrigger};
 use ferry_proto::v1 as pb;
 use ferry_tokenize::ServedModel;
 use tokio::task::JoinHandle;
 
 use crate::admission::{Admission, Limits};
+pub use crate::config::RouterConfig;
 use crate::generate::Ctx;
 use crate::index::PrefixIndex;
 use crate::placement::{Placer, Policy};
@@ -206,26 +207,15 @@ impl Running {
     }
 }
 
-/// Reads the model's metadata, connects to the workers and starts serving.
+/// Checks `args` and starts ([`start_checked`]).
 pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
+    start_checked(args.check()?).await
+}
+
+/// Reads the model's metadata, connects to the workers and starts serving.
+pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> {
+    let RouterConfig { args, workers: d, etcd, queue_timeout, load_poll, tls, internal_tls } = config;
     let policy = args.policy;
-    let mut d = StaticDiscovery::from_flags(&args.prefill, &args.decode).map_err(StartError::config)?;
-    if let Some(f) = &args.workers_file {
-        let text = std::fs::read_to_string(f).map_err(|source| StartError::Io { what: "workers file", source })?;
-        d = d.merged(&StaticDiscovery::parse(&text).map_err(StartError::config)?).map_err(StartError::config)?;
-    }
-    let etcd = args.etcd.config().map_err(StartError::Config)?;
-    let queue_timeout =
-        ferry_cluster::args::seconds("queue-timeout", args.queue_timeout).map_err(StartError::Config)?;
-    let load_poll = ferry_cluster::args::seconds("load-poll", args.load_poll).map_err(StartError::Config)?;
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(c), Some(k)) => Some(tls::Tls::load(c, k).map_err(|e| StartError::Config(format!("TLS: {e}")))?),
-        (None, None) => None,
-        _ => return Err(StartError::Config("--tls-cert and --tls-key go together".into())),
-    };
-    if etcd.is_none() && d.workers(Role::Decode).next().is_none() {
-        return Err(StartError::Config("no decode worker: pass --decode ADDR (or --etcd)".into()));
-    }
     let path = args.model.clone();
     let mut model = tokio::task::spawn_blocking(move || ServedModel::load(&path))
         .await
@@ -235,7 +225,6 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
         model.name = n.clone();
     }
     let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
-    let internal_tls = InternalTls::load(&args.internal_tls).map_err(StartError::config)?;
     let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {
         registry.upsert(w).map_err(StartError::Config)?;
@@ -340,7 +329,7 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
 }
 
 /// Runs the router until `shutdown` resolves.
-pub async fn run(args: RouterArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-    ferry_cluster::daemon::serve_until(start(args).await?, shutdown, Running::stop).await;
+pub async fn run(config: RouterConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+    ferry_cluster::daemon::serve_until(start_checked(config).await?, shutdown, Running::stop).await;
     Ok(())
 }

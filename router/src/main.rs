@@ -7,7 +7,7 @@ async fn main() -> anyhow::Result<()> {
     let args = ferry_router::RouterArgs::parse();
     // RUST_LOG picks what is logged; by default, info (which prints the bound addresses).
     let telemetry = ferry_cluster::telemetry::init("ferry-router", "info", args.telemetry.otlp_endpoint.as_deref())?;
-    ferry_router::run(args, ferry_cluster::shutdown::signal()).await?;
+    ferry_router::run(args.check()?, ferry_cluster::shutdown::signal()).await?;
     drop(telemetry);
     Ok(())
 }

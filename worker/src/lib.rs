@@ -13,8 +13,9 @@ pub use kv_host::KvHost;
 
 use std::sync::{Arc, Mutex};
 
+use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::StartError;
-use ferry_cluster::{Device, LayoutDescriptor, Refused, WorkerArgs};
+use ferry_cluster::{Device, LayoutDescriptor, Refused};
 use ferry_engine::{Model, PagePool};
 use ferry_kernels::Backend;
 use ferry_transfer::BackendKind;
@@ -45,10 +46,10 @@ pub struct Loaded<B: Backend> {
 }
 
 impl<B: Backend> Loaded<B> {
-    /// Loads what `w` names onto `backend` (the model load runs off the async runtime);
+    /// Loads what `config` names onto `backend` (the model load runs off the async runtime);
     /// `role` labels the mirror's metrics.
-    pub async fn load(w: &WorkerArgs, backend_: B, role: &'static str) -> Result<Self, StartError> {
-        w.check().map_err(StartError::Config)?;
+    pub async fn load(config: &WorkerConfig, backend_: B, role: &'static str) -> Result<Self, StartError> {
+        let w = &config.args;
         let backend = ferry_transfer::backend::choose(w.transfer, ferry_transfer::backend::rdma_usable())
             .map_err(StartError::config)?;
         let path = w.model.clone();
@@ -71,8 +72,7 @@ impl<B: Backend> Loaded<B> {
             head_dim: c.head_dim as u32,
             page_size: w.page_size as u32,
         };
-        let (bootstrap, waiting, transferring) = w.timeouts().map_err(StartError::Config)?;
-        let timeouts = Timeouts { bootstrap, waiting, transferring };
+        let timeouts = config.timeouts;
         let transfer = TransferConfig {
             tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },
             rdma: ferry_transfer::rdma::RdmaConfig { timeouts, ..Default::default() },
@@ -93,8 +93,8 @@ pub trait StartOn {
 /// Starts `daemon` on the backend `--device` names. `cuda` fails with the reason (a build
 /// without the `cuda` feature, no driver, no CUDA libraries, no such GPU) on a machine that
 /// cannot run it.
-pub async fn start_on_device<S: StartOn>(w: &WorkerArgs, daemon: S) -> Result<S::Running, StartError> {
-    match w.device {
+pub async fn start_on_device<S: StartOn>(w: &WorkerConfig, daemon: S) -> Result<S::Running, StartError> {
+    match w.args.device {
         Device::Cpu => daemon.start_on(ferry_kernels::cpu::CpuBackend).await,
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
