@@ -1,0 +1,242 @@
+//! One attempt at a request against a pair of workers, and the retries before its first
+//! token: the decode call and the prefill call at once, the failed worker replaced by another
+//! (or the prompt prefilled on the decode worker), each retry in a new room.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_cluster::metrics as M;
+use ferry_cluster::{RoomKey, TraceContext, WorkerId, traces, wire};
+use ferry_proto::v1 as pb;
+use futures::StreamExt;
+use tonic::{Code, Status};
+use tracing::Instrument as _;
+
+use super::{Ctx, Prepared, decode_state, lock};
+use crate::placement::DecodeState;
+use crate::workers::Worker;
+
+/// What a prefill call answered.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Prefilled {
+    /// Prompt tokens it found cached.
+    pub(super) cached: u32,
+    /// The first token's top alternatives, when asked for (the decode stream carries the
+    /// first token without them).
+    pub(super) first_top: Vec<(u32, f32)>,
+    /// The room's phases on the prefill worker.
+    pub(super) phases: Vec<(String, f64)>,
+}
+
+/// The prefill call of one attempt (None: no prefill worker).
+pub(super) type PrefillTask = tokio::task::JoinHandle<Result<Option<Prefilled>, Status>>;
+/// An attempt's first decode message: `Some(None)` when the stream ended without one, `None`
+/// when the prefill finished first.
+pub(super) type FirstMessage = Option<Option<Result<pb::DecodeResponse, Status>>>;
+
+/// Retries of a request that failed before its first token.
+const MAX_RETRIES: usize = 2;
+/// How long a failed decode call waits for its prefill call to report a failure of its own
+/// (then the prefill worker is blamed).
+const BLAME_GRACE: Duration = Duration::from_millis(300);
+
+/// Which worker failed an attempt.
+#[derive(Debug, Clone, Copy)]
+enum Stage {
+    Prefill,
+    Decode,
+}
+
+impl Stage {
+    fn label(self) -> &'static str {
+        match self {
+            Stage::Prefill => "prefill",
+            Stage::Decode => "decode",
+        }
+    }
+}
+
+/// One attempt under way: its calls, and its first decode message once taken.
+pub(super) struct Attempt {
+    /// The decode worker's stream.
+    pub(super) stream: tonic::Streaming<pb::DecodeResponse>,
+    /// The prefill call (its answer None: prefilled on the decode worker).
+    pub(super) prefill: PrefillTask,
+    /// The first decode message, when taken ([`FirstMessage`]).
+    pub(super) first: FirstMessage,
+    /// The decode worker it runs on.
+    pub(super) decode: Arc<Worker>,
+}
+
+/// Whether a failure before the first token is worth another attempt elsewhere: not when the
+/// request itself is at fault.
+fn retriable(code: Code) -> bool {
+    !matches!(
+        code,
+        Code::InvalidArgument
+            | Code::OutOfRange
+            | Code::PermissionDenied
+            | Code::Unauthenticated
+            | Code::Unimplemented
+            | Code::FailedPrecondition
+            | Code::NotFound
+    )
+}
+
+impl Ctx {
+    /// Starts one attempt: the decode call and, when `prefill` is given, the prefill call.
+    async fn attempt(
+        &self,
+        req: &Prepared,
+        key: RoomKey,
+        prefill: Option<Arc<Worker>>,
+        dw: &Arc<Worker>,
+    ) -> Result<Attempt, Status> {
+        tracing::Span::current().record("room", tracing::field::display(key.room));
+        let sampling = Some(wire::sampling_to_proto(&req.sampling));
+        let room = Some(wire::room_key_to_proto(&key));
+        let pw = prefill;
+        let dreq = pb::DecodeRequest {
+            request_id: req.request_id.to_string(),
+            room: room.clone(),
+            prefill_bootstrap_addr: pw.as_ref().map(|w| w.addr.clone()).unwrap_or_default(),
+            token_ids: req.tokens.clone(),
+            sampling: sampling.clone(),
+        };
+        let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone());
+        let preq = pb::PrefillRequest {
+            request_id: req.request_id.to_string(),
+            room,
+            token_ids: req.tokens.clone(),
+            sampling,
+            priority: 0,
+        };
+        let trace = req.trace.unwrap_or_else(TraceContext::random);
+        let prefill_task = tokio::spawn(
+            async move {
+                let Some(pw) = pw else { return Ok(None) };
+                let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
+                match pc.prefill(traces::request_with(preq, &trace)).await {
+                    Ok(r) => {
+                        pw.ok();
+                        let r = r.into_inner();
+                        let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
+                        let phases = wire::phases_from_proto(&r.phases);
+                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top, phases }))
+                    }
+                    Err(s) => {
+                        if s.code() == Code::Unavailable {
+                            pw.failed();
+                        }
+                        Err(s)
+                    }
+                }
+            }
+            .instrument(tracing::Span::current()),
+        );
+        match dc.generate(traces::request_with(dreq, &trace)).await {
+            Ok(s) => {
+                dw.ok();
+                Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw) })
+            }
+            Err(s) => {
+                if s.code() == Code::Unavailable {
+                    dw.failed();
+                }
+                prefill_task.abort();
+                Err(s)
+            }
+        }
+    }
+
+    /// Another healthy prefill worker than those in `tried`, the one holding most of the
+    /// prompt; None: prefill on the decode worker.
+    fn fallback(&self, tokens: &[u32], tried: &[WorkerId]) -> Option<Arc<Worker>> {
+        let snap = self.workers.snapshot();
+        let cached = lock(&self.index).matched(&tokens[..tokens.len() - 1], snap.prefill.len());
+        let open = snap.prefill.iter().enumerate().filter_map(|(s, w)| Some((s, w.as_ref()?)));
+        open.filter(|(_, w)| !tried.contains(&w.id) && w.healthy())
+            .max_by_key(|&(s, _)| (cached[s], std::cmp::Reverse(s)))
+            .map(|(_, w)| Arc::clone(w))
+    }
+
+    /// The healthy decode worker, not among `tried`, with the most admissible pages for a
+    /// request needing `need` pages.
+    fn other_decode(&self, need: u64, tried: &[WorkerId]) -> Option<Arc<Worker>> {
+        let snap = self.workers.snapshot();
+        let states: Vec<DecodeState> =
+            snap.decode.iter().map(|w| decode_state(w, w.healthy() && !tried.contains(&w.id))).collect();
+        let d = lock(&self.placer).decode(need, &states).ok()?;
+        Some(Arc::clone(&snap.decode[d]))
+    }
+
+    /// Runs attempts until one produces its first message (or ends cleanly), retrying a
+    /// failure before the first token on other workers: a failed prefill worker is replaced
+    /// by another (or by prefilling on the decode worker), a failed decode worker by another
+    /// decode worker. Each retry uses a new room; the failed attempt's calls are dropped, which
+    /// frees its pages on both workers.
+    pub(super) async fn first_message(
+        &self,
+        req: &Prepared,
+        key: RoomKey,
+        mut target: Option<Arc<Worker>>,
+        mut decode: Arc<Worker>,
+    ) -> Result<Attempt, Status> {
+        let need = (req.tokens.len() + req.sampling.max_new_tokens as usize)
+            .min(self.model.context_length)
+            .div_ceil(self.page_size.max(1)) as u64;
+        let (mut key, mut tried_prefill, mut tried_decode) = (key, Vec::new(), Vec::new());
+        for retry in 0..=MAX_RETRIES {
+            let (stage, status) = match self.attempt(req, key, target.clone(), &decode).await {
+                Err(s) => (Stage::Decode, s),
+                Ok(mut a) => tokio::select! {
+                    m = a.stream.next() => match m {
+                        Some(Err(s)) => match tokio::time::timeout(BLAME_GRACE, &mut a.prefill).await {
+                            // The decode worker failed because its prefill did: blame the prefill.
+                            Ok(Ok(Err(p))) => (Stage::Prefill, p),
+                            _ => {
+                                a.prefill.abort();
+                                (Stage::Decode, s)
+                            }
+                        },
+                        m => return Ok(Attempt { first: Some(m), ..a }),
+                    },
+                    r = &mut a.prefill => match r {
+                        Ok(Err(s)) => (Stage::Prefill, s),
+                        other => {
+                            // Done: put the outcome back for the end of the request.
+                            let prefill = tokio::spawn(async move {
+                                other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
+                            });
+                            return Ok(Attempt { prefill, ..a });
+                        }
+                    },
+                },
+            };
+            if retry == MAX_RETRIES || !retriable(status.code()) {
+                if retriable(status.code()) {
+                    tracing::warn!(request = %req.request_id, room = %key.room, error = %status, "no attempt left; failing the request");
+                }
+                return Err(status);
+            }
+            metrics::counter!(M::ROUTER_RETRIES, "stage" => stage.label()).increment(1);
+            match stage {
+                Stage::Prefill => {
+                    let failed = target.as_ref().map(|w| w.id.clone());
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = failed.as_ref().map_or("decode-local", WorkerId::as_str), error = %status, "prefill failed before the first token; retrying");
+                    tried_prefill.extend(failed);
+                    target = self.fallback(&req.tokens, &tried_prefill);
+                }
+                Stage::Decode => {
+                    tracing::warn!(request = %req.request_id, room = %key.room, worker = %decode.id, error = %status, "decode failed before the first token; retrying");
+                    tried_decode.push(decode.id.clone());
+                    if let Some(d) = self.other_decode(need, &tried_decode) {
+                        decode = d;
+                    }
+                }
+            }
+            key = RoomKey::random();
+        }
+        unreachable!("the last attempt returns")
+    }
+}
