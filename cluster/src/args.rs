@@ -355,6 +355,7 @@ mod tests {
         let wild: SocketAddr = "0.0.0.0:7001".parse().expect("addr");
         let p0: ferry_core::WorkerId = "p0".parse().expect("an id");
         let mut b = WorkerArgs::for_model("m");
+        b.internal_tls = crate::mtls::InternalTlsArgs::insecure();
         assert!(b.check().expect("valid flags").announce(Role::Prefill, &p0, wild).expect("no etcd").is_none());
         b.etcd.endpoints = vec!["127.0.0.1:2379".into()];
         assert!(

@@ -128,6 +128,7 @@ impl Daemon {
             .map_err(|source| StartError::Io { what: "metrics address", source })?;
         let worker = parts.worker_id.clone();
         let listener = parts.listener;
+        crate::mtls::warn_plaintext(parts.tls.as_ref());
         let grpc_task = match parts.tls {
             None => tokio::spawn(async move {
                 let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

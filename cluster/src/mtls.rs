@@ -101,6 +101,15 @@ fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, TlsErro
     Ok(c)
 }
 
+/// Logs that the daemons' gRPC runs plaintext, when `tls` is None (`--insecure-internal`).
+pub fn warn_plaintext(tls: Option<&Arc<InternalTls>>) {
+    if tls.is_none() {
+        tracing::warn!(
+            "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
+        );
+    }
+}
+
 impl InternalTls {
     /// Reads and checks the files named by `args`; None when mutual TLS is off, which needs
     /// `--insecure-internal` (warned about and exported as `ferry_insecure_internal`).
@@ -111,9 +120,8 @@ impl InternalTls {
         }
         let (cert, key, ca) = match (&args.internal_tls_cert, &args.internal_tls_key, &args.internal_tls_ca) {
             (None, None, None) if args.insecure_internal => {
-                tracing::warn!(
-                    "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
-                );
+                // Warned about by the daemon once its logging is up (`warn_plaintext`): flags
+                // are checked before that.
                 crate::exporter::handle();
                 metrics::gauge!(crate::metrics::INSECURE_INTERNAL).set(1.0);
                 return Ok(None);

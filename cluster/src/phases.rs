@@ -16,6 +16,7 @@
 //! | decode | `transfer` | pages allocated → the prompt's KV arrived |
 //! | decode | `local_prefill` | pages allocated → the prompt computed here |
 //! | decode | `first_token` | KV complete → first token emitted |
+//! | decode | `retracted` | pages allocated → retracted before its first token (work lost) |
 //! | decode | `decode` | first token → the request ends |
 //!
 //! A request retracted on the decode node records its decoding up to the retraction as one
@@ -23,7 +24,8 @@
 //! `decode`.
 //!
 //! Each daemon also keeps a request's laps ([`PhaseClock::laps`]) and sends them on with its
-//! answer (prefill in `PrefillResponse.phases`, decode on its last `DecodeResponse`); the
+//! answer (prefill in `PrefillResponse.phases`; decode on the `DecodeResponse` of its first
+//! token, so far, and on its last, all of them); the
 //! router joins the three into the request's critical path ([`breakdown`]), which a client
 //! gets on asking: the `ferry-phases: 1` HTTP header, or `return_phases` over gRPC.
 
@@ -78,7 +80,7 @@ impl PhaseClock {
 /// | `first_decode_step` | decode: KV complete → first token |
 /// | `other` | router: the rest of the time to the first token (calls between the daemons, failed attempts) |
 /// | `decode` | router: first token → last token, less `readmission` |
-/// | `readmission` | decode: a retracted request's waits for pages again |
+/// | `readmission` | decode: a retracted request's waits for pages again (and, retracted before its first token, the work lost) |
 pub const BREAKDOWN: [&str; 12] = [
     "tokenize",
     "queue",
@@ -95,7 +97,8 @@ pub const BREAKDOWN: [&str; 12] = [
 ];
 
 fn sum<S: AsRef<str>>(laps: &[(S, f64)], phase: &str) -> f64 {
-    laps.iter().filter(|(p, _)| p.as_ref() == phase).map(|(_, s)| s).sum()
+    // + 0.0: an empty sum is -0.0, which JSON would show as such.
+    laps.iter().filter(|(p, _)| p.as_ref() == phase).map(|(_, s)| s).sum::<f64>() + 0.0
 }
 
 /// One request's critical path, phase by phase ([`BREAKDOWN`]'s order), from the router's,
@@ -110,15 +113,21 @@ pub fn breakdown<S: AsRef<str>, T: AsRef<str>>(
     prefill: &[(S, f64)],
     decode: &[(T, f64)],
 ) -> [(&'static str, f64); 12] {
-    // Decode's laps up to its first token, and after (a retracted request's second wait).
+    // Decode's laps up to its first token, and after (a retracted request's waits again).
     let first = decode.iter().position(|(p, _)| matches!(p.as_ref(), "first_token" | "local_prefill"));
     let (before, after) = decode.split_at(first.map_or(decode.len(), |i| i + 1));
-    let (admission, kv_wait, local, first_step) =
-        (sum(before, "admission"), sum(before, "transfer"), sum(before, "local_prefill"), sum(before, "first_token"));
+    let admission = before.iter().find(|(p, _)| p.as_ref() == "admission").map_or(0.0, |(_, s)| *s);
+    // Retracted before its first token: the work lost and the wait for pages again.
+    let again_before = (sum(before, "admission") - admission + sum(before, "retracted")).max(0.0);
+    let (kv_wait, local, first_step) =
+        (sum(before, "transfer"), sum(before, "local_prefill"), sum(before, "first_token"));
     let (queued, computed) = (sum(prefill, "prefill_queue"), sum(prefill, "prefill_compute"));
-    let transfer = if kv_wait > 0.0 { (kv_wait - queued - computed).max(0.0) } else { 0.0 };
-    let accounted = admission + kv_wait + local + first_step;
-    let readmission = sum(after, "admission");
+    // Decode waited for the KV while prefill queued and computed it; without decode's wait
+    // (its laps missing), prefill's own phases stand in for it.
+    let (transfer, kv_side) =
+        if kv_wait > 0.0 { ((kv_wait - queued - computed).max(0.0), kv_wait) } else { (0.0, queued + computed) };
+    let accounted = admission + again_before + kv_side + local + first_step;
+    let again_after = sum(after, "admission");
     [
         ("tokenize", sum(router, "tokenize")),
         ("queue", sum(router, "queue")),
@@ -130,8 +139,8 @@ pub fn breakdown<S: AsRef<str>, T: AsRef<str>>(
         ("local_prefill", local),
         ("first_decode_step", first_step),
         ("other", (sum(router, "first_token") - accounted).max(0.0)),
-        ("decode", (sum(router, "decode") - readmission).max(0.0)),
-        ("readmission", readmission),
+        ("decode", (sum(router, "decode") - again_after).max(0.0)),
+        ("readmission", again_before + again_after),
     ]
 }
 
@@ -167,6 +176,30 @@ mod tests {
         let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
         assert_eq!((get("decode_admission"), get("local_prefill"), get("transfer")), (0.1, 0.3, 0.0));
         assert!((get("readmission") - 0.7).abs() < 1e-9 && (get("decode") - 1.3).abs() < 1e-9, "{b:?}");
+        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
+        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+    }
+
+    #[test]
+    fn without_decodes_laps_prefills_phases_stand_for_its_wait_and_the_sum_holds() {
+        // A stop string found by the router ends the stream before decode's last message:
+        // decode's laps are missing (or only those up to its first token arrived).
+        let prefill = [("prefill_queue", 0.2), ("prefill_compute", 0.5), ("transfer", 0.05)];
+        let b = breakdown(&ROUTER, &prefill, &[] as &[(&str, f64)]);
+        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        assert!((get("other") - 0.3).abs() < 1e-9 && get("transfer") == 0.0, "{b:?}");
+        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
+        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+    }
+
+    #[test]
+    fn retracted_before_its_first_token_the_lost_work_is_readmission() {
+        let decode =
+            [("admission", 0.1), ("retracted", 0.2), ("admission", 0.3), ("local_prefill", 0.3), ("decode", 2.0)];
+        let b = breakdown(&ROUTER, &[] as &[(&str, f64)], &decode);
+        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        assert_eq!((get("decode_admission"), get("local_prefill")), (0.1, 0.3));
+        assert!((get("readmission") - 0.5).abs() < 1e-9 && (get("other") - 0.1).abs() < 1e-9, "{b:?}");
         let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
         assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
     }

@@ -21,7 +21,7 @@ pub const CACHE_DIR: &str = "FERRY_CACHE_DIR";
 /// `--chunked-prefill-size` (ferry prefill, ferry decode).
 pub const CHUNKED_PREFILL_SIZE: &str = "FERRY_CHUNKED_PREFILL_SIZE";
 
-/// `--cluster` (ferry prefill, ferry decode).
+/// `--cluster` (ferry prefill, ferry decode; ferry router).
 pub const CLUSTER: &str = "FERRY_CLUSTER";
 
 /// `--decode` (ferry router).
@@ -39,25 +39,25 @@ pub const DEVICE: &str = "FERRY_DEVICE";
 /// `--dtype` (ferry prefill, ferry decode).
 pub const DTYPE: &str = "FERRY_DTYPE";
 
-/// `--etcd` (ferry prefill, ferry decode).
+/// `--etcd` (ferry prefill, ferry decode; ferry router).
 pub const ETCD: &str = "FERRY_ETCD";
 
-/// `--etcd-ca` (ferry prefill, ferry decode).
+/// `--etcd-ca` (ferry prefill, ferry decode; ferry router).
 pub const ETCD_CA: &str = "FERRY_ETCD_CA";
 
-/// `--etcd-cert` (ferry prefill, ferry decode).
+/// `--etcd-cert` (ferry prefill, ferry decode; ferry router).
 pub const ETCD_CERT: &str = "FERRY_ETCD_CERT";
 
-/// `--etcd-key` (ferry prefill, ferry decode).
+/// `--etcd-key` (ferry prefill, ferry decode; ferry router).
 pub const ETCD_KEY: &str = "FERRY_ETCD_KEY";
 
 /// `--etcd-lease-ttl` (ferry prefill, ferry decode).
 pub const ETCD_LEASE_TTL: &str = "FERRY_ETCD_LEASE_TTL";
 
-/// `--etcd-password-file` (ferry prefill, ferry decode).
+/// `--etcd-password-file` (ferry prefill, ferry decode; ferry router).
 pub const ETCD_PASSWORD_FILE: &str = "FERRY_ETCD_PASSWORD_FILE";
 
-/// `--etcd-user` (ferry prefill, ferry decode).
+/// `--etcd-user` (ferry prefill, ferry decode; ferry router).
 pub const ETCD_USER: &str = "FERRY_ETCD_USER";
 
 /// `--grpc-addr` (ferry prefill, ferry decode; ferry router).

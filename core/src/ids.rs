@@ -132,10 +132,12 @@ impl RoomKey {
 pub struct WorkerId(String);
 
 impl WorkerId {
-    /// A worker id; empty ids are refused.
+    /// A worker id: 1 to 128 bytes, none of them `/` or `=` (an etcd key and a discovery
+    /// entry split on them), whitespace or a control character; else None.
     pub fn new(id: impl Into<String>) -> Option<Self> {
         let id = id.into();
-        (!id.is_empty() && id.len() <= 128).then_some(Self(id))
+        let fits = !id.is_empty() && id.len() <= 128;
+        (fits && !id.chars().any(|c| matches!(c, '/' | '=') || c.is_whitespace() || c.is_control())).then_some(Self(id))
     }
 
     /// The id a worker takes when given none: `<role>-<port>`.
@@ -160,7 +162,7 @@ impl std::str::FromStr for WorkerId {
 
     /// For flags (`--worker-id`) and discovery entries.
     fn from_str(s: &str) -> Result<Self, String> {
-        Self::new(s).ok_or_else(|| format!("worker id {s:?}: 1 to 128 bytes"))
+        Self::new(s).ok_or_else(|| format!("worker id {s:?}: 1 to 128 bytes, without '/', '=' or spaces"))
     }
 }
 
@@ -231,6 +233,9 @@ mod tests {
     fn worker_ids_are_one_to_128_bytes() {
         assert_eq!("p0".parse::<WorkerId>().map(|w| w.to_string()), Ok("p0".to_string()));
         assert!("".parse::<WorkerId>().is_err() && "x".repeat(129).parse::<WorkerId>().is_err());
+        for bad in ["a/b", "a=b", "a b", "a\nb"] {
+            assert!(bad.parse::<WorkerId>().is_err(), "{bad:?}");
+        }
         assert_eq!(WorkerId::of("decode", 7).as_str(), "decode-7");
         assert!(WorkerId::of("decode", 7) == *"decode-7");
     }

@@ -221,7 +221,7 @@ pub const ALL: &[Metric] = &[
         REQUEST_PHASE,
         Kind::Histogram,
         "role, phase",
-        "Time one request spent in one phase on one daemon, seconds (router: tokenize, queue, placement, first_token, decode; prefill: prefill_queue, prefill_compute, transfer; decode: admission, transfer, local_prefill, first_token, decode)",
+        "Time one request spent in one phase on one daemon, seconds (router: tokenize, queue, placement, first_token, decode; prefill: prefill_queue, prefill_compute, transfer; decode: admission, transfer, local_prefill, first_token, decode, retracted)",
     ),
     m(ROUTER_ITL, Kind::Histogram, "", "Time between two streamed pieces of one answer (inter-token latency), seconds"),
     m(ROUTER_PROMPT_TOKENS, Kind::Counter, "kind", "Prompt tokens of finished requests (prompt, cached)"),

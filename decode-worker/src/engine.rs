@@ -346,11 +346,14 @@ impl<B: Backend> Engine<B> {
             None
         };
         metrics::counter!(m::GENERATED_TOKENS).increment(1);
+        // The laps go with the first token (a router that finds a stop string drops the
+        // stream before the last) and, all of them, with the last.
         let phases = match finish {
             Some(_) => {
                 r.clock.lap("decode", Instant::now());
                 r.clock.laps().to_vec()
             }
+            None if r.generated.len() == 1 => r.clock.laps().to_vec(),
             None => Vec::new(),
         };
         let _ = r.out.send(Ok(Emit { sampled: s, finish, phases }));

@@ -215,6 +215,7 @@ pub async fn start(args: RouterArgs) -> Result<Running, StartError> {
 /// Reads the model's metadata, connects to the workers and starts serving.
 pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> {
     let RouterConfig { args, workers: d, etcd, queue_timeout, load_poll, tls, internal_tls } = config;
+    ferry_cluster::mtls::warn_plaintext(internal_tls.as_ref());
     let policy = args.policy;
     let path = args.model.clone();
     let mut model = tokio::task::spawn_blocking(move || ServedModel::load(&path))

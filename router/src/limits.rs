@@ -7,6 +7,9 @@ use ferry_cluster::RequestId;
 
 /// Most characters of a caller's `request_id`.
 pub const MAX_REQUEST_ID_CHARS: usize = 128;
+/// Most bytes of a caller's `request_id` (what a `RequestId` holds: longer ones would come
+/// back cut).
+pub const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// Default of `--max-stop-strings`.
 pub const DEFAULT_MAX_STOP_STRINGS: usize = 16;
@@ -59,12 +62,16 @@ impl Limits {
     }
 }
 
-/// A caller's `request_id`, checked: at most [`MAX_REQUEST_ID_CHARS`] characters, none of
-/// them a control character; empty: a new random id.
+/// A caller's `request_id`, checked: at most [`MAX_REQUEST_ID_CHARS`] characters and
+/// [`MAX_REQUEST_ID_BYTES`] bytes, none of them a control character; empty: a new random id.
 pub fn check_request_id(id: String) -> Result<RequestId, Refusal> {
     let n = id.chars().count();
     if n > MAX_REQUEST_ID_CHARS {
         return refuse("bad_request_id", format!("`request_id` has {n} characters; at most {MAX_REQUEST_ID_CHARS}"));
+    }
+    if id.len() > MAX_REQUEST_ID_BYTES {
+        let n = id.len();
+        return refuse("bad_request_id", format!("`request_id` has {n} bytes; at most {MAX_REQUEST_ID_BYTES}"));
     }
     if let Some(c) = id.chars().find(|c| c.is_control()) {
         return refuse("bad_request_id", format!("`request_id` holds the control character {c:?}"));
@@ -89,6 +96,8 @@ mod tests {
         let long = "é".repeat(MAX_REQUEST_ID_CHARS);
         assert_eq!(check_request_id(long.clone()).map(|r| r.to_string()), Ok(long), "characters, not bytes");
         assert!(check_request_id("x".repeat(MAX_REQUEST_ID_CHARS + 1)).is_err());
+        let wide = check_request_id("€".repeat(MAX_REQUEST_ID_CHARS)).expect_err("384 bytes: would be cut");
+        assert!(wide.message.contains("bytes"), "{}", wide.message);
         assert!(check_request_id(String::new()).is_ok_and(|r| r.as_str().starts_with("req-")), "made when empty");
         let e = check_request_id("a\nWARN forged line".into()).expect_err("newline");
         assert!(e.message.contains("request_id"), "{}", e.message);

@@ -72,13 +72,13 @@ impl pb::router_server::Router for RouterSvc {
             Some(pb::generate_request::Prompt::TokenIds(t)) => t.ids,
             None => return Err(bad("empty_prompt", "the prompt is missing")),
         };
-        clock.lap("tokenize", std::time::Instant::now());
         let sampling = wire::sampling_from_proto(r.sampling);
         self.0.validate(&tokens, &sampling).map_err(|e| {
             metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => e.reason().to_string())
                 .increment(1);
             e.status()
         })?;
+        clock.lap("tokenize", std::time::Instant::now());
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
         let (ids, phases) = (r.return_token_ids, r.return_phases);
         // The one mapping of the router's errors to gRPC.

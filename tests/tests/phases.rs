@@ -92,6 +92,35 @@ async fn every_phase_of_a_request_is_measured_on_each_daemon() {
         ferry_tests::http(r.http_addr, "POST", "/v1/completions", body.to_string().as_bytes()).await;
     assert!(!text.contains("ferry_phases") && !headers.iter().any(|(k, _)| k == "ferry-phases"), "{text}");
 
+    // Cut by a stop string the router finds, the answer drops the decode stream before its
+    // last message: decode's laps up to the first token came with that token, and the
+    // breakdown still sums to the router's time. (Greedy: the same text again, so a stop
+    // string from its middle cuts it there.)
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let full: Vec<char> = v["choices"][0]["text"].as_str().expect("text").chars().collect();
+    assert!(full.len() >= 8, "a long enough answer to cut: {v}");
+    let stop: String = full[5..7].iter().collect();
+    let mut cut = body.clone();
+    cut["stop"] = serde_json::json!([stop]);
+    let before = router_total(&scrape(r.metrics_addr).await);
+    let (status, _, text) = ferry_tests::http_with(
+        r.http_addr,
+        "POST",
+        "/v1/completions",
+        &[("ferry-phases", "1")],
+        cut.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    settle(&p, std::slice::from_ref(&d)).await;
+    let gained = router_total(&scrape(r.metrics_addr).await) - before;
+    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let phases = v["ferry_phases"].as_object().unwrap_or_else(|| panic!("no ferry_phases in {v}"));
+    let sum: f64 = phases.values().map(|x| x.as_f64().expect("seconds")).sum();
+    assert!((sum - gained).abs() < 1e-3, "cut by a stop string: {sum:.6} s of {gained:.6} s: {v}");
+    assert!(phases["first_decode_step"].as_f64().is_some_and(|s| s > 0.0), "decode's laps arrived: {v}");
+
     // Over gRPC: on the last message, when return_phases is set, in the breakdown's order.
     let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
     let req = pb::GenerateRequest {

@@ -1,9 +1,9 @@
 //! `ferry-worker`: what the prefill and decode daemons share.
 //!
-//! - [`Loaded::load`]: checks the shared flags, picks the transfer backend (`auto` falls back
-//!   to tcp), loads the model onto a compute backend, allocates the KV pool once and gives
-//!   the transfer its pages ([`KvHost`]: the pool itself on the CPU, a pinned host mirror on
-//!   a GPU), and derives the room timeouts and transfer settings;
+//! - [`Loaded::load`]: from the checked flags (`WorkerConfig`), picks the transfer backend
+//!   (`auto` falls back to tcp), loads the model onto a compute backend, allocates the KV pool
+//!   once and gives the transfer its pages ([`KvHost`]: the pool itself on the CPU, a pinned
+//!   host mirror on a GPU), and derives the transfer settings;
 //! - [`EngineLink`] / [`answer`]: how gRPC handlers reach a daemon's engine thread and turn
 //!   its refusals into counted gRPC statuses.
 

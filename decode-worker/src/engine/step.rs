@@ -170,7 +170,7 @@ impl<B: Backend> Engine<B> {
         let progress = r.generated.len();
         let span = r.span.clone();
         r.retracted_at.get_or_insert(now);
-        r.clock.lap("decode", now);
+        r.clock.lap(if progress == 0 { "retracted" } else { "decode" }, now);
         self.queues.retract(room, target, now);
         let w = self.cfg.worker.clone();
         metrics::counter!(m::RETRACTIONS, "worker" => w.clone(), "reason" => "out_of_pages").increment(1);

@@ -51,7 +51,8 @@ impl Reply {
     }
 }
 
-/// The phases as the `ferry_phases` field: `{"tokenize": seconds, ...}` in order.
+/// The phases as the `ferry_phases` field: `{"decode": seconds, ...}` (an object: its keys come
+/// out sorted; the header keeps the breakdown's order).
 fn phases(e: &End) -> serde_json::Value {
     e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
 }
