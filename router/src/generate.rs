@@ -217,7 +217,16 @@ impl Ctx {
         tokio::spawn(
             async move {
                 let _slot = slot; // held while the request runs
-                let out = me.run(req, key, prefill, decode, (arrived, clock), &tx).await;
+                // A client gone while the workers are silent (waiting for the KV, say) ends
+                // the request at once: dropping the calls frees its pages on both workers.
+                // Otherwise only the next piece sent would notice.
+                let out = tokio::select! {
+                    out = me.run(req, key, prefill, decode, (arrived, clock), &tx) => out,
+                    () = tx.closed() => {
+                        metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
+                        Ok(())
+                    }
+                };
                 if let Err(s) = out {
                     metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "error").increment(1);
                     let _ = tx.send(Err(s)).await;

@@ -29,7 +29,34 @@ pub(super) struct Prefilled {
 }
 
 /// The prefill call of one attempt (None: no prefill worker).
-pub(super) type PrefillTask = tokio::task::JoinHandle<Result<Option<Prefilled>, Status>>;
+pub(super) struct PrefillTask(tokio::task::JoinHandle<Result<Option<Prefilled>, Status>>);
+
+impl PrefillTask {
+    fn spawn(f: impl std::future::Future<Output = Result<Option<Prefilled>, Status>> + Send + 'static) -> Self {
+        Self(tokio::spawn(f))
+    }
+
+    /// Stops the call (dropping it does too).
+    pub(super) fn abort(&self) {
+        self.0.abort();
+    }
+}
+
+impl std::future::Future for PrefillTask {
+    type Output = Result<Result<Option<Prefilled>, Status>, tokio::task::JoinError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+/// A request dropped (its client gone) drops its prefill call with it: the prefill worker
+/// then ends the room instead of computing for nobody.
+impl Drop for PrefillTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 /// An attempt's first decode message: `Some(None)` when the stream ended without one, `None`
 /// when the prefill finished first.
 pub(super) type FirstMessage = Option<Option<Result<pb::DecodeResponse, Status>>>;
@@ -112,7 +139,7 @@ impl Ctx {
             priority: 0,
         };
         let trace = req.trace.unwrap_or_else(TraceContext::random);
-        let prefill_task = tokio::spawn(
+        let prefill_task = PrefillTask::spawn(
             async move {
                 let Some(pw) = pw else { return Ok(None) };
                 let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
@@ -205,7 +232,7 @@ impl Ctx {
                         Ok(Err(s)) => (Stage::Prefill, s),
                         other => {
                             // Done: put the outcome back for the end of the request.
-                            let prefill = tokio::spawn(async move {
+                            let prefill = PrefillTask::spawn(async move {
                                 other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
                             });
                             return Ok(Attempt { prefill, ..a });
