@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -176,6 +176,13 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
         };
         if let Err(e) = result {
             break FailReason::PeerGone(format!("connection broke mid-frame: {e}"));
+        }
+        // This frame completed the room: tell the sender, whose `send_done` waits for it.
+        if h.kind != Kind::Abort && s.inbox.state(h.room) == Some(State::Success) {
+            let sent = tokio::time::timeout(s.progress, stream.write_all(&super::ack(h.room))).await;
+            if !matches!(sent, Ok(Ok(()))) {
+                break FailReason::PeerGone("the sender reads no acknowledgement".into());
+            }
         }
     };
     s.inbox.fail_all(seen, &reason);

@@ -1,14 +1,17 @@
 //! The sending side: frames out of pool memory onto a few reused connections.
 
 use ferry_core::{Room, RoomSecret};
+use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Mutex, oneshot};
+use tokio::task::JoinHandle;
 
 use super::{Fault, FaultFilter, NoFaults, TcpConfig};
 use crate::frame::{Aux, Header, Kind};
@@ -19,10 +22,13 @@ use crate::runs::PageRun;
 const TARGET_FRAME_BYTES: usize = 1 << 20;
 
 struct Conn {
-    stream: Option<TcpStream>,
+    stream: Option<OwnedWriteHalf>,
     /// A frame held back by [`Fault::Reorder`], sent after the next one.
     held: Option<(Header, Vec<u8>)>,
 }
+
+/// Rooms whose `Done` went out, waiting for the receiver's acknowledgement.
+type Waiting = Arc<std::sync::Mutex<HashMap<Room, oneshot::Sender<()>>>>;
 
 /// Sends rooms' pages to one receiver.
 pub struct TcpSender {
@@ -31,6 +37,31 @@ pub struct TcpSender {
     frames: AtomicU64,
     cfg: TcpConfig,
     fault: Arc<dyn FaultFilter>,
+    waiting: Waiting,
+    /// One per connection: reads the receiver's acknowledgements.
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for TcpSender {
+    fn drop(&mut self) {
+        for r in &self.readers {
+            r.abort();
+        }
+    }
+}
+
+/// Reads acknowledgements until the connection ends, waking the room each names.
+async fn read_acks(mut from: OwnedReadHalf, waiting: Waiting) {
+    let mut a = [0u8; super::ACK_LEN];
+    while from.read_exact(&mut a).await.is_ok() {
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&a[..8]);
+        let Some(room) = Room::new(u64::from_le_bytes(id)) else { continue };
+        let woken = waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&room);
+        if let Some(w) = woken {
+            let _ = w.send(());
+        }
+    }
 }
 
 impl std::fmt::Debug for TcpSender {
@@ -43,7 +74,7 @@ fn broken() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed")
 }
 
-async fn write_frame(stream: &mut TcpStream, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+async fn write_frame(stream: &mut OwnedWriteHalf, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
     let (mut h, mut p) = (header, payload);
     while !h.is_empty() || !p.is_empty() {
         let n = stream.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]).await?;
@@ -70,12 +101,16 @@ impl TcpSender {
         fault: Arc<dyn FaultFilter>,
     ) -> std::io::Result<Self> {
         let mut conns = Vec::with_capacity(cfg.connections.max(1));
+        let waiting = Waiting::default();
+        let mut readers = Vec::with_capacity(cfg.connections.max(1));
         for _ in 0..cfg.connections.max(1) {
             let stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
-            conns.push(Mutex::new(Conn { stream: Some(stream), held: None }));
+            let (r, w) = stream.into_split();
+            readers.push(tokio::spawn(read_acks(r, Arc::clone(&waiting))));
+            conns.push(Mutex::new(Conn { stream: Some(w), held: None }));
         }
-        Ok(Self { conns, next: AtomicUsize::new(0), frames: AtomicU64::new(0), cfg, fault })
+        Ok(Self { conns, next: AtomicUsize::new(0), frames: AtomicU64::new(0), cfg, fault, waiting, readers })
     }
 
     /// Sends one frame on connection `c`, applying the fault filter.
@@ -160,11 +195,28 @@ impl TcpSender {
         Ok(())
     }
 
-    /// Sends the room's last message: the aux data.
+    /// Sends the room's last message, the aux data, and waits (the transferring timeout at
+    /// most) for the receiver to acknowledge the room whole: pages lost with a connection
+    /// fail the room here instead of counting as sent.
     pub async fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> std::io::Result<()> {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = aux.encode();
-        self.send(c, Header::with(Kind::Done, room, secret, 0, 0, &payload), &payload).await
+        let (tx, acked) = oneshot::channel();
+        let forget = || self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&room);
+        self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(room, tx);
+        if let Err(e) = self.send(c, Header::with(Kind::Done, room, secret, 0, 0, &payload), &payload).await {
+            forget();
+            return Err(e);
+        }
+        let within = self.cfg.timeouts.transferring;
+        match tokio::time::timeout(within, acked).await {
+            Ok(Ok(())) => Ok(()),
+            _ => {
+                forget();
+                let why = format!("room {room}: the receiver did not acknowledge it whole within {within:?}");
+                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+            }
+        }
     }
 
     /// Tells the receiver the room is abandoned.

@@ -148,6 +148,34 @@ async fn faulty_room(fault: Fault, nth: u64) -> (Outcome, TcpReceiver) {
     (outcome(done).await, receiver)
 }
 
+/// `send_done` returns once the receiver holds the room whole (its acknowledgement), and
+/// fails, within the transferring timeout, for a room whose pages never arrived: a frame lost
+/// with a connection no longer counts as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_done_waits_for_the_receivers_acknowledgement() {
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), rx_mem, cfg()).await.expect("bind");
+    // The first frame is dropped on the floor: the room can never complete.
+    let filter = Arc::new(|i: u64, _: &Header| if i == 0 { Fault::Drop } else { Fault::Pass });
+    let sender = TcpSender::connect_with_faults(receiver.local_addr(), cfg(), filter).await.expect("connect");
+    let aux = |room| Aux { first_token: 1, logprob: 0.0, room_echo: room, total_pages: 4 };
+    let (lost, whole) = (Room::from(11u32), Room::from(12u32));
+    let secret = RoomSecret::from([3; 16]);
+    let srcp: Vec<u32> = (0..4).collect();
+    for (room, dst) in [(lost, 30..34u32), (whole, 40..44u32)] {
+        let dst: Vec<u32> = dst.collect();
+        receiver.open(room, secret, &dst).expect("open");
+        sender.send_pages(room, secret, &coalesce(&srcp, &dst), &src).await.expect("written");
+    }
+    sender.send_done(whole, secret, aux(12)).await.expect("acknowledged");
+    assert_eq!(receiver.inbox().state(whole), Some(ferry_transfer::room::State::Success), "whole when acknowledged");
+    let t = std::time::Instant::now();
+    let e = sender.send_done(lost, secret, aux(11)).await.expect_err("a page was lost");
+    assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+    assert!(t.elapsed() >= cfg().timeouts.transferring, "waited for the acknowledgement: {:?}", t.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_truncated_cut_and_dropped_frames_fail_the_room_with_a_reason() {
     let (o, _) = faulty_room(Fault::Corrupt(17), 1).await;
