@@ -27,7 +27,8 @@
 //! answer (prefill in `PrefillResponse.phases`; decode on the `DecodeResponse` of its first
 //! token, so far, and on its last, all of them); the
 //! router joins the three into the request's critical path ([`breakdown`]), which a client
-//! gets on asking: the `ferry-phases: 1` HTTP header, or `return_phases` over gRPC.
+//! gets on asking: the `ferry-phases: 1` HTTP header, or `return_phases` over gRPC (the last
+//! message's `phases` and the `ferry-phases` trailer).
 
 use std::time::Instant;
 
@@ -95,6 +96,12 @@ pub const BREAKDOWN: [&str; 12] = [
     "decode",
     "readmission",
 ];
+
+/// The phases as one header or metadata value, in order: `tokenize=0.000120, queue=...`
+/// (seconds): the HTTP `ferry-phases` response header and the gRPC `ferry-phases` trailer.
+pub fn header_value(phases: &[(&str, f64)]) -> String {
+    phases.iter().map(|(p, s)| format!("{p}={s:.6}")).collect::<Vec<_>>().join(", ")
+}
 
 fn sum<S: AsRef<str>>(laps: &[(S, f64)], phase: &str) -> f64 {
     // + 0.0: an empty sum is -0.0, which JSON would show as such.

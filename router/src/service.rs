@@ -81,6 +81,9 @@ impl pb::router_server::Router for RouterSvc {
         clock.lap("tokenize", std::time::Instant::now());
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
         let (ids, phases) = (r.return_token_ids, r.return_phases);
+        // The phases, also as the `ferry-phases` trailer: set by the last piece, sent after it.
+        let trailer: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+        let set = std::sync::Arc::clone(&trailer);
         // The one mapping of the router's errors to gRPC.
         let out = self.0.generate(prepared).await.map_err(|e| e.status())?.map(move |p| {
             p.map_err(|e| e.status()).map(|p| {
@@ -99,12 +102,23 @@ impl pb::router_server::Router for RouterSvc {
                     m.cached_tokens = e.cached_tokens;
                     if phases {
                         m.phases = wire::phases_to_proto(&e.phases);
+                        let value = ferry_cluster::phases::header_value(&e.phases);
+                        *set.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
                     }
                 }
                 m
             })
         });
-        Ok(Response::new(Box::pin(out)))
+        // A stream's trailing metadata goes out with its status: an OK status carrying it ends
+        // the stream like the end of the stream would.
+        let trailers = futures::stream::once(async move {
+            let value = trailer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
+            let mut md = tonic::metadata::MetadataMap::new();
+            md.insert("ferry-phases", value.parse().ok()?);
+            Some(Err(Status::with_metadata(tonic::Code::Ok, "", md)))
+        })
+        .filter_map(std::future::ready);
+        Ok(Response::new(Box::pin(out.chain(trailers))))
     }
 
     async fn tokenize(&self, req: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {

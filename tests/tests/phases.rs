@@ -138,6 +138,10 @@ async fn every_phase_of_a_request_is_measured_on_each_daemon() {
     }
     let got: Vec<&str> = last.phases.iter().map(|p| p.phase.as_str()).collect();
     assert_eq!(got, ferry_cluster::phases::BREAKDOWN, "{last:?}");
+    // And as the `ferry-phases` trailer, the stream's status OK.
+    let trailers = s.trailers().await.expect("an OK status").expect("trailing metadata");
+    let value = trailers.get("ferry-phases").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    assert!(value.starts_with("tokenize=") && value.contains(", decode="), "{trailers:?}");
     r.stop().await;
     d.stop().await;
     p.stop().await;

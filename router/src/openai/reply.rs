@@ -57,11 +57,6 @@ fn phases(e: &End) -> serde_json::Value {
     e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
 }
 
-/// The phases as the `ferry-phases` header: `tokenize=0.000120, queue=...` (seconds).
-fn phases_header(e: &End) -> String {
-    e.phases.iter().map(|(p, s)| format!("{p}={s:.6}")).collect::<Vec<_>>().join(", ")
-}
-
 fn usage(e: &End) -> serde_json::Value {
     json!({
         "prompt_tokens": e.prompt_tokens,
@@ -108,7 +103,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], String::new()).into_response();
     if r.phases {
         body["ferry_phases"] = phases(&e);
-        if let Ok(v) = header::HeaderValue::from_str(&phases_header(&e)) {
+        if let Ok(v) = header::HeaderValue::from_str(&ferry_cluster::phases::header_value(&e.phases)) {
             resp.headers_mut().insert(PHASES, v);
         }
     }
