@@ -94,8 +94,10 @@ impl Inbox {
     }
 
     /// Ends a claim whose payload has landed: commits it when `crc_ok`, else fails the room
-    /// (the bytes are in the room's own pages, which no request reads once it failed).
-    pub fn settle(&self, h: &Header, claim: Claim, crc_ok: bool) {
+    /// (the bytes are in the room's own pages, which no request reads once it failed). True
+    /// when this made the room whole (read under the table's lock: its owner may close it
+    /// the moment the lock is free).
+    pub fn settle(&self, h: &Header, claim: Claim, crc_ok: bool) -> bool {
         self.with_table(|t| {
             if crc_ok {
                 t.commit(claim, Instant::now());
@@ -104,30 +106,39 @@ impl Inbox {
                 let why = format!("checksum mismatch in pages {}..+{}", claim.first, claim.n);
                 t.fail(h.room, FailReason::Corrupt(why));
             }
-        });
+            t.state(h.room) == Some(State::Success)
+        })
     }
 
-    /// Handles a `Done` or `Abort` frame with its payload; false when refused.
-    pub fn control(&self, h: &Header, payload: &[u8]) -> bool {
+    /// Handles a `Done` or `Abort` frame with its payload: None when refused, else whether it
+    /// made the room whole (as [`settle`](Self::settle)).
+    pub fn control(&self, h: &Header, payload: &[u8]) -> Option<bool> {
         if let Err(r) = self.with_table(|t| t.check_control(h)) {
             tracing::debug!(room = %h.room, reason = r.label(), "control frame refused");
-            return false;
+            return None;
         }
         if h.check_payload(payload).is_err() {
             self.with_table(|t| t.fail(h.room, FailReason::Corrupt("control frame checksum mismatch".into())));
-            return true;
+            return Some(false);
         }
-        match h.kind {
+        let whole = match h.kind {
             Kind::Done => match Aux::decode(payload) {
-                Some(aux) => self.with_table(|t| t.done(h.room, aux, Instant::now())),
-                None => self.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into()))),
+                Some(aux) => self.with_table(|t| {
+                    t.done(h.room, aux, Instant::now());
+                    t.state(h.room) == Some(State::Success)
+                }),
+                None => {
+                    self.with_table(|t| t.fail(h.room, FailReason::Corrupt("malformed aux data".into())));
+                    false
+                }
             },
             _ => {
                 let why = String::from_utf8_lossy(payload).into_owned();
                 self.with_table(|t| t.fail(h.room, FailReason::Aborted(why)));
+                false
             }
-        }
-        true
+        };
+        Some(whole)
     }
 
     /// Fails every room in `rooms` that has not ended (a connection carrying them broke).

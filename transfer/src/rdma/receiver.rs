@@ -234,7 +234,7 @@ fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room
             }
             Kind::Done | Kind::Abort => {
                 let end = (at + h.payload_len as usize).min(msg.len());
-                if s.inbox.control(&h, &msg[at..end]) {
+                if s.inbox.control(&h, &msg[at..end]).is_some() {
                     seen.insert(h.room);
                 }
                 at = end;

@@ -174,11 +174,12 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
             Kind::Pages => pages(&s, &mut stream, &h, &mut seen).await,
             Kind::Done | Kind::Abort => control(&s, &mut stream, &h, &mut seen).await,
         };
-        if let Err(e) = result {
-            break FailReason::PeerGone(format!("connection broke mid-frame: {e}"));
-        }
+        let whole = match result {
+            Ok(whole) => whole,
+            Err(e) => break FailReason::PeerGone(format!("connection broke mid-frame: {e}")),
+        };
         // This frame completed the room: tell the sender, whose `send_done` waits for it.
-        if h.kind != Kind::Abort && s.inbox.state(h.room) == Some(State::Success) {
+        if whole {
             let sent = tokio::time::timeout(s.progress, stream.write_all(&super::ack(h.room))).await;
             if !matches!(sent, Ok(Ok(()))) {
                 break FailReason::PeerGone("the sender reads no acknowledgement".into());
@@ -188,12 +189,13 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
     s.inbox.fail_all(seen, &reason);
 }
 
-async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<()> {
+/// A `Pages` frame; true when it made its room whole.
+async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
     let claim = match s.inbox.with_table(|t| t.claim(h, Instant::now())) {
         Ok(c) => c,
         Err(refusal) => {
             tracing::debug!(room = %h.room, reason = refusal.label(), "frame refused");
-            return skip(stream, h.payload_len as usize, s.progress).await;
+            return skip(stream, h.payload_len as usize, s.progress).await.map(|()| false);
         }
     };
     seen.insert(h.room);
@@ -203,7 +205,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
         Ok(d) => d,
         Err(e) => {
             s.inbox.with_table(|t| t.fail(h.room, FailReason::Refused(e.to_string())));
-            return skip(stream, h.payload_len as usize, s.progress).await;
+            return skip(stream, h.payload_len as usize, s.progress).await.map(|()| false);
         }
     };
     if let Err(e) = read_within(stream, dest, s.progress).await {
@@ -211,15 +213,16 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
         s.inbox.with_table(|t| t.unclaim(claim));
         return Err(e);
     }
-    s.inbox.settle(h, claim, crc32c::crc32c(dest) == h.payload_crc);
-    Ok(())
+    Ok(s.inbox.settle(h, claim, crc32c::crc32c(dest) == h.payload_crc))
 }
 
-async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<()> {
+/// A `Done` or `Abort` frame; true when it made its room whole.
+async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
     read_within(stream, &mut payload, s.progress).await?;
-    if s.inbox.control(h, &payload) {
+    let handled = s.inbox.control(h, &payload);
+    if handled.is_some() {
         seen.insert(h.room);
     }
-    Ok(())
+    Ok(handled == Some(true))
 }
