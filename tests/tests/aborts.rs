@@ -357,3 +357,82 @@ async fn engines_waiting_for_a_transfer_or_idle_do_not_poll() {
     d.stop().await;
     p.stop().await;
 }
+
+/// A stand-in prefill worker for the router: healthy and loaded, its `Prefill` never answers
+/// and its `Bootstrap` accepts the handshake and sends nothing ([`Stalling`]): the request
+/// waits, silent, with the decode worker holding its pages.
+struct Silent;
+
+#[tonic::async_trait]
+impl pb::prefill_server::Prefill for Silent {
+    async fn prefill(
+        &self,
+        _req: tonic::Request<pb::PrefillRequest>,
+    ) -> Result<tonic::Response<pb::PrefillResponse>, tonic::Status> {
+        std::future::pending().await
+    }
+
+    async fn abort(
+        &self,
+        _req: tonic::Request<pb::AbortRequest>,
+    ) -> Result<tonic::Response<pb::AbortResponse>, tonic::Status> {
+        Ok(tonic::Response::new(pb::AbortResponse { found: false }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::load_server::Load for Silent {
+    async fn report(
+        &self,
+        _req: tonic::Request<pb::LoadRequest>,
+    ) -> Result<tonic::Response<pb::LoadReport>, tonic::Status> {
+        Ok(tonic::Response::new(pb::LoadReport { free_pages: 1024, total_pages: 1024, ..Default::default() }))
+    }
+}
+
+/// Issue 21: a client gone while the workers are silent ends its request at once. The
+/// router's request task used to notice a gone client only when it sent a piece, so a request
+/// waiting for its first token kept its decode call, and the decode worker its pages, until
+/// the worker gave up (its waiting timeout, 60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_the_workers_are_silent_frees_the_decode_workers_pages() {
+    let m = TinyModel::new();
+    let (_, mut da) = args(&m);
+    da.worker.waiting_timeout = 60.0;
+    da.worker.bootstrap_timeout = 60.0;
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent = l.local_addr().expect("addr");
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_svc)
+            .add_service(pb::prefill_server::PrefillServer::new(Silent))
+            .add_service(pb::load_server::LoadServer::new(Silent))
+            .add_service(pb::bootstrap_server::BootstrapServer::new(Stalling { pages: 0, mid_frame: false }))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
+    let r = ferry_router::start(ferry_router::RouterArgs::new(
+        m.path(),
+        vec![silent.to_string()],
+        vec![d.grpc_addr.to_string()],
+    ))
+    .await
+    .expect("router up");
+    until("both workers healthy", || r.ready(1, 1)).await;
+    let mut c = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt(100) })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
+        ..Default::default()
+    };
+    let stream = c.generate(req).await.expect("accepted").into_inner();
+    until("the decode worker holds the request's pages", || d.load().free_pages < d.load().total_pages).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(d.load().free_pages < d.load().total_pages, "still silent, still held");
+    drop(stream);
+    until("the decode worker's pages back", || d.load().free_pages == d.load().total_pages).await;
+    r.stop().await;
+    d.stop().await;
+}
