@@ -158,8 +158,13 @@ mod tests {
     const ROUTER: [Lap; 5] =
         [("tokenize", 0.001), ("queue", 0.002), ("placement", 0.0005), ("first_token", 1.0), ("decode", 2.0)];
 
-    fn total(b: &[(&str, f64)]) -> f64 {
-        b.iter().map(|(_, s)| s).sum()
+    fn get(b: &[(&str, f64)], phase: &str) -> f64 {
+        b.iter().find(|(q, _)| *q == phase).expect("the phase").1
+    }
+
+    fn sums_to_the_routers_time(b: &[(&str, f64)]) {
+        let (total, router): (f64, f64) = (b.iter().map(|(_, s)| s).sum(), ROUTER.iter().map(|(_, s)| s).sum());
+        assert!((total - router).abs() < 1e-9, "{b:?}");
     }
 
     #[test]
@@ -168,23 +173,21 @@ mod tests {
         let decode = [("admission", 0.1), ("transfer", 0.8), ("first_token", 0.02), ("decode", 2.0)];
         let b = breakdown(&ROUTER, &prefill, &decode);
         assert_eq!(b.map(|(p, _)| p), BREAKDOWN);
-        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        let get = |p: &str| get(&b, p);
         assert!((get("transfer") - 0.1).abs() < 1e-9, "{b:?}");
         assert!((get("other") - 0.08).abs() < 1e-9, "{b:?}");
         assert_eq!((get("decode_admission"), get("prefill_compute"), get("local_prefill")), (0.1, 0.5, 0.0));
-        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
-        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+        sums_to_the_routers_time(&b);
     }
 
     #[test]
     fn a_retracted_request_shows_its_second_wait_for_pages_apart_from_decoding() {
         let decode = [("admission", 0.1), ("local_prefill", 0.3), ("decode", 0.5), ("admission", 0.7), ("decode", 0.8)];
         let b = breakdown(&ROUTER, &[] as &[(&str, f64)], &decode);
-        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        let get = |p: &str| get(&b, p);
         assert_eq!((get("decode_admission"), get("local_prefill"), get("transfer")), (0.1, 0.3, 0.0));
         assert!((get("readmission") - 0.7).abs() < 1e-9 && (get("decode") - 1.3).abs() < 1e-9, "{b:?}");
-        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
-        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+        sums_to_the_routers_time(&b);
     }
 
     #[test]
@@ -193,10 +196,9 @@ mod tests {
         // decode's laps are missing (or only those up to its first token arrived).
         let prefill = [("prefill_queue", 0.2), ("prefill_compute", 0.5), ("transfer", 0.05)];
         let b = breakdown(&ROUTER, &prefill, &[] as &[(&str, f64)]);
-        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        let get = |p: &str| get(&b, p);
         assert!((get("other") - 0.3).abs() < 1e-9 && get("transfer") == 0.0, "{b:?}");
-        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
-        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+        sums_to_the_routers_time(&b);
     }
 
     #[test]
@@ -204,11 +206,10 @@ mod tests {
         let decode =
             [("admission", 0.1), ("retracted", 0.2), ("admission", 0.3), ("local_prefill", 0.3), ("decode", 2.0)];
         let b = breakdown(&ROUTER, &[] as &[(&str, f64)], &decode);
-        let get = |p: &str| b.iter().find(|(q, _)| *q == p).expect("the phase").1;
+        let get = |p: &str| get(&b, p);
         assert_eq!((get("decode_admission"), get("local_prefill")), (0.1, 0.3));
         assert!((get("readmission") - 0.5).abs() < 1e-9 && (get("other") - 0.1).abs() < 1e-9, "{b:?}");
-        let router: f64 = ROUTER.iter().map(|(_, s)| s).sum();
-        assert!((total(&b) - router).abs() < 1e-9, "{b:?}");
+        sums_to_the_routers_time(&b);
     }
 
     #[test]

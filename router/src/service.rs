@@ -49,6 +49,13 @@ impl RouterSvc {
     }
 }
 
+/// The status ending a stream with the `ferry-phases` trailer.
+fn phases_trailer(phases: &[(&str, f64)]) -> Option<Result<pb::GenerateResponse, Status>> {
+    let mut md = tonic::metadata::MetadataMap::new();
+    md.insert("ferry-phases", ferry_cluster::phases::header_value(phases).parse().ok()?);
+    Some(Err(Status::with_metadata(tonic::Code::Ok, "", md)))
+}
+
 /// A prompt to tokenize.
 enum Input {
     Text(String),
@@ -81,12 +88,12 @@ impl pb::router_server::Router for RouterSvc {
         clock.lap("tokenize", std::time::Instant::now());
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
         let (ids, phases) = (r.return_token_ids, r.return_phases);
-        // The phases, also as the `ferry-phases` trailer: set by the last piece, sent after it.
-        let trailer: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
-        let set = std::sync::Arc::clone(&trailer);
-        // The one mapping of the router's errors to gRPC.
-        let out = self.0.generate(prepared).await.map_err(|e| e.status())?.map(move |p| {
-            p.map_err(|e| e.status()).map(|p| {
+        // The one mapping of the router's errors to gRPC. The last message is followed, when
+        // asked, by the phases as trailing metadata: a stream's trailers go out with its status,
+        // and an OK status carrying them ends the stream as its end would.
+        let out = self.0.generate(prepared).await.map_err(|e| e.status())?.flat_map(move |p| {
+            let mut trailer = None;
+            let m = p.map_err(|e| e.status()).map(|p| {
                 let mut m = pb::GenerateResponse { request_id: id.to_string(), text: p.text, ..Default::default() };
                 if ids {
                     m.token_ids = p.tokens.iter().map(|t| t.id).collect();
@@ -102,23 +109,14 @@ impl pb::router_server::Router for RouterSvc {
                     m.cached_tokens = e.cached_tokens;
                     if phases {
                         m.phases = wire::phases_to_proto(&e.phases);
-                        let value = ferry_cluster::phases::header_value(&e.phases);
-                        *set.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(value);
+                        trailer = phases_trailer(&e.phases);
                     }
                 }
                 m
-            })
+            });
+            futures::stream::iter(std::iter::once(m).chain(trailer))
         });
-        // A stream's trailing metadata goes out with its status: an OK status carrying it ends
-        // the stream like the end of the stream would.
-        let trailers = futures::stream::once(async move {
-            let value = trailer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()?;
-            let mut md = tonic::metadata::MetadataMap::new();
-            md.insert("ferry-phases", value.parse().ok()?);
-            Some(Err(Status::with_metadata(tonic::Code::Ok, "", md)))
-        })
-        .filter_map(std::future::ready);
-        Ok(Response::new(Box::pin(out.chain(trailers))))
+        Ok(Response::new(Box::pin(out)))
     }
 
     async fn tokenize(&self, req: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {

@@ -4,6 +4,29 @@
 use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, scrape, settle};
 
+/// A whole completion of `body` asking for its phases (`ferry-phases: 1`), once the workers
+/// `settle`: its response headers, its body, and the seconds the router's phase histograms
+/// gained meanwhile.
+async fn asked<F: std::future::Future<Output = ()>>(
+    r: &ferry_router::Running,
+    body: &serde_json::Value,
+    settle: impl FnOnce() -> F,
+) -> (Vec<(String, String)>, serde_json::Value, f64) {
+    let before = router_total(&scrape(r.metrics_addr).await);
+    let (status, headers, text) = ferry_tests::http_with(
+        r.http_addr,
+        "POST",
+        "/v1/completions",
+        &[("ferry-phases", "1")],
+        body.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    settle().await;
+    let gained = router_total(&scrape(r.metrics_addr).await) - before;
+    (headers, serde_json::from_str(&text).expect("JSON"), gained)
+}
+
 /// The router's phase histograms' sums, together (seconds).
 fn router_total(text: &str) -> f64 {
     text.lines()
@@ -60,19 +83,7 @@ async fn every_phase_of_a_request_is_measured_on_each_daemon() {
 
     // Asked for (`ferry-phases: 1`), a whole completion says where its time went, in a
     // header and in the body; the breakdown sums to what the router's histograms gained.
-    let before = router_total(&scrape(r.metrics_addr).await);
-    let (status, headers, text) = ferry_tests::http_with(
-        r.http_addr,
-        "POST",
-        "/v1/completions",
-        &[("ferry-phases", "1")],
-        body.to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    settle(&p, std::slice::from_ref(&d)).await;
-    let gained = router_total(&scrape(r.metrics_addr).await) - before;
-    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let (headers, v, gained) = asked(&r, &body, || settle(&p, std::slice::from_ref(&d))).await;
     let phases = v["ferry_phases"].as_object().unwrap_or_else(|| panic!("no ferry_phases in {v}"));
     let names: Vec<&str> = phases.keys().map(String::as_str).collect();
     let mut want: Vec<&str> = ferry_cluster::phases::BREAKDOWN.to_vec();
@@ -102,19 +113,7 @@ async fn every_phase_of_a_request_is_measured_on_each_daemon() {
     let stop: String = full[5..7].iter().collect();
     let mut cut = body.clone();
     cut["stop"] = serde_json::json!([stop]);
-    let before = router_total(&scrape(r.metrics_addr).await);
-    let (status, _, text) = ferry_tests::http_with(
-        r.http_addr,
-        "POST",
-        "/v1/completions",
-        &[("ferry-phases", "1")],
-        cut.to_string().as_bytes(),
-    )
-    .await;
-    assert_eq!(status, 200, "{text}");
-    settle(&p, std::slice::from_ref(&d)).await;
-    let gained = router_total(&scrape(r.metrics_addr).await) - before;
-    let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let (_, v, gained) = asked(&r, &cut, || settle(&p, std::slice::from_ref(&d))).await;
     assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     let phases = v["ferry_phases"].as_object().unwrap_or_else(|| panic!("no ferry_phases in {v}"));
     let sum: f64 = phases.values().map(|x| x.as_f64().expect("seconds")).sum();

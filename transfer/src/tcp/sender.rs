@@ -28,7 +28,14 @@ struct Conn {
 }
 
 /// Rooms whose `Done` went out, waiting for the receiver's acknowledgement.
-type Waiting = Arc<std::sync::Mutex<HashMap<Room, oneshot::Sender<()>>>>;
+#[derive(Default, Clone)]
+struct Waiting(Arc<std::sync::Mutex<HashMap<Room, oneshot::Sender<()>>>>);
+
+impl Waiting {
+    fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<Room, oneshot::Sender<()>>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 /// Sends rooms' pages to one receiver.
 pub struct TcpSender {
@@ -57,7 +64,7 @@ async fn read_acks(mut from: OwnedReadHalf, waiting: Waiting) {
         let mut id = [0u8; 8];
         id.copy_from_slice(&a[..8]);
         let Some(room) = Room::new(u64::from_le_bytes(id)) else { continue };
-        let woken = waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&room);
+        let woken = waiting.rooms().remove(&room);
         if let Some(w) = woken {
             let _ = w.send(());
         }
@@ -107,7 +114,7 @@ impl TcpSender {
             let stream = TcpStream::connect(addr).await?;
             stream.set_nodelay(true)?;
             let (r, w) = stream.into_split();
-            readers.push(tokio::spawn(read_acks(r, Arc::clone(&waiting))));
+            readers.push(tokio::spawn(read_acks(r, waiting.clone())));
             conns.push(Mutex::new(Conn { stream: Some(w), held: None }));
         }
         Ok(Self { conns, next: AtomicUsize::new(0), frames: AtomicU64::new(0), cfg, fault, waiting, readers })
@@ -202,8 +209,8 @@ impl TcpSender {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = aux.encode();
         let (tx, acked) = oneshot::channel();
-        let forget = || self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&room);
-        self.waiting.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(room, tx);
+        let forget = || self.waiting.rooms().remove(&room);
+        self.waiting.rooms().insert(room, tx);
         if let Err(e) = self.send(c, Header::with(Kind::Done, room, secret, 0, 0, &payload), &payload).await {
             forget();
             return Err(e);
