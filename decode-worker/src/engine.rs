@@ -28,9 +28,10 @@ use tokio::sync::{mpsc, oneshot};
 use tonic::Code;
 
 use crate::handshake::Handshakes;
-use crate::queues::{Limits, Queues, Stage};
+use crate::queues::{Event, Limits, Queues, Stage};
 use crate::wake::Wake;
 
+mod act;
 mod lifecycle;
 mod step;
 
@@ -217,11 +218,12 @@ impl<B: Backend> Engine<B> {
         load: Arc<Mutex<Load>>,
     ) -> Self {
         let eos = model.tokenizer().eos_ids().to_vec();
+        let queues = Queues::new(cfg.limits, pool.num_pages());
         Self {
             model,
             pool,
             kv,
-            queues: Queues::new(cfg.limits),
+            queues,
             reqs: HashMap::new(),
             receiver,
             draining: Vec::new(),
@@ -274,6 +276,11 @@ impl<B: Backend> Engine<B> {
                 }
             }
             self.publish();
+            debug_assert_eq!(
+                self.pool.free_pages(),
+                self.queues.free_pages(),
+                "the pool and the queues disagree on the free pages"
+            );
             if self.stopping && self.reqs.is_empty() && self.draining.is_empty() {
                 return;
             }
@@ -311,7 +318,11 @@ impl<B: Backend> Engine<B> {
                     self.transferred(room, outcome, Instant::now());
                 }
             }
-            Cmd::Released { room } => self.draining.retain(|(r, _)| *r != room),
+            Cmd::Released { room } => {
+                for a in self.queues.on(Event::Released(room), Instant::now()) {
+                    self.act(a, Instant::now());
+                }
+            }
             Cmd::HandshakeFailed { room, why } => {
                 if self.queues.stage(room) == Some(Stage::Transfer) {
                     self.end(room, Err(why));
@@ -335,7 +346,7 @@ impl<B: Backend> Engine<B> {
             let phase = if r.bootstrap.is_none() { "local_prefill" } else { "first_token" };
             r.clock.lap(phase, Instant::now());
         }
-        self.queues.token(room);
+        self.queues.on(Event::Token(room), Instant::now());
         let p = r.sampler.params();
         let ctx = self.model.config().max_position_embeddings;
         let finish = if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) {

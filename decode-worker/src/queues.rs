@@ -18,16 +18,24 @@
 //!   at admission and kept until taken.
 //!
 //! **Retraction** keeps the promise "an admitted request is never cut" whatever the estimate:
-//! when the running batch needs pages and none is free, the engine retracts a victim
-//! ([`victim`]: least decoded progress first, then the newest), frees its pages and hands it
-//! back here ([`Queues::retract`]) with the context it must recompute. It goes to the *front*
-//! of the prealloc queue, prefills locally when admitted again, and resumes where it was.
+//! before each forward pass ([`Event::MakeRoom`]) every running request gets the pages its
+//! next token needs; when the pool is short the queues retract a victim ([`victim`]: least
+//! decoded progress first, then the newest) and tell the engine to drop its pages
+//! ([`Action::Retract`]) until it is not. The victim goes to the *front* of the prealloc
+//! queue with the context it must recompute (its prompt and all but its last generated
+//! token), prefills locally when admitted again, and resumes where it was.
 //!
 //! **Waiting for pages** is bounded by progress, not by age: a request in prealloc times out
-//! only when the node has run no forward pass for `prealloc_timeout` ([`Queues::progress`]).
+//! only when the node has run no forward pass for `prealloc_timeout` ([`Event::Stepped`]).
 //! While the node computes, the requests holding the pool finish within their token limits
 //! and the queue moves, first come first served; under memory pressure a request waits
 //! longer, it does not fail.
+//!
+//! **One entry point**: [`Queues::on`] takes an [`Event`] and returns the [`Action`]s the
+//! engine carries out. The queues count the pages of every request they admit, grow, retract
+//! and end, and the pages of ended requests whose receiver room is still being written
+//! (*draining*): `free + held + draining = pool` at every step, and the engine checks that the
+//! pool agrees ([`Queues::free_pages`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -35,9 +43,10 @@ use std::time::{Duration, Instant};
 use ferry_cluster::{Refused, Room};
 use tonic::Code;
 
-/// After a retraction, the estimate covers this many more tokens of every running request
-/// than it has generated (SGLang's `retract_decode_steps`).
-const RETRACT_DECODE_STEPS: usize = 20;
+mod admission;
+mod event;
+pub use admission::victim;
+pub use event::{Action, Event};
 
 /// Where a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,9 +118,10 @@ struct Entry {
     stage: Stage,
     since: Instant,
     local: bool,
-    /// Tokens whose KV the request holds once admitted (its prompt; after a retraction, the
-    /// prompt and all but the last generated token).
-    context: usize,
+    /// Prompt tokens.
+    prompt: usize,
+    /// Pages it holds.
+    held: usize,
     /// Tokens it may generate in all (its max tokens, within the context length).
     limit: usize,
     /// Tokens it generated so far.
@@ -124,11 +134,32 @@ struct Entry {
     order: u64,
 }
 
+impl Entry {
+    /// Tokens whose KV it holds once admitted: its prompt and all but its last generated
+    /// token (the next step's input).
+    fn context(&self) -> usize {
+        self.prompt + self.generated.saturating_sub(1)
+    }
+
+    /// Tokens it may still generate.
+    fn remaining(&self) -> usize {
+        self.limit.saturating_sub(self.generated)
+    }
+}
+
 /// The decode node's requests.
 pub struct Queues {
     entries: HashMap<Room, Entry>,
     prealloc: VecDeque<Room>,
     limits: Limits,
+    /// Pages in the pool.
+    pool: usize,
+    /// Pages held by requests and by draining ones.
+    used: usize,
+    /// Ended requests whose pages a closed receiver room may still write: their pages.
+    draining: HashMap<Room, usize>,
+    /// Whether the last [`Event::MakeRoom`] retracted a request.
+    retracted: bool,
     /// The adaptive estimate's ratio.
     ratio: f64,
     admissions: u64,
@@ -136,48 +167,120 @@ pub struct Queues {
     progress: Option<Instant>,
 }
 
-/// A request admitted by [`Queues::admit`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admitted {
-    /// The room.
-    pub room: Room,
-    /// Pages to allocate now (its context's).
-    pub pages: usize,
-    /// Whether it prefills here.
-    pub local: bool,
-}
-
-/// The request to retract among `candidates` (room, decoded tokens, admission order): the one
-/// with the least decoded progress, the newest among equals. Retracting it loses the least
-/// work, and the oldest requests keep going, so some request always finishes.
-pub fn victim(candidates: &[(Room, usize, u64)]) -> Option<Room> {
-    candidates.iter().min_by_key(|&&(_, progress, order)| (progress, std::cmp::Reverse(order))).map(|c| c.0)
-}
-
 impl Queues {
-    /// Empty queues.
-    pub fn new(limits: Limits) -> Self {
+    /// Empty queues over a pool of `pool` pages.
+    pub fn new(limits: Limits, pool: usize) -> Self {
         let ratio = match limits.admission {
             Admission::Adaptive { init, .. } => init,
             Admission::Reserved { .. } => 1.0,
         };
-        Self { entries: HashMap::new(), prealloc: VecDeque::new(), limits, ratio, admissions: 0, progress: None }
+        Self {
+            entries: HashMap::new(),
+            prealloc: VecDeque::new(),
+            limits,
+            pool,
+            used: 0,
+            draining: HashMap::new(),
+            retracted: false,
+            ratio,
+            admissions: 0,
+            progress: None,
+        }
+    }
+
+    /// What follows from `ev` at `now`, for the engine to carry out in order.
+    pub fn on(&mut self, ev: Event, now: Instant) -> Vec<Action> {
+        match ev {
+            Event::Request { room, prompt, limit, local } => {
+                self.push(room, prompt, limit, local, now).err().map(Action::Refuse).into_iter().collect()
+            }
+            Event::Admit => self.admit(now),
+            Event::Transferred(room) => {
+                self.advance(room, Stage::Transfer, Stage::Waiting, now);
+                Vec::new()
+            }
+            Event::Computed(room) => {
+                self.advance(room, Stage::Prefill, Stage::Running, now);
+                Vec::new()
+            }
+            Event::Joined(room) => {
+                self.advance(room, Stage::Waiting, Stage::Running, now);
+                Vec::new()
+            }
+            Event::Token(room) => {
+                if let Some(e) = self.entries.get_mut(&room) {
+                    e.generated += 1;
+                }
+                Vec::new()
+            }
+            Event::MakeRoom => self.make_room(now),
+            Event::Stepped { decoding } => {
+                self.progress = Some(now);
+                if decoding && !std::mem::take(&mut self.retracted) {
+                    self.decoded();
+                }
+                Vec::new()
+            }
+            Event::End { room, writing } => self.end(room, writing),
+            Event::Released(room) => match self.draining.remove(&room) {
+                Some(pages) => {
+                    self.used -= pages;
+                    vec![Action::Free { room, pages }]
+                }
+                None => Vec::new(),
+            },
+            Event::Tick => self.expired(now).into_iter().map(|(room, stage)| Action::Expired { room, stage }).collect(),
+        }
+    }
+
+    /// Pages neither held by a request nor draining: what the pool must have free.
+    pub fn free_pages(&self) -> usize {
+        self.pool - self.used
+    }
+
+    /// Pages held by `room` (0 when unknown or waiting for pages).
+    pub fn held(&self, room: Room) -> usize {
+        self.entries.get(&room).map_or(0, |e| e.held)
+    }
+
+    /// Pages of ended requests that may still be written.
+    pub fn draining(&self) -> usize {
+        self.draining.values().sum()
+    }
+
+    /// Whether an ended request of `room` still has pages draining.
+    pub fn is_draining(&self, room: Room) -> bool {
+        self.draining.contains_key(&room)
+    }
+
+    /// Rooms in `stage`.
+    pub fn in_stage(&self, stage: Stage) -> Vec<Room> {
+        let mut rooms: Vec<Room> = self.entries.iter().filter(|(_, e)| e.stage == stage).map(|(&r, _)| r).collect();
+        rooms.sort_unstable();
+        rooms
     }
 
     fn pages(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.limits.page_size.max(1))
     }
 
-    /// A new request with a prompt of `context` tokens that may generate `limit` tokens.
-    pub fn push(&mut self, room: Room, context: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
+    /// A new request with a prompt of `prompt` tokens that may generate `limit` tokens.
+    fn push(&mut self, room: Room, prompt: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
         if self.entries.contains_key(&room) {
             return Err(Refused::new(Code::AlreadyExists, "duplicate_room", format!("room {room} is already here")));
+        }
+        if self.draining.contains_key(&room) {
+            // An earlier request of this room id still has a page run being written: the id
+            // is not free until that write ends (issue 21's stale write).
+            let why = format!("room {room}: an earlier room with this id is still closing");
+            return Err(Refused::new(Code::AlreadyExists, "room_closing", why));
         }
         let e = Entry {
             stage: Stage::Prealloc,
             since: now,
             local,
-            context,
+            prompt,
+            held: 0,
             limit,
             generated: 0,
             reserve: 0,
@@ -189,128 +292,15 @@ impl Queues {
         Ok(())
     }
 
-    /// Pages set aside for admitted requests' decoding and not yet taken.
-    pub fn promised(&self) -> usize {
-        let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
-        match self.limits.admission {
-            Admission::Adaptive { .. } => admitted.map(|e| self.estimate(e.context, e.limit - e.generated)).sum(),
-            Admission::Reserved { .. } => admitted.map(|e| e.reserve.saturating_sub(e.grown)).sum(),
-        }
-    }
-
-    fn admitted(&self) -> usize {
-        self.entries.values().filter(|e| e.stage != Stage::Prealloc).count()
-    }
-
-    /// Pages the admission estimate sets aside for decoding `remaining` tokens after `context`.
-    fn estimate(&self, context: usize, remaining: usize) -> usize {
-        let tokens = match self.limits.admission {
-            Admission::Adaptive { .. } => (self.ratio * remaining as f64).ceil() as usize,
-            Admission::Reserved { tokens } => tokens,
-        };
-        self.pages(context + tokens.min(remaining)) - self.pages(context)
-    }
-
-    /// Admits from the head of the prealloc queue while `free` pages allow; the caller
-    /// allocates their pages right away.
-    pub fn admit(&mut self, mut free: usize, now: Instant) -> Vec<Admitted> {
-        let mut out = Vec::new();
-        let mut promised = self.promised();
-        let mut admitted = self.admitted();
-        while let Some(&room) = self.prealloc.front() {
-            let Some(e) = self.entries.get(&room) else {
-                self.prealloc.pop_front();
-                continue;
-            };
-            let need = self.pages(e.context);
-            let reserve = self.estimate(e.context, e.limit - e.generated);
-            if admitted >= self.limits.max_running || free < promised + need + reserve {
-                break;
-            }
-            self.prealloc.pop_front();
-            self.admissions += 1;
-            let order = self.admissions;
-            let Some(e) = self.entries.get_mut(&room) else { continue };
-            e.stage = if e.local { Stage::Prefill } else { Stage::Transfer };
-            e.since = now;
-            e.reserve = reserve;
-            e.grown = 0;
-            e.order = order;
-            free -= need;
-            promised += reserve;
-            admitted += 1;
-            out.push(Admitted { room, pages: need, local: e.local });
-        }
-        out
-    }
-
-    /// Whether a request whose prompt and generation need `pages` pages could ever be
-    /// admitted with `total`.
-    pub fn could_fit(total: usize, pages: usize) -> bool {
-        pages <= total
-    }
-
-    /// `room` took `pages` more pages while decoding.
-    pub fn grew(&mut self, room: Room, pages: usize) {
-        if let Some(e) = self.entries.get_mut(&room) {
-            e.grown += pages;
-        }
-    }
-
-    /// `room` generated a token.
-    pub fn token(&mut self, room: Room) {
-        if let Some(e) = self.entries.get_mut(&room) {
-            e.generated += 1;
-        }
-    }
-
-    /// `room` (admitted) was retracted: its pages are gone; it must recompute `context` tokens.
-    /// It waits at the front of the prealloc queue and prefills locally when admitted again.
-    /// The adaptive estimate becomes what the requests still admitted have shown (see the
-    /// module). Returns false (and changes nothing) for a room that is not admitted.
-    pub fn retract(&mut self, room: Room, context: usize, now: Instant) -> bool {
-        let Some(e) = self.entries.get_mut(&room) else { return false };
-        if e.stage == Stage::Prealloc {
-            return false;
-        }
-        *e = Entry { stage: Stage::Prealloc, since: now, local: true, context, reserve: 0, grown: 0, ..*e };
-        self.prealloc.push_front(room);
-        if let Admission::Adaptive { min, .. } = self.limits.admission {
-            let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
-            let (n, generated, limit) =
-                admitted.fold((0, 0, 0), |(n, g, l), e| (n + 1, g + e.generated, l + e.limit.max(1)));
-            let shown = (generated + RETRACT_DECODE_STEPS * n) as f64 / limit.max(1) as f64;
-            self.ratio = shown.clamp(min, 1.0);
-        }
-        true
-    }
-
-    /// One decode step ran without a retraction: the adaptive estimate decays.
-    pub fn decoded(&mut self) {
-        if let Admission::Adaptive { min, decay, .. } = self.limits.admission {
-            self.ratio = (self.ratio - decay).max(min);
-        }
-    }
-
-    /// The adaptive estimate's ratio (1 with a fixed reservation).
-    pub fn ratio(&self) -> f64 {
-        self.ratio
-    }
-
     /// Admission order of `room` (for [`victim`]); 0 before admission.
     pub fn order(&self, room: Room) -> u64 {
         self.entries.get(&room).map_or(0, |e| e.order)
     }
 
-    /// The node ran a forward pass at `now`.
-    pub fn progress(&mut self, now: Instant) {
-        self.progress = Some(now);
-    }
-
-    /// Moves `room` to `stage`.
-    pub fn advance(&mut self, room: Room, stage: Stage, now: Instant) {
-        if let Some(e) = self.entries.get_mut(&room) {
-            e.stage = stage;
+    /// Moves `room` from `from` to `to` (nothing when it is elsewhere).
+    fn advance(&mut self, room: Room, from: Stage, to: Stage, now: Instant) {
+        if let Some(e) = self.entries.get_mut(&room).filter(|e| e.stage == from) {
+            e.stage = to;
             e.since = now;
         }
     }
@@ -320,19 +310,29 @@ impl Queues {
         self.entries.get(&room).map(|e| e.stage)
     }
 
-    /// Forgets `room`; returns the stage it was in.
-    pub fn remove(&mut self, room: Room) -> Option<Stage> {
-        let e = self.entries.remove(&room)?;
+    /// Forgets `room`: its pages go back, or aside while a write may land in them.
+    fn end(&mut self, room: Room, writing: bool) -> Vec<Action> {
+        let Some(e) = self.entries.remove(&room) else { return Vec::new() };
         if e.stage == Stage::Prealloc {
             self.prealloc.retain(|&r| r != room);
         }
-        Some(e.stage)
+        match (e.held, writing) {
+            (0, _) => Vec::new(),
+            (pages, true) => {
+                self.draining.insert(room, pages);
+                vec![Action::Drain { room, pages }]
+            }
+            (pages, false) => {
+                self.used -= pages;
+                vec![Action::Free { room, pages }]
+            }
+        }
     }
 
     /// Requests past their stage's timeout (prealloc: counted from its arrival or the node's
     /// last forward pass, whichever is later; waiting; transfers time out in the transfer
     /// receiver, local prefill and running do not time out).
-    pub fn expired(&self, now: Instant) -> Vec<(Room, Stage)> {
+    fn expired(&self, now: Instant) -> Vec<(Room, Stage)> {
         self.entries
             .iter()
             .filter(|(_, e)| match e.stage {
@@ -388,5 +388,9 @@ impl Queues {
     }
 }
 
+#[cfg(test)]
+mod props;
+#[cfg(test)]
+mod table;
 #[cfg(test)]
 mod tests;

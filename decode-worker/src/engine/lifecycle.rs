@@ -9,13 +9,12 @@ use ferry_cluster::{Refused, Room};
 use ferry_engine::{FinishReason, PageAlloc, Sampled, Sampler};
 use ferry_kernels::Backend;
 use ferry_transfer::room::FailReason;
-use ferry_transfer::table::{Outcome, Refusal};
+use ferry_transfer::table::Outcome;
 use tokio::sync::oneshot;
 use tonic::Code;
 
 use super::{Engine, Generate, Req, shutting_down};
-use crate::handshake::HandshakeJob;
-use crate::queues::{Queues, Stage};
+use crate::queues::{Action, Event, Queues, Stage};
 
 impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
@@ -45,13 +44,8 @@ impl<B: Backend> Engine<B> {
             return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
         }
         let room = key.room;
-        if self.draining.iter().any(|(r, _)| *r == room) {
-            // An earlier request of this room id still has a page run being written: the id
-            // is not free until that write ends (issue 21's stale write).
-            let why = format!("room {room}: an earlier room with this id is still closing");
-            return Err((Refused::new(Code::AlreadyExists, "room_closing", why), accepted));
-        }
-        if let Err(e) = self.queues.push(room, prompt.len(), remaining, bootstrap.is_none(), Instant::now()) {
+        let ev = Event::Request { room, prompt: prompt.len(), limit: remaining, local: bootstrap.is_none() };
+        if let Some(Action::Refuse(e)) = self.queues.on(ev, Instant::now()).into_iter().next() {
             return Err((e, accepted));
         }
         let sampler = Sampler::new(params, &prompt);
@@ -83,50 +77,8 @@ impl<B: Backend> Engine<B> {
         if self.stopping {
             return;
         }
-        for a in self.queues.admit(self.pool.free_pages(), now) {
-            let alloc = match self.pool.alloc(a.pages) {
-                Ok(p) => p,
-                Err(e) => {
-                    self.end(a.room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
-                    continue;
-                }
-            };
-            let Some(r) = self.reqs.get_mut(&a.room) else { continue };
-            r.clock.lap("admission", now);
-            let dest = alloc.pages().to_vec();
-            r.pages = Some(alloc);
-            if a.local {
-                continue;
-            }
-            let secret = r.key.secret;
-            match self.receiver.open(a.room, secret, &dest) {
-                Ok(outcome) => {
-                    r.transferring = true;
-                    self.wake.outcome(a.room, r.incarnation, outcome);
-                }
-                Err(refusal) => {
-                    let code = match refusal {
-                        Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
-                        _ => Code::Internal,
-                    };
-                    let why =
-                        Refused::new(code, "room_refused", format!("receiver refused the room: {}", refusal.label()));
-                    self.end(a.room, Err(why));
-                    continue;
-                }
-            }
-            let job = HandshakeJob {
-                room: a.room,
-                key: r.key,
-                bootstrap: r.bootstrap.clone().unwrap_or_default(),
-                dest,
-                data_endpoint: self.cfg.data_endpoint.clone(),
-                backend: self.cfg.backend,
-                layout: self.cfg.layout.clone(),
-                span: r.span.clone(),
-                trace: r.trace,
-            };
-            self.handshakes.start(job);
+        for a in self.queues.on(Event::Admit, now) {
+            self.act(a, now);
         }
     }
 
@@ -149,7 +101,9 @@ impl<B: Backend> Engine<B> {
         // SAFETY: the room is complete and closed: every write into its pages has landed and
         // no other is accepted; the request owns the pages.
         match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
-            Ok(()) => self.queues.advance(room, Stage::Waiting, now),
+            Ok(()) => {
+                self.queues.on(Event::Transferred(room), now);
+            }
             Err(e) => {
                 let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
                 self.end(room, Err(why));
@@ -159,19 +113,15 @@ impl<B: Backend> Engine<B> {
 
     /// Requests past their stage's timeout.
     pub(super) fn expire(&mut self, now: Instant) {
-        for (room, stage) in self.queues.expired(now) {
-            let why = match stage {
-                Stage::Prealloc => Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time"),
-                _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
-            };
-            self.end(room, Err(why));
+        for a in self.queues.on(Event::Tick, now) {
+            self.act(a, now);
         }
     }
 
     /// Ends a request: a last message to the client, its room closed, its pages freed (after
     /// any write still landing in them).
     pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
-        let stage = self.queues.remove(room);
+        let stage = self.queues.stage(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
         let outcome = match &result {
             Ok(f) => f.as_str(),
@@ -190,10 +140,16 @@ impl<B: Backend> Engine<B> {
             }
             let _ = r.out.send(Err(why));
         }
+        let mut released = None;
         if std::mem::take(&mut r.transferring) || stage == Some(Stage::Transfer) {
             self.receiver.close(room);
-            if let Some(released) = self.receiver.inbox().released(room)
-                && let Some(p) = r.pages.take()
+            released = self.receiver.inbox().released(room);
+        }
+        // Freed when `pages` drops here, unless kept aside until the last write lands.
+        let mut pages = r.pages.take();
+        for a in self.queues.on(Event::End { room, writing: released.is_some() }, Instant::now()) {
+            if let Action::Drain { .. } = a
+                && let (Some(p), Some(released)) = (pages.take(), released.take())
             {
                 self.draining.push((room, p));
                 self.wake.released(room, released);

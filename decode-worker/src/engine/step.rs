@@ -1,5 +1,5 @@
 //! One engine step: waiting requests join the batch, running ones get the pages their next
-//! token needs (retracting victims when the pool has none to give), then one forward pass
+//! token needs (the queues retract victims when the pool has none to give), then one forward pass
 //! decodes a token for every running request and advances local prefills (fresh prompts and
 //! the recomputation of retracted requests).
 
@@ -11,7 +11,7 @@ use ferry_engine::{PageAlloc, Sampled, SeqChunk};
 use ferry_kernels::Backend;
 
 use super::Engine;
-use crate::queues::{Stage, victim};
+use crate::queues::{Event, Stage};
 
 /// One sequence of the step's batch.
 struct Row {
@@ -29,25 +29,26 @@ impl<B: Backend> Engine<B> {
     pub(super) fn step(&mut self) -> Result<(), ferry_engine::EngineError> {
         let now = Instant::now();
         // Waiting → running: the first token (sampled by the prefill node) goes out first.
-        let joined: Vec<Room> =
-            self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Waiting)).collect();
-        for room in joined {
+        for room in self.queues.in_stage(Stage::Waiting) {
             let Some(first) = self.reqs.get_mut(&room).and_then(|r| r.first.take()) else { continue };
             if let Some(r) = self.reqs.get_mut(&room) {
                 r.sampler.observe(first.token);
             }
-            self.queues.advance(room, Stage::Running, now);
+            self.queues.on(Event::Joined(room), now);
             if let Some(f) = self.emit(room, first) {
                 self.end(room, Ok(f));
             }
         }
-        let retracted = self.make_room(now);
+        // Every running request gets the pages its next token needs, victims retracted when
+        // the pool is short.
+        for a in self.queues.on(Event::MakeRoom, now) {
+            self.act(a, now);
+        }
         let plan = self.plan();
         if plan.is_empty() {
             return Ok(());
         }
         let decoding = plan.iter().any(|r| r.samples && self.queues.stage(r.room) == Some(Stage::Running));
-        self.queues.progress(now);
         let t0 = Instant::now();
         let tokens: Vec<Vec<u32>> =
             plan.iter().map(|r| (r.start..r.start + r.n).map(|i| self.reqs[&r.room].token_at(i)).collect()).collect();
@@ -86,7 +87,7 @@ impl<B: Backend> Engine<B> {
                     if let Some(at) = r.retracted_at.take() {
                         metrics::histogram!(m::RETRACTION_PAUSE).record(now.duration_since(at).as_secs_f64());
                     }
-                    self.queues.advance(row.room, Stage::Running, now);
+                    self.queues.on(Event::Computed(row.room), now);
                     continue;
                 }
             }
@@ -101,81 +102,14 @@ impl<B: Backend> Engine<B> {
                 let Some(mut l) = logits.next() else { break };
                 r.sampler.sample(&mut l)
             };
-            self.queues.advance(row.room, Stage::Running, now);
+            // A fresh prompt computed here is running from its first token on.
+            self.queues.on(Event::Computed(row.room), now);
             if let Some(f) = self.emit(row.room, s) {
                 self.end(row.room, Ok(f));
             }
         }
-        if decoding && !retracted {
-            self.queues.decoded();
-        }
+        self.queues.on(Event::Stepped { decoding }, now);
         Ok(())
-    }
-
-    /// Gives every running request the pages its next token needs. When the pool has too
-    /// few free pages, retracts victims (least decoded progress first, then the newest;
-    /// requests prefilling here count as no progress) until it has enough. Returns whether
-    /// any request was retracted.
-    fn make_room(&mut self, now: Instant) -> bool {
-        let mut retracted = false;
-        loop {
-            let mut short = 0;
-            for (&room, r) in &self.reqs {
-                if self.queues.stage(room) == Some(Stage::Running) {
-                    let have = r.pages.as_ref().map_or(0, PageAlloc::len);
-                    short += self.pool.pages_for(r.kv_target() + 1).saturating_sub(have);
-                }
-            }
-            if short <= self.pool.free_pages() {
-                break;
-            }
-            let candidates: Vec<(Room, usize, u64)> = self
-                .reqs
-                .iter()
-                .filter(|(room, r)| match self.queues.stage(**room) {
-                    Some(Stage::Running) => true,
-                    Some(Stage::Prefill) => r.pages.is_some(),
-                    _ => false,
-                })
-                .map(|(&room, r)| (room, r.generated.len(), self.queues.order(room)))
-                .collect();
-            let Some(v) = victim(&candidates) else { break };
-            self.retract(v, now);
-            retracted = true;
-        }
-        let growing: Vec<Room> =
-            self.reqs.keys().copied().filter(|&r| self.queues.stage(r) == Some(Stage::Running)).collect();
-        for room in growing {
-            let Some(r) = self.reqs.get_mut(&room) else { continue };
-            let need = self.pool.pages_for(r.kv_target() + 1);
-            let Some(pages) = r.pages.as_mut() else { continue };
-            let more = need.saturating_sub(pages.len());
-            if more > 0 && pages.grow(more).is_ok() {
-                self.queues.grew(room, more);
-            }
-        }
-        retracted
-    }
-
-    /// Frees a request's pages and sends it back to the prealloc queue with the context it
-    /// must recompute (its prompt and all but its last generated token); its sampler, and so
-    /// its random stream, carries on when it resumes.
-    fn retract(&mut self, room: Room, now: Instant) {
-        let running = self.queues.stage(room) == Some(Stage::Running);
-        let Some(r) = self.reqs.get_mut(&room) else { return };
-        let lost = if running { r.kv_target() } else { r.computed };
-        r.pages = None;
-        r.computed = 0;
-        let target = r.kv_target();
-        let progress = r.generated.len();
-        let span = r.span.clone();
-        r.retracted_at.get_or_insert(now);
-        r.clock.lap(if progress == 0 { "retracted" } else { "decode" }, now);
-        self.queues.retract(room, target, now);
-        let w = self.cfg.worker.clone();
-        metrics::counter!(m::RETRACTIONS, "worker" => w.clone(), "reason" => "out_of_pages").increment(1);
-        metrics::counter!(m::RETRACTED_TOKENS, "worker" => w).increment(lost as u64);
-        tracing::info!(parent: &span, progress, recompute = target, "retracted: no free KV page");
     }
 
     /// This step's rows: every running request's next token, then local prefill chunks

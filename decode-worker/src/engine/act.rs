@@ -1,0 +1,107 @@
+//! Carrying out what the queues decide ([`Action`]): allocating an admitted request's pages
+//! (and opening its receiver room and handshake), growing and retracting running requests,
+//! ending those that waited too long, and returning drained pages to the pool.
+
+use std::time::Instant;
+
+use ferry_cluster::metrics as m;
+use ferry_cluster::{Refused, Room};
+use ferry_engine::PageAlloc;
+use ferry_kernels::Backend;
+use ferry_transfer::table::Refusal;
+use tonic::Code;
+
+use super::Engine;
+use crate::handshake::HandshakeJob;
+use crate::queues::{Action, Stage};
+
+impl<B: Backend> Engine<B> {
+    /// Carries out one action of the queues. (A refusal and the pages of an ended request
+    /// are carried out where the event was raised: `accept` and `end`.)
+    pub(super) fn act(&mut self, a: Action, now: Instant) {
+        match a {
+            Action::Allocate { room, pages, local } => self.allocate(room, pages, local, now),
+            Action::Grow { room, pages } => {
+                let grown = self.reqs.get_mut(&room).and_then(|r| r.pages.as_mut()).map(|p| p.grow(pages));
+                if let Some(Err(e)) = grown {
+                    tracing::error!(room = %room, error = %e, "the pool refused pages the queues counted free");
+                }
+            }
+            Action::Retract { room, context, running, .. } => self.retract(room, context, running, now),
+            Action::Expired { room, stage } => {
+                let why = match stage {
+                    Stage::Prealloc => {
+                        Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time")
+                    }
+                    _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
+                };
+                self.end(room, Err(why));
+            }
+            Action::Free { room, .. } => self.draining.retain(|(r, _)| *r != room),
+            Action::Refuse(_) | Action::Drain { .. } => {}
+        }
+    }
+
+    /// An admitted request's pages: its receiver room opens and its handshake starts (or it
+    /// prefills here).
+    fn allocate(&mut self, room: Room, pages: usize, local: bool, now: Instant) {
+        let alloc = match self.pool.alloc(pages) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(room = %room, error = %e, "the pool refused pages the queues counted free");
+                return self.end(room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
+            }
+        };
+        let Some(r) = self.reqs.get_mut(&room) else { return };
+        r.clock.lap("admission", now);
+        let dest = alloc.pages().to_vec();
+        r.pages = Some(alloc);
+        if local {
+            return;
+        }
+        match self.receiver.open(room, r.key.secret, &dest) {
+            Ok(outcome) => {
+                r.transferring = true;
+                self.wake.outcome(room, r.incarnation, outcome);
+            }
+            Err(refusal) => {
+                let code = match refusal {
+                    Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
+                    _ => Code::Internal,
+                };
+                let why = Refused::new(code, "room_refused", format!("receiver refused the room: {}", refusal.label()));
+                return self.end(room, Err(why));
+            }
+        }
+        let job = HandshakeJob {
+            room,
+            key: r.key,
+            bootstrap: r.bootstrap.clone().unwrap_or_default(),
+            dest,
+            data_endpoint: self.cfg.data_endpoint.clone(),
+            backend: self.cfg.backend,
+            layout: self.cfg.layout.clone(),
+            span: r.span.clone(),
+            trace: r.trace,
+        };
+        self.handshakes.start(job);
+    }
+
+    /// A retracted request: its pages go back to the pool; it recomputes `context` tokens
+    /// (its prompt and all but its last generated token) when admitted again, and its
+    /// sampler, and so its random stream, carries on.
+    fn retract(&mut self, room: Room, context: usize, running: bool, now: Instant) {
+        let Some(r) = self.reqs.get_mut(&room) else { return };
+        let lost = if running { r.kv_target() } else { r.computed };
+        debug_assert_eq!(context, r.kv_target(), "the queues and the engine disagree on the context");
+        r.pages = None::<PageAlloc>;
+        r.computed = 0;
+        let progress = r.generated.len();
+        r.retracted_at.get_or_insert(now);
+        r.clock.lap(if progress == 0 { "retracted" } else { "decode" }, now);
+        let w = self.cfg.worker.clone();
+        metrics::counter!(m::RETRACTIONS, "worker" => w.clone(), "reason" => "out_of_pages").increment(1);
+        metrics::counter!(m::RETRACTED_TOKENS, "worker" => w).increment(lost as u64);
+        tracing::info!(parent: &r.span, progress, recompute = context, "retracted: no free KV page");
+    }
+}

@@ -1,0 +1,114 @@
+//! What the decode queues hear ([`Event`]) and what they decide ([`Action`]): the engine
+//! thread turns what happens (a call, a finished pass, a transfer's outcome, time passing)
+//! into events, hands them to [`Queues::on`](super::Queues::on) and carries out the actions,
+//! in order. The queues count every page they hand out, so the pool's free pages must always
+//! equal [`Queues::free_pages`](super::Queues::free_pages).
+
+use ferry_cluster::{Refused, Room};
+
+use super::Stage;
+
+/// Something that happened to the decode node's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A new request: a prompt of `prompt` tokens that may generate `limit` tokens; `local`:
+    /// prefilled here, else its KV comes from a prefill node.
+    Request {
+        /// Its room.
+        room: Room,
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens it may generate.
+        limit: usize,
+        /// Prefilled here.
+        local: bool,
+    },
+    /// Admit from the head of the prealloc queue what the free pages allow.
+    Admit,
+    /// Its receiver room succeeded: the prompt's KV is here (Transfer → Waiting).
+    Transferred(Room),
+    /// The KV it had to compute here is computed (Prefill → Running).
+    Computed(Room),
+    /// Its first token went out: it joins the batch (Waiting → Running).
+    Joined(Room),
+    /// It generated a token.
+    Token(Room),
+    /// Before a forward pass: every running request gets the pages its next token needs;
+    /// when the pool is short, victims are retracted until it is not.
+    MakeRoom,
+    /// A forward pass ran; `decoding`: it decoded tokens of running requests.
+    Stepped {
+        /// Whether the pass had decode rows.
+        decoding: bool,
+    },
+    /// It ended (finished, failed, cancelled); `writing`: its closed receiver room still has a
+    /// run being written into its pages.
+    End {
+        /// Its room.
+        room: Room,
+        /// A write may still land in its pages.
+        writing: bool,
+    },
+    /// The last write into an ended request's pages landed.
+    Released(Room),
+    /// Time passed: requests past their stage's timeout are reported.
+    Tick,
+}
+
+/// What the engine must do, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Refuse the request (it was not queued).
+    Refuse(Refused),
+    /// Allocate `pages` pages for the request's context; `local`: it prefills here, else
+    /// open its receiver room and start the handshake.
+    Allocate {
+        /// Its room.
+        room: Room,
+        /// Pages.
+        pages: usize,
+        /// Prefill here.
+        local: bool,
+    },
+    /// Give a running request `pages` more pages.
+    Grow {
+        /// Its room.
+        room: Room,
+        /// More pages.
+        pages: usize,
+    },
+    /// Drop the request's `pages` pages: it waits at the front of the prealloc queue and
+    /// recomputes `context` tokens (its prompt and all its generated tokens but the last)
+    /// when admitted again.
+    Retract {
+        /// Its room.
+        room: Room,
+        /// Pages it held.
+        pages: usize,
+        /// Tokens it recomputes.
+        context: usize,
+        /// It was decoding (else prefilling here).
+        running: bool,
+    },
+    /// Return `pages` pages of an ended (or released) request to the pool.
+    Free {
+        /// Its room.
+        room: Room,
+        /// Pages.
+        pages: usize,
+    },
+    /// Keep an ended request's `pages` pages aside until [`Event::Released`].
+    Drain {
+        /// Its room.
+        room: Room,
+        /// Pages.
+        pages: usize,
+    },
+    /// The request waited past its stage's timeout: end it.
+    Expired {
+        /// Its room.
+        room: Room,
+        /// Where it waited.
+        stage: Stage,
+    },
+}

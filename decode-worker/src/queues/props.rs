@@ -1,0 +1,288 @@
+//! Random event sequences against the decode queues (issue 21), with a model pool that carries
+//! out their actions: whatever arrives (requests, duplicates, ends with and without a write
+//! landing, stale events for rooms elsewhere, time passing), the pool is never asked for a
+//! page it lacks, the pages add up (`free + held + draining = pool`, and the queues agree with
+//! the model request by request), a running request holds the pages its next token needs
+//! after every `MakeRoom`, and once every request has ended and every write landed, every
+//! page is free. And, driven as the engine drives it, under memory pressure every request
+//! generates all its tokens.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use ferry_cluster::Room;
+
+use super::{Action, Admission, Event, Limits, Queues, Stage};
+
+const POOL: usize = 12;
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Request { room: u64, prompt: usize, limit: usize, local: bool },
+    Admit,
+    Transferred(u64),
+    Computed(u64),
+    Joined(u64),
+    Token(u64),
+    MakeRoom,
+    Stepped(bool),
+    End { room: u64, writing: bool },
+    Released(u64),
+    Tick(u64),
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    let room = 0u64..5;
+    prop_oneof![
+        3 => (room.clone(), 1usize..10, 0usize..12, any::<bool>())
+            .prop_map(|(room, prompt, limit, local)| Ev::Request { room, prompt, limit, local }),
+        3 => Just(Ev::Admit),
+        1 => room.clone().prop_map(Ev::Transferred),
+        1 => room.clone().prop_map(Ev::Computed),
+        1 => room.clone().prop_map(Ev::Joined),
+        3 => room.clone().prop_map(Ev::Token),
+        3 => Just(Ev::MakeRoom),
+        1 => any::<bool>().prop_map(Ev::Stepped),
+        1 => (room.clone(), proptest::bool::weighted(0.3)).prop_map(|(room, writing)| Ev::End { room, writing }),
+        1 => room.prop_map(Ev::Released),
+        1 => (0u64..1500).prop_map(Ev::Tick),
+    ]
+}
+
+fn id(room: u64) -> Room {
+    Room::new(room).expect("63 bits")
+}
+
+fn limits(admission: Admission) -> Limits {
+    Limits {
+        max_running: 4,
+        prealloc_timeout: Duration::from_secs(1),
+        waiting_timeout: Duration::from_secs(2),
+        page_size: 2,
+        admission,
+    }
+}
+
+fn admission() -> impl Strategy<Value = Admission> {
+    prop_oneof![
+        (0usize..6).prop_map(|tokens| Admission::Reserved { tokens }),
+        (0.0f64..1.0, 0.0f64..0.2).prop_map(|(init, decay)| Admission::Adaptive { init, min: init / 4.0, decay }),
+    ]
+}
+
+/// The pool as the engine's: pages handed out per request, and aside while being written.
+#[derive(Default)]
+struct Pool {
+    free: usize,
+    held: HashMap<Room, usize>,
+    draining: HashMap<Room, usize>,
+}
+
+impl Pool {
+    fn take(&mut self, room: Room, pages: usize) {
+        assert!(pages <= self.free, "{room}: {pages} pages asked, {} free", self.free);
+        self.free -= pages;
+        *self.held.entry(room).or_default() += pages;
+    }
+
+    fn carry_out(&mut self, actions: &[Action]) {
+        for a in actions {
+            match *a {
+                Action::Allocate { room, pages, .. } | Action::Grow { room, pages } => self.take(room, pages),
+                Action::Retract { room, pages, .. } => {
+                    assert_eq!(self.held.remove(&room), Some(pages), "{room} retracted");
+                    self.free += pages;
+                }
+                Action::Free { room, pages } => {
+                    let from = self.held.remove(&room).or_else(|| self.draining.remove(&room));
+                    assert_eq!(from, Some(pages), "{room} freed");
+                    self.free += pages;
+                }
+                Action::Drain { room, pages } => {
+                    assert_eq!(self.held.remove(&room), Some(pages), "{room} drained");
+                    self.draining.insert(room, pages);
+                }
+                Action::Refuse(_) | Action::Expired { .. } => {}
+            }
+        }
+    }
+}
+
+fn check(q: &Queues, pool: &Pool) {
+    assert_eq!(q.free_pages(), pool.free, "free pages");
+    assert_eq!(pool.free + pool.held.values().sum::<usize>() + pool.draining.values().sum::<usize>(), POOL);
+    assert_eq!(q.draining(), pool.draining.values().sum::<usize>(), "draining pages");
+    for room in (0..5).map(id) {
+        assert_eq!(q.held(room), pool.held.get(&room).copied().unwrap_or(0), "{room}: pages held");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #[test]
+    fn pages_add_up_whatever_arrives(admission in admission(), evs in proptest::collection::vec(ev(), 1..150)) {
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut q = Queues::new(limits(admission), POOL);
+        let mut pool = Pool { free: POOL, ..Pool::default() };
+        // Prompt and tokens generated, as the queues should know them.
+        let mut seq: HashMap<Room, (usize, usize)> = HashMap::new();
+        for e in evs {
+            let event = match e {
+                Ev::Request { room, prompt, limit, local } => Event::Request { room: id(room), prompt, limit, local },
+                Ev::Admit => Event::Admit,
+                Ev::Transferred(r) => Event::Transferred(id(r)),
+                Ev::Computed(r) => Event::Computed(id(r)),
+                Ev::Joined(r) => Event::Joined(id(r)),
+                Ev::Token(r) => Event::Token(id(r)),
+                Ev::MakeRoom => Event::MakeRoom,
+                Ev::Stepped(decoding) => Event::Stepped { decoding },
+                Ev::End { room, writing } => Event::End { room: id(room), writing },
+                Ev::Released(r) => Event::Released(id(r)),
+                Ev::Tick(ms) => {
+                    now += Duration::from_millis(ms);
+                    Event::Tick
+                }
+            };
+            let before = q.stage(match &event {
+                Event::Request { room, .. } | Event::Token(room) | Event::End { room, .. } => *room,
+                _ => id(0),
+            });
+            let actions = q.on(event.clone(), now);
+            pool.carry_out(&actions);
+            check(&q, &pool);
+            match event {
+                Event::Request { room, prompt, .. } => {
+                    let refused = matches!(actions.as_slice(), [Action::Refuse(_)]);
+                    prop_assert_eq!(refused, before.is_some() || q.is_draining(room));
+                    if !refused {
+                        seq.insert(room, (prompt, 0));
+                    }
+                }
+                Event::Token(room) if before.is_some() => {
+                    if let Some(s) = seq.get_mut(&room) {
+                        s.1 += 1;
+                    }
+                }
+                Event::End { room, .. } => {
+                    seq.remove(&room);
+                    prop_assert!(q.stage(room).is_none());
+                }
+                Event::MakeRoom => {
+                    // Never cut: each running request can compute its next token.
+                    for room in q.in_stage(Stage::Running) {
+                        let (prompt, generated) = seq[&room];
+                        prop_assert!(q.held(room) * 2 >= prompt + generated, "{} short after MakeRoom", room);
+                    }
+                }
+                Event::Tick => {
+                    for a in &actions {
+                        let Action::Expired { stage, .. } = a else { panic!("tick: {a:?}") };
+                        prop_assert!(matches!(stage, Stage::Prealloc | Stage::Waiting));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Every request ends, every write lands: the whole pool is free again.
+        for room in (0..5).map(id) {
+            let a = q.on(Event::End { room, writing: false }, now);
+            pool.carry_out(&a);
+            let a = q.on(Event::Released(room), now);
+            pool.carry_out(&a);
+        }
+        check(&q, &pool);
+        prop_assert!(q.is_empty());
+        prop_assert_eq!((q.free_pages(), q.draining()), (POOL, 0));
+    }
+}
+
+/// A small decode node driven as the engine drives it: admission, local prefill (the first
+/// token sampled with a fresh prompt's last chunk; a retracted request recomputes and goes
+/// on), `MakeRoom`, a token for every running request that can take one. Whatever the
+/// estimate, every request generates all its tokens within a bounded number of steps, and
+/// the pool is never over-committed (the model pool asserts it).
+#[test]
+fn under_pressure_every_request_completes_and_pages_are_conserved() {
+    for (seed, admission) in (1..=40u64).flat_map(|s| {
+        [
+            (s, Admission::Adaptive { init: 0.7, min: 0.05, decay: 0.01 }),
+            (s, Admission::Reserved { tokens: 4 }),
+            (s, Admission::Adaptive { init: 0.0, min: 0.0, decay: 0.0 }),
+        ]
+    }) {
+        simulate(seed, admission);
+    }
+}
+
+fn simulate(seed: u64, admission: Admission) {
+    let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = |m: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % m
+    };
+    let pages = 40 + next(40) as usize;
+    let t0 = Instant::now();
+    let mut q = Queues::new(Limits { page_size: 1, max_running: 64, ..limits(admission) }, pages);
+    let mut pool = Pool { free: pages, ..Pool::default() };
+    // (prompt, max_new) per room; prompt + max_new ≤ pool (the worker refuses the rest).
+    let reqs: Vec<(usize, usize)> = (0..12)
+        .map(|_| {
+            let p = 1 + next(10) as usize;
+            (p, 1 + next((pages - p) as u64) as usize)
+        })
+        .collect();
+    for (room, &(prompt, limit)) in reqs.iter().enumerate() {
+        assert!(q.on(Event::Request { room: id(room as u64), prompt, limit, local: true }, t0).is_empty());
+    }
+    let mut generated = vec![0usize; reqs.len()];
+    let mut done = 0;
+    for step in 0.. {
+        assert!(step < 100_000, "seed {seed} {admission:?}: no end in sight");
+        let a = q.on(Event::Admit, t0);
+        pool.carry_out(&a);
+        // Local prefill in one pass: a fresh prompt samples its first token.
+        for room in q.in_stage(Stage::Prefill) {
+            q.on(Event::Computed(room), t0);
+            let r = room.get() as usize;
+            if generated[r] == 0 {
+                q.on(Event::Token(room), t0);
+                generated[r] += 1;
+            }
+        }
+        let a = q.on(Event::MakeRoom, t0);
+        pool.carry_out(&a);
+        let running = q.in_stage(Stage::Running);
+        if running.is_empty() && q.in_stage(Stage::Prefill).is_empty() {
+            assert_eq!(done, reqs.len(), "seed {seed} {admission:?}: stuck with {} free of {pages}", pool.free);
+            break;
+        }
+        for room in running {
+            let r = room.get() as usize;
+            if generated[r] == reqs[r].1 {
+                let a = q.on(Event::End { room, writing: false }, t0);
+                pool.carry_out(&a);
+                done += 1;
+                continue;
+            }
+            assert!(q.held(room) > reqs[r].0 + generated[r] - 1, "seed {seed}: room {r} cannot compute its token");
+            q.on(Event::Token(room), t0);
+            generated[r] += 1;
+        }
+        q.on(Event::Stepped { decoding: true }, t0);
+        check_sum(&q, &pool, pages);
+    }
+    for (r, &(_, m)) in reqs.iter().enumerate() {
+        assert_eq!(generated[r], m, "seed {seed}: room {r} was cut");
+    }
+    assert!(q.is_empty());
+}
+
+fn check_sum(q: &Queues, pool: &Pool, pages: usize) {
+    assert_eq!(q.free_pages(), pool.free);
+    assert_eq!(pool.free + pool.held.values().sum::<usize>(), pages);
+}
