@@ -97,6 +97,11 @@ async fn workers_join_leave_and_expire() {
     let mut child = decode_process(&m, &e, "t1", "d0", 2);
     wait_for(&r, &["p0"], &["d0"], Duration::from_secs(60)).await;
     assert_eq!(complete(&r).await, 200);
+    // KV events reach the router on their own stream: give them a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while r.index_pages() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(r.index_pages() > 0, "the prefill worker's KV events reached the index");
 
     // Leave: a graceful stop deletes the key and revokes the lease, so the worker is gone long before its 30 s

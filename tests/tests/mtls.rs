@@ -135,27 +135,47 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     let client_refusals = || async {
         ferry_tests::metric_sum(&scrape(p.metrics_addr).await, "ferry_bad_requests_total", "role=\"client\"")
     };
-    let before = client_refusals().await;
+    // Waits (up to 5 s) until the count passes `above`: each direction's refusal on its own.
+    let counted_above = |above: f64, what: &'static str| async move {
+        for _ in 0..100 {
+            let now = client_refusals().await;
+            if now > above {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the refused dial ({what}) was not counted: still {above}");
+    };
     // Each router has one worker in its right place (taken up: the check passes the right
-    // role) and one in the wrong place (never taken up), one for each direction.
+    // role) and one in the wrong place (never taken up), one for each direction, one router
+    // at a time so that each direction's refusal is counted on its own.
     let misplaced = |prefill: std::net::SocketAddr, decode: std::net::SocketAddr| {
         let mut a = ferry_router::RouterArgs::new(m.path(), vec![prefill.to_string()], vec![decode.to_string()]);
         a.internal_tls = pki.args(&rl);
         ferry_router::start(a)
     };
-    let decode_as_prefill = misplaced(d.grpc_addr, d.grpc_addr).await.expect("router up");
-    let prefill_as_decode = misplaced(p.grpc_addr, p.grpc_addr).await.expect("router up");
-    tokio::time::sleep(Duration::from_secs(2)).await;
     // (healthy prefill workers, healthy decode workers) a router sees.
     let healthy = |r: &ferry_router::Running| {
         let s = r.workers().snapshot();
         (s.prefill.iter().flatten().filter(|w| w.healthy()).count(), s.decode.iter().filter(|w| w.healthy()).count())
     };
-    assert_eq!(healthy(&decode_as_prefill), (0, 1), "a decode worker is no prefill worker");
-    assert_eq!(healthy(&prefill_as_decode), (1, 0), "a prefill worker is no decode worker");
-    decode_as_prefill.stop().await;
-    prefill_as_decode.stop().await;
-    assert!(client_refusals().await >= before + 2.0, "refused dials are counted");
+    let mut counted = client_refusals().await;
+    for (prefill, decode, want, what) in [
+        (d.grpc_addr, d.grpc_addr, (0, 1), "a decode worker dialled as a prefill worker"),
+        (p.grpc_addr, p.grpc_addr, (1, 0), "a prefill worker dialled as a decode worker"),
+    ] {
+        let router = misplaced(prefill, decode).await.expect("router up");
+        counted = counted_above(counted, what).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while healthy(&router) != want && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // A little longer: the misplaced worker must stay out, not only be late.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(healthy(&router), want, "{what}: (healthy prefill, healthy decode)");
+        router.stop().await;
+        counted = client_refusals().await;
+    }
     let mut dc = pb::decode_client::DecodeClient::new(as_peer(&pki, d.grpc_addr, &rl));
     let req = pb::DecodeRequest {
         request_id: "bootstrap-at-a-decode-worker".into(),
@@ -171,6 +191,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
     };
     let e = tokio::time::timeout(Duration::from_secs(20), ended).await.expect("ends").expect_err("refused");
     assert!(e.message().contains("is not a prefill worker"), "{e}");
+    counted_above(counted, "a decode worker bootstrapping from a decode worker").await;
 
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;

@@ -145,7 +145,10 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     assert_eq!(first, want[0]);
     // The prompt is now cached on the first worker: stop it; the router sends the repeat there,
     // the call fails, and the request is retried on the other.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while ps[0].load().evictable_pages == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(ps[0].load().evictable_pages > 0, "the first worker cached the prompt");
     let gone = ps.remove(0);
     gone.stop().await;
@@ -193,6 +196,8 @@ async fn a_decode_worker_failing_before_the_first_token_is_retried_on_another() 
     // The router places on the decode worker with the most free pages: stop that one.
     let gone = ds.remove(0);
     gone.stop().await;
+    let retries = |m: &str| ferry_tests::metric_sum(m, "ferry_router_retries_total", "stage=\"decode\"");
+    let before = retries(&ferry_tests::scrape(r.metrics_addr).await);
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();
     let want = colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(4));
     let client = pb::router_client::RouterClient::new(channel(r.grpc_addr).await);
@@ -200,10 +205,7 @@ async fn a_decode_worker_failing_before_the_first_token_is_retried_on_another() 
     assert_eq!(got, want[0], "same tokens after the retry");
     assert_eq!(last.completion_tokens, 4);
     let metrics = ferry_tests::scrape(r.metrics_addr).await;
-    assert!(
-        metrics.lines().any(|l| l.starts_with("ferry_router_retries_total{stage=\"decode\"}")),
-        "the retry is counted:\n{metrics}"
-    );
+    assert!(retries(&metrics) > before, "the decode retry is counted (was {before}):\n{metrics}");
     settle(&p, &ds).await;
     r.stop().await;
     p.stop().await;
