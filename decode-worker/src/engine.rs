@@ -13,18 +13,17 @@
 //! joins the batch.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey, RoomSecret};
-use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler, SamplingParams};
+use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
+use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler};
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
-use ferry_transfer::table::Outcome;
 use ferry_worker::KvHost;
-use tokio::sync::{mpsc, oneshot};
+use ferry_worker::engine_loop::EngineThread;
 use tonic::Code;
 
 use crate::handshake::Handshakes;
@@ -32,104 +31,11 @@ use crate::queues::{Event, Limits, Queues, Stage};
 use crate::wake::Wake;
 
 mod act;
+mod cmd;
 mod lifecycle;
 mod step;
 
-/// One generated token for the client's stream.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Emit {
-    /// The token, with its logprob and top alternatives.
-    pub sampled: Sampled,
-    /// Set on the last token.
-    pub finish: Option<FinishReason>,
-    /// On the last token: the request's phases here, in order.
-    pub phases: Vec<ferry_cluster::phases::Lap>,
-}
-
-/// A client's stream of tokens (or the error that ended it).
-pub type Out = mpsc::UnboundedSender<Result<Emit, Refused>>;
-
-/// A Decode.Generate call.
-pub struct Generate {
-    /// Room and secret.
-    pub key: RoomKey,
-    /// This request's incarnation ([`crate::wake::next_incarnation`]).
-    pub incarnation: u64,
-    /// The prefill node's bootstrap address; None: prefill here.
-    pub bootstrap: Option<String>,
-    /// Prompt.
-    pub prompt: Vec<u32>,
-    /// Sampling.
-    pub params: SamplingParams,
-    /// Where tokens go.
-    pub out: Out,
-    /// Accepted or refused (before any token).
-    pub accepted: oneshot::Sender<Result<(), Refused>>,
-    /// The request's span (request id, room, trace id): lines about it are written in it.
-    pub span: tracing::Span,
-    /// Its trace context, the parent of the handshake call.
-    pub trace: ferry_cluster::TraceContext,
-}
-
-/// Commands to the engine thread.
-pub enum Cmd {
-    /// A new request.
-    Generate(Generate),
-    /// An Abort call; replies whether the room was known.
-    Abort {
-        /// Room.
-        room: Room,
-        /// Its secret.
-        secret: RoomSecret,
-        /// Why.
-        reason: String,
-        /// Whether it was known.
-        reply: oneshot::Sender<Result<bool, Refused>>,
-    },
-    /// A request's token stream was dropped (the client went away, or the stream ended).
-    Gone {
-        /// Room.
-        room: Room,
-        /// The request's incarnation.
-        incarnation: u64,
-    },
-    /// A room's transfer ended.
-    Transferred {
-        /// Room.
-        room: Room,
-        /// The request's incarnation.
-        incarnation: u64,
-        /// How (None: the receiver dropped the room unresolved).
-        outcome: Option<Outcome>,
-    },
-    /// The last write into a closed room's pages landed: they may be reused.
-    Released {
-        /// Room.
-        room: Room,
-    },
-    /// The handshake with the prefill node failed.
-    HandshakeFailed {
-        /// Room.
-        room: Room,
-        /// Why.
-        why: Refused,
-    },
-    /// Stop admitting, abort everything, free every page, exit.
-    Shutdown,
-}
-
-/// What the Load service and the metrics report.
-#[derive(Debug, Clone, Default)]
-pub struct Load {
-    /// Requests per stage.
-    pub depth: Vec<(&'static str, usize)>,
-    /// Free pages.
-    pub free_pages: usize,
-    /// Pages free and not promised to admitted requests.
-    pub admissible_pages: usize,
-    /// All pages.
-    pub total_pages: usize,
-}
+pub use cmd::{Cmd, Emit, Generate, Load, Out};
 
 struct Req {
     key: RoomKey,
@@ -237,54 +143,8 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Runs until [`Cmd::Shutdown`] and everything is freed.
-    pub fn run(mut self, rx: Receiver<Cmd>) {
-        loop {
-            // With a batch to compute, take what came and go on; else sleep until a command
-            // or the queues' next deadline.
-            let first = if self.queues.computing() {
-                match rx.try_recv() {
-                    Ok(c) => Some(c),
-                    Err(TryRecvError::Empty) => None,
-                    Err(TryRecvError::Disconnected) => Some(Cmd::Shutdown),
-                }
-            } else {
-                let wait = self.queues.next_deadline().map(|d| d.saturating_duration_since(Instant::now()));
-                match wait.map_or_else(|| rx.recv().map_err(|_| RecvTimeoutError::Disconnected), |w| rx.recv_timeout(w))
-                {
-                    Ok(c) => Some(c),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    // Every sender gone: nothing can free what is left.
-                    Err(RecvTimeoutError::Disconnected) if self.stopping => return,
-                    Err(RecvTimeoutError::Disconnected) => Some(Cmd::Shutdown),
-                }
-            };
-            metrics::counter!(m::ENGINE_WAKEUPS, "role" => "decode", "worker" => self.cfg.worker.clone()).increment(1);
-            if let Some(c) = first {
-                self.handle(c);
-                while let Ok(c) = rx.try_recv() {
-                    self.handle(c);
-                }
-            }
-            let now = Instant::now();
-            self.expire(now);
-            self.admit(now);
-            if let Err(e) = self.step() {
-                tracing::error!(error = %e, "decode step failed; failing its requests");
-                let rooms: Vec<Room> = self.reqs.keys().copied().collect();
-                for room in rooms {
-                    self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
-                }
-            }
-            self.publish();
-            debug_assert_eq!(
-                self.pool.free_pages(),
-                self.queues.free_pages(),
-                "the pool and the queues disagree on the free pages"
-            );
-            if self.stopping && self.reqs.is_empty() && self.draining.is_empty() {
-                return;
-            }
-        }
+    pub fn run(self, rx: Receiver<Cmd>) {
+        ferry_worker::engine_loop::run(self, rx);
     }
 
     fn handle(&mut self, c: Cmd) {
@@ -394,6 +254,57 @@ impl<B: Backend> Engine<B> {
         if let Ok(mut l) = self.load.lock() {
             *l = load;
         }
+    }
+}
+
+impl<B: Backend> EngineThread for Engine<B> {
+    type Cmd = Cmd;
+
+    fn labels(&self) -> (&'static str, ferry_cluster::WorkerId) {
+        ("decode", self.cfg.worker.clone())
+    }
+
+    fn busy(&self) -> bool {
+        self.queues.computing()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.queues.next_deadline()
+    }
+
+    fn handle(&mut self, c: Cmd) {
+        Engine::handle(self, c);
+    }
+
+    fn disconnected(&mut self) -> bool {
+        // Every sender gone: nothing can free what is left once stopping.
+        if self.stopping {
+            return true;
+        }
+        Engine::handle(self, Cmd::Shutdown);
+        false
+    }
+
+    fn turn(&mut self, now: Instant) {
+        self.expire(now);
+        self.admit(now);
+        if let Err(e) = self.step() {
+            tracing::error!(error = %e, "decode step failed; failing its requests");
+            let rooms: Vec<Room> = self.reqs.keys().copied().collect();
+            for room in rooms {
+                self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
+            }
+        }
+        self.publish();
+        debug_assert_eq!(
+            self.pool.free_pages(),
+            self.queues.free_pages(),
+            "the pool and the queues disagree on the free pages"
+        );
+    }
+
+    fn finished(&self) -> bool {
+        self.stopping && self.reqs.is_empty() && self.draining.is_empty()
     }
 }
 

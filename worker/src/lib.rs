@@ -5,8 +5,11 @@
 //!   once and gives the transfer its pages ([`KvHost`]: the pool itself on the CPU, a pinned
 //!   host mirror on a GPU), and derives the transfer settings;
 //! - [`EngineLink`] / [`answer`]: how gRPC handlers reach a daemon's engine thread and turn
-//!   its refusals into counted gRPC statuses.
+//!   its refusals into counted gRPC statuses;
+//! - [`engine_loop`]: the engine thread's loop (block until a command or a deadline, one turn,
+//!   exit once stopped and empty).
 
+pub mod engine_loop;
 mod kv_host;
 
 pub use kv_host::KvHost;

@@ -1,0 +1,103 @@
+//! What reaches the decode engine thread ([`Cmd`], [`Generate`]) and what it sends and
+//! reports ([`Emit`], [`Load`]).
+
+use ferry_cluster::{Refused, Room, RoomKey, RoomSecret};
+use ferry_engine::{FinishReason, Sampled, SamplingParams};
+use ferry_transfer::table::Outcome;
+use tokio::sync::{mpsc, oneshot};
+
+/// One generated token for the client's stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Emit {
+    /// The token, with its logprob and top alternatives.
+    pub sampled: Sampled,
+    /// Set on the last token.
+    pub finish: Option<FinishReason>,
+    /// On the last token: the request's phases here, in order.
+    pub phases: Vec<ferry_cluster::phases::Lap>,
+}
+
+/// A client's stream of tokens (or the error that ended it).
+pub type Out = mpsc::UnboundedSender<Result<Emit, Refused>>;
+
+/// A Decode.Generate call.
+pub struct Generate {
+    /// Room and secret.
+    pub key: RoomKey,
+    /// This request's incarnation ([`crate::wake::next_incarnation`]).
+    pub incarnation: u64,
+    /// The prefill node's bootstrap address; None: prefill here.
+    pub bootstrap: Option<String>,
+    /// Prompt.
+    pub prompt: Vec<u32>,
+    /// Sampling.
+    pub params: SamplingParams,
+    /// Where tokens go.
+    pub out: Out,
+    /// Accepted or refused (before any token).
+    pub accepted: oneshot::Sender<Result<(), Refused>>,
+    /// The request's span (request id, room, trace id): lines about it are written in it.
+    pub span: tracing::Span,
+    /// Its trace context, the parent of the handshake call.
+    pub trace: ferry_cluster::TraceContext,
+}
+
+/// Commands to the engine thread.
+pub enum Cmd {
+    /// A new request.
+    Generate(Generate),
+    /// An Abort call; replies whether the room was known.
+    Abort {
+        /// Room.
+        room: Room,
+        /// Its secret.
+        secret: RoomSecret,
+        /// Why.
+        reason: String,
+        /// Whether it was known.
+        reply: oneshot::Sender<Result<bool, Refused>>,
+    },
+    /// A request's token stream was dropped (the client went away, or the stream ended).
+    Gone {
+        /// Room.
+        room: Room,
+        /// The request's incarnation.
+        incarnation: u64,
+    },
+    /// A room's transfer ended.
+    Transferred {
+        /// Room.
+        room: Room,
+        /// The request's incarnation.
+        incarnation: u64,
+        /// How (None: the receiver dropped the room unresolved).
+        outcome: Option<Outcome>,
+    },
+    /// The last write into a closed room's pages landed: they may be reused.
+    Released {
+        /// Room.
+        room: Room,
+    },
+    /// The handshake with the prefill node failed.
+    HandshakeFailed {
+        /// Room.
+        room: Room,
+        /// Why.
+        why: Refused,
+    },
+    /// Stop admitting, abort everything, free every page, exit.
+    Shutdown,
+}
+
+/// What the Load service and the metrics report.
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    /// Requests per stage.
+    pub depth: Vec<(&'static str, usize)>,
+    /// Free pages.
+    pub free_pages: usize,
+    /// Pages free and not promised to admitted requests.
+    pub admissible_pages: usize,
+    /// All pages.
+    pub total_pages: usize,
+}

@@ -1,0 +1,85 @@
+//! What reaches the prefill engine thread ([`Cmd`] and its payloads) and what it reports
+//! ([`PrefillDone`], [`Load`]).
+
+use std::sync::Arc;
+
+use ferry_cluster::{Refused, Room, RoomSecret};
+use ferry_engine::SamplingParams;
+use ferry_radix::events::KvEvent;
+use ferry_transfer::Sender;
+use tokio::sync::oneshot;
+
+/// What the Prefill call gets back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefillDone {
+    /// Prompt tokens found in the cache.
+    pub cached_tokens: u32,
+    /// The first sampled token.
+    pub first_token: u32,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its most likely alternatives, when asked for.
+    pub top: Vec<(u32, f32)>,
+    /// The room's phases here, in order.
+    pub phases: Vec<ferry_cluster::phases::Lap>,
+}
+
+/// Replies to a Prefill call.
+pub type PrefillReply = oneshot::Sender<Result<PrefillDone, Refused>>;
+
+/// A request for the engine.
+pub struct NewRequest {
+    /// Prompt.
+    pub tokens: Vec<u32>,
+    /// Sampling of the first token.
+    pub sampling: SamplingParams,
+    /// Scheduling priority.
+    pub priority: i32,
+    /// Where the outcome goes.
+    pub reply: PrefillReply,
+    /// The request's span (request id, room, trace id): lines about it are written in it.
+    pub span: tracing::Span,
+}
+
+/// A decode node's handshake, its sender already connected.
+pub struct Handshake {
+    /// Destination pages, in prompt order.
+    pub dest: Vec<u32>,
+    /// The data-plane sender to that decode node.
+    pub sender: Arc<Sender>,
+}
+
+/// Commands to the engine thread.
+pub enum Cmd {
+    /// A Prefill call.
+    Request { room: Room, secret: RoomSecret, req: NewRequest },
+    /// A Bootstrap.Handshake call.
+    Handshake { room: Room, secret: RoomSecret, hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
+    /// An Abort call; replies whether the room was known.
+    Abort { room: Room, secret: RoomSecret, reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
+    /// A room task sent a chunk (the inflight timeout counts from the last one).
+    Progress { room: Room },
+    /// A room task finished: its transfer succeeded or failed.
+    Sent { room: Room, result: Result<(), String> },
+    /// A snapshot of the prefix cache for a KV event subscriber.
+    Snapshot { reply: oneshot::Sender<KvEvent> },
+    /// Stop admitting, abort what is in flight, free everything, exit.
+    Shutdown,
+}
+
+/// What the Load service and the metrics report.
+#[derive(Debug, Clone, Default)]
+pub struct Load {
+    /// Rooms per phase (bootstrap, waiting, inflight).
+    pub depth: (usize, usize, usize),
+    /// Free pages.
+    pub free_pages: usize,
+    /// Evictable cached pages.
+    pub evictable_pages: usize,
+    /// All pages.
+    pub total_pages: usize,
+    /// Prompt tokens still to compute.
+    pub queued_tokens: usize,
+    /// Measured prefill rate (tokens per second, moving average).
+    pub tokens_per_second: f64,
+}

@@ -1,0 +1,117 @@
+//! A room's way out of the engine: its task reporting (the caller answered, the pages
+//! released), a failure or abort (the task stopped; pages freed when it reports), a timeout.
+
+use std::time::Instant;
+
+use ferry_cluster::metrics as m;
+use ferry_cluster::{Refused, Room};
+use ferry_kernels::Backend;
+use tonic::Code;
+
+use super::{Engine, Handshake, Live, NewRequest, PrefillDone};
+use crate::rooms::{Expired, Phase};
+
+impl<B: Backend> Engine<B> {
+    /// A room task ended.
+    pub(super) fn sent(&mut self, room: Room, result: Result<(), String>) {
+        let Some(mut l) = self.live.remove(&room) else { return };
+        self.rooms.finish(room);
+        let reply = l.reply.take();
+        match (&l.aborting, result) {
+            (None, Ok(())) => {
+                l.clock.lap("transfer", Instant::now());
+                metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "sent").increment(1);
+                if let (Some(tx), Some(s)) = (reply, l.first.take()) {
+                    let done = PrefillDone {
+                        cached_tokens: l.cached as u32,
+                        first_token: s.token,
+                        logprob: s.logprob,
+                        top: s.top,
+                        phases: l.clock.laps().to_vec(),
+                    };
+                    let _ = tx.send(Ok(done));
+                }
+            }
+            (aborting, result) => {
+                let why = match (aborting, result) {
+                    (Some(a), _) => a.clone(),
+                    (None, Err(e)) => format!("transfer failed: {e}"),
+                    (None, Ok(())) => "transfer ended early".into(),
+                };
+                metrics::counter!(m::REQUESTS, "role" => "prefill", "outcome" => "error").increment(1);
+                let _in = l.span.enter();
+                if aborting.is_none() {
+                    tracing::warn!(room = %room, reason = %why, "room failed");
+                } else {
+                    tracing::debug!(room = %room, reason = %why, "room ended");
+                }
+                if let Some(tx) = reply {
+                    let _ = tx.send(Err(Refused::new(Code::Unavailable, "transfer_failed", why)));
+                }
+            }
+        }
+        self.release(room, l);
+    }
+
+    /// Frees what a room holds: its scheduler entry (queued or computing) or its computed
+    /// pages (unlocking the cache node).
+    pub(super) fn release(&mut self, room: Room, l: Live) {
+        for p in &l.wire {
+            if let Some(n) = self.on_wire.get_mut(p) {
+                *n -= 1;
+                if *n == 0 {
+                    self.on_wire.remove(p);
+                }
+            }
+        }
+        if let Some(p) = l.prefilled {
+            self.cache.unlock(p.node);
+            drop(p.tail);
+            drop(p.duplicates);
+        } else {
+            self.sched.abort(room.get(), &mut self.cache);
+        }
+    }
+
+    /// Fails a live room: tells the caller, stops the room task; frees now when no page is on
+    /// the wire, else when the task reports.
+    pub(super) fn fail(&mut self, room: Room, why: Refused) {
+        // The id stays taken until the room task reports (`sent`).
+        self.rooms.close(room, Instant::now());
+        let Some(l) = self.live.get_mut(&room) else { return };
+        if let Some(tx) = l.reply.take() {
+            let _ = tx.send(Err(why.clone()));
+        }
+        l.aborting = Some(why.message.clone());
+        // Dropping the chunk channel makes the task abort the room and report.
+        l.chunks = None;
+    }
+
+    /// A room left the queue by abort or timeout.
+    pub(super) fn abandon(&mut self, gone: Expired<NewRequest, Handshake>, why: Refused) {
+        if let Some(r) = gone.request {
+            let _ = r.reply.send(Err(why.clone()));
+        }
+        if let Some(h) = gone.handshake {
+            let (room, secret, reason) = (gone.room, gone.secret, why.message.clone());
+            self.rt.spawn(async move {
+                let _ = h.sender.abort(room, secret, &reason).await;
+            });
+        }
+        if gone.phase != Phase::Bootstrap {
+            self.fail(gone.room, why);
+        }
+    }
+
+    pub(super) fn expire(&mut self, now: Instant) {
+        for gone in self.rooms.expired(now) {
+            let why =
+                Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
+            let span = self.live.get(&gone.room).map(|l| l.span.clone());
+            let span =
+                span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
+            tracing::warn!(parent: &span, room = %gone.room, phase = gone.phase.label(), "room timed out");
+            self.abandon(gone, why);
+        }
+    }
+}
