@@ -21,20 +21,18 @@ mod wake;
 
 pub use engine::Load;
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::args::WorkerConfig;
-use ferry_cluster::daemon::{self, Daemon, Parts};
+use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs, WorkerId};
+use ferry_cluster::{Shutdown, WorkerArgs, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
 
 pub use ferry_cluster::daemon::StartError;
 use ferry_proto::v1 as pb;
-use ferry_transfer::BackendKind;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
 use crate::handshake::Handshakes;
@@ -143,43 +141,34 @@ pub struct DecodeConfig {
     pub prealloc_timeout: std::time::Duration,
 }
 
-/// A running decode daemon.
+/// A running decode daemon: a worker ([`ferry_worker::Running`], reached through `Deref`)
+/// with the address prefill nodes send its KV pages to.
 pub struct Running {
-    /// gRPC address.
-    pub grpc_addr: SocketAddr,
-    /// `/metrics` address.
-    pub metrics_addr: SocketAddr,
-    /// Worker id.
-    pub worker_id: WorkerId,
+    /// The worker.
+    pub worker: ferry_worker::Running<Load>,
     /// Where prefill nodes send this node's KV pages.
     pub data_endpoint: String,
-    /// The KV layout it receives.
-    pub layout: LayoutDescriptor,
-    /// The transfer backend in use.
-    pub backend: BackendKind,
-    /// Whether KV pages travel through a host mirror of the pool (a GPU pool, or
-    /// `--kv-host-mirror`).
-    pub kv_mirrored: bool,
-    daemon: Daemon,
-    load: Arc<Mutex<Load>>,
 }
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running").field("grpc_addr", &self.grpc_addr).field("worker_id", &self.worker_id).finish()
+        f.debug_struct("Running").field("worker", &self.worker).field("data_endpoint", &self.data_endpoint).finish()
+    }
+}
+
+impl std::ops::Deref for Running {
+    type Target = ferry_worker::Running<Load>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.worker
     }
 }
 
 impl Running {
-    /// The latest load figures (queue depths, pages).
-    pub fn load(&self) -> Load {
-        self.load.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
     /// Graceful stop: stop serving, end every request (closing its room), free every page,
     /// wait for the engine thread.
     pub async fn stop(self) {
-        self.daemon.stop().await;
+        self.worker.stop().await;
     }
 }
 
@@ -246,52 +235,37 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
     let engine = Engine::new(model, pool, kv, receiver, handshakes, wake, cfg, Arc::clone(&load));
-    let engine_thread = std::thread::Builder::new()
-        .name(format!("{worker_id}-engine"))
-        .spawn(move || engine.run(rx))
-        .map_err(|source| StartError::Io { what: "engine thread", source })?;
-
     let shared = Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load) });
     let (trigger, shutdown) = Shutdown::new();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;
     // Under mutual TLS only the router may call (ferry_cluster::roles).
     let only = |service| ferry_cluster::roles::only(service, &[PeerRole::Router], internal_tls.is_some(), "decode");
-    let router = tonic::transport::Server::builder()
+    let services = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(pb::decode_server::DecodeServer::with_interceptor(DecodeSvc(Arc::clone(&shared)), only("Decode")))
         .add_service(pb::load_server::LoadServer::with_interceptor(LoadSvc(Arc::clone(&shared)), only("Load")));
-    let drain = Box::new(move || {
-        let _ = link.send(Cmd::Shutdown);
-    });
-    let parts = Parts {
+    let serve = ferry_worker::Serve {
+        role: Role::Decode,
         listener,
         grpc_addr,
-        metrics_addr: w.metrics_addr,
         worker_id: worker_id.clone(),
-        engine: engine_thread,
-        drain,
+        engine: Box::new(move || engine.run(rx)),
+        drain: Box::new(move || {
+            let _ = link.send(Cmd::Shutdown);
+        }),
         health,
-        announce: config.announce(Role::Decode, &worker_id, grpc_addr).map_err(StartError::Config)?,
-        tls: internal_tls,
-        role: "decode",
-        // A stalled read or send ends after the transfer timeout, the abort after it too.
-        stop_within: std::time::Duration::from_secs_f64(2.0 * w.transfer_timeout + 5.0),
-    };
-    let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
-    let metrics_addr = daemon.metrics_addr;
-    tracing::info!(%grpc_addr, %metrics_addr, %data_endpoint, worker = %worker_id, backend = %backend, pages, "decode worker up");
-    Ok(Running {
-        grpc_addr,
-        metrics_addr,
-        worker_id,
-        data_endpoint,
+        services,
+        stop: (trigger, shutdown),
         layout: descriptor,
         backend,
         kv_mirrored,
-        daemon,
         load,
-    })
+    };
+    let worker = ferry_worker::serve(config, serve).await?;
+    let metrics_addr = worker.metrics_addr;
+    tracing::info!(%grpc_addr, %metrics_addr, %data_endpoint, worker = %worker_id, backend = %backend, pages, "decode worker up");
+    Ok(Running { worker, data_endpoint })
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.

@@ -20,21 +20,19 @@ pub mod tail;
 
 pub use engine::{Load, PrefillDone};
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::args::WorkerConfig;
-use ferry_cluster::daemon::{self, Daemon, Parts};
+use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{LayoutDescriptor, Shutdown, WorkerArgs, WorkerId};
+use ferry_cluster::{Shutdown, WorkerArgs, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
 
 pub use ferry_cluster::daemon::StartError;
 use ferry_engine::scheduler::{Policy, Scheduler, SchedulerConfig};
 use ferry_proto::v1 as pb;
-use ferry_transfer::BackendKind;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
 use crate::service::{BootstrapSvc, KvEventsSvc, LoadSvc, PrefillSvc, SenderPool, Shared};
@@ -92,42 +90,7 @@ pub struct PrefillConfig {
 }
 
 /// A running prefill daemon.
-pub struct Running {
-    /// gRPC address.
-    pub grpc_addr: SocketAddr,
-    /// `/metrics` address.
-    pub metrics_addr: SocketAddr,
-    /// Worker id.
-    pub worker_id: WorkerId,
-    /// The KV layout it sends.
-    pub layout: LayoutDescriptor,
-    /// The transfer backend in use.
-    pub backend: BackendKind,
-    /// Whether KV pages travel through a host mirror of the pool (a GPU pool, or
-    /// `--kv-host-mirror`).
-    pub kv_mirrored: bool,
-    daemon: Daemon,
-    load: Arc<Mutex<Load>>,
-}
-
-impl std::fmt::Debug for Running {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running").field("grpc_addr", &self.grpc_addr).field("worker_id", &self.worker_id).finish()
-    }
-}
-
-impl Running {
-    /// The latest load figures (queue depths, pages).
-    pub fn load(&self) -> Load {
-        self.load.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    /// Graceful stop: stop serving, abort rooms in flight (telling decode nodes), free every
-    /// page, wait for the engine thread.
-    pub async fn stop(self) {
-        self.daemon.stop().await;
-    }
-}
+pub type Running = ferry_worker::Running<Load>;
 
 /// Checks `args` and starts ([`start_checked`]).
 pub async fn start(args: PrefillArgs) -> Result<Running, StartError> {
@@ -175,11 +138,6 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         events.clone(),
         Arc::clone(&load),
     );
-    let engine_thread = std::thread::Builder::new()
-        .name(format!("{worker_id}-engine"))
-        .spawn(move || engine.run(rx))
-        .map_err(|source| StartError::Io { what: "engine thread", source })?;
-
     let link = ferry_worker::EngineLink::new(tx, "prefill");
     let (trigger, shutdown) = Shutdown::new();
     let shared = Arc::new(Shared {
@@ -220,27 +178,27 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
             LoadSvc(Arc::clone(&shared)),
             only("Load", router_only),
         ));
-    let drain = Box::new(move || {
-        let _ = link.send(Cmd::Shutdown);
-    });
-    let parts = Parts {
+    let serve = ferry_worker::Serve {
+        role: Role::Prefill,
         listener,
         grpc_addr,
-        metrics_addr: w.metrics_addr,
         worker_id: worker_id.clone(),
-        engine: engine_thread,
-        drain,
+        engine: Box::new(move || engine.run(rx)),
+        drain: Box::new(move || {
+            let _ = link.send(Cmd::Shutdown);
+        }),
         health,
-        announce: config.announce(Role::Prefill, &worker_id, grpc_addr).map_err(StartError::Config)?,
-        tls: internal_tls,
-        role: "prefill",
-        // A stalled read or send ends after the transfer timeout, the abort after it too.
-        stop_within: std::time::Duration::from_secs_f64(2.0 * w.transfer_timeout + 5.0),
+        services: router,
+        stop: (trigger, shutdown),
+        layout: descriptor,
+        backend,
+        kv_mirrored,
+        load,
     };
-    let daemon = Daemon::serve(parts, router, trigger, shutdown).await?;
-    let metrics_addr = daemon.metrics_addr;
+    let running = ferry_worker::serve(config, serve).await?;
+    let metrics_addr = running.metrics_addr;
     tracing::info!(%grpc_addr, %metrics_addr, worker = %worker_id, backend = %backend, pages, "prefill worker up");
-    Ok(Running { grpc_addr, metrics_addr, worker_id, layout: descriptor, backend, kv_mirrored, daemon, load })
+    Ok(running)
 }
 
 /// Runs the daemon until `shutdown` resolves, then stops it gracefully.

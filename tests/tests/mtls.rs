@@ -165,7 +165,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
         (p.grpc_addr, p.grpc_addr, (1, 0), "a prefill worker dialled as a decode worker"),
     ] {
         let router = misplaced(prefill, decode).await.expect("router up");
-        counted = counted_above(counted, what).await;
+        counted_above(counted, what).await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while healthy(&router) != want && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -7,12 +7,16 @@
 //! - [`EngineLink`] / [`answer`]: how gRPC handlers reach a daemon's engine thread and turn
 //!   its refusals into counted gRPC statuses;
 //! - [`engine_loop`]: the engine thread's loop (block until a command or a deadline, one turn,
-//!   exit once stopped and empty).
+//!   exit once stopped and empty);
+//! - [`serve`] / [`Running`]: the last step of a start (engine thread, etcd, `/metrics`, gRPC)
+//!   and the daemon it gives, with its load figures and its graceful stop.
 
 pub mod engine_loop;
 mod kv_host;
+mod running;
 
 pub use kv_host::KvHost;
+pub use running::{Running, Serve, serve};
 
 use std::sync::{Arc, Mutex};
 
