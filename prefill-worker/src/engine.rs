@@ -29,7 +29,7 @@ use tokio::sync::{broadcast, mpsc};
 use tonic::Code;
 
 use crate::room_task::ChunkMsg;
-use crate::rooms::{PhaseTimeouts, Rooms};
+use crate::rooms::{Action, Event, PhaseTimeouts, Rooms};
 use crate::service::SenderPool;
 
 mod admit;
@@ -147,12 +147,8 @@ impl<B: Backend> Engine<B> {
                     let _ = req.reply.send(Err(e));
                     return;
                 }
-                match self.rooms.request(room, secret, req, now) {
-                    Ok(Some((r, h))) => self.admit(room, secret, r, h),
-                    Ok(None) => {}
-                    Err((e, req)) => {
-                        let _ = req.reply.send(Err(e));
-                    }
+                for a in self.rooms.on(Event::Request { room, secret, request: req }, now) {
+                    self.act(a, None);
                 }
             }
             Cmd::Handshake { room, secret, hs, reply } => {
@@ -160,30 +156,33 @@ impl<B: Backend> Engine<B> {
                     let _ = reply.send(Err(shutting_down()));
                     return;
                 }
-                match self.rooms.handshake(room, secret, hs, now) {
-                    Ok(pair) => {
-                        let _ = reply.send(Ok(()));
-                        if let Some((r, h)) = pair {
-                            self.admit(room, secret, r, h);
-                        }
-                    }
-                    Err((e, _)) => {
-                        let _ = reply.send(Err(e));
-                    }
+                let actions = self.rooms.on(Event::Handshake { room, secret, handshake: hs }, now);
+                let refused = actions.iter().find_map(|a| match a {
+                    Action::RefuseHandshake(_, why) => Some(why.clone()),
+                    _ => None,
+                });
+                let _ = reply.send(refused.map_or(Ok(()), Err));
+                for a in actions {
+                    self.act(a, None);
                 }
             }
             Cmd::Abort { room, secret, reason, reply } => {
-                let r = match self.rooms.abort(room, Some(secret), now) {
-                    Err(e) => Err(e),
-                    Ok(None) => Ok(false),
-                    Ok(Some(gone)) => {
-                        self.abandon(gone, Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}")));
-                        Ok(true)
+                let why = Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"));
+                let mut reply = Some(reply);
+                for a in self.rooms.on(Event::Abort { room, secret: Some(secret) }, now) {
+                    match a {
+                        Action::Aborted(r) => {
+                            if let Some(reply) = reply.take() {
+                                let _ = reply.send(r);
+                            }
+                        }
+                        other => self.act(other, Some(why.clone())),
                     }
-                };
-                let _ = reply.send(r);
+                }
             }
-            Cmd::Progress { room } => self.rooms.progress(room, now),
+            Cmd::Progress { room } => {
+                self.rooms.on(Event::Progress(room), now);
+            }
             Cmd::Sent { room, result } => self.sent(room, result),
             Cmd::Snapshot { reply } => {
                 let _ = reply.send(self.cache.snapshot());
@@ -192,14 +191,32 @@ impl<B: Backend> Engine<B> {
                 self.draining = true;
                 let all: Vec<Room> = self.live.keys().copied().collect();
                 for room in all {
-                    if let Ok(Some(gone)) = self.rooms.abort(room, None, now) {
-                        self.abandon(gone, shutting_down());
+                    for a in self.rooms.on(Event::Abort { room, secret: None }, now) {
+                        self.act(a, Some(shutting_down()));
                     }
                 }
-                for gone in self.rooms.expired(now + Duration::from_secs(1 << 30)) {
-                    self.abandon(gone, shutting_down());
+                // Every room still bootstrapping leaves as if its time were up.
+                for a in self.rooms.on(Event::Tick, now + Duration::from_secs(1 << 30)) {
+                    self.act(a, Some(shutting_down()));
                 }
             }
+        }
+    }
+
+    /// Carries out one action of the rooms; `why`: the reason a room that leaves is given (a
+    /// timeout's when None).
+    fn act(&mut self, a: Action<NewRequest, Handshake>, why: Option<Refused>) {
+        match a {
+            Action::RefuseRequest(r, why) => {
+                let _ = r.reply.send(Err(why));
+            }
+            // Answered by the handler that raised the event.
+            Action::RefuseHandshake(..) | Action::Aborted(_) => {}
+            Action::Pair { room, secret, request, handshake } => self.admit(room, secret, request, handshake),
+            Action::Gone(gone) => match why {
+                Some(why) => self.abandon(gone, why),
+                None => self.timed_out(gone),
+            },
         }
     }
 

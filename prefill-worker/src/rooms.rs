@@ -6,18 +6,24 @@
 //! - **inflight**: computed, pages still on the wire;
 //! - **closing**: aborted, failed or timed out after it was handed to the scheduler, its room
 //!   task still ending (pages may still be on the wire). The id stays taken until the task
-//!   reports ([`Rooms::finish`]): a request or handshake for it is refused (`room_closing`),
+//!   reports ([`Event::Finished`]): a request or handshake for it is refused (`room_closing`),
 //!   so a caller reusing a room id never meets the earlier room's chunks or pages.
 //!
-//! Every state has a timeout; [`Rooms::expired`] removes rooms past theirs and hands back what
-//! they held so the caller can answer and free. `R` and `H` are the caller's payloads for the
-//! request and the handshake.
+//! Every state has a timeout; a [`Event::Tick`] removes rooms past theirs and hands back what
+//! they held ([`Action::Gone`]) so the caller can answer and free. `R` and `H` are the
+//! caller's payloads for the request and the handshake.
+//!
+//! **One entry point**: [`Rooms::on`] takes an [`Event`] and returns the [`Action`]s the
+//! engine carries out; every event in every phase is a row of `rooms/table.rs`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use ferry_cluster::{Refused, Room, RoomSecret};
 use tonic::Code;
+
+mod event;
+pub use event::{Action, Event};
 
 /// Where a room is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,15 +99,55 @@ impl<R, H> Rooms<R, H> {
         Self { slots: HashMap::new(), timeouts }
     }
 
+    /// What follows from `ev` at `now`, for the engine to carry out.
+    pub fn on(&mut self, ev: Event<R, H>, now: Instant) -> Vec<Action<R, H>> {
+        let paired = |p: Option<(R, H)>, room, secret| {
+            p.map(|(request, handshake)| Action::Pair { room, secret, request, handshake })
+        };
+        match ev {
+            Event::Request { room, secret, request } => match self.request(room, secret, request, now) {
+                Ok(p) => paired(p, room, secret).into_iter().collect(),
+                Err((why, r)) => vec![Action::RefuseRequest(r, why)],
+            },
+            Event::Handshake { room, secret, handshake } => match self.handshake(room, secret, handshake, now) {
+                Ok(p) => paired(p, room, secret).into_iter().collect(),
+                Err((why, h)) => vec![Action::RefuseHandshake(h, why)],
+            },
+            Event::Abort { room, secret } => match self.abort(room, secret, now) {
+                Err(why) => vec![Action::Aborted(Err(why))],
+                Ok(None) => vec![Action::Aborted(Ok(false))],
+                Ok(Some(gone)) => vec![Action::Aborted(Ok(true)), Action::Gone(gone)],
+            },
+            Event::Computed(room) => {
+                self.computed(room, now);
+                Vec::new()
+            }
+            Event::Progress(room) => {
+                self.progress(room, now);
+                Vec::new()
+            }
+            // A room still bootstrapping has no task: it leaves with what it holds, so that
+            // its caller is answered.
+            Event::Close(room) if self.phase(room) == Some(Phase::Bootstrap) => {
+                self.take(room, now).map(Action::Gone).into_iter().collect()
+            }
+            Event::Close(room) => {
+                self.close(room, now);
+                Vec::new()
+            }
+            // Only a room past bootstrap has a task to report.
+            Event::Finished(room) if self.phase(room) == Some(Phase::Bootstrap) => Vec::new(),
+            Event::Finished(room) => {
+                self.finish(room);
+                Vec::new()
+            }
+            Event::Tick => self.expired(now).into_iter().map(Action::Gone).collect(),
+        }
+    }
+
     /// The request arrived. Returns the pair when the handshake was already there (the room
     /// is then waiting). A refusal hands the request back.
-    pub fn request(
-        &mut self,
-        room: Room,
-        secret: RoomSecret,
-        r: R,
-        now: Instant,
-    ) -> Result<Option<(R, H)>, (Refused, R)> {
+    fn request(&mut self, room: Room, secret: RoomSecret, r: R, now: Instant) -> Result<Option<(R, H)>, (Refused, R)> {
         let slot = match self.slot(room, secret, now, |s| s.request.is_some(), "duplicate_room", "a request") {
             Ok(s) => s,
             Err(e) => return Err((e, r)),
@@ -112,7 +158,7 @@ impl<R, H> Rooms<R, H> {
 
     /// The handshake arrived. Returns the pair when the request was already there. A refusal
     /// hands the handshake back.
-    pub fn handshake(
+    fn handshake(
         &mut self,
         room: Room,
         secret: RoomSecret,
@@ -168,7 +214,7 @@ impl<R, H> Rooms<R, H> {
     }
 
     /// The room's prompt is computed: its last pages are on the wire.
-    pub fn computed(&mut self, room: Room, now: Instant) {
+    fn computed(&mut self, room: Room, now: Instant) {
         if let Some(s) = self.slots.get_mut(&room)
             && s.phase == Phase::Waiting
         {
@@ -179,13 +225,13 @@ impl<R, H> Rooms<R, H> {
 
     /// The room's task reported, or the room never had one: forgets it; returns the phase it
     /// was in.
-    pub fn finish(&mut self, room: Room) -> Option<Phase> {
+    fn finish(&mut self, room: Room) -> Option<Phase> {
         self.slots.remove(&room).map(|s| s.phase)
     }
 
     /// The room's transfer moved (a chunk was sent): an inflight room's timeout counts from
     /// its last progress, so a long transfer that keeps moving is not cut.
-    pub fn progress(&mut self, room: Room, now: Instant) {
+    fn progress(&mut self, room: Room, now: Instant) {
         if let Some(s) = self.slots.get_mut(&room)
             && s.phase == Phase::Inflight
         {
@@ -196,7 +242,7 @@ impl<R, H> Rooms<R, H> {
     /// The room ended early (failed, aborted, timed out) while its task still runs: it is
     /// `Closing` until [`finish`](Self::finish). A bootstrapping room has no task and is
     /// forgotten at once.
-    pub fn close(&mut self, room: Room, now: Instant) {
+    fn close(&mut self, room: Room, now: Instant) {
         match self.slots.get_mut(&room) {
             Some(s) if s.phase == Phase::Bootstrap => {
                 self.slots.remove(&room);
@@ -227,7 +273,7 @@ impl<R, H> Rooms<R, H> {
     /// An abort for `room` (checked against its secret when given). Returns the phase and,
     /// when it was still bootstrapping, what it held; a bootstrapping room is forgotten, any
     /// other closes. A room already closing is not aborted again (`Ok(None)`).
-    pub fn abort(
+    fn abort(
         &mut self,
         room: Room,
         secret: Option<RoomSecret>,
@@ -247,7 +293,7 @@ impl<R, H> Rooms<R, H> {
     /// Takes out the rooms past their phase's timeout (bootstrapping ones are forgotten,
     /// others close). A closing room has no timeout here: its task's sends and abort are each
     /// bounded by the transfer timeout.
-    pub fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
+    fn expired(&mut self, now: Instant) -> Vec<Expired<R, H>> {
         let late: Vec<Room> = self
             .slots
             .iter()
@@ -306,127 +352,8 @@ impl<R, H> Rooms<R, H> {
 
 #[cfg(test)]
 mod props;
+#[cfg(test)]
+mod table;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rooms() -> Rooms<&'static str, &'static str> {
-        let s = Duration::from_secs(1);
-        Rooms::new(PhaseTimeouts { bootstrap: s, waiting: 2 * s, inflight: 3 * s })
-    }
-
-    #[test]
-    fn either_half_may_come_first_and_pairs_once() {
-        let t0 = Instant::now();
-        let mut r = rooms();
-        assert_eq!(r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).ok(), Some(None));
-        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Bootstrap));
-        assert_eq!(r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "hs", t0).ok(), Some(Some(("req", "hs"))));
-        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Waiting));
-        assert_eq!(r.handshake(Room::from(2u32), RoomSecret::from([2; 16]), "hs", t0).ok(), Some(None));
-        assert_eq!(r.request(Room::from(2u32), RoomSecret::from([2; 16]), "req", t0).ok(), Some(Some(("req", "hs"))));
-        assert_eq!(r.depth(), (0, 2, 0));
-        r.computed(Room::from(1u32), t0);
-        assert_eq!(r.depth(), (0, 1, 1));
-        assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Inflight));
-        assert_eq!(r.len(), 1);
-    }
-
-    #[test]
-    fn duplicates_and_wrong_secrets_are_refused_without_harm() {
-        let t0 = Instant::now();
-        let mut r = rooms();
-        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).expect("first");
-        let (e, back) = r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("duplicate");
-        assert_eq!((e.code, e.reason, back), (Code::AlreadyExists, "duplicate_room", "again"));
-        let (e, _) = r.handshake(Room::from(1u32), RoomSecret::from([9; 16]), "hs", t0).expect_err("wrong secret");
-        assert_eq!(e.code, Code::PermissionDenied);
-        assert!(r.abort(Room::from(1u32), Some(RoomSecret::from([9; 16])), t0).is_err(), "an abort needs the secret");
-        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Bootstrap), "the room is untouched");
-        let gone = r.abort(Room::from(1u32), Some(RoomSecret::from([1; 16])), t0).expect("abort").expect("was known");
-        assert_eq!((gone.phase, gone.request), (Phase::Bootstrap, Some("req")));
-        assert!(r.abort(Room::from(1u32), None, t0).expect("unknown is fine").is_none());
-    }
-
-    /// Issue 21's room-id reuse: an aborted room whose task still runs keeps its id, so a
-    /// new request or handshake with that id is refused until the task reports, instead of
-    /// replacing the room the engine is still computing and sending.
-    #[test]
-    fn a_room_id_stays_taken_until_the_aborted_rooms_task_reports() {
-        let t0 = Instant::now();
-        let mut r = rooms();
-        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).expect("request");
-        assert!(
-            r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "hs", t0).expect("handshake").is_some(),
-            "paired: the room task starts"
-        );
-        let gone = r.abort(Room::from(1u32), Some(RoomSecret::from([1; 16])), t0).expect("abort").expect("was known");
-        assert_eq!(gone.phase, Phase::Waiting);
-        assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Closing));
-        let (e, _) =
-            r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("the id is still taken");
-        assert_eq!((e.code, e.reason), (Code::AlreadyExists, "room_closing"));
-        let (e, _) =
-            r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("for handshakes too");
-        assert_eq!(e.reason, "room_closing");
-        assert!(r.abort(Room::from(1u32), None, t0).expect("closing").is_none(), "not aborted twice");
-        assert!(r.expired(t0 + Duration::from_secs(3600)).is_empty(), "closing waits for its task");
-        assert_eq!(r.depth(), (0, 0, 1));
-        assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Closing));
-        assert!(
-            r.request(Room::from(1u32), RoomSecret::from([1; 16]), "new", t0).is_ok(),
-            "free once the task reported"
-        );
-    }
-
-    /// Issue 21's defect 6: the inflight timeout counted from the end of computation, so a
-    /// transfer still moving was cut after it.
-    #[test]
-    fn an_inflight_room_times_out_from_its_last_progress() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut r = rooms();
-        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
-        r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
-        r.computed(Room::from(1u32), t0);
-        r.progress(Room::from(1u32), t0 + 2 * s);
-        assert!(r.expired(t0 + 4 * s).is_empty(), "moving 2 s ago, timeout 3 s");
-        assert_eq!(r.expired(t0 + 5 * s).len(), 1);
-    }
-
-    #[test]
-    fn every_phase_times_out() {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut r = rooms();
-        r.request(Room::from(1u32), RoomSecret::from([1; 16]), "a", t0).expect("ok");
-        r.request(Room::from(2u32), RoomSecret::from([2; 16]), "b", t0).expect("ok");
-        r.handshake(Room::from(2u32), RoomSecret::from([2; 16]), "b", t0).expect("ok");
-        r.request(Room::from(3u32), RoomSecret::from([3; 16]), "c", t0).expect("ok");
-        r.handshake(Room::from(3u32), RoomSecret::from([3; 16]), "c", t0).expect("ok");
-        r.computed(Room::from(3u32), t0);
-        assert_eq!(r.next_deadline(), Some(t0 + s));
-        assert!(r.expired(t0 + s - Duration::from_millis(1)).is_empty());
-        let e = r.expired(t0 + s);
-        assert_eq!(r.next_deadline(), Some(t0 + 2 * s), "the first deadline left is room 2's");
-        assert_eq!((e.len(), e[0].room, e[0].phase, e[0].request), (1, Room::from(1u32), Phase::Bootstrap, Some("a")));
-        assert_eq!(
-            r.expired(t0 + 2 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
-            vec![(Room::from(2u32), Phase::Waiting)]
-        );
-        assert_eq!(
-            r.expired(t0 + 3 * s).iter().map(|e| (e.room, e.phase)).collect::<Vec<_>>(),
-            vec![(Room::from(3u32), Phase::Inflight)]
-        );
-        // Rooms 2 and 3 had tasks: closing until they report.
-        assert_eq!(
-            (r.phase(Room::from(2u32)), r.phase(Room::from(3u32))),
-            (Some(Phase::Closing), Some(Phase::Closing))
-        );
-        assert_eq!(r.next_deadline(), None, "closing rooms wait for their tasks, not a clock");
-        r.finish(Room::from(2u32));
-        r.finish(Room::from(3u32));
-        assert!(r.is_empty());
-    }
-}
+mod tests;

@@ -14,6 +14,7 @@ use tonic::Code;
 
 use super::{Engine, Handshake, Live, NewRequest};
 use crate::room_task::RoomTask;
+use crate::rooms::Event;
 
 impl<B: Backend> Engine<B> {
     pub(super) fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
@@ -43,7 +44,7 @@ impl<B: Backend> Engine<B> {
         if h.dest.len() != need {
             let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
             let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
-            self.rooms.finish(room);
+            self.rooms.on(Event::Finished(room), Instant::now());
             let sender = h.sender;
             self.rt.spawn(async move {
                 let _ = sender.abort(room, secret, "destination page count does not fit the prompt").await;
@@ -54,7 +55,7 @@ impl<B: Backend> Engine<B> {
         let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
         if let Err(e) = send_room.handshake(Arc::clone(&h.sender), h.dest.clone(), Instant::now()) {
             let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
-            self.rooms.finish(room);
+            self.rooms.on(Event::Finished(room), Instant::now());
             return;
         }
         let limit = self.cfg.timeouts.transferring;

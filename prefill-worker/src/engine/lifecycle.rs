@@ -9,13 +9,13 @@ use ferry_kernels::Backend;
 use tonic::Code;
 
 use super::{Engine, Handshake, Live, NewRequest, PrefillDone};
-use crate::rooms::{Expired, Phase};
+use crate::rooms::{Action, Event, Expired, Phase};
 
 impl<B: Backend> Engine<B> {
     /// A room task ended.
     pub(super) fn sent(&mut self, room: Room, result: Result<(), String>) {
         let Some(mut l) = self.live.remove(&room) else { return };
-        self.rooms.finish(room);
+        self.rooms.on(Event::Finished(room), Instant::now());
         let reply = l.reply.take();
         match (&l.aborting, result) {
             (None, Ok(())) => {
@@ -76,8 +76,13 @@ impl<B: Backend> Engine<B> {
     /// Fails a live room: tells the caller, stops the room task; frees now when no page is on
     /// the wire, else when the task reports.
     pub(super) fn fail(&mut self, room: Room, why: Refused) {
-        // The id stays taken until the room task reports (`sent`).
-        self.rooms.close(room, Instant::now());
+        // The id stays taken until the room task reports (`sent`); a room still bootstrapping
+        // (no task) leaves now, its caller answered.
+        for a in self.rooms.on(Event::Close(room), Instant::now()) {
+            if let Action::Gone(gone) = a {
+                self.abandon(gone, why.clone());
+            }
+        }
         let Some(l) = self.live.get_mut(&room) else { return };
         if let Some(tx) = l.reply.take() {
             let _ = tx.send(Err(why.clone()));
@@ -104,14 +109,19 @@ impl<B: Backend> Engine<B> {
     }
 
     pub(super) fn expire(&mut self, now: Instant) {
-        for gone in self.rooms.expired(now) {
-            let why =
-                Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
-            let span = self.live.get(&gone.room).map(|l| l.span.clone());
-            let span =
-                span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
-            tracing::warn!(parent: &span, room = %gone.room, phase = gone.phase.label(), "room timed out");
-            self.abandon(gone, why);
+        for a in self.rooms.on(Event::Tick, now) {
+            if let Action::Gone(gone) = a {
+                self.timed_out(gone);
+            }
         }
+    }
+
+    /// A room that timed out.
+    pub(super) fn timed_out(&mut self, gone: Expired<NewRequest, Handshake>) {
+        let why = Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
+        let span = self.live.get(&gone.room).map(|l| l.span.clone());
+        let span = span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
+        tracing::warn!(parent: &span, room = %gone.room, phase = gone.phase.label(), "room timed out");
+        self.abandon(gone, why);
     }
 }

@@ -12,6 +12,7 @@ use ferry_transfer::frame::Aux;
 
 use super::Engine;
 use crate::room_task::ChunkMsg;
+use crate::rooms::Event;
 
 impl<B: Backend> Engine<B> {
     /// One scheduled pass: compute, then hand each chunk's finished pages to its room task.
@@ -61,7 +62,7 @@ impl<B: Backend> Engine<B> {
                 aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
                 l.first = Some(s);
                 l.clock.lap("prefill_compute", now);
-                self.rooms.computed(room, now);
+                self.rooms.on(Event::Computed(room), now);
             }
             if l.aborting.is_some() {
                 continue;

@@ -1,0 +1,70 @@
+//! What the prefill rooms hear ([`Event`]) and what they decide ([`Action`]); `R` and `H` are
+//! the engine's request and handshake payloads, handed back in the actions.
+
+use ferry_cluster::{Refused, Room, RoomSecret};
+
+use super::Expired;
+
+/// Something that happened to a room.
+pub enum Event<R, H> {
+    /// A Prefill call (its prompt already checked).
+    Request {
+        /// The room.
+        room: Room,
+        /// Its secret.
+        secret: RoomSecret,
+        /// The request.
+        request: R,
+    },
+    /// A decode node's handshake.
+    Handshake {
+        /// The room.
+        room: Room,
+        /// Its secret.
+        secret: RoomSecret,
+        /// The handshake.
+        handshake: H,
+    },
+    /// An Abort call (`secret` checked), or the worker stopping (`None`).
+    Abort {
+        /// The room.
+        room: Room,
+        /// The caller's secret; None: the worker's own abort.
+        secret: Option<RoomSecret>,
+    },
+    /// The room's prompt is computed: its last pages are on the wire.
+    Computed(Room),
+    /// Its task sent a chunk: the inflight timeout counts from here.
+    Progress(Room),
+    /// The engine failed the room while its task runs.
+    Close(Room),
+    /// Its task reported (or it never had one).
+    Finished(Room),
+    /// Time passed: rooms past their phase's timeout leave.
+    Tick,
+}
+
+/// What the engine must do.
+pub enum Action<R, H> {
+    /// Refuse the request; it is handed back.
+    RefuseRequest(R, Refused),
+    /// Refuse the handshake; it is handed back. (A handshake with no such action was taken.)
+    RefuseHandshake(H, Refused),
+    /// Request and handshake are both here: schedule the room.
+    Pair {
+        /// The room.
+        room: Room,
+        /// Its secret.
+        secret: RoomSecret,
+        /// The request.
+        request: R,
+        /// The handshake.
+        handshake: H,
+    },
+    /// The answer to an Abort call: whether the room was known (a closing room is not
+    /// aborted again), or the refusal of a wrong secret.
+    Aborted(Result<bool, Refused>),
+    /// The room left by abort or timeout, with what it held: answer the request, abort the
+    /// handshake's room on the decode node, and (past bootstrap) stop its task.
+    Gone(Expired<R, H>),
+}
