@@ -40,13 +40,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use ferry_cluster::{Refused, Room};
-use tonic::Code;
+use ferry_cluster::Room;
 
 mod admission;
 mod event;
 pub use admission::victim;
-pub use event::{Action, Event};
+pub use event::{Action, Event, Refusal};
 
 /// Where a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -265,15 +264,14 @@ impl Queues {
     }
 
     /// A new request with a prompt of `prompt` tokens that may generate `limit` tokens.
-    fn push(&mut self, room: Room, prompt: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refused> {
+    fn push(&mut self, room: Room, prompt: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refusal> {
         if self.entries.contains_key(&room) {
-            return Err(Refused::new(Code::AlreadyExists, "duplicate_room", format!("room {room} is already here")));
+            return Err(Refusal::DuplicateRoom);
         }
         if self.draining.contains_key(&room) {
             // An earlier request of this room id still has a page run being written: the id
             // is not free until that write ends (issue 21's stale write).
-            let why = format!("room {room}: an earlier room with this id is still closing");
-            return Err(Refused::new(Code::AlreadyExists, "room_closing", why));
+            return Err(Refusal::RoomClosing);
         }
         let e = Entry {
             stage: Stage::Prealloc,

@@ -29,7 +29,7 @@ use tokio::sync::{broadcast, mpsc};
 use tonic::Code;
 
 use crate::room_task::ChunkMsg;
-use crate::rooms::{Action, Event, PhaseTimeouts, Rooms};
+use crate::rooms::{Action, Event, PhaseTimeouts, Refusal, Rooms};
 use crate::service::SenderPool;
 
 mod admit;
@@ -158,7 +158,7 @@ impl<B: Backend> Engine<B> {
                 }
                 let actions = self.rooms.on(Event::Handshake { room, secret, handshake: hs }, now);
                 let refused = actions.iter().find_map(|a| match a {
-                    Action::RefuseHandshake(_, why) => Some(why.clone()),
+                    Action::RefuseHandshake { why, .. } => Some(refused(room, *why)),
                     _ => None,
                 });
                 let _ = reply.send(refused.map_or(Ok(()), Err));
@@ -173,7 +173,7 @@ impl<B: Backend> Engine<B> {
                     match a {
                         Action::Aborted(r) => {
                             if let Some(reply) = reply.take() {
-                                let _ = reply.send(r);
+                                let _ = reply.send(r.map_err(|why| refused(room, why)));
                             }
                         }
                         other => self.act(other, Some(why.clone())),
@@ -207,11 +207,11 @@ impl<B: Backend> Engine<B> {
     /// timeout's when None).
     fn act(&mut self, a: Action<NewRequest, Handshake>, why: Option<Refused>) {
         match a {
-            Action::RefuseRequest(r, why) => {
-                let _ = r.reply.send(Err(why));
+            Action::RefuseRequest { room, request, why } => {
+                let _ = request.reply.send(Err(refused(room, why)));
             }
             // Answered by the handler that raised the event.
-            Action::RefuseHandshake(..) | Action::Aborted(_) => {}
+            Action::RefuseHandshake { .. } | Action::Aborted(_) => {}
             Action::Pair { room, secret, request, handshake } => self.admit(room, secret, request, handshake),
             Action::Gone(gone) => match why {
                 Some(why) => self.abandon(gone, why),
@@ -292,6 +292,15 @@ impl<B: Backend> EngineThread for Engine<B> {
     fn finished(&self) -> bool {
         self.draining && self.rooms.is_empty() && self.live.is_empty()
     }
+}
+
+/// A refusal of the rooms as the caller sees it (the one place it becomes a gRPC status).
+fn refused(room: Room, why: Refusal) -> Refused {
+    let code = match why {
+        Refusal::WrongSecret => Code::PermissionDenied,
+        Refusal::DuplicateRoom | Refusal::DuplicateHandshake | Refusal::RoomClosing => Code::AlreadyExists,
+    };
+    Refused::new(code, why.label(), why.message(room))
 }
 
 /// The refusal of anything arriving while the worker shuts down.

@@ -19,11 +19,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use ferry_cluster::{Refused, Room, RoomSecret};
-use tonic::Code;
+use ferry_cluster::{Room, RoomSecret};
 
 mod event;
-pub use event::{Action, Event};
+pub use event::{Action, Event, Refusal};
 
 /// Where a room is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,10 +88,6 @@ pub struct Rooms<R, H> {
     timeouts: PhaseTimeouts,
 }
 
-fn wrong_secret(room: Room) -> Refused {
-    Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong room secret"))
-}
-
 impl<R, H> Rooms<R, H> {
     /// No rooms.
     pub fn new(timeouts: PhaseTimeouts) -> Self {
@@ -107,11 +102,11 @@ impl<R, H> Rooms<R, H> {
         match ev {
             Event::Request { room, secret, request } => match self.request(room, secret, request, now) {
                 Ok(p) => paired(p, room, secret).into_iter().collect(),
-                Err((why, r)) => vec![Action::RefuseRequest(r, why)],
+                Err((why, request)) => vec![Action::RefuseRequest { room, request, why }],
             },
             Event::Handshake { room, secret, handshake } => match self.handshake(room, secret, handshake, now) {
                 Ok(p) => paired(p, room, secret).into_iter().collect(),
-                Err((why, h)) => vec![Action::RefuseHandshake(h, why)],
+                Err((why, handshake)) => vec![Action::RefuseHandshake { room, handshake, why }],
             },
             Event::Abort { room, secret } => match self.abort(room, secret, now) {
                 Err(why) => vec![Action::Aborted(Err(why))],
@@ -147,8 +142,8 @@ impl<R, H> Rooms<R, H> {
 
     /// The request arrived. Returns the pair when the handshake was already there (the room
     /// is then waiting). A refusal hands the request back.
-    fn request(&mut self, room: Room, secret: RoomSecret, r: R, now: Instant) -> Result<Option<(R, H)>, (Refused, R)> {
-        let slot = match self.slot(room, secret, now, |s| s.request.is_some(), "duplicate_room", "a request") {
+    fn request(&mut self, room: Room, secret: RoomSecret, r: R, now: Instant) -> Result<Option<(R, H)>, (Refusal, R)> {
+        let slot = match self.slot(room, secret, now, |s| s.request.is_some(), Refusal::DuplicateRoom) {
             Ok(s) => s,
             Err(e) => return Err((e, r)),
         };
@@ -164,8 +159,8 @@ impl<R, H> Rooms<R, H> {
         secret: RoomSecret,
         h: H,
         now: Instant,
-    ) -> Result<Option<(R, H)>, (Refused, H)> {
-        let slot = match self.slot(room, secret, now, |s| s.handshake.is_some(), "duplicate_handshake", "a handshake") {
+    ) -> Result<Option<(R, H)>, (Refusal, H)> {
+        let slot = match self.slot(room, secret, now, |s| s.handshake.is_some(), Refusal::DuplicateHandshake) {
             Ok(s) => s,
             Err(e) => return Err((e, h)),
         };
@@ -180,9 +175,8 @@ impl<R, H> Rooms<R, H> {
         secret: RoomSecret,
         now: Instant,
         has: impl Fn(&Slot<R, H>) -> bool,
-        reason: &'static str,
-        what: &str,
-    ) -> Result<&mut Slot<R, H>, Refused> {
+        duplicate: Refusal,
+    ) -> Result<&mut Slot<R, H>, Refusal> {
         let s = self.slots.entry(room).or_insert_with(|| Slot {
             secret,
             phase: Phase::Bootstrap,
@@ -191,14 +185,13 @@ impl<R, H> Rooms<R, H> {
             handshake: None,
         });
         if s.secret != secret {
-            return Err(wrong_secret(room));
+            return Err(Refusal::WrongSecret);
         }
         if s.phase == Phase::Closing {
-            let why = format!("room {room}: an earlier room with this id is still ending");
-            return Err(Refused::new(Code::AlreadyExists, "room_closing", why));
+            return Err(Refusal::RoomClosing);
         }
         if has(s) || s.phase != Phase::Bootstrap {
-            return Err(Refused::new(Code::AlreadyExists, reason, format!("room {room} already has {what}")));
+            return Err(duplicate);
         }
         Ok(s)
     }
@@ -278,11 +271,11 @@ impl<R, H> Rooms<R, H> {
         room: Room,
         secret: Option<RoomSecret>,
         now: Instant,
-    ) -> Result<Option<Expired<R, H>>, Refused> {
+    ) -> Result<Option<Expired<R, H>>, Refusal> {
         match self.slots.get(&room) {
             None => return Ok(None),
             Some(s) if secret.is_some_and(|x| x != s.secret) => {
-                return Err(wrong_secret(room));
+                return Err(Refusal::WrongSecret);
             }
             Some(s) if s.phase == Phase::Closing => return Ok(None),
             Some(_) => {}

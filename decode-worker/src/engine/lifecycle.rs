@@ -45,8 +45,8 @@ impl<B: Backend> Engine<B> {
         }
         let room = key.room;
         let ev = Event::Request { room, prompt: prompt.len(), limit: remaining, local: bootstrap.is_none() };
-        if let Some(Action::Refuse(e)) = self.queues.on(ev, Instant::now()).into_iter().next() {
-            return Err((e, accepted));
+        if let Some(Action::Refuse(why)) = self.queues.on(ev, Instant::now()).into_iter().next() {
+            return Err((Refused::new(Code::AlreadyExists, why.label(), why.message(room)), accepted));
         }
         let sampler = Sampler::new(params, &prompt);
         let r = Req {

@@ -4,9 +4,37 @@
 //! in order. The queues count every page they hand out, so the pool's free pages must always
 //! equal [`Queues::free_pages`](super::Queues::free_pages).
 
-use ferry_cluster::{Refused, Room};
+use ferry_cluster::Room;
 
 use super::Stage;
+
+/// Why the queues refused a request: a domain reason with a stable name; the engine maps it to
+/// a gRPC status once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A request of this room id is here.
+    DuplicateRoom,
+    /// An ended request of this room id still has a page run being written.
+    RoomClosing,
+}
+
+impl Refusal {
+    /// Stable name (the `ferry-reason` a caller sees).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::DuplicateRoom => "duplicate_room",
+            Self::RoomClosing => "room_closing",
+        }
+    }
+
+    /// What the caller is told.
+    pub fn message(self, room: Room) -> String {
+        match self {
+            Self::DuplicateRoom => format!("room {room} is already here"),
+            Self::RoomClosing => format!("room {room}: an earlier room with this id is still closing"),
+        }
+    }
+}
 
 /// Something that happened to the decode node's requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,7 +87,7 @@ pub enum Event {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Refuse the request (it was not queued).
-    Refuse(Refused),
+    Refuse(Refusal),
     /// Allocate `pages` pages for the request's context; `local`: it prefills here, else
     /// open its receiver room and start the handshake.
     Allocate {

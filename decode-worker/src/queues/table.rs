@@ -112,7 +112,7 @@ fn observe(q: &Queues) -> State {
 
 fn summary(actions: &[Action]) -> String {
     let one = |a: &Action| match a {
-        Action::Refuse(r) => format!("refuse {}", r.reason),
+        Action::Refuse(r) => format!("refuse {}", r.label()),
         Action::Allocate { pages, local, .. } => format!("allocate {pages}{}", if *local { " local" } else { "" }),
         Action::Grow { pages, .. } => format!("grow {pages}"),
         Action::Retract { pages, context, .. } => format!("retract {pages} {context}"),

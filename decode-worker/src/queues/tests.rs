@@ -64,7 +64,7 @@ fn limits_duplicates_and_timeouts() {
     let t0 = Instant::now();
     let mut q = queues(1, reserved(0));
     q.push(rid(1), 1, 0, false, t0).expect("new");
-    assert_eq!(q.push(rid(1), 1, 0, false, t0).map_err(|e| e.reason), Err("duplicate_room"));
+    assert_eq!(q.push(rid(1), 1, 0, false, t0), Err(Refusal::DuplicateRoom));
     q.push(rid(2), 1, 0, false, t0).expect("new");
     assert_eq!(q.admit_within(100, t0).len(), 1, "max_running = 1");
     q.on(Event::Transferred(rid(1)), t0);

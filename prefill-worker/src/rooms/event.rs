@@ -1,9 +1,45 @@
 //! What the prefill rooms hear ([`Event`]) and what they decide ([`Action`]); `R` and `H` are
 //! the engine's request and handshake payloads, handed back in the actions.
 
-use ferry_cluster::{Refused, Room, RoomSecret};
+use ferry_cluster::{Room, RoomSecret};
 
 use super::Expired;
+
+/// Why the rooms refused a request, a handshake or an abort: a domain reason with a stable
+/// name; the engine maps it to a gRPC status once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The room is here with another secret.
+    WrongSecret,
+    /// The room already has its request (or is past bootstrap).
+    DuplicateRoom,
+    /// The room already has its handshake (or is past bootstrap).
+    DuplicateHandshake,
+    /// An earlier room with this id is still ending (its task has not reported).
+    RoomClosing,
+}
+
+impl Refusal {
+    /// Stable name (the `ferry-reason` a caller sees).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::WrongSecret => "wrong_secret",
+            Self::DuplicateRoom => "duplicate_room",
+            Self::DuplicateHandshake => "duplicate_handshake",
+            Self::RoomClosing => "room_closing",
+        }
+    }
+
+    /// What the caller is told.
+    pub fn message(self, room: Room) -> String {
+        match self {
+            Self::WrongSecret => format!("room {room}: wrong room secret"),
+            Self::DuplicateRoom => format!("room {room} already has a request"),
+            Self::DuplicateHandshake => format!("room {room} already has a handshake"),
+            Self::RoomClosing => format!("room {room}: an earlier room with this id is still ending"),
+        }
+    }
+}
 
 /// Something that happened to a room.
 pub enum Event<R, H> {
@@ -47,9 +83,23 @@ pub enum Event<R, H> {
 /// What the engine must do.
 pub enum Action<R, H> {
     /// Refuse the request; it is handed back.
-    RefuseRequest(R, Refused),
+    RefuseRequest {
+        /// The room.
+        room: Room,
+        /// The request.
+        request: R,
+        /// Why.
+        why: Refusal,
+    },
     /// Refuse the handshake; it is handed back. (A handshake with no such action was taken.)
-    RefuseHandshake(H, Refused),
+    RefuseHandshake {
+        /// The room.
+        room: Room,
+        /// The handshake.
+        handshake: H,
+        /// Why.
+        why: Refusal,
+    },
     /// Request and handshake are both here: schedule the room.
     Pair {
         /// The room.
@@ -63,7 +113,7 @@ pub enum Action<R, H> {
     },
     /// The answer to an Abort call: whether the room was known (a closing room is not
     /// aborted again), or the refusal of a wrong secret.
-    Aborted(Result<bool, Refused>),
+    Aborted(Result<bool, Refusal>),
     /// The room left by abort or timeout, with what it held: answer the request, abort the
     /// handshake's room on the decode node, and (past bootstrap) stop its task.
     Gone(Expired<R, H>),

@@ -116,11 +116,11 @@ fn observe(r: &Table) -> State {
 
 fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
     let one = |a: Action<&'static str, &'static str>| match a {
-        Action::RefuseRequest(_, why) => format!("refuse request {}", why.reason),
-        Action::RefuseHandshake(_, why) => format!("refuse handshake {}", why.reason),
+        Action::RefuseRequest { why, .. } => format!("refuse request {}", why.label()),
+        Action::RefuseHandshake { why, .. } => format!("refuse handshake {}", why.label()),
         Action::Pair { .. } => "pair".to_string(),
         Action::Aborted(Ok(known)) => format!("aborted {known}"),
-        Action::Aborted(Err(why)) => format!("aborted {}", why.reason),
+        Action::Aborted(Err(why)) => format!("aborted {}", why.label()),
         Action::Gone(g) => {
             let held: Vec<&str> = g.request.into_iter().chain(g.handshake).collect();
             format!("gone {} ({})", g.phase.label(), held.join(" "))

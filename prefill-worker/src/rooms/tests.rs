@@ -30,9 +30,9 @@ fn duplicates_and_wrong_secrets_are_refused_without_harm() {
     let mut r = rooms();
     r.request(Room::from(1u32), RoomSecret::from([1; 16]), "req", t0).expect("first");
     let (e, back) = r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("duplicate");
-    assert_eq!((e.code, e.reason, back), (Code::AlreadyExists, "duplicate_room", "again"));
+    assert_eq!((e, back), (Refusal::DuplicateRoom, "again"));
     let (e, _) = r.handshake(Room::from(1u32), RoomSecret::from([9; 16]), "hs", t0).expect_err("wrong secret");
-    assert_eq!(e.code, Code::PermissionDenied);
+    assert_eq!(e, Refusal::WrongSecret);
     assert!(r.abort(Room::from(1u32), Some(RoomSecret::from([9; 16])), t0).is_err(), "an abort needs the secret");
     assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Bootstrap), "the room is untouched");
     let gone = r.abort(Room::from(1u32), Some(RoomSecret::from([1; 16])), t0).expect("abort").expect("was known");
@@ -57,9 +57,9 @@ fn a_room_id_stays_taken_until_the_aborted_rooms_task_reports() {
     assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Closing));
     let (e, _) =
         r.request(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("the id is still taken");
-    assert_eq!((e.code, e.reason), (Code::AlreadyExists, "room_closing"));
+    assert_eq!(e, Refusal::RoomClosing);
     let (e, _) = r.handshake(Room::from(1u32), RoomSecret::from([1; 16]), "again", t0).expect_err("for handshakes too");
-    assert_eq!(e.reason, "room_closing");
+    assert_eq!(e, Refusal::RoomClosing);
     assert!(r.abort(Room::from(1u32), None, t0).expect("closing").is_none(), "not aborted twice");
     assert!(r.expired(t0 + Duration::from_secs(3600)).is_empty(), "closing waits for its task");
     assert_eq!(r.depth(), (0, 0, 1));
