@@ -287,6 +287,15 @@ impl<B: Backend> EngineThread for Engine<B> {
             }
         }
         self.publish();
+        // With no room here, every page is free or cached and none is locked: a page held
+        // by nobody would be a leak (every test run checks it).
+        if self.live.is_empty() && self.rooms.is_empty() && !self.busy() {
+            debug_assert_eq!(
+                (self.pool.free_pages() + self.cache.cached_pages(), self.cache.protected_pages()),
+                (self.pool.num_pages(), 0),
+                "prefill pages held by no room (free + cached, locked)"
+            );
+        }
     }
 
     fn finished(&self) -> bool {
