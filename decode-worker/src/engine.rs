@@ -44,8 +44,6 @@ struct Req {
     sampler: Sampler,
     out: Out,
     pages: Option<PageAlloc>,
-    /// Its room is open in the receiver, the outcome not yet in.
-    transferring: bool,
     computed: usize,
     generated: Vec<u32>,
     /// The first token, from the prefill node or the local prefill, not yet emitted.
@@ -174,7 +172,9 @@ impl<B: Backend> Engine<B> {
                 }
             }
             Cmd::Transferred { room, incarnation, outcome } => {
-                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation && r.transferring) {
+                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation)
+                    && self.queues.stage(room) == Some(Stage::Transfer)
+                {
                     self.transferred(room, outcome, Instant::now());
                 }
             }

@@ -60,10 +60,7 @@ impl<B: Backend> Engine<B> {
             return;
         }
         match self.receiver.open(room, r.key.secret, &dest) {
-            Ok(outcome) => {
-                r.transferring = true;
-                self.wake.outcome(room, r.incarnation, outcome);
-            }
+            Ok(outcome) => self.wake.outcome(room, r.incarnation, outcome),
             Err(refusal) => {
                 let code = match refusal {
                     Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,

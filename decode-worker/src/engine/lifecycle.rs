@@ -56,7 +56,6 @@ impl<B: Backend> Engine<B> {
             sampler,
             out,
             pages: None,
-            transferring: false,
             computed: 0,
             generated: Vec::new(),
             first: None,
@@ -93,7 +92,6 @@ impl<B: Backend> Engine<B> {
             }
         };
         let Some(r) = self.reqs.get_mut(&room) else { return };
-        r.transferring = false;
         r.clock.lap("transfer", now);
         self.receiver.close(room);
         r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
@@ -141,7 +139,7 @@ impl<B: Backend> Engine<B> {
             let _ = r.out.send(Err(why));
         }
         let mut released = None;
-        if std::mem::take(&mut r.transferring) || stage == Some(Stage::Transfer) {
+        if stage == Some(Stage::Transfer) {
             self.receiver.close(room);
             released = self.receiver.inbox().released(room);
         }
