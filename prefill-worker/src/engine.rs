@@ -78,8 +78,8 @@ pub struct Engine<B: Backend> {
     pool: PagePool<B>,
     cache: RadixCache,
     sched: Scheduler,
-    rooms: Rooms<NewRequest, Handshake>,
-    live: HashMap<Room, Live>,
+    /// The rooms, each with the engine's record of it once started ([`Live`]).
+    rooms: Rooms<NewRequest, Handshake, Live>,
     kv: Arc<KvHost>,
     /// Per page: how many room tasks may be sending it from its mirror page (with a mirror).
     on_wire: HashMap<u32, u32>,
@@ -117,7 +117,6 @@ impl<B: Backend> Engine<B> {
             pool,
             sched,
             rooms: Rooms::new(phase_t),
-            live: HashMap::new(),
             kv,
             on_wire: HashMap::new(),
             rt,
@@ -189,7 +188,7 @@ impl<B: Backend> Engine<B> {
             }
             Cmd::Shutdown => {
                 self.draining = true;
-                let all: Vec<Room> = self.live.keys().copied().collect();
+                let all = self.rooms.live_rooms();
                 for room in all {
                     for a in self.rooms.on(Event::Abort { room, secret: None }, now) {
                         self.act(a, Some(shutting_down()));
@@ -205,7 +204,7 @@ impl<B: Backend> Engine<B> {
 
     /// Carries out one action of the rooms; `why`: the reason a room that leaves is given (a
     /// timeout's when None).
-    fn act(&mut self, a: Action<NewRequest, Handshake>, why: Option<Refused>) {
+    fn act(&mut self, a: Action<NewRequest, Handshake, Live>, why: Option<Refused>) {
         match a {
             Action::RefuseRequest { room, request, why } => {
                 let _ = request.reply.send(Err(refused(room, why)));
@@ -217,6 +216,8 @@ impl<B: Backend> Engine<B> {
                 Some(why) => self.abandon(gone, why),
                 None => self.timed_out(gone),
             },
+            Action::Finished { room, live: Some(l) } => self.release(room, l),
+            Action::Finished { live: None, .. } => {}
         }
     }
 
@@ -281,7 +282,7 @@ impl<B: Backend> EngineThread for Engine<B> {
         self.expire(now);
         if let Err(e) = self.step() {
             tracing::error!(error = %e, "prefill pass failed; failing its rooms");
-            let rooms: Vec<Room> = self.live.keys().copied().collect();
+            let rooms = self.rooms.live_rooms();
             for room in rooms {
                 self.fail(room, Refused::new(Code::Internal, "engine_error", e.to_string()));
             }
@@ -289,7 +290,7 @@ impl<B: Backend> EngineThread for Engine<B> {
         self.publish();
         // With no room here, every page is free or cached and none is locked: a page held
         // by nobody would be a leak (every test run checks it).
-        if self.live.is_empty() && self.rooms.is_empty() && !self.busy() {
+        if self.rooms.is_empty() && !self.busy() {
             debug_assert_eq!(
                 (self.pool.free_pages() + self.cache.cached_pages(), self.cache.protected_pages()),
                 (self.pool.num_pages(), 0),
@@ -299,7 +300,7 @@ impl<B: Backend> EngineThread for Engine<B> {
     }
 
     fn finished(&self) -> bool {
-        self.draining && self.rooms.is_empty() && self.live.is_empty()
+        self.draining && self.rooms.is_empty()
     }
 }
 

@@ -60,12 +60,14 @@ pub struct PhaseTimeouts {
     pub inflight: Duration,
 }
 
-struct Slot<R, H> {
+struct Slot<R, H, L> {
     secret: RoomSecret,
     phase: Phase,
     since: Instant,
     request: Option<R>,
     handshake: Option<H>,
+    /// The engine's record of the room from its start (past bootstrap) to its task's report.
+    live: Option<L>,
 }
 
 /// A room that timed out, with what it held.
@@ -83,19 +85,19 @@ pub struct Expired<R, H> {
 }
 
 /// The rooms of one prefill node.
-pub struct Rooms<R, H> {
-    slots: HashMap<Room, Slot<R, H>>,
+pub struct Rooms<R, H, L = ()> {
+    slots: HashMap<Room, Slot<R, H, L>>,
     timeouts: PhaseTimeouts,
 }
 
-impl<R, H> Rooms<R, H> {
+impl<R, H, L> Rooms<R, H, L> {
     /// No rooms.
     pub fn new(timeouts: PhaseTimeouts) -> Self {
         Self { slots: HashMap::new(), timeouts }
     }
 
     /// What follows from `ev` at `now`, for the engine to carry out.
-    pub fn on(&mut self, ev: Event<R, H>, now: Instant) -> Vec<Action<R, H>> {
+    pub fn on(&mut self, ev: Event<R, H, L>, now: Instant) -> Vec<Action<R, H, L>> {
         let paired = |p: Option<(R, H)>, room, secret| {
             p.map(|(request, handshake)| Action::Pair { room, secret, request, handshake })
         };
@@ -130,12 +132,20 @@ impl<R, H> Rooms<R, H> {
                 self.close(room, now);
                 Vec::new()
             }
+            Event::Started { room, live } => match self.slots.get_mut(&room) {
+                Some(s) if s.phase == Phase::Waiting && s.live.is_none() => {
+                    s.live = Some(live);
+                    Vec::new()
+                }
+                // No room waiting for it: handed back, to be released.
+                _ => vec![Action::Finished { room, live: Some(live) }],
+            },
             // Only a room past bootstrap has a task to report.
             Event::Finished(room) if self.phase(room) == Some(Phase::Bootstrap) => Vec::new(),
-            Event::Finished(room) => {
-                self.finish(room);
-                Vec::new()
-            }
+            Event::Finished(room) => match self.slots.remove(&room) {
+                Some(s) => vec![Action::Finished { room, live: s.live }],
+                None => Vec::new(),
+            },
             Event::Tick => self.expired(now).into_iter().map(Action::Gone).collect(),
         }
     }
@@ -174,15 +184,16 @@ impl<R, H> Rooms<R, H> {
         room: Room,
         secret: RoomSecret,
         now: Instant,
-        has: impl Fn(&Slot<R, H>) -> bool,
+        has: impl Fn(&Slot<R, H, L>) -> bool,
         duplicate: Refusal,
-    ) -> Result<&mut Slot<R, H>, Refusal> {
+    ) -> Result<&mut Slot<R, H, L>, Refusal> {
         let s = self.slots.entry(room).or_insert_with(|| Slot {
             secret,
             phase: Phase::Bootstrap,
             since: now,
             request: None,
             handshake: None,
+            live: None,
         });
         if s.secret != secret {
             return Err(Refusal::WrongSecret);
@@ -214,12 +225,6 @@ impl<R, H> Rooms<R, H> {
             s.phase = Phase::Inflight;
             s.since = now;
         }
-    }
-
-    /// The room's task reported, or the room never had one: forgets it; returns the phase it
-    /// was in.
-    fn finish(&mut self, room: Room) -> Option<Phase> {
-        self.slots.remove(&room).map(|s| s.phase)
     }
 
     /// The room's transfer moved (a chunk was sent): an inflight room's timeout counts from
@@ -311,6 +316,23 @@ impl<R, H> Rooms<R, H> {
     /// most.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.slots.values().filter_map(|s| Some(s.since + self.limit(s.phase)?)).min()
+    }
+
+    /// The engine's record of `room` (from [`Event::Started`] to [`Event::Finished`]).
+    pub fn live(&self, room: Room) -> Option<&L> {
+        self.slots.get(&room)?.live.as_ref()
+    }
+
+    /// The same, to change.
+    pub fn live_mut(&mut self, room: Room) -> Option<&mut L> {
+        self.slots.get_mut(&room)?.live.as_mut()
+    }
+
+    /// Rooms with an engine record, in id order.
+    pub fn live_rooms(&self) -> Vec<Room> {
+        let mut rooms: Vec<Room> = self.slots.iter().filter(|(_, s)| s.live.is_some()).map(|(&r, _)| r).collect();
+        rooms.sort_unstable();
+        rooms
     }
 
     /// The phase of `room`.

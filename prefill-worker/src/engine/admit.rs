@@ -14,7 +14,7 @@ use tonic::Code;
 
 use super::{Engine, Handshake, Live, NewRequest};
 use crate::room_task::RoomTask;
-use crate::rooms::Event;
+use crate::rooms::{Action, Event};
 
 impl<B: Backend> Engine<B> {
     pub(super) fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
@@ -69,23 +69,26 @@ impl<B: Backend> Engine<B> {
         self.rt.spawn(task.run(send_room, rx));
         self.sched.add_with_priority(room.get(), r.tokens.clone(), r.priority, &self.cache);
         let sampler = Sampler::new(r.sampling, &r.tokens);
-        self.live.insert(
-            room,
-            Live {
-                tokens: r.tokens,
-                sampler,
-                reply: Some(r.reply),
-                chunks: Some(tx),
-                sent: 0,
-                wire: Vec::new(),
-                cached: 0,
-                first: None,
-                prefilled: None,
-                aborting: None,
-                span: r.span,
-                clock: ferry_cluster::phases::PhaseClock::start("prefill", Instant::now()),
-                started: false,
-            },
-        );
+        let live = Live {
+            tokens: r.tokens,
+            sampler,
+            reply: Some(r.reply),
+            chunks: Some(tx),
+            sent: 0,
+            wire: Vec::new(),
+            cached: 0,
+            first: None,
+            prefilled: None,
+            aborting: None,
+            span: r.span,
+            clock: ferry_cluster::phases::PhaseClock::start("prefill", Instant::now()),
+            started: false,
+        };
+        for a in self.rooms.on(Event::Started { room, live }, Instant::now()) {
+            // No room waiting for it (it cannot happen: the pair was just made).
+            if let Action::Finished { live: Some(l), .. } = a {
+                self.release(room, l);
+            }
+        }
     }
 }

@@ -14,8 +14,8 @@ use crate::rooms::{Action, Event, Expired, Phase};
 impl<B: Backend> Engine<B> {
     /// A room task ended.
     pub(super) fn sent(&mut self, room: Room, result: Result<(), String>) {
-        let Some(mut l) = self.live.remove(&room) else { return };
-        self.rooms.on(Event::Finished(room), Instant::now());
+        let finished = self.rooms.on(Event::Finished(room), Instant::now());
+        let Some(Action::Finished { live: Some(mut l), .. }) = finished.into_iter().next() else { return };
         let reply = l.reply.take();
         match (&l.aborting, result) {
             (None, Ok(())) => {
@@ -83,7 +83,7 @@ impl<B: Backend> Engine<B> {
                 self.abandon(gone, why.clone());
             }
         }
-        let Some(l) = self.live.get_mut(&room) else { return };
+        let Some(l) = self.rooms.live_mut(room) else { return };
         if let Some(tx) = l.reply.take() {
             let _ = tx.send(Err(why.clone()));
         }
@@ -119,7 +119,7 @@ impl<B: Backend> Engine<B> {
     /// A room that timed out.
     pub(super) fn timed_out(&mut self, gone: Expired<NewRequest, Handshake>) {
         let why = Refused::new(Code::DeadlineExceeded, "timeout", format!("room timed out in {}", gone.phase.label()));
-        let span = self.live.get(&gone.room).map(|l| l.span.clone());
+        let span = self.rooms.live(gone.room).map(|l| l.span.clone());
         let span = span.or_else(|| gone.request.as_ref().map(|r| r.span.clone())).unwrap_or_else(tracing::Span::none);
         tracing::warn!(parent: &span, room = %gone.room, phase = gone.phase.label(), "room timed out");
         self.abandon(gone, why);

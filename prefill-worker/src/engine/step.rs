@@ -25,7 +25,7 @@ impl<B: Backend> Engine<B> {
         let batch: Vec<SeqChunk<'_>> = chunks
             .iter()
             .filter_map(|c| {
-                let l = self.live.get(&room_of(c.id))?;
+                let l = self.rooms.live(room_of(c.id))?;
                 Some(SeqChunk { tokens: &l.tokens[c.start..c.end], start: c.start, pages: &c.pages, logits: c.last })
             })
             .collect();
@@ -42,10 +42,10 @@ impl<B: Backend> Engine<B> {
         self.rate = if self.rate == 0.0 { rate } else { 0.8 * self.rate + 0.2 * rate };
         let ps = self.pool.layout().page_size;
         let now = Instant::now();
-        let mut outgoing = Vec::new();
+        let (mut outgoing, mut computed_rooms) = (Vec::new(), Vec::new());
         for c in &chunks {
             let room = room_of(c.id);
-            let Some(l) = self.live.get_mut(&room) else { continue };
+            let Some(l) = self.rooms.live_mut(room) else { continue };
             if !l.started {
                 l.started = true;
                 l.clock.lap("prefill_queue", t0);
@@ -62,7 +62,7 @@ impl<B: Backend> Engine<B> {
                 aux = Some(Aux { first_token: s.token, logprob: s.logprob, room_echo: c.id, total_pages: upto as u32 });
                 l.first = Some(s);
                 l.clock.lap("prefill_compute", now);
-                self.rooms.on(Event::Computed(room), now);
+                computed_rooms.push(room);
             }
             if l.aborting.is_some() {
                 continue;
@@ -72,11 +72,14 @@ impl<B: Backend> Engine<B> {
                 l.sent = upto;
             }
         }
+        for room in computed_rooms {
+            self.rooms.on(Event::Computed(room), now);
+        }
         for (room, msg) in outgoing {
             self.hand_over(room, msg)?;
         }
         for p in self.sched.complete(&chunks, &mut self.cache) {
-            if let Some(l) = self.live.get_mut(&room_of(p.id)) {
+            if let Some(l) = self.rooms.live_mut(room_of(p.id)) {
                 l.prefilled = Some(p);
             }
         }
@@ -86,7 +89,7 @@ impl<B: Backend> Engine<B> {
     /// Gives a chunk's pages to the room task, first copying to the host mirror those no
     /// other room is sending.
     pub(super) fn hand_over(&mut self, room: Room, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
-        let Some(l) = self.live.get_mut(&room) else { return Ok(()) };
+        let Some(l) = self.rooms.live_mut(room) else { return Ok(()) };
         // Without a mirror the transfer reads the pool itself: nothing to copy or count.
         if self.kv.mirrored() {
             let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();

@@ -42,7 +42,7 @@ impl Refusal {
 }
 
 /// Something that happened to a room.
-pub enum Event<R, H> {
+pub enum Event<R, H, L = ()> {
     /// A Prefill call (its prompt already checked).
     Request {
         /// The room.
@@ -68,6 +68,14 @@ pub enum Event<R, H> {
         /// The caller's secret; None: the worker's own abort.
         secret: Option<RoomSecret>,
     },
+    /// The engine started the room (scheduled it, its task running): its record lives here
+    /// until the task reports.
+    Started {
+        /// The room.
+        room: Room,
+        /// The engine's record.
+        live: L,
+    },
     /// The room's prompt is computed: its last pages are on the wire.
     Computed(Room),
     /// Its task sent a chunk: the inflight timeout counts from here.
@@ -81,7 +89,7 @@ pub enum Event<R, H> {
 }
 
 /// What the engine must do.
-pub enum Action<R, H> {
+pub enum Action<R, H, L = ()> {
     /// Refuse the request; it is handed back.
     RefuseRequest {
         /// The room.
@@ -117,4 +125,12 @@ pub enum Action<R, H> {
     /// The room left by abort or timeout, with what it held: answer the request, abort the
     /// handshake's room on the decode node, and (past bootstrap) stop its task.
     Gone(Expired<R, H>),
+    /// The room's task reported (or it never had one): the room is forgotten, its record
+    /// handed back to release what it holds.
+    Finished {
+        /// The room.
+        room: Room,
+        /// The engine's record, if it was started.
+        live: Option<L>,
+    },
 }

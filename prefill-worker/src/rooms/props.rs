@@ -12,7 +12,7 @@ use proptest::prelude::*;
 
 use ferry_cluster::{Room, RoomSecret};
 
-use super::{Phase, PhaseTimeouts, Rooms};
+use super::{Action, Event, Phase, PhaseTimeouts, Rooms};
 
 #[derive(Debug, Clone)]
 enum Ev {
@@ -81,9 +81,18 @@ impl Model {
     }
 }
 
+/// A room's task reported: the room hands back its record, once.
+fn finished(rooms: &mut Rooms<u32, u32, u32>, m: &mut Model, room: u64, now: Instant) -> Result<(), TestCaseError> {
+    let actions = rooms.on(Event::Finished(id(room)), now);
+    let [Action::Finished { live: Some(live), .. }] = actions.as_slice() else {
+        return Err(TestCaseError::fail(format!("room {room}'s task ended but its record did not come back")));
+    };
+    m.back(*live)
+}
+
 fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
     let s = Duration::from_secs(1);
-    let mut rooms: Rooms<u32, u32> = Rooms::new(PhaseTimeouts { bootstrap: s, waiting: 2 * s, inflight: 3 * s });
+    let mut rooms: Rooms<u32, u32, u32> = Rooms::new(PhaseTimeouts { bootstrap: s, waiting: 2 * s, inflight: 3 * s });
     let mut m = Model::default();
     let mut now = Instant::now();
     for e in events {
@@ -105,6 +114,11 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
                         m.back(b)?;
                         m.tasks.insert(room);
                         prop_assert_eq!(rooms.phase(id(room)), Some(Phase::Waiting));
+                        // The engine starts it: its record lives in the room until the task
+                        // reports.
+                        let live = m.give();
+                        let handed_back = rooms.on(Event::Started { room: id(room), live }, now);
+                        prop_assert!(handed_back.is_empty(), "a waiting room refused its record");
                     }
                     Err((_, back)) => {
                         prop_assert_eq!(back, x, "a refusal hands back what it refused");
@@ -129,7 +143,7 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
             }
             Ev::TaskEnded(room) => {
                 if m.tasks.remove(&room) {
-                    prop_assert!(rooms.finish(id(room)).is_some(), "room {room}'s task ended but the room was gone");
+                    finished(&mut rooms, &mut m, room, now)?;
                 }
             }
             Ev::Tick(ms) => {
@@ -151,8 +165,8 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
             m.back(x)?;
         }
     }
-    for room in m.tasks.drain() {
-        rooms.finish(id(room));
+    for room in std::mem::take(&mut m.tasks) {
+        finished(&mut rooms, &mut m, room, now)?;
     }
     prop_assert!(m.held.is_empty(), "never handed back: {:?}", m.held);
     prop_assert!(rooms.is_empty(), "rooms left: {:?}", rooms.depth());

@@ -26,7 +26,7 @@ enum State {
 const STATES: [State; 6] =
     [State::Absent, State::WithRequest, State::WithHandshake, State::Waiting, State::Inflight, State::Closing];
 
-const EVENTS: [&str; 15] = [
+const EVENTS: [&str; 16] = [
     "request",
     "request_wrong",
     "handshake",
@@ -34,6 +34,7 @@ const EVENTS: [&str; 15] = [
     "abort",
     "abort_wrong",
     "abort_worker",
+    "started",
     "computed",
     "progress",
     "close",
@@ -62,6 +63,7 @@ fn event(name: &str) -> Event<&'static str, &'static str> {
         "abort" => Event::Abort { room, secret: Some(secret(true)) },
         "abort_wrong" => Event::Abort { room, secret: Some(secret(false)) },
         "abort_worker" => Event::Abort { room, secret: None },
+        "started" => Event::Started { room, live: () },
         "computed" => Event::Computed(room),
         "progress" => Event::Progress(room),
         "close" => Event::Close(room),
@@ -121,6 +123,7 @@ fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
         Action::Pair { .. } => "pair".to_string(),
         Action::Aborted(Ok(known)) => format!("aborted {known}"),
         Action::Aborted(Err(why)) => format!("aborted {}", why.label()),
+        Action::Finished { live, .. } => format!("finished{}", if live.is_some() { " (record)" } else { "" }),
         Action::Gone(g) => {
             let held: Vec<&str> = g.request.into_iter().chain(g.handshake).collect();
             format!("gone {} ({})", g.phase.label(), held.join(" "))
@@ -130,10 +133,11 @@ fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
 }
 
 /// Rows in the order of STATES, cells in the order of EVENTS.
-fn table() -> Vec<[(State, &'static str); 15]> {
+fn table() -> Vec<[(State, &'static str); 16]> {
     use State::*;
     let (dup, duph) = ("refuse request duplicate_room", "refuse handshake duplicate_handshake");
     let (wrong, wrongh) = ("refuse request wrong_secret", "refuse handshake wrong_secret");
+    let back = "finished (record)";
     vec![
         // Absent: a request or handshake, whatever its secret, opens a room with that secret.
         [
@@ -144,6 +148,7 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Absent, "aborted false"),
             (Absent, "aborted false"),
             (Absent, "aborted false"),
+            (Absent, back),
             (Absent, ""),
             (Absent, ""),
             (Absent, ""),
@@ -161,6 +166,7 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Absent, "aborted true, gone bootstrap (request)"),
             (WithRequest, "aborted wrong_secret"),
             (Absent, "aborted true, gone bootstrap (request)"),
+            (WithRequest, back),
             (WithRequest, ""),
             (WithRequest, ""),
             (Absent, "gone bootstrap (request)"),
@@ -178,6 +184,7 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Absent, "aborted true, gone bootstrap (handshake)"),
             (WithHandshake, "aborted wrong_secret"),
             (Absent, "aborted true, gone bootstrap (handshake)"),
+            (WithHandshake, back),
             (WithHandshake, ""),
             (WithHandshake, ""),
             (Absent, "gone bootstrap (handshake)"),
@@ -187,6 +194,7 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Absent, "gone bootstrap (handshake)"),
             (Absent, "gone bootstrap (handshake)"),
         ],
+        // Waiting: the engine's record is taken (started); the task's report hands it back.
         [
             (Waiting, dup),
             (Waiting, wrong),
@@ -195,10 +203,11 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Closing, "aborted true, gone waiting ()"),
             (Waiting, "aborted wrong_secret"),
             (Closing, "aborted true, gone waiting ()"),
+            (Waiting, ""),
             (Inflight, ""),
             (Waiting, ""),
             (Closing, ""),
-            (Absent, ""),
+            (Absent, "finished"),
             (Waiting, ""),
             (Closing, "gone waiting ()"),
             (Waiting, ""),
@@ -212,10 +221,11 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Closing, "aborted true, gone inflight ()"),
             (Inflight, "aborted wrong_secret"),
             (Closing, "aborted true, gone inflight ()"),
+            (Inflight, back),
             (Inflight, ""),
             (Inflight, ""),
             (Closing, ""),
-            (Absent, ""),
+            (Absent, "finished"),
             (Inflight, ""),
             (Closing, "gone inflight ()"),
             (Inflight, ""),
@@ -230,10 +240,11 @@ fn table() -> Vec<[(State, &'static str); 15]> {
             (Closing, "aborted false"),
             (Closing, "aborted wrong_secret"),
             (Closing, "aborted false"),
+            (Closing, back),
             (Closing, ""),
             (Closing, ""),
             (Closing, ""),
-            (Absent, ""),
+            (Absent, "finished"),
             (Closing, ""),
             (Closing, ""),
             (Closing, ""),

@@ -20,7 +20,8 @@ fn either_half_may_come_first_and_pairs_once() {
     assert_eq!(r.depth(), (0, 2, 0));
     r.computed(Room::from(1u32), t0);
     assert_eq!(r.depth(), (0, 1, 1));
-    assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Inflight));
+    assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Inflight));
+    r.on(Event::Finished(Room::from(1u32)), t0);
     assert_eq!(r.len(), 1);
 }
 
@@ -63,7 +64,8 @@ fn a_room_id_stays_taken_until_the_aborted_rooms_task_reports() {
     assert!(r.abort(Room::from(1u32), None, t0).expect("closing").is_none(), "not aborted twice");
     assert!(r.expired(t0 + Duration::from_secs(3600)).is_empty(), "closing waits for its task");
     assert_eq!(r.depth(), (0, 0, 1));
-    assert_eq!(r.finish(Room::from(1u32)), Some(Phase::Closing));
+    assert_eq!(r.phase(Room::from(1u32)), Some(Phase::Closing));
+    r.on(Event::Finished(Room::from(1u32)), t0);
     assert!(r.request(Room::from(1u32), RoomSecret::from([1; 16]), "new", t0).is_ok(), "free once the task reported");
 }
 
@@ -109,7 +111,7 @@ fn every_phase_times_out() {
     // Rooms 2 and 3 had tasks: closing until they report.
     assert_eq!((r.phase(Room::from(2u32)), r.phase(Room::from(3u32))), (Some(Phase::Closing), Some(Phase::Closing)));
     assert_eq!(r.next_deadline(), None, "closing rooms wait for their tasks, not a clock");
-    r.finish(Room::from(2u32));
-    r.finish(Room::from(3u32));
+    r.on(Event::Finished(Room::from(2u32)), t0);
+    r.on(Event::Finished(Room::from(3u32)), t0);
     assert!(r.is_empty());
 }
