@@ -212,6 +212,15 @@ impl Queues {
                 }
                 Vec::new()
             }
+            Event::GrowFailed { room, pages } => {
+                if let Some(e) = self.entries.get_mut(&room) {
+                    let pages = pages.min(e.held);
+                    e.held -= pages;
+                    e.grown = e.grown.saturating_sub(pages);
+                    self.used -= pages;
+                }
+                Vec::new()
+            }
             Event::MakeRoom => self.make_room(now),
             Event::Stepped { decoding } => {
                 self.progress = Some(now);

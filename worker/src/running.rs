@@ -85,6 +85,8 @@ pub struct Serve<L> {
 /// gRPC services (under mutual TLS unless `--insecure-internal`).
 pub async fn serve<L>(config: &WorkerConfig, s: Serve<L>) -> Result<Running<L>, StartError> {
     let w = &config.args;
+    // Before the engine thread starts: a bad announcement must not leave it running.
+    let announce = config.announce(s.role, &s.worker_id, s.grpc_addr).map_err(StartError::Config)?;
     let engine = s.engine;
     let engine = std::thread::Builder::new()
         .name(format!("{}-engine", s.worker_id))
@@ -98,7 +100,7 @@ pub async fn serve<L>(config: &WorkerConfig, s: Serve<L>) -> Result<Running<L>, 
         engine,
         drain: s.drain,
         health: s.health,
-        announce: config.announce(s.role, &s.worker_id, s.grpc_addr).map_err(StartError::Config)?,
+        announce,
         tls: config.internal_tls.clone(),
         role: s.role.as_str(),
         // A stalled read or send ends after the transfer timeout, the abort after it too.

@@ -13,7 +13,7 @@ use tonic::Code;
 
 use super::Engine;
 use crate::handshake::HandshakeJob;
-use crate::queues::{Action, Stage};
+use crate::queues::{Action, Event, Stage};
 
 impl<B: Backend> Engine<B> {
     /// Carries out one action of the queues. (A refusal and the pages of an ended request
@@ -24,7 +24,10 @@ impl<B: Backend> Engine<B> {
             Action::Grow { room, pages } => {
                 let grown = self.reqs.get_mut(&room).and_then(|r| r.pages.as_mut()).map(|p| p.grow(pages));
                 if let Some(Err(e)) = grown {
+                    // A bug, contained: the queues stop counting the pages; the request, short
+                    // of its next token's page, asks again at the next step (or is retracted).
                     tracing::error!(room = %room, error = %e, "the pool refused pages the queues counted free");
+                    self.queues.on(Event::GrowFailed { room, pages }, now);
                 }
             }
             Action::Retract { room, context, running, .. } => self.retract(room, context, running, now),

@@ -145,7 +145,9 @@ impl<B: Backend> Engine<B> {
         }
         // Freed when `pages` drops here, unless kept aside until the last write lands.
         let mut pages = r.pages.take();
-        for a in self.queues.on(Event::End { room, writing: released.is_some() }, Instant::now()) {
+        // Pages aside only when it has some (a request whose allocation failed has none).
+        let writing = released.is_some() && pages.is_some();
+        for a in self.queues.on(Event::End { room, writing }, Instant::now()) {
             if let Action::Drain { .. } = a
                 && let (Some(p), Some(released)) = (pages.take(), released.take())
             {

@@ -61,6 +61,14 @@ pub enum Event {
     Joined(Room),
     /// It generated a token.
     Token(Room),
+    /// The pool refused pages of a [`Action::Grow`] (the pool and the queues disagree, a bug):
+    /// the queues stop counting them.
+    GrowFailed {
+        /// Its room.
+        room: Room,
+        /// The pages not given.
+        pages: usize,
+    },
     /// Before a forward pass: every running request gets the pages its next token needs;
     /// when the pool is short, victims are retracted until it is not.
     MakeRoom,

@@ -24,13 +24,14 @@ enum State {
 const STATES: [State; 7] =
     [State::Absent, State::Prealloc, State::Transfer, State::Prefill, State::Waiting, State::Running, State::Draining];
 
-const EVENTS: [&str; 13] = [
+const EVENTS: [&str; 14] = [
     "request",
     "admit",
     "transferred",
     "computed",
     "joined",
     "token",
+    "grow_failed",
     "make_room",
     "stepped",
     "end",
@@ -53,6 +54,7 @@ fn event(name: &str) -> Event {
         "computed" => Event::Computed(room),
         "joined" => Event::Joined(room),
         "token" => Event::Token(room),
+        "grow_failed" => Event::GrowFailed { room, pages: 1 },
         "make_room" => Event::MakeRoom,
         "stepped" => Event::Stepped { decoding: true },
         "end" => Event::End { room, writing: false },
@@ -124,136 +126,19 @@ fn summary(actions: &[Action]) -> String {
 }
 
 /// `(state, [(next state, actions)] in the order of EVENTS)`.
-fn table() -> Vec<(State, [(State, &'static str); 13])> {
+#[rustfmt::skip]
+fn table() -> Vec<(State, [(State, &'static str); 14])> {
     use State::*;
     let dup = "refuse duplicate_room";
     vec![
-        (
-            Absent,
-            [
-                (Prealloc, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Absent, ""),
-            ],
-        ),
-        (
-            Prealloc,
-            [
-                (Prealloc, dup),
-                (Transfer, "allocate 4"),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Absent, ""),
-                (Absent, ""),
-                (Prealloc, ""),
-                (Prealloc, ""),
-                (Prealloc, "expired prealloc"),
-            ],
-        ),
-        (
-            Transfer,
-            [
-                (Transfer, dup),
-                (Transfer, ""),
-                (Waiting, ""),
-                (Transfer, ""),
-                (Transfer, ""),
-                (Transfer, ""),
-                (Transfer, ""),
-                (Transfer, ""),
-                (Absent, "free 4"),
-                (Draining, "drain 4"),
-                (Transfer, ""),
-                (Transfer, ""),
-                (Transfer, ""),
-            ],
-        ),
-        (
-            Prefill,
-            [
-                (Prefill, dup),
-                (Prefill, ""),
-                (Prefill, ""),
-                (Running, ""),
-                (Prefill, ""),
-                (Prefill, ""),
-                (Prefill, ""),
-                (Prefill, ""),
-                (Absent, "free 4"),
-                (Draining, "drain 4"),
-                (Prefill, ""),
-                (Prefill, ""),
-                (Prefill, ""),
-            ],
-        ),
-        (
-            Waiting,
-            [
-                (Waiting, dup),
-                (Waiting, ""),
-                (Waiting, ""),
-                (Waiting, ""),
-                (Running, ""),
-                (Waiting, ""),
-                (Waiting, ""),
-                (Waiting, ""),
-                (Absent, "free 4"),
-                (Draining, "drain 4"),
-                (Waiting, ""),
-                (Waiting, ""),
-                (Waiting, "expired waiting"),
-            ],
-        ),
-        (
-            Running,
-            [
-                (Running, dup),
-                (Running, ""),
-                (Running, ""),
-                (Running, ""),
-                (Running, ""),
-                (Running, ""),
-                (Running, "grow 1"),
-                (Running, ""),
-                (Absent, "free 4"),
-                (Draining, "drain 4"),
-                (Running, ""),
-                (Running, ""),
-                (Running, ""),
-            ],
-        ),
-        (
-            Draining,
-            [
-                (Draining, "refuse room_closing"),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Draining, ""),
-                (Absent, "free 4"),
-                (Draining, ""),
-                (Draining, ""),
-            ],
-        ),
+        //          request        admit            transferred   computed      joined        token         grow_failed   make_room     stepped       end                 end_writing            released          tick          tick_late
+        (Absent,   [(Prealloc, ""), (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),         (Absent, ""),            (Absent, ""),       (Absent, ""),   (Absent, "")]),
+        (Prealloc, [(Prealloc, dup), (Transfer, "allocate 4"), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Absent, ""), (Absent, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, "expired prealloc")]),
+        (Transfer, [(Transfer, dup), (Transfer, ""), (Waiting, ""),  (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Absent, "free 4"), (Draining, "drain 4"), (Transfer, ""),     (Transfer, ""), (Transfer, "")]),
+        (Prefill,  [(Prefill, dup),  (Prefill, ""),  (Prefill, ""),  (Running, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Prefill, ""),      (Prefill, ""),  (Prefill, "")]),
+        (Waiting,  [(Waiting, dup),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Running, ""),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Waiting, ""),      (Waiting, ""),  (Waiting, "expired waiting")]),
+        (Running,  [(Running, dup),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, "grow 1"), (Running, ""), (Absent, "free 4"), (Draining, "drain 4"), (Running, ""),   (Running, ""),  (Running, "")]),
+        (Draining, [(Draining, "refuse room_closing"), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Absent, "free 4"), (Draining, ""), (Draining, "")]),
     ]
 }
 
