@@ -11,7 +11,6 @@
 //! prefix pages, locked and unchanged since they were copied, and their mirror page may be
 //! being read.
 
-use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, Sender as CmdSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,9 +46,6 @@ struct Live {
     chunks: Option<mpsc::UnboundedSender<ChunkMsg>>,
     /// Destination slots handed to the room task so far.
     sent: usize,
-    /// Pages handed to the room task so far (on the wire until the task reports); kept only
-    /// with a host mirror.
-    wire: Vec<u32>,
     cached: usize,
     first: Option<ferry_engine::Sampled>,
     prefilled: Option<Prefilled>,
@@ -81,8 +77,6 @@ pub struct Engine<B: Backend> {
     /// The rooms, each with the engine's record of it once started ([`Live`]).
     rooms: Rooms<NewRequest, Handshake, Live>,
     kv: Arc<KvHost>,
-    /// Per page: how many room tasks may be sending it from its mirror page (with a mirror).
-    on_wire: HashMap<u32, u32>,
     rt: tokio::runtime::Handle,
     cmds: CmdSender<Cmd>,
     cfg: EngineConfig,
@@ -118,7 +112,6 @@ impl<B: Backend> Engine<B> {
             sched,
             rooms: Rooms::new(phase_t),
             kv,
-            on_wire: HashMap::new(),
             rt,
             cmds,
             cfg,
@@ -209,8 +202,8 @@ impl<B: Backend> Engine<B> {
             Action::RefuseRequest { room, request, why } => {
                 let _ = request.reply.send(Err(refused(room, why)));
             }
-            // Answered by the handler that raised the event.
-            Action::RefuseHandshake { .. } | Action::Aborted(_) => {}
+            // Answered (or copied) where the event was raised.
+            Action::RefuseHandshake { .. } | Action::Aborted(_) | Action::Mirror { .. } => {}
             Action::Pair { room, secret, request, handshake } => self.admit(room, secret, request, handshake),
             Action::Gone(gone) => match why {
                 Some(why) => self.abandon(gone, why),

@@ -68,6 +68,8 @@ struct Slot<R, H, L> {
     handshake: Option<H>,
     /// The engine's record of the room from its start (past bootstrap) to its task's report.
     live: Option<L>,
+    /// Pages handed to its task ([`Event::Handing`]), on the wire until it reports.
+    wire: Vec<u32>,
 }
 
 /// A room that timed out, with what it held.
@@ -87,13 +89,15 @@ pub struct Expired<R, H> {
 /// The rooms of one prefill node.
 pub struct Rooms<R, H, L = ()> {
     slots: HashMap<Room, Slot<R, H, L>>,
+    /// Page → how many rooms' tasks have it on the wire.
+    on_wire: HashMap<u32, u32>,
     timeouts: PhaseTimeouts,
 }
 
 impl<R, H, L> Rooms<R, H, L> {
     /// No rooms.
     pub fn new(timeouts: PhaseTimeouts) -> Self {
-        Self { slots: HashMap::new(), timeouts }
+        Self { slots: HashMap::new(), on_wire: HashMap::new(), timeouts }
     }
 
     /// What follows from `ev` at `now`, for the engine to carry out.
@@ -143,8 +147,30 @@ impl<R, H, L> Rooms<R, H, L> {
             // Only a room past bootstrap has a task to report.
             Event::Finished(room) if self.phase(room) == Some(Phase::Bootstrap) => Vec::new(),
             Event::Finished(room) => match self.slots.remove(&room) {
-                Some(s) => vec![Action::Finished { room, live: s.live }],
+                Some(s) => {
+                    for p in &s.wire {
+                        if let Some(n) = self.on_wire.get_mut(p) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.on_wire.remove(p);
+                            }
+                        }
+                    }
+                    vec![Action::Finished { room, live: s.live }]
+                }
                 None => Vec::new(),
+            },
+            Event::Handing { room, pages } => match self.slots.get_mut(&room) {
+                // Only a room with a task sends.
+                Some(s) if s.phase != Phase::Bootstrap => {
+                    let fresh: Vec<u32> = pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
+                    for &p in &pages {
+                        *self.on_wire.entry(p).or_insert(0) += 1;
+                    }
+                    s.wire.extend(pages);
+                    vec![Action::Mirror { pages: fresh }]
+                }
+                _ => Vec::new(),
             },
             Event::Tick => self.expired(now).into_iter().map(Action::Gone).collect(),
         }
@@ -194,6 +220,7 @@ impl<R, H, L> Rooms<R, H, L> {
             request: None,
             handshake: None,
             live: None,
+            wire: Vec::new(),
         });
         if s.secret != secret {
             return Err(Refusal::WrongSecret);
@@ -333,6 +360,11 @@ impl<R, H, L> Rooms<R, H, L> {
         let mut rooms: Vec<Room> = self.slots.iter().filter(|(_, s)| s.live.is_some()).map(|(&r, _)| r).collect();
         rooms.sort_unstable();
         rooms
+    }
+
+    /// Pages some room's task has on the wire.
+    pub fn pages_on_wire(&self) -> usize {
+        self.on_wire.len()
     }
 
     /// The phase of `room`.

@@ -75,7 +75,6 @@ impl<B: Backend> Engine<B> {
             reply: Some(r.reply),
             chunks: Some(tx),
             sent: 0,
-            wire: Vec::new(),
             cached: 0,
             first: None,
             prefilled: None,

@@ -56,14 +56,6 @@ impl<B: Backend> Engine<B> {
     /// Frees what a room holds: its scheduler entry (queued or computing) or its computed
     /// pages (unlocking the cache node).
     pub(super) fn release(&mut self, room: Room, l: Live) {
-        for p in &l.wire {
-            if let Some(n) = self.on_wire.get_mut(p) {
-                *n -= 1;
-                if *n == 0 {
-                    self.on_wire.remove(p);
-                }
-            }
-        }
         if let Some(p) = l.prefilled {
             self.cache.unlock(p.node);
             drop(p.tail);

@@ -12,7 +12,7 @@ use ferry_transfer::frame::Aux;
 
 use super::Engine;
 use crate::room_task::ChunkMsg;
-use crate::rooms::Event;
+use crate::rooms::{Action, Event};
 
 impl<B: Backend> Engine<B> {
     /// One scheduled pass: compute, then hand each chunk's finished pages to its room task.
@@ -89,18 +89,21 @@ impl<B: Backend> Engine<B> {
     /// Gives a chunk's pages to the room task, first copying to the host mirror those no
     /// other room is sending.
     pub(super) fn hand_over(&mut self, room: Room, msg: ChunkMsg) -> Result<(), ferry_engine::EngineError> {
-        let Some(l) = self.rooms.live_mut(room) else { return Ok(()) };
+        if self.rooms.live(room).is_none() {
+            return Ok(());
+        }
         // Without a mirror the transfer reads the pool itself: nothing to copy or count.
         if self.kv.mirrored() {
-            let fresh: Vec<u32> = msg.pages.iter().copied().filter(|p| !self.on_wire.contains_key(p)).collect();
-            // SAFETY: these pages are computed and locked for this room; no task sends them now
-            // (none is on the wire), so nobody reads their mirror pages while they are copied.
-            unsafe { self.kv.to_host(self.model.backend(), &self.pool, &fresh) }?;
-            for &p in &msg.pages {
-                *self.on_wire.entry(p).or_insert(0) += 1;
+            for a in self.rooms.on(Event::Handing { room, pages: msg.pages.clone() }, Instant::now()) {
+                if let Action::Mirror { pages } = a {
+                    // SAFETY: these pages are computed and locked for this room; no task sends
+                    // them now (none is on the wire), so nobody reads their mirror pages while
+                    // they are copied.
+                    unsafe { self.kv.to_host(self.model.backend(), &self.pool, &pages) }?;
+                }
             }
-            l.wire.extend_from_slice(&msg.pages);
         }
+        let Some(l) = self.rooms.live_mut(room) else { return Ok(()) };
         if msg.last.is_some()
             && let Some(&page) = msg.pages.last()
         {

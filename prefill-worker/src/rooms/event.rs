@@ -76,6 +76,14 @@ pub enum Event<R, H, L = ()> {
         /// The engine's record.
         live: L,
     },
+    /// The engine hands pages to the room's task (with a host mirror: they are read from
+    /// their mirror pages until the task reports).
+    Handing {
+        /// The room.
+        room: Room,
+        /// Its pages, in order.
+        pages: Vec<u32>,
+    },
     /// The room's prompt is computed: its last pages are on the wire.
     Computed(Room),
     /// Its task sent a chunk: the inflight timeout counts from here.
@@ -125,6 +133,13 @@ pub enum Action<R, H, L = ()> {
     /// The room left by abort or timeout, with what it held: answer the request, abort the
     /// handshake's room on the decode node, and (past bootstrap) stop its task.
     Gone(Expired<R, H>),
+    /// Copy these of the pages handed over to their mirror pages first: no other room's task
+    /// is sending them (a page on the wire for another room is a cached prefix page, locked
+    /// and unchanged since it was copied, and its mirror page may be being read).
+    Mirror {
+        /// Pages to copy.
+        pages: Vec<u32>,
+    },
     /// The room's task reported (or it never had one): the room is forgotten, its record
     /// handed back to release what it holds.
     Finished {

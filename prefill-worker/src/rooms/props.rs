@@ -5,7 +5,7 @@
 //! never paired again, and once every task has reported and every timeout passed the machine
 //! holds nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
@@ -34,6 +34,8 @@ enum Ev {
     Close(u64),
     /// A room's task reported (only rooms with a task).
     TaskEnded(u64),
+    /// The engine hands a room's task pages (a few shared page ids: cached prefixes).
+    Handing(u64, Vec<u32>),
     Tick(u64),
 }
 
@@ -46,7 +48,8 @@ fn ev() -> impl Strategy<Value = Ev> {
         room.clone().prop_map(Ev::Computed),
         room.clone().prop_map(Ev::Progress),
         room.clone().prop_map(Ev::Close),
-        room.prop_map(Ev::TaskEnded),
+        room.clone().prop_map(Ev::TaskEnded),
+        (room, proptest::collection::vec(0u32..6, 1..4)).prop_map(|(room, pages)| Ev::Handing(room, pages)),
         (0u64..2500).prop_map(Ev::Tick),
     ]
 }
@@ -66,6 +69,8 @@ struct Model {
     next: u32,
     /// Rooms whose task runs (paired, not yet reported).
     tasks: HashSet<u64>,
+    /// Pages each running task was handed.
+    wire: HashMap<u64, Vec<u32>>,
 }
 
 impl Model {
@@ -87,6 +92,7 @@ fn finished(rooms: &mut Rooms<u32, u32, u32>, m: &mut Model, room: u64, now: Ins
     let [Action::Finished { live: Some(live), .. }] = actions.as_slice() else {
         return Err(TestCaseError::fail(format!("room {room}'s task ended but its record did not come back")));
     };
+    m.wire.remove(&room);
     m.back(*live)
 }
 
@@ -146,6 +152,26 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
                     finished(&mut rooms, &mut m, room, now)?;
                 }
             }
+            Ev::Handing(room, pages) => {
+                let on_wire: HashSet<u32> = m.wire.values().flatten().copied().collect();
+                let actions = rooms.on(Event::Handing { room: id(room), pages: pages.clone() }, now);
+                if m.tasks.contains(&room) {
+                    // Copied to the mirror: exactly the pages no running task has.
+                    let fresh: Vec<u32> = pages.iter().copied().filter(|p| !on_wire.contains(p)).collect();
+                    let [Action::Mirror { pages: copied }] = actions.as_slice() else {
+                        return Err(TestCaseError::fail(format!(
+                            "room {room}: handing gave {} actions",
+                            actions.len()
+                        )));
+                    };
+                    prop_assert_eq!(copied, &fresh);
+                    m.wire.entry(room).or_default().extend(pages);
+                } else {
+                    prop_assert!(actions.is_empty(), "room {} has no task, yet sends", room);
+                }
+                let want: HashSet<u32> = m.wire.values().flatten().copied().collect();
+                prop_assert_eq!(rooms.pages_on_wire(), want.len());
+            }
             Ev::Tick(ms) => {
                 now += Duration::from_millis(ms);
                 for gone in rooms.expired(now) {
@@ -170,6 +196,7 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
     }
     prop_assert!(m.held.is_empty(), "never handed back: {:?}", m.held);
     prop_assert!(rooms.is_empty(), "rooms left: {:?}", rooms.depth());
+    prop_assert_eq!(rooms.pages_on_wire(), 0, "pages left on the wire");
     Ok(())
 }
 

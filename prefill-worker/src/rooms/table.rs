@@ -26,7 +26,7 @@ enum State {
 const STATES: [State; 6] =
     [State::Absent, State::WithRequest, State::WithHandshake, State::Waiting, State::Inflight, State::Closing];
 
-const EVENTS: [&str; 16] = [
+const EVENTS: [&str; 17] = [
     "request",
     "request_wrong",
     "handshake",
@@ -35,6 +35,7 @@ const EVENTS: [&str; 16] = [
     "abort_wrong",
     "abort_worker",
     "started",
+    "handing",
     "computed",
     "progress",
     "close",
@@ -64,6 +65,7 @@ fn event(name: &str) -> Event<&'static str, &'static str> {
         "abort_wrong" => Event::Abort { room, secret: Some(secret(false)) },
         "abort_worker" => Event::Abort { room, secret: None },
         "started" => Event::Started { room, live: () },
+        "handing" => Event::Handing { room, pages: vec![3, 4] },
         "computed" => Event::Computed(room),
         "progress" => Event::Progress(room),
         "close" => Event::Close(room),
@@ -123,6 +125,7 @@ fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
         Action::Pair { .. } => "pair".to_string(),
         Action::Aborted(Ok(known)) => format!("aborted {known}"),
         Action::Aborted(Err(why)) => format!("aborted {}", why.label()),
+        Action::Mirror { pages } => format!("mirror {pages:?}"),
         Action::Finished { live, .. } => format!("finished{}", if live.is_some() { " (record)" } else { "" }),
         Action::Gone(g) => {
             let held: Vec<&str> = g.request.into_iter().chain(g.handshake).collect();
@@ -133,10 +136,10 @@ fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
 }
 
 /// Rows in the order of STATES, cells in the order of EVENTS: request, request_wrong,
-/// handshake, handshake_wrong, abort, abort_wrong, abort_worker, started, computed, progress,
+/// handshake, handshake_wrong, abort, abort_wrong, abort_worker, started, handing, computed, progress,
 /// close, finished, tick, tick_late, tick_waiting, tick_inflight.
 #[rustfmt::skip]
-fn table() -> Vec<[(State, &'static str); 16]> {
+fn table() -> Vec<[(State, &'static str); 17]> {
     use State::*;
     let (dup, duph) = ("refuse request duplicate_room", "refuse handshake duplicate_handshake");
     let (wrong, wrongh) = ("refuse request wrong_secret", "refuse handshake wrong_secret");
@@ -146,35 +149,35 @@ fn table() -> Vec<[(State, &'static str); 16]> {
         // Absent: a request or handshake, whatever its secret, opens a room with that secret.
         [(WithRequest, ""), (WithRequest, ""), (WithHandshake, ""), (WithHandshake, ""),
          (Absent, "aborted false"), (Absent, "aborted false"), (Absent, "aborted false"),
-         (Absent, back), (Absent, ""), (Absent, ""), (Absent, ""), (Absent, ""),
+         (Absent, back), (Absent, ""), (Absent, ""), (Absent, ""), (Absent, ""), (Absent, ""),
          (Absent, ""), (Absent, ""), (Absent, ""), (Absent, "")],
         // Bootstrapping with the request: closing it hands the request back; a task's report
         // means nothing (it has no task).
         [(WithRequest, dup), (WithRequest, wrong), (Waiting, "pair"), (WithRequest, wrongh),
          (Absent, "aborted true, gone bootstrap (request)"), (WithRequest, "aborted wrong_secret"),
          (Absent, "aborted true, gone bootstrap (request)"),
-         (WithRequest, back), (WithRequest, ""), (WithRequest, ""), (Absent, gone_r), (WithRequest, ""),
+         (WithRequest, back), (WithRequest, ""), (WithRequest, ""), (WithRequest, ""), (Absent, gone_r), (WithRequest, ""),
          (WithRequest, ""), (Absent, gone_r), (Absent, gone_r), (Absent, gone_r)],
         [(Waiting, "pair"), (WithHandshake, wrong), (WithHandshake, duph), (WithHandshake, wrongh),
          (Absent, "aborted true, gone bootstrap (handshake)"), (WithHandshake, "aborted wrong_secret"),
          (Absent, "aborted true, gone bootstrap (handshake)"),
-         (WithHandshake, back), (WithHandshake, ""), (WithHandshake, ""), (Absent, gone_h), (WithHandshake, ""),
+         (WithHandshake, back), (WithHandshake, ""), (WithHandshake, ""), (WithHandshake, ""), (Absent, gone_h), (WithHandshake, ""),
          (WithHandshake, ""), (Absent, gone_h), (Absent, gone_h), (Absent, gone_h)],
         // Waiting: the engine's record is taken (started); the task's report hands it back.
         [(Waiting, dup), (Waiting, wrong), (Waiting, duph), (Waiting, wrongh),
          (Closing, "aborted true, gone waiting ()"), (Waiting, "aborted wrong_secret"),
          (Closing, "aborted true, gone waiting ()"),
-         (Waiting, ""), (Inflight, ""), (Waiting, ""), (Closing, ""), (Absent, "finished"),
+         (Waiting, ""), (Waiting, "mirror [3, 4]"), (Inflight, ""), (Waiting, ""), (Closing, ""), (Absent, "finished"),
          (Waiting, ""), (Closing, "gone waiting ()"), (Waiting, ""), (Closing, "gone waiting ()")],
         [(Inflight, dup), (Inflight, wrong), (Inflight, duph), (Inflight, wrongh),
          (Closing, "aborted true, gone inflight ()"), (Inflight, "aborted wrong_secret"),
          (Closing, "aborted true, gone inflight ()"),
-         (Inflight, back), (Inflight, ""), (Inflight, ""), (Closing, ""), (Absent, "finished"),
+         (Inflight, back), (Inflight, "mirror [3, 4]"), (Inflight, ""), (Inflight, ""), (Closing, ""), (Absent, "finished"),
          (Inflight, ""), (Closing, "gone inflight ()"), (Inflight, ""), (Inflight, "")],
         // Closing: the id stays taken until the task reports; no timeout here.
         [(Closing, "refuse request room_closing"), (Closing, wrong), (Closing, "refuse handshake room_closing"),
          (Closing, wrongh), (Closing, "aborted false"), (Closing, "aborted wrong_secret"), (Closing, "aborted false"),
-         (Closing, back), (Closing, ""), (Closing, ""), (Closing, ""), (Absent, "finished"),
+         (Closing, back), (Closing, "mirror [3, 4]"), (Closing, ""), (Closing, ""), (Closing, ""), (Absent, "finished"),
          (Closing, ""), (Closing, ""), (Closing, ""), (Closing, "")],
     ]
 }
