@@ -10,6 +10,7 @@ mod bench;
 mod daemons;
 mod fetch;
 mod generate;
+mod health;
 mod procs;
 #[cfg(test)]
 mod reference;
@@ -46,6 +47,9 @@ enum Command {
     Decode(daemons::DecodeCmd),
     /// Run a router (the same flags as `ferry-router`).
     Router(daemons::RouterCmd),
+    /// Ask a daemon's gRPC health service whether it serves (exit 0 when SERVING), over
+    /// mutual TLS when given certificates: the exec probe of pods whose daemons use it.
+    Health(health::HealthArgs),
     /// Manage cached models.
     Model {
         #[command(subcommand)]
@@ -69,5 +73,6 @@ fn main() -> anyhow::Result<()> {
         Command::Prefill(args) => daemons::prefill(args),
         Command::Decode(args) => daemons::decode(args),
         Command::Router(args) => daemons::router(args),
+        Command::Health(args) => health::run(args),
     }
 }

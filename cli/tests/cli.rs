@@ -149,3 +149,60 @@ fn readme_command_prints_english_on_smollm2() {
         "{text:?}"
     );
 }
+
+/// `ferry health` asks a daemon speaking mutual TLS what the kubelet's gRPC probe cannot:
+/// SERVING exits 0; another role's certificate at the address, an unknown service, a stopped
+/// daemon and missing certificates each exit 1 saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_asks_a_daemon_over_mutual_tls() {
+    use ferry_tests::pki::{PeerRole, Pki};
+    let m = ferry_tests::TinyModel::new();
+    let pki = Pki::new("ferry health test CA");
+    let names = ["localhost", "127.0.0.1"];
+    let (pl, dl) =
+        (pki.issue("prefill", Some(PeerRole::Prefill), &names), pki.issue("decode", Some(PeerRole::Decode), &names));
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 64;
+    a.worker.internal_tls = pki.args(&pl);
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let addr = p.grpc_addr.to_string();
+    // The probe presents the pod's own certificate (here a decode worker's: any member may ask).
+    let tls = |leaf: &ferry_tests::pki::Leaf| {
+        let path = |p: &std::path::Path| p.to_str().expect("path").to_string();
+        vec![
+            format!("--internal-tls-cert={}", path(&leaf.cert)),
+            format!("--internal-tls-key={}", path(&leaf.key)),
+            format!("--internal-tls-ca={}", path(&pki.ca())),
+        ]
+    };
+    let health = |extra: Vec<String>| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut args = vec!["health".to_string(), format!("--addr={addr}"), "--timeout=5".into()];
+            args.extend(extra);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            ferry(&args)
+        })
+    };
+    let with = |role: &str, more: &[&str]| {
+        let mut v = tls(&dl);
+        v.push(format!("--role={role}"));
+        v.extend(more.iter().map(|s| s.to_string()));
+        v
+    };
+    let o = health(with("prefill", &[])).await.expect("ran");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "SERVING");
+    let o = health(with("prefill", &["--service=ferry.v1.Prefill"])).await.expect("ran");
+    assert!(o.status.success(), "the Prefill service serves: {}", stderr(&o));
+    let o = health(with("decode", &[])).await.expect("ran");
+    assert!(!o.status.success(), "a prefill worker answered as a decode worker");
+    assert!(stderr(&o).contains("is not a decode worker"), "{}", stderr(&o));
+    let o = health(with("prefill", &["--service=ferry.v1.Nothing"])).await.expect("ran");
+    assert!(!o.status.success() && stderr(&o).contains("NotFound"), "{}", stderr(&o));
+    let o = health(vec!["--role=prefill".into()]).await.expect("ran");
+    assert!(!o.status.success(), "no certificates and no --insecure-internal");
+    p.stop().await;
+    let o = health(with("prefill", &[])).await.expect("ran");
+    assert!(!o.status.success(), "a stopped daemon is not healthy");
+}

@@ -40,7 +40,14 @@ def chart_uses(paths):
                 args = c.get("args", [])
                 flags = [a[2:].split("=")[0] for a in args[1:] if a.startswith("--")]
                 envs = [e["name"] for e in c.get("env", []) if e["name"].startswith("FERRY_")]
-                yield f"{p}: {doc['metadata']['name']}/{c['name']}", args[0], flags, envs
+                where = f"{p}: {doc['metadata']['name']}/{c['name']}"
+                yield where, args[0], flags, envs
+                # Exec probes running `ferry` (`ferry health` under mutual TLS).
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+                    if cmd[:1] == ["ferry"]:
+                        flags = [a[2:].split("=")[0] for a in cmd[2:] if a.startswith("--")]
+                        yield f"{where} {probe}", cmd[1], flags, []
 
 
 def unit_uses(d):

@@ -75,21 +75,25 @@ spec:
             - {name: kv, containerPort: {{ $w.transferPort }}}
             {{- end }}
           # gRPC health: SERVING once the model is loaded and the pool touched; NOT_SERVING
-          # while stopping. Under mutual TLS the kubelet cannot speak gRPC to the worker: TCP.
+          # while stopping. Under mutual TLS the kubelet cannot speak gRPC to the worker, so
+          # `ferry health` asks it from inside the pod with the pod's own certificate.
           {{- $probe := printf "grpc: {port: %v}" $w.grpcPort }}
           {{- if ne $.Values.internalTls.mode "insecure" }}
-          {{- $probe = "tcpSocket: {port: grpc}" }}
+          {{- $probe = printf "exec: {command: [ferry, health, --role=%s, --addr=127.0.0.1:%v, --timeout=4, --internal-tls-cert=/internal-tls/tls.crt, --internal-tls-key=/internal-tls/tls.key, --internal-tls-ca=/internal-tls/ca.crt, --internal-tls-server-name=%s]}" .role $w.grpcPort $.Values.internalTls.serverName }}
           {{- end }}
           startupProbe:
             {{ $probe }}
             periodSeconds: 5
+            timeoutSeconds: 5
             failureThreshold: 120
           readinessProbe:
             {{ $probe }}
             periodSeconds: 5
+            timeoutSeconds: 5
           livenessProbe:
             {{ $probe }}
             periodSeconds: 10
+            timeoutSeconds: 5
             failureThreshold: 6
           resources:
             {{- $res := deepCopy ($w.resources | default dict) }}
