@@ -154,3 +154,39 @@ persistentVolumeClaim:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* "kept" when all three generated internal TLS Secrets are in the cluster, made for the
+current internalTls.serverName (Secrets without the annotation predate it: taken as made for
+the current name); else empty, and internal-tls.yaml makes them anew with a new CA. */}}
+{{- define "ferry.internalTlsKept" -}}
+{{- $t := .Values.internalTls -}}
+{{- $base := printf "%s-internal-tls" (include "ferry.fullname" .) -}}
+{{- $complete := true -}}
+{{- range $r := list "router" "prefill" "decode" -}}
+{{- $s := lookup "v1" "Secret" $.Release.Namespace (printf "%s-%s" $base $r) -}}
+{{- if not (and $s $s.data (eq (dig "metadata" "annotations" "ferry.dev/server-name" $t.serverName ($s | default dict)) $t.serverName)) -}}
+{{- $complete = false -}}
+{{- end -}}
+{{- end -}}
+{{- if $complete -}}kept{{- end -}}
+{{- end -}}
+
+{{/* A pod template annotation that changes with the internal CA, so that a new CA restarts
+every pod (a daemon reads its certificates at start only): the kept CA's digest, or, when
+this release makes a new CA (and offline, where nothing can be looked up), a fresh value.
+With mode `secrets` the digest of the router Secret's CA, when it can be read. Empty when
+internal TLS is off. */}}
+{{- define "ferry.internalCaChecksum" -}}
+{{- $mode := .Values.internalTls.mode -}}
+{{- if eq $mode "generate" -}}
+{{- if eq (include "ferry.internalTlsKept" .) "kept" -}}
+{{- $s := lookup "v1" "Secret" .Release.Namespace (printf "%s-internal-tls-router" (include "ferry.fullname" .)) -}}
+{{- index $s.data "ca.crt" | sha256sum -}}
+{{- else -}}
+new-{{ randAlphaNum 16 | lower }}
+{{- end -}}
+{{- else if eq $mode "secrets" -}}
+{{- $s := lookup "v1" "Secret" .Release.Namespace (get .Values.internalTls.secrets "router") -}}
+{{- with $s }}{{ with .data }}{{ index . "ca.crt" | default "" | sha256sum }}{{ end }}{{ end -}}
+{{- end -}}
+{{- end -}}

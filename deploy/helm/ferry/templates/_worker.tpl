@@ -18,6 +18,11 @@ spec:
     metadata:
       labels:
         {{- include "ferry.selector" (dict "ctx" $ "component" .role) | nindent 8 }}
+      {{- with include "ferry.internalCaChecksum" $ }}
+      annotations:
+        # A new internal CA restarts the pod: its daemon reads certificates at start only.
+        ferry.dev/internal-ca: {{ . | quote }}
+      {{- end }}
     spec:
       {{- with $.Values.imagePullSecrets }}
       imagePullSecrets:
