@@ -1,11 +1,11 @@
 //! Dequantisation of GGUF / safetensors tensor data to f32.
 //!
-//! Block formats (ggml): Q4_0 `d:f16, qs[16]` → `(q − 8)·d`; Q4_1 `d:f16, m:f16, qs[16]` →
-//! `q·d + m`; in both, weight `j < 16` is the low nibble of `qs[j]` and `16 + j` the high one.
-//! Q8_0 `d:f16, q:i8[32]` → `q·d`. Q4_K: super-blocks of 256 with 8 sub-blocks whose 6-bit
+//! Block formats (ggml): Q4_0, Q4_1 and Q8_0 as [`BlockFormat`] defines them (the kernels
+//! compute with those blocks as they are). Q4_K: super-blocks of 256 with 8 sub-blocks whose 6-bit
 //! scales and mins are packed in 12 bytes. Q6_K: 256 weights as 4 low bits (`ql`) + 2 high
 //! bits (`qh`) with 16 signed 8-bit scales.
 
+use ferry_kernels::quant::BlockFormat;
 use half::{bf16, f16};
 
 /// Element types Ferry can turn into f32.
@@ -58,6 +58,16 @@ impl DType {
         }
     }
 
+    /// The block format a backend may keep as it is (Q4_0, Q4_1, Q8_0).
+    pub fn block_format(self) -> Option<BlockFormat> {
+        match self {
+            Self::Q4_0 => Some(BlockFormat::Q4_0),
+            Self::Q4_1 => Some(BlockFormat::Q4_1),
+            Self::Q8_0 => Some(BlockFormat::Q8_0),
+            _ => None,
+        }
+    }
+
     /// Bytes needed for `n` elements, or None when `n` is not whole blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
         let (b, e) = self.block();
@@ -80,26 +90,9 @@ pub fn dequantize(dtype: DType, data: &[u8], out: &mut [f32]) {
             DType::F32 => o[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
             DType::F16 => o[0] = h(blk, 0),
             DType::BF16 => o[0] = bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
-            DType::Q4_0 => {
-                let d = h(blk, 0);
-                for j in 0..16 {
-                    o[j] = ((blk[2 + j] & 0xF) as i32 - 8) as f32 * d;
-                    o[j + 16] = ((blk[2 + j] >> 4) as i32 - 8) as f32 * d;
-                }
-            }
-            DType::Q4_1 => {
-                let (d, m) = (h(blk, 0), h(blk, 2));
-                for j in 0..16 {
-                    o[j] = (blk[4 + j] & 0xF) as f32 * d + m;
-                    o[j + 16] = (blk[4 + j] >> 4) as f32 * d + m;
-                }
-            }
-            DType::Q8_0 => {
-                let d = h(blk, 0);
-                for j in 0..32 {
-                    o[j] = blk[2 + j] as i8 as f32 * d;
-                }
-            }
+            DType::Q4_0 => BlockFormat::Q4_0.dequantize_block(blk, o),
+            DType::Q4_1 => BlockFormat::Q4_1.dequantize_block(blk, o),
+            DType::Q8_0 => BlockFormat::Q8_0.dequantize_block(blk, o),
             DType::Q4K => q4k(blk, o),
             DType::Q6K => q6k(blk, o),
         }

@@ -11,14 +11,32 @@ use safetensors::tensor::Dtype as StDtype;
 use crate::EngineError;
 use crate::config::{Arch, ModelConfig};
 use crate::dequant::{DType, dequantize};
+use ferry_kernels::quant::BlockFormat;
 
 /// A tensor in f32 with its shape (`[rows, cols]` for matrices, `[n]` for vectors).
 #[derive(Debug, Clone)]
 pub struct Tensor {
     /// Shape, outermost first.
     pub shape: Vec<usize>,
-    /// Values, row-major.
+    /// Values, row-major; empty when `blocks` holds them.
     pub data: Vec<f32>,
+    /// The values as the file's blocks, row-major, when the file holds a matrix in a block
+    /// format a backend may keep as it is ([`DType::block_format`]).
+    pub blocks: Option<(BlockFormat, Vec<u8>)>,
+}
+
+impl Tensor {
+    /// The values in f32 (dequantized from the blocks when the tensor has them).
+    pub fn into_f32(self) -> Vec<f32> {
+        match self.blocks {
+            Some((f, b)) if self.data.is_empty() => {
+                let mut out = vec![0.0; self.shape.iter().product()];
+                f.dequantize(&b, &mut out);
+                out
+            }
+            _ => self.data,
+        }
+    }
 }
 
 /// Hands out tensors by HF name.
@@ -116,7 +134,7 @@ impl TensorSource for HfSource {
             raw.ok_or_else(|| EngineError::invalid(path, format!("tensor {name}: data does not match its shape")))?;
         let mut data = vec![0.0; n];
         dequantize(dtype, raw, &mut data);
-        Ok(Some(Tensor { shape: e.shape.clone(), data }))
+        Ok(Some(Tensor { shape: e.shape.clone(), data, blocks: None }))
     }
 }
 
@@ -190,10 +208,19 @@ impl TensorSource for GgufSource {
             .bytes()
             .get(start..start + bytes)
             .ok_or_else(|| EngineError::invalid(&self.path, format!("{gname}: data past the end of the file")))?;
-        let mut data = vec![0.0; n];
-        dequantize(dtype, raw, &mut data);
         // GGUF lists [ne0 = in, ne1 = out]; the data is row-major (out, in).
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        // Matrices of whole blocks per row keep their blocks (and are not dequantized here:
+        // [`Tensor::into_f32`] does it for a backend that wants f32).
+        let mut blocks = match (dtype.block_format(), &shape[..]) {
+            (Some(f), [_, cols]) if cols % ferry_kernels::quant::BLOCK == 0 => Some((f, raw.to_vec())),
+            _ => None,
+        };
+        let mut data = Vec::new();
+        if blocks.is_none() {
+            data = vec![0.0; n];
+            dequantize(dtype, raw, &mut data);
+        }
         let is_llama = matches!(self.cfg.arch, Arch::Llama | Arch::Mistral);
         if is_llama && (gname.ends_with("attn_q.weight") || gname.ends_with("attn_k.weight")) {
             let heads = if gname.ends_with("attn_q.weight") { self.cfg.num_heads } else { self.cfg.num_kv_heads };
@@ -201,7 +228,14 @@ impl TensorSource for GgufSource {
             // zero-sized tensor divided by zero here).
             match shape[..] {
                 [rows, cols] if cols > 0 && heads > 0 && rows % heads == 0 && (rows / heads) % 2 == 0 => {
-                    data = unpermute_rows(&data, heads, cols);
+                    if !data.is_empty() {
+                        data = unpermute_rows(&data, heads, cols);
+                    }
+                    // The blocks of a row are that row's alone: whole rows move.
+                    blocks = blocks.map(|(f, b)| {
+                        let rb = f.row_bytes(cols);
+                        (f, reorder_rows(&b, heads, rb, false))
+                    });
                 }
                 _ => {
                     let why = format!("{gname}: shape {shape:?} does not split into {heads} heads of an even size");
@@ -209,7 +243,7 @@ impl TensorSource for GgufSource {
                 }
             }
         }
-        Ok(Some(Tensor { shape, data }))
+        Ok(Some(Tensor { shape, data, blocks }))
     }
 }
 
@@ -224,11 +258,11 @@ pub fn permute_rows(data: &[f32], heads: usize, cols: usize) -> Vec<f32> {
     reorder_rows(data, heads, cols, true)
 }
 
-fn reorder_rows(data: &[f32], heads: usize, cols: usize, to_gguf: bool) -> Vec<f32> {
+fn reorder_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_gguf: bool) -> Vec<T> {
     let rows = data.len() / cols;
     let hd = rows / heads;
     let half = hd / 2;
-    let mut out = vec![0.0; data.len()];
+    let mut out = vec![T::default(); data.len()];
     for h in 0..heads {
         for i in 0..half {
             for j in 0..2 {

@@ -38,7 +38,9 @@ impl<B: Backend> Weights<B> {
         let fp = Fingerprint::new(cfg);
         let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
             let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
-            fp.sample(name, &t.data);
+            if FINGERPRINT_TENSORS.contains(&name) {
+                fp.sample(&t.clone().into_f32());
+            }
             if t.shape != shape {
                 return Err(EngineError::Unsupported(format!(
                     "tensor {name} has shape {:?}, expected {shape:?}",
@@ -48,9 +50,15 @@ impl<B: Backend> Weights<B> {
             Ok(t)
         };
         let mat = |name: &str, rows: usize, cols: usize| -> Result<B::Mat, EngineError> {
-            Ok(backend.matrix(rows, cols, get(name, &[rows, cols])?.data)?)
+            let t = get(name, &[rows, cols])?;
+            Ok(match t.blocks {
+                // Kept as the file has it where the backend computes with it.
+                Some((format, blocks)) => backend.matrix_quantized(rows, cols, format, blocks)?,
+                None => backend.matrix(rows, cols, t.into_f32())?,
+            })
         };
-        let vec = |name: &str, n: usize| -> Result<B::Buf, EngineError> { Ok(backend.upload(&get(name, &[n])?.data)?) };
+        let vec =
+            |name: &str, n: usize| -> Result<B::Buf, EngineError> { Ok(backend.upload(&get(name, &[n])?.into_f32())?) };
         let opt_vec = |name: &str, n: usize| -> Result<Option<B::Buf>, EngineError> {
             if !cfg.qkv_bias {
                 return Ok(None);
@@ -80,7 +88,10 @@ impl<B: Backend> Weights<B> {
             None
         } else {
             match src.tensor("lm_head.weight")? {
-                Some(t) if t.shape == [cfg.vocab_size, d] => Some(backend.matrix(cfg.vocab_size, d, t.data)?),
+                Some(t) if t.shape == [cfg.vocab_size, d] => Some(match t.blocks {
+                    Some((format, blocks)) => backend.matrix_quantized(cfg.vocab_size, d, format, blocks)?,
+                    None => backend.matrix(cfg.vocab_size, d, t.into_f32())?,
+                }),
                 Some(t) => return Err(EngineError::Unsupported(format!("lm_head.weight has shape {:?}", t.shape))),
                 None => return Err(EngineError::MissingTensor("lm_head.weight".into())),
             }
@@ -119,11 +130,9 @@ impl Fingerprint {
         self.0.set(h);
     }
 
-    fn sample(&self, name: &str, data: &[f32]) {
-        if FINGERPRINT_TENSORS.contains(&name) {
-            for v in data.iter().step_by((data.len() / 4096).max(1)) {
-                self.eat(&v.to_le_bytes());
-            }
+    fn sample(&self, data: &[f32]) {
+        for v in data.iter().step_by((data.len() / 4096).max(1)) {
+            self.eat(&v.to_le_bytes());
         }
     }
 

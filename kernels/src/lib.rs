@@ -21,6 +21,7 @@ mod error;
 mod host;
 mod layout;
 mod plan;
+pub mod quant;
 mod rope;
 
 pub use error::KernelError;
@@ -89,6 +90,21 @@ pub trait Backend: Send + Sync + 'static {
     fn len(&self, buf: &Self::Buf) -> usize;
     /// Uploads a row-major `(rows, cols)` matrix.
     fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Self::Mat, KernelError>;
+    /// Uploads a row-major `(rows, cols)` matrix of `format` blocks (`cols` a multiple of
+    /// [`quant::BLOCK`]; each row `format.row_bytes(cols)` bytes). A backend that computes
+    /// with quantized weights keeps them so; the default dequantizes them to f32.
+    fn matrix_quantized(
+        &self,
+        rows: usize,
+        cols: usize,
+        format: quant::BlockFormat,
+        data: Vec<u8>,
+    ) -> Result<Self::Mat, KernelError> {
+        check_quantized(rows, cols, format, &data)?;
+        let mut f = vec![0.0; rows * cols];
+        format.dequantize(&data, &mut f);
+        self.matrix(rows, cols, f)
+    }
     /// `(rows, cols)` of a matrix.
     fn mat_shape(&self, mat: &Self::Mat) -> (usize, usize);
 
@@ -155,4 +171,16 @@ pub trait Backend: Send + Sync + 'static {
     /// Copies `src` (whole pages) into pages `first..` of the pool; returns once the copy has
     /// landed.
     fn kv_from_host(&self, pool: &Self::Kv, layout: &KvLayout, first: u32, src: &[f32]) -> Result<(), KernelError>;
+}
+
+/// Checks the size of a quantized matrix's data.
+pub(crate) fn check_quantized(
+    rows: usize,
+    cols: usize,
+    format: quant::BlockFormat,
+    data: &[u8],
+) -> Result<(), KernelError> {
+    error::check("matrix_quantized", cols % quant::BLOCK == 0 && data.len() == rows * format.row_bytes(cols), || {
+        format!("{} bytes of {format:?} for {rows}x{cols}", data.len())
+    })
 }

@@ -9,9 +9,9 @@ use rayon::prelude::*;
 use super::dot::dot;
 
 /// Below this many input rows the GEMV path is used.
-const GEMV_MAX_ROWS: usize = 4;
+pub(super) const GEMV_MAX_ROWS: usize = 4;
 /// Output columns per rayon task.
-const COLS_PER_TASK: usize = 64;
+pub(super) const COLS_PER_TASK: usize = 64;
 
 pub(super) fn matmul_t(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
     if m == 0 || n == 0 {
@@ -25,6 +25,16 @@ pub(super) fn matmul_t(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: 
 }
 
 fn gemv(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    if m == 1 {
+        // One row: the output is its columns, written in place (no scratch to fault in).
+        out[..n].par_chunks_mut(COLS_PER_TASK).enumerate().for_each(|(t, chunk)| {
+            for (j, o) in chunk.iter_mut().enumerate() {
+                let col = t * COLS_PER_TASK + j;
+                *o = dot(&x[..k], &w[col * k..(col + 1) * k]);
+            }
+        });
+        return;
+    }
     let mut cols = vec![0.0f32; n * m];
     cols.par_chunks_mut(COLS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
         for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
@@ -44,44 +54,67 @@ fn gemv(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
 
 /// A raw pointer that may cross threads; each task writes a disjoint set of columns.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(super) struct SendPtr(pub(super) *mut f32);
 // SAFETY: used only to write disjoint column ranges of one output from several threads.
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
-fn gemm(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+/// Column blocks of the SGEMM path: several per thread for balance, but wide enough to
+/// amortise packing. Returns (columns per block, blocks).
+pub(super) fn gemm_blocks(n: usize) -> (usize, usize) {
     let threads = rayon::current_num_threads().max(1);
-    // Column blocks: several per thread for balance, but wide enough to amortise packing.
     let block = n.div_ceil(threads * 2).max(64).min(n);
-    let nblocks = n.div_ceil(block);
+    (block, n.div_ceil(block))
+}
+
+fn gemm(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    let (block, nblocks) = gemm_blocks(n);
     let ptr = SendPtr(out.as_mut_ptr());
     (0..nblocks).into_par_iter().for_each(|b| {
-        let p = ptr;
         let c0 = b * block;
         let nb = block.min(n - c0);
-        // SAFETY: `x` is (m, k) row-major; `w` rows c0..c0+nb are (nb, k) row-major, read as a
-        // (k, nb) matrix with strides (1, k); `out` columns c0..c0+nb of an (m, n) row-major
-        // matrix are written by this task only.
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                nb,
-                1.0,
-                x.as_ptr(),
-                k as isize,
-                1,
-                w.as_ptr().add(c0 * k),
-                1,
-                k as isize,
-                0.0,
-                p.0.add(c0),
-                n as isize,
-                1,
-            );
-        }
+        // SAFETY: columns c0..c0 + nb of the output are written by this task only.
+        unsafe { gemm_block(x, m, &w[c0 * k..(c0 + nb) * k], nb, k, ptr, c0, n) };
     });
+}
+
+/// `out[:, c0..c0 + nb] = x · wᵀ` for the `nb` weight rows `w` (row-major `(nb, k)`).
+///
+/// # Safety
+/// `out` is an `(m, n)` row-major matrix with `c0 + nb <= n`, and no other thread writes its
+/// columns `c0..c0 + nb` meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn gemm_block(
+    x: &[f32],
+    m: usize,
+    w: &[f32],
+    nb: usize,
+    k: usize,
+    out: SendPtr,
+    c0: usize,
+    n: usize,
+) {
+    // SAFETY: `x` is (m, k) row-major; `w` is (nb, k) row-major, read as a (k, nb) matrix with
+    // strides (1, k); the caller owns columns c0..c0 + nb of `out`.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            nb,
+            1.0,
+            x.as_ptr(),
+            k as isize,
+            1,
+            w.as_ptr(),
+            1,
+            k as isize,
+            0.0,
+            out.0.add(c0),
+            n as isize,
+            1,
+        );
+    }
 }
 
 #[cfg(test)]

@@ -6,29 +6,41 @@ mod arena;
 mod attention;
 mod dot;
 mod matmul;
+mod qmatmul;
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
 use crate::error::check;
+use crate::quant::BlockFormat;
 use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolLayer, RopeTable, plan};
 
 pub use arena::KvArena;
 pub use dot::dot;
 
-/// A weight matrix in host memory, row-major `(rows, cols)`.
+/// A weight matrix in host memory, row-major `(rows, cols)`: f32, or block-quantized as the
+/// model file has it (dequantized in registers by the kernels).
 #[derive(Debug, Clone)]
 pub struct CpuMat {
     rows: usize,
     cols: usize,
-    data: Vec<f32>,
+    data: Weights,
+}
+
+#[derive(Debug, Clone)]
+enum Weights {
+    F32(Vec<f32>),
+    Blocks(BlockFormat, Vec<u8>),
 }
 
 impl CpuMat {
-    /// The values, row-major.
-    pub fn data(&self) -> &[f32] {
-        &self.data
+    /// Bytes its weights take in memory.
+    pub fn resident_bytes(&self) -> usize {
+        match &self.data {
+            Weights::F32(v) => v.len() * 4,
+            Weights::Blocks(_, b) => b.len(),
+        }
     }
 }
 
@@ -66,7 +78,18 @@ impl Backend for CpuBackend {
 
     fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<CpuMat, KernelError> {
         check("matrix", data.len() == rows * cols, || format!("{} values for {rows}x{cols}", data.len()))?;
-        Ok(CpuMat { rows, cols, data })
+        Ok(CpuMat { rows, cols, data: Weights::F32(data) })
+    }
+
+    fn matrix_quantized(
+        &self,
+        rows: usize,
+        cols: usize,
+        format: BlockFormat,
+        data: Vec<u8>,
+    ) -> Result<CpuMat, KernelError> {
+        crate::check_quantized(rows, cols, format, &data)?;
+        Ok(CpuMat { rows, cols, data: Weights::Blocks(format, data) })
     }
 
     fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
@@ -80,7 +103,11 @@ impl Backend for CpuBackend {
             if id as usize >= table.rows {
                 return Err(KernelError::TokenOutOfRange { id, vocab: table.rows });
             }
-            row.copy_from_slice(&table.data[id as usize * d..(id as usize + 1) * d]);
+            let i = id as usize;
+            match &table.data {
+                Weights::F32(v) => row.copy_from_slice(&v[i * d..(i + 1) * d]),
+                Weights::Blocks(f, b) => f.dequantize(&b[i * f.row_bytes(d)..(i + 1) * f.row_bytes(d)], row),
+            }
         }
         Ok(())
     }
@@ -89,7 +116,10 @@ impl Backend for CpuBackend {
         check("matmul", x.len() == rows * w.cols && out.len() == rows * w.rows, || {
             format!("x {} out {} for {rows} rows and {}x{}", x.len(), out.len(), w.rows, w.cols)
         })?;
-        matmul::matmul_t(x, rows, &w.data, w.rows, w.cols, out);
+        match &w.data {
+            Weights::F32(v) => matmul::matmul_t(x, rows, v, w.rows, w.cols, out),
+            Weights::Blocks(f, b) => qmatmul::qmatmul_t(x, rows, b, *f, w.rows, w.cols, out),
+        }
         Ok(())
     }
 
