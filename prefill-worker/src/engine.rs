@@ -36,7 +36,7 @@ mod cmd;
 mod lifecycle;
 mod step;
 
-pub use cmd::{Cmd, Handshake, Load, NewRequest, PrefillDone, PrefillReply};
+pub use cmd::{Cmd, Handshake, Load, NewRequest, PrefillDone, PrefillReply, Reconnect};
 
 /// A room the scheduler knows.
 struct Live {

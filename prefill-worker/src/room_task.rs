@@ -5,12 +5,13 @@ use std::sync::Arc;
 use std::sync::mpsc::Sender as CmdSender;
 use std::time::Duration;
 
+use ferry_cluster::{Room, RoomSecret};
 use ferry_transfer::frame::Aux;
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::{SendRoom, Sender};
 use tokio::sync::mpsc;
 
-use crate::engine::Cmd;
+use crate::engine::{Cmd, Reconnect};
 use crate::service::SenderPool;
 
 /// One chunk's pages for a room task.
@@ -35,9 +36,21 @@ pub(crate) struct RoomTask {
     pub senders: Arc<SenderPool>,
     /// The sender to the room's decode node.
     pub sender: Arc<Sender>,
+    /// That node's data plane, to abort the room over a new connection when this one breaks.
+    pub reconnect: Reconnect,
+    /// The room's secret (an abort carries it).
+    pub secret: RoomSecret,
 }
 
 impl RoomTask {
+    /// Aborts the room on the decode node over a new connection (the pool's, once the broken
+    /// one is evicted).
+    async fn abort_anew(&self, room: Room, why: &str) -> std::io::Result<()> {
+        let r = &self.reconnect;
+        let fresh = self.senders.get(r.kind, &r.endpoint, &self.mem, r.cfg, (room, &self.secret)).await?;
+        fresh.abort(room, self.secret, &format!("the prefill node's connection broke: {why}")).await
+    }
+
     /// Sends one room's chunks in order; aborts the room when the engine drops the channel
     /// before the last chunk, or when a chunk makes no progress within the transfer timeout;
     /// reports the end to the engine.
@@ -55,7 +68,14 @@ impl RoomTask {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     self.senders.evict(&self.sender);
-                    break Err(format!("{e:?}"));
+                    let why = format!("{e:?}");
+                    // The decode node would otherwise wait for the rest of the room until its
+                    // own timeouts (a direct caller has no router to cancel its call).
+                    let told = tokio::time::timeout(limit, self.abort_anew(id, &why)).await;
+                    if !matches!(told, Ok(Ok(()))) {
+                        tracing::debug!(room = %id, "the abort did not reach the decode node; it will time out");
+                    }
+                    break Err(why);
                 }
                 Err(_) => {
                     let _ = tokio::time::timeout(limit, room.abort("transfer stalled")).await;

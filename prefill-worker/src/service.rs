@@ -17,7 +17,7 @@ use futures::Stream;
 use tokio::sync::{broadcast, oneshot};
 use tonic::{Code, Request, Response, Status};
 
-use crate::engine::{Cmd, Handshake, Load, NewRequest};
+use crate::engine::{Cmd, Handshake, Load, NewRequest, Reconnect};
 pub use crate::senders::SenderPool;
 
 const ROLE: &str = "prefill";
@@ -144,7 +144,8 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
             Refused::new(Code::Unavailable, "data_plane_unreachable", format!("{}: {e}", r.data_endpoint)).status(ROLE)
         })?;
         let (reply, rx) = oneshot::channel();
-        let hs = Handshake { dest: r.dest_pages, sender };
+        let reconnect = Reconnect { kind: s.backend, endpoint: r.data_endpoint, cfg: s.transfer };
+        let hs = Handshake { dest: r.dest_pages, sender, reconnect };
         s.engine.send(Cmd::Handshake { room: key.room, secret: key.secret, hs, reply })?;
         answer(rx, ROLE).await?;
         Ok(Response::new(pb::HandshakeResponse { room: key.room.get() }))

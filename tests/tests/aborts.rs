@@ -436,3 +436,76 @@ async fn a_client_gone_while_the_workers_are_silent_frees_the_decode_workers_pag
     r.stop().await;
     d.stop().await;
 }
+
+/// A prefill node whose data-plane connection to the decode node broke while idle finds out
+/// on the next room's first send, and tells the decode node over a new connection: a direct
+/// caller's decode call (no router to cancel it) ends at once with the reason, not at its
+/// waiting timeout (60 s here), and the pages come back on both sides. Before, the prefill
+/// call failed ("Broken pipe") while the decode room, which had not seen a byte, waited out
+/// its timeout: the chaos suite's reuse phase met this after a data-plane cut (a hung call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_data_connection_aborts_the_room_on_the_decode_node() {
+    let m = TinyModel::new();
+    let (pa, mut da) = args(&m);
+    let mut pa = pa;
+    for w in [&mut pa.worker, &mut da.worker] {
+        w.waiting_timeout = 60.0;
+        w.transfer_timeout = 30.0;
+    }
+    // The decode node's data port behind a proxy that can cut its connections.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("addr").port();
+    da.worker.transfer_addr = format!("127.0.0.1:{port}").parse().expect("addr");
+    let proxy = ferry_tests::proxy::Proxy::start(format!("127.0.0.1:{port}")).await;
+    da.worker.transfer_advertise_addr = Some(proxy.addr().to_string());
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let pair = |n: u32| {
+        let key = ferry_cluster::wire::room_key_to_proto(&RoomKey::random());
+        let sampling = ferry_cluster::wire::sampling_to_proto(&greedy(4));
+        let dreq = pb::DecodeRequest {
+            request_id: format!("pair-{n}"),
+            room: Some(key.clone()),
+            prefill_bootstrap_addr: p.grpc_addr.to_string(),
+            token_ids: prompt(300),
+            sampling: Some(sampling.clone()),
+        };
+        let preq = pb::PrefillRequest {
+            request_id: format!("pair-{n}"),
+            room: Some(key),
+            token_ids: prompt(300),
+            sampling: Some(sampling),
+            priority: 0,
+        };
+        let (dg, pg) = (d.grpc_addr, p.grpc_addr);
+        async move {
+            let mut dc = pb::decode_client::DecodeClient::new(channel(dg).await);
+            let mut pc = pb::prefill_client::PrefillClient::new(channel(pg).await);
+            let decode = async move {
+                let mut s = dc.generate(dreq).await?.into_inner();
+                while s.message().await?.is_some() {}
+                Ok::<_, tonic::Status>(())
+            };
+            tokio::join!(decode, async move { pc.prefill(preq).await.map(|_| ()) })
+        }
+    };
+    // The first room opens the prefill node's connection to the decode node and completes.
+    let (dr, pr) = pair(1).await;
+    dr.expect("the first decode call");
+    pr.expect("the first prefill call");
+    // The connection breaks while idle; the next room's sends meet it.
+    proxy.cut();
+    proxy.restore();
+    let t = std::time::Instant::now();
+    let (dr, pr) = tokio::time::timeout(Duration::from_secs(20), pair(2))
+        .await
+        .expect("both calls end long before the 60 s waiting timeout");
+    let took = t.elapsed();
+    let e = dr.expect_err("the room failed");
+    println!("the calls ended {took:?} after the cut: decode {e:?}, prefill {pr:?}");
+    assert!(e.message().contains("prefill node's connection broke"), "{e:?}");
+    assert!(pr.is_err(), "the prefill call fails too");
+    assert!(took < Duration::from_secs(15), "ended after {took:?}");
+    settle(&p, std::slice::from_ref(&d)).await;
+    d.stop().await;
+    p.stop().await;
+}

@@ -65,6 +65,8 @@ impl<B: Backend> Engine<B> {
             limit,
             senders: Arc::clone(&self.cfg.senders),
             sender: h.sender,
+            reconnect: h.reconnect,
+            secret,
         };
         self.rt.spawn(task.run(send_room, rx));
         self.sched.add_with_priority(room.get(), r.tokens.clone(), r.priority, &self.cache);

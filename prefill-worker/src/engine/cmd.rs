@@ -6,7 +6,8 @@ use std::sync::Arc;
 use ferry_cluster::{Refused, Room, RoomSecret};
 use ferry_engine::SamplingParams;
 use ferry_radix::events::KvEvent;
-use ferry_transfer::Sender;
+use ferry_transfer::backend::TransferConfig;
+use ferry_transfer::{BackendKind, Sender};
 use tokio::sync::oneshot;
 
 /// What the Prefill call gets back.
@@ -47,6 +48,20 @@ pub struct Handshake {
     pub dest: Vec<u32>,
     /// The data-plane sender to that decode node.
     pub sender: Arc<Sender>,
+    /// How to reach that decode node anew, to abort the room there when the sender's
+    /// connection breaks.
+    pub reconnect: Reconnect,
+}
+
+/// A decode node's data plane, to connect to again.
+#[derive(Debug, Clone)]
+pub struct Reconnect {
+    /// The transfer backend.
+    pub kind: BackendKind,
+    /// Its data-plane endpoint.
+    pub endpoint: String,
+    /// Transfer settings.
+    pub cfg: TransferConfig,
 }
 
 /// Commands to the engine thread.
