@@ -32,8 +32,16 @@ impl SenderPool {
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The pooled sender to `endpoint`; one whose connection is known to have ended (the
+    /// decode node restarted, or a partition cut it while idle) is dropped, so the caller
+    /// connects anew instead of failing its room's first send.
     fn connected(&self, endpoint: &str) -> Option<Arc<Sender>> {
-        self.entries().get(endpoint).and_then(|e| e.sender.clone())
+        let mut entries = self.entries();
+        let e = entries.get_mut(endpoint)?;
+        if e.sender.as_ref().is_some_and(|s| s.closed()) {
+            e.sender = None;
+        }
+        e.sender.clone()
     }
 
     /// The sender to `endpoint`, connecting (within [`CONNECT_TIMEOUT`]) when there is none;

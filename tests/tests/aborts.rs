@@ -437,14 +437,16 @@ async fn a_client_gone_while_the_workers_are_silent_frees_the_decode_workers_pag
     d.stop().await;
 }
 
-/// A prefill node whose data-plane connection to the decode node broke while idle finds out
-/// on the next room's first send, and tells the decode node over a new connection: a direct
-/// caller's decode call (no router to cancel it) ends at once with the reason, not at its
-/// waiting timeout (60 s here), and the pages come back on both sides. Before, the prefill
-/// call failed ("Broken pipe") while the decode room, which had not seen a byte, waited out
-/// its timeout: the chaos suite's reuse phase met this after a data-plane cut (a hung call).
+/// A prefill node whose pooled data-plane connection to a decode node broke while idle does
+/// not leave the next room hanging. Before, that room's first send failed ("Broken pipe")
+/// and its prefill call ended while the decode room, which had not seen a byte, waited out
+/// its waiting timeout (60 s here): the chaos suite's reuse phase met this after a data-plane
+/// cut (a direct caller, with no router to cancel its decode call, hung). Now the pool
+/// replaces a sender whose connection it saw end, so the room completes; and should a
+/// connection break between the handshake and the first send, the room task aborts the room
+/// on the decode node over a new connection ("the prefill node's connection broke").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_data_connection_aborts_the_room_on_the_decode_node() {
+async fn a_data_connection_broken_while_idle_hangs_no_room() {
     let m = TinyModel::new();
     let (pa, mut da) = args(&m);
     let mut pa = pa;
@@ -500,10 +502,14 @@ async fn a_broken_data_connection_aborts_the_room_on_the_decode_node() {
         .await
         .expect("both calls end long before the 60 s waiting timeout");
     let took = t.elapsed();
-    let e = dr.expect_err("the room failed");
-    println!("the calls ended {took:?} after the cut: decode {e:?}, prefill {pr:?}");
-    assert!(e.message().contains("prefill node's connection broke"), "{e:?}");
-    assert!(pr.is_err(), "the prefill call fails too");
+    println!("the calls ended {took:?} after the cut: decode {dr:?}, prefill {pr:?}");
+    match (dr, pr) {
+        // The pool saw the connection end and connected anew.
+        (Ok(()), Ok(())) => {}
+        // It broke under the room: the decode node was told.
+        (Err(e), Err(_)) => assert!(e.message().contains("prefill node's connection broke"), "{e:?}"),
+        other => panic!("the two calls disagree: {other:?}"),
+    }
     assert!(took < Duration::from_secs(15), "ended after {took:?}");
     settle(&p, std::slice::from_ref(&d)).await;
     d.stop().await;

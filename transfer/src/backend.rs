@@ -117,6 +117,15 @@ pub enum Sender {
 }
 
 impl Sender {
+    /// Whether its connection is known to have ended (tcp; the other backends find out when
+    /// they next send).
+    pub fn closed(&self) -> bool {
+        match self {
+            Self::Tcp(s) => s.closed(),
+            _ => false,
+        }
+    }
+
     /// The backend's name (a metrics label; in-memory verbs count as rdma).
     pub fn backend(&self) -> &'static str {
         match self {

@@ -96,6 +96,13 @@ async fn write_frame(stream: &mut OwnedWriteHalf, header: &[u8], payload: &[u8])
 }
 
 impl TcpSender {
+    /// Whether one of its connections has ended (the receiver closed it, or it broke): a
+    /// sender that cannot deliver whole rooms any more. Seen by the connection's reader as
+    /// soon as the end arrives, so a pool can replace the sender before a room meets it.
+    pub fn closed(&self) -> bool {
+        self.readers.iter().any(JoinHandle::is_finished)
+    }
+
     /// Opens `cfg.connections` connections to `addr`.
     pub async fn connect(addr: SocketAddr, cfg: TcpConfig) -> std::io::Result<Self> {
         Self::connect_with_faults(addr, cfg, Arc::new(NoFaults)).await
