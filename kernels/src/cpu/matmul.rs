@@ -11,7 +11,7 @@ use super::dot::dot;
 /// Below this many input rows the GEMV path is used.
 pub(super) const GEMV_MAX_ROWS: usize = 4;
 /// Output columns per rayon task.
-pub(super) const COLS_PER_TASK: usize = 64;
+const COLS_PER_TASK: usize = 64;
 
 pub(super) fn matmul_t(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
     if m == 0 || n == 0 {
@@ -25,12 +25,17 @@ pub(super) fn matmul_t(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: 
 }
 
 fn gemv(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    gemv_by(m, n, out, |r, col| dot(&x[r * k..(r + 1) * k], &w[col * k..(col + 1) * k]));
+}
+
+/// `out[r, col] = cell(r, col)` for `m` rows and `n` columns (row-major), the columns split
+/// across rayon tasks: the GEMV shape, whatever computes a cell.
+pub(super) fn gemv_by(m: usize, n: usize, out: &mut [f32], cell: impl Fn(usize, usize) -> f32 + Sync) {
     if m == 1 {
         // One row: the output is its columns, written in place (no scratch to fault in).
         out[..n].par_chunks_mut(COLS_PER_TASK).enumerate().for_each(|(t, chunk)| {
             for (j, o) in chunk.iter_mut().enumerate() {
-                let col = t * COLS_PER_TASK + j;
-                *o = dot(&x[..k], &w[col * k..(col + 1) * k]);
+                *o = cell(0, t * COLS_PER_TASK + j);
             }
         });
         return;
@@ -38,10 +43,8 @@ fn gemv(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
     let mut cols = vec![0.0f32; n * m];
     cols.par_chunks_mut(COLS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
         for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
-            let col = t * COLS_PER_TASK + j;
-            let wr = &w[col * k..(col + 1) * k];
             for (r, o) in o.iter_mut().enumerate() {
-                *o = dot(&x[r * k..(r + 1) * k], wr);
+                *o = cell(r, t * COLS_PER_TASK + j);
             }
         }
     });

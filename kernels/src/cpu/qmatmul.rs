@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use crate::quant::{BLOCK, BlockFormat};
 
-use super::matmul::{COLS_PER_TASK, GEMV_MAX_ROWS, SendPtr, gemm_block, gemm_blocks};
+use super::matmul::{GEMV_MAX_ROWS, SendPtr, gemm_block, gemm_blocks, gemv_by};
 
 /// Columns dequantized at a time on the SGEMM path.
 const GEMM_SLICE: usize = 256;
@@ -31,31 +31,7 @@ pub(super) fn qmatmul_t(x: &[f32], m: usize, w: &[u8], fmt: BlockFormat, n: usiz
 fn qgemv(x: &[f32], m: usize, w: &[u8], fmt: BlockFormat, n: usize, k: usize, out: &mut [f32]) {
     let rb = fmt.row_bytes(k);
     let dot = qdot_fn();
-    if m == 1 {
-        // One row: the output is its columns, written in place (no scratch to fault in).
-        out[..n].par_chunks_mut(COLS_PER_TASK).enumerate().for_each(|(t, chunk)| {
-            for (j, o) in chunk.iter_mut().enumerate() {
-                let col = t * COLS_PER_TASK + j;
-                *o = dot(x, &w[col * rb..(col + 1) * rb], fmt);
-            }
-        });
-        return;
-    }
-    let mut cols = vec![0.0f32; n * m];
-    cols.par_chunks_mut(COLS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
-        for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
-            let col = t * COLS_PER_TASK + j;
-            let wr = &w[col * rb..(col + 1) * rb];
-            for (r, o) in o.iter_mut().enumerate() {
-                *o = dot(&x[r * k..(r + 1) * k], wr, fmt);
-            }
-        }
-    });
-    for col in 0..n {
-        for r in 0..m {
-            out[r * n + col] = cols[col * m + r];
-        }
-    }
+    gemv_by(m, n, out, |r, col| dot(&x[r * k..(r + 1) * k], &w[col * rb..(col + 1) * rb], fmt));
 }
 
 fn qgemm(x: &[f32], m: usize, w: &[u8], fmt: BlockFormat, n: usize, k: usize, out: &mut [f32]) {
