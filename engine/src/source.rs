@@ -28,13 +28,21 @@ pub struct Tensor {
 impl Tensor {
     /// The values in f32 (dequantized from the blocks when the tensor has them).
     pub fn into_f32(self) -> Vec<f32> {
-        match self.blocks {
+        match self.values() {
+            std::borrow::Cow::Owned(v) => v,
+            std::borrow::Cow::Borrowed(_) => self.data,
+        }
+    }
+
+    /// The values in f32, borrowed when the tensor holds them so.
+    pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
+        match &self.blocks {
             Some((f, b)) if self.data.is_empty() => {
                 let mut out = vec![0.0; self.shape.iter().product()];
-                f.dequantize(&b, &mut out);
-                out
+                f.dequantize(b, &mut out);
+                std::borrow::Cow::Owned(out)
             }
-            _ => self.data,
+            _ => std::borrow::Cow::Borrowed(&self.data),
         }
     }
 }

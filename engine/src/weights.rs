@@ -39,7 +39,7 @@ impl<B: Backend> Weights<B> {
         let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
             let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
             if FINGERPRINT_TENSORS.contains(&name) {
-                fp.sample(&t.clone().into_f32());
+                fp.sample(&t.values());
             }
             if t.shape != shape {
                 return Err(EngineError::Unsupported(format!(
