@@ -97,7 +97,7 @@ fn worker_cmd(exe: &Path, role: &str, id: &str, args: &UpArgs, model: &Path) -> 
     c.arg(role).arg("--model").arg(model).args(["--worker-id", id]);
     c.args(["--pool-pages", &args.pool_pages.to_string(), "--page-size", &args.page_size.to_string()]);
     c.args(["--chunked-prefill-size", &args.chunked_prefill_size.to_string(), "--transfer", args.transfer.as_str()]);
-    c.args(["--device", &args.device.to_string()]);
+    c.args(["--device", &args.device.to_string(), "--cpu-math", &args.cpu_math.to_string()]);
     if args.kv_host_mirror {
         c.arg("--kv-host-mirror");
     }

@@ -53,6 +53,10 @@ pub struct UpArgs {
     /// with `--features cuda`; every daemon then shares that GPU).
     #[arg(long, env = ferry_cluster::env::DEVICE, default_value = "cpu")]
     pub device: Device,
+    /// How the CPU daemons multiply by quantized weights: `exact` or `fast` (8-bit
+    /// activations, integer dot products; faster decode). See `ferry decode --help`.
+    #[arg(long, env = ferry_cluster::env::CPU_MATH, default_value = "exact")]
+    pub cpu_math: ferry_kernels::cpu::CpuMath,
     /// Pages through a host mirror of each daemon's KV pool, as on a GPU (always on with
     /// `--device cuda`; on the CPU, for measuring what the copies cost).
     #[arg(long)]
@@ -178,6 +182,7 @@ fn worker_args(args: &UpArgs, model: &Path, id: ferry_cluster::WorkerId) -> ferr
     w.chunked_prefill_size = args.chunked_prefill_size;
     w.transfer = args.transfer;
     w.device = args.device;
+    w.cpu_math = args.cpu_math;
     w.kv_host_mirror = args.kv_host_mirror;
     w
 }

@@ -24,6 +24,9 @@ pub const CHUNKED_PREFILL_SIZE: &str = "FERRY_CHUNKED_PREFILL_SIZE";
 /// `--cluster` (ferry prefill, ferry decode; ferry router).
 pub const CLUSTER: &str = "FERRY_CLUSTER";
 
+/// `--cpu-math` (ferry generate; ferry prefill, ferry decode; ferry up).
+pub const CPU_MATH: &str = "FERRY_CPU_MATH";
+
 /// `--decode` (ferry router).
 pub const DECODE: &str = "FERRY_DECODE";
 
@@ -201,6 +204,7 @@ pub const ALL: &[&str] = &[
     CACHE_DIR,
     CHUNKED_PREFILL_SIZE,
     CLUSTER,
+    CPU_MATH,
     DECODE,
     DECODE_ADMISSION,
     DECODE_MAX_RUNNING_REQUESTS,

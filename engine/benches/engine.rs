@@ -192,7 +192,7 @@ fn throughput_all(quick: bool) -> BenchResult<()> {
         for device in devices.split(',') {
             match device {
                 "cpu" => {
-                    let model = Model::load(&path, CpuBackend)?;
+                    let model = Model::load(&path, CpuBackend::default())?;
                     let rows = throughput(&model, quick)?;
                     let title = format!(
                         "\n{shape} ({}), CPU backend, {} threads, prompt 64 tokens",

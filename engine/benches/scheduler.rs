@@ -20,7 +20,7 @@ const PS: usize = 16;
 
 fn pool(pages: usize) -> PagePool<CpuBackend> {
     let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: PS };
-    PagePool::new(&CpuBackend, layout, pages).unwrap_or_else(|e| panic!("pool: {e}"))
+    PagePool::new(&CpuBackend::default(), layout, pages).unwrap_or_else(|e| panic!("pool: {e}"))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

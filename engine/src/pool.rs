@@ -136,7 +136,7 @@ mod tests {
     #[test]
     fn allocations_return_their_pages_on_drop() -> Result<(), EngineError> {
         let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: 4 };
-        let pool = PagePool::new(&CpuBackend, layout, 10)?;
+        let pool = PagePool::new(&CpuBackend::default(), layout, 10)?;
         let mut a = pool.alloc(3)?;
         assert_eq!(a.pages(), &[0, 1, 2]);
         let b = pool.alloc(5)?;

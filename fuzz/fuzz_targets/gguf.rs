@@ -11,5 +11,5 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(&path, data).expect("write");
     let _ = ferry_tokenize::gguf::parse(data);
     let _ = ferry_tokenize::ServedModel::load(&path);
-    let _ = ferry_engine::Model::load(&path, ferry_kernels::cpu::CpuBackend);
+    let _ = ferry_engine::Model::load(&path, ferry_kernels::cpu::CpuBackend::default());
 });

@@ -31,5 +31,5 @@ fn template() -> &'static tempfile::TempDir {
 fuzz_target!(|data: &[u8]| {
     let dir = template().path();
     std::fs::write(dir.join("model.safetensors"), data).expect("write");
-    let _ = ferry_engine::Model::load(dir, ferry_kernels::cpu::CpuBackend);
+    let _ = ferry_engine::Model::load(dir, ferry_kernels::cpu::CpuBackend::default());
 });

@@ -46,7 +46,7 @@ const BF16: f32 = 2e-2;
 #[test]
 fn elementwise_ops_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    let c = CpuBackend;
+    let c = CpuBackend::default();
     let (rows, d) = (7, 576);
     let x = values(rows * d, 1);
     let w = values(d, 2);
@@ -103,7 +103,7 @@ fn elementwise_ops_match_the_cpu() {
 #[test]
 fn embed_matmul_and_greedy_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    let c = CpuBackend;
+    let c = CpuBackend::default();
     // Shapes of SmolLM2 (576 → 1536) and a vocabulary row count not a multiple of anything.
     for (rows, n, k) in [(1, 1536, 576), (5, 576, 1536), (33, 4099, 576), (128, 192, 64)] {
         let w = values(n * k, 10 + rows as u64);
@@ -150,7 +150,7 @@ fn embed_matmul_and_greedy_match_the_cpu() {
 #[test]
 fn kv_pages_and_attention_match_the_cpu() {
     let Some(g) = gpu() else { return };
-    let c = CpuBackend;
+    let c = CpuBackend::default();
     for (heads, kv_heads, hd) in [(9, 3, 64), (32, 8, 128), (4, 4, 256)] {
         let layout = KvLayout { num_layers: 3, num_kv_heads: kv_heads, head_dim: hd, page_size: 16 };
         let num_pages = 40;

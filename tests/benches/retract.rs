@@ -185,8 +185,10 @@ async fn main() {
     let (clients, max_new, secs) = if quick { (8, 64u32, 15) } else { (32, 512, 120) };
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let (clients, secs) = (env("FERRY_BENCH_CLIENTS", clients as u64) as usize, env("FERRY_BENCH_SECS", secs));
-    let tok =
-        Model::load(&smollm2(), CpuBackend).expect("SmolLM2 (ferry model fetch smollm2-135m)").tokenizer().clone();
+    let tok = Model::load(&smollm2(), CpuBackend::default())
+        .expect("SmolLM2 (ferry model fetch smollm2-135m)")
+        .tokenizer()
+        .clone();
     let prompts: Vec<Vec<u32>> = (0..SUBJECTS.len() * ASKS.len())
         .map(|i| tok.encode(&format!("{} {}.", ASKS[i % ASKS.len()], SUBJECTS[i % SUBJECTS.len()])).expect("encode"))
         .collect();

@@ -75,7 +75,7 @@ pub fn colocated(model: &Path, prompts: &[Vec<u32>], params: &SamplingParams) ->
 
 /// [`colocated`] with each token's logprob.
 pub fn colocated_scored(model: &Path, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<(u32, f32)>> {
-    let m = Model::load(model, CpuBackend).expect("load model");
+    let m = Model::load(model, CpuBackend::default()).expect("load model");
     let pages: usize = prompts.iter().map(|p| (p.len() + params.max_new_tokens as usize).div_ceil(16) + 1).sum();
     let mut pool = PagePool::new(m.backend(), m.kv_layout(16), pages).expect("pool");
     let reqs: Vec<Request> = prompts.iter().map(|p| Request { prompt: p.clone(), params: params.clone() }).collect();

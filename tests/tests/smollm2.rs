@@ -8,7 +8,7 @@ use ferry_tests::{Client, colocated, greedy, smollm2};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_split_over_tcp_matches_the_colocated_engine() {
     let path = smollm2();
-    let tok: Tokenizer = Model::load(&path, CpuBackend).expect("load").tokenizer().clone();
+    let tok: Tokenizer = Model::load(&path, CpuBackend::default()).expect("load").tokenizer().clone();
     let texts = [
         "Once upon a time",
         "The capital of France is",

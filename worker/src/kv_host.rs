@@ -152,7 +152,7 @@ mod tests {
     fn a_mirror_moves_pages_both_ways_and_a_shared_pool_needs_no_copy() {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, page_size: 2 };
         let pf = layout.page_floats();
-        let b = CpuBackend;
+        let b = CpuBackend::default();
         let pool = PagePool::new(&b, layout, 6).expect("pool");
         let shared = KvHost::new(&b, &pool, false, "test").expect("shared");
         assert!(!shared.mirrored());

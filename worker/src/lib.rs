@@ -102,7 +102,7 @@ pub trait StartOn {
 /// cannot run it.
 pub async fn start_on_device<S: StartOn>(w: &WorkerConfig, daemon: S) -> Result<S::Running, StartError> {
     match w.args.device {
-        Device::Cpu => daemon.start_on(ferry_kernels::cpu::CpuBackend).await,
+        Device::Cpu => daemon.start_on(ferry_kernels::cpu::CpuBackend::new(w.args.cpu_math)).await,
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
             let gpu = ferry_kernels::cuda::CudaBackend::new(n).map_err(|e| StartError::Config(e.to_string()))?;

@@ -8,7 +8,7 @@ use ferry_tokenize::gguf::Value;
 use ferry_tokenize::gguf_write::{self, TensorData};
 
 fn load_err(path: &std::path::Path) -> String {
-    match Model::load(path, CpuBackend) {
+    match Model::load(path, CpuBackend::default()) {
         Ok(_) => panic!("{} loaded", path.display()),
         Err(e) => e.to_string(),
     }

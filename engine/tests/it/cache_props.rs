@@ -11,7 +11,7 @@ const PS: usize = 2;
 const POOL: usize = 40;
 
 fn pool() -> PagePool<CpuBackend> {
-    PagePool::new(&CpuBackend, KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: PS }, POOL)
+    PagePool::new(&CpuBackend::default(), KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: PS }, POOL)
         .expect("pool")
 }
 

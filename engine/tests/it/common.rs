@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use ferry_engine::tiny::{TinySpec, write_gguf, write_hf};
 use ferry_engine::{EngineError, Model, PagePool, SeqChunk};
 use ferry_kernels::Backend;
-use ferry_kernels::cpu::CpuBackend;
+use ferry_kernels::cpu::{CpuBackend, CpuMath};
 
 /// A tiny model written to a temporary directory (kept alive by the returned guard).
 pub struct TinyModel {
@@ -28,7 +28,20 @@ impl TinyModel {
 }
 
 pub fn load(path: &Path) -> Model<CpuBackend> {
-    Model::load(path, CpuBackend).expect("load model")
+    Model::load(path, CpuBackend::default()).expect("load model")
+}
+
+/// The tiny model of `spec` as each CPU engine variant computes it: f32 weights (its HF
+/// copy), and Q4_1 blocks (its GGUF copy) multiplied in exact and in fast math.
+pub fn variants(spec: TinySpec) -> Vec<(&'static str, Model<CpuBackend>)> {
+    let f32s = TinyModel::new(spec.clone());
+    let q4 = TinyModel::new(TinySpec { gguf_matrix_type: 3, ..spec });
+    let with = |path: &Path, math| Model::load(path, CpuBackend::new(math)).expect("load model");
+    vec![
+        ("f32", load(&f32s.hf())),
+        ("q4_1 exact", with(&q4.gguf(), CpuMath::Exact)),
+        ("q4_1 fast", with(&q4.gguf(), CpuMath::Fast)),
+    ]
 }
 
 pub fn pool(model: &Model<CpuBackend>, page_size: usize, pages: usize) -> PagePool<CpuBackend> {

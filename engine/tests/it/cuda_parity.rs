@@ -71,7 +71,7 @@ fn cpu_and_cuda_agree_on_a_tiny_model() {
     // Its own LM head: tied, its logits are mostly the last token's embedding scored against
     // itself, which would hide a wrong attention inside the tolerance.
     let tiny = TinyModel::new(TinySpec { tie: false, ..TinySpec::default() });
-    let cpu = Model::load(&tiny.hf(), CpuBackend).expect("cpu model");
+    let cpu = Model::load(&tiny.hf(), CpuBackend::default()).expect("cpu model");
     let cuda = Model::load(&tiny.hf(), gpu).expect("cuda model");
     let vocab = cpu.config().vocab_size;
     let prompts: Vec<Vec<u32>> = [5, 70, 150].iter().zip(1..).map(|(&n, s)| prompt(n, s, vocab)).collect();
@@ -90,7 +90,7 @@ fn cpu_and_cuda_agree_on_smollm2() {
     let Some(gpu) = gpu() else { return };
     // SmolLM2: logits close and greedy tokens equal.
     let path = smollm2();
-    let cpu = Model::load(&path, CpuBackend).expect("cpu model");
+    let cpu = Model::load(&path, CpuBackend::default()).expect("cpu model");
     let cuda = Model::load(&path, gpu).expect("cuda model");
     let tok = cpu.tokenizer();
     let prompts: Vec<Vec<u32>> =

@@ -4,7 +4,7 @@
 //! this small answers with its input token whatever the context, and greedy tokens would not
 //! show a wrong K/V.
 
-use crate::common::{TinyModel, load, pool, prompt, rel_diff, whole_prompts};
+use crate::common::{TinyModel, load, pool, prompt, rel_diff, variants, whole_prompts};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, Model, Request, SamplingParams, SeqChunk, generate};
 
@@ -32,26 +32,31 @@ fn chunked_logits(
     last
 }
 
+/// Every CPU variant (f32, Q4_1 exact, Q4_1 fast).
 #[test]
 fn chunk_and_page_sizes_do_not_change_logits_or_tokens() {
-    let tiny = TinyModel::new(TinySpec { tie: false, ..TinySpec::default() });
-    let model = load(&tiny.hf());
+    for (name, model) in variants(TinySpec { tie: false, ..TinySpec::default() }) {
+        chunks_and_pages(name, &model);
+    }
+}
+
+fn chunks_and_pages(name: &str, model: &Model<ferry_kernels::cpu::CpuBackend>) {
     let p = prompt(150, 1, model.config().vocab_size);
-    let whole = chunked_logits(&model, &p, p.len(), 16);
+    let whole = chunked_logits(model, &p, p.len(), 16);
     for chunk in [1, 7, 64] {
         for page in [1, 16, 64] {
-            let got = chunked_logits(&model, &p, chunk, page);
+            let got = chunked_logits(model, &p, chunk, page);
             let d = rel_diff(&got, &whole);
-            assert!(d < 1e-4, "chunk {chunk} page {page}: relative difference {d}");
+            assert!(d < 1e-4, "{name}: chunk {chunk} page {page}: relative difference {d}");
         }
     }
     let greedy = |chunk: usize, page: usize| {
-        let mut pool = pool(&model, page, 400);
+        let mut pool = pool(model, page, 400);
         let req = Request {
             prompt: p.clone(),
             params: SamplingParams { max_new_tokens: 24, ignore_eos: true, ..Default::default() },
         };
-        let out = generate(&model, &mut pool, &[req], BatchOptions { chunk_size: chunk, max_batch_tokens: 4096 })
+        let out = generate(model, &mut pool, &[req], BatchOptions { chunk_size: chunk, max_batch_tokens: 4096 })
             .expect("generate");
         assert_eq!(pool.free_pages(), 400, "pages leaked");
         out[0].tokens.clone()
@@ -59,14 +64,19 @@ fn chunk_and_page_sizes_do_not_change_logits_or_tokens() {
     let want = greedy(p.len(), 16);
     assert_eq!(want.len(), 24);
     for (chunk, page) in [(1, 1), (7, 16), (64, 64), (7, 1)] {
-        assert_eq!(greedy(chunk, page), want, "chunk {chunk} page {page}");
+        assert_eq!(greedy(chunk, page), want, "{name}: chunk {chunk} page {page}");
     }
 }
 
+/// Every CPU variant (f32, Q4_1 exact, Q4_1 fast).
 #[test]
 fn a_batch_decodes_each_prompt_exactly_as_alone() {
-    let tiny = TinyModel::new(TinySpec { tie: false, ..TinySpec::default() });
-    let model = load(&tiny.hf());
+    for (name, model) in variants(TinySpec { tie: false, ..TinySpec::default() }) {
+        batch_as_alone(name, &model);
+    }
+}
+
+fn batch_as_alone(name: &str, model: &Model<ferry_kernels::cpu::CpuBackend>) {
     let vocab = model.config().vocab_size;
     let reqs: Vec<Request> = (0..8)
         .map(|i| Request {
@@ -75,22 +85,27 @@ fn a_batch_decodes_each_prompt_exactly_as_alone() {
         })
         .collect();
     let opts = BatchOptions { chunk_size: 32, max_batch_tokens: 256 };
-    let mut pool = pool(&model, 16, 200);
-    let together = generate(&model, &mut pool, &reqs, opts).expect("batch");
+    let mut pool = pool(model, 16, 200);
+    let together = generate(model, &mut pool, &reqs, opts).expect("batch");
     assert_eq!(pool.free_pages(), 200);
     for (i, r) in reqs.iter().enumerate() {
-        let alone = generate(&model, &mut pool, std::slice::from_ref(r), opts).expect("alone");
-        assert_eq!(together[i].tokens, alone[0].tokens, "prompt {i}");
+        let alone = generate(model, &mut pool, std::slice::from_ref(r), opts).expect("alone");
+        assert_eq!(together[i].tokens, alone[0].tokens, "{name}: prompt {i}");
         for (a, b) in together[i].sampled.iter().zip(&alone[0].sampled) {
-            assert!((a.logprob - b.logprob).abs() < 1e-4, "prompt {i}: logprob {} vs {}", a.logprob, b.logprob);
+            assert!((a.logprob - b.logprob).abs() < 1e-4, "{name}: prompt {i}: logprob {} vs {}", a.logprob, b.logprob);
         }
     }
 }
 
+/// Every CPU variant (f32, Q4_1 exact, Q4_1 fast).
 #[test]
 fn seeded_sampling_is_reproducible_in_any_batch() {
-    let tiny = TinyModel::new(TinySpec { tie: false, ..TinySpec::default() });
-    let model = load(&tiny.hf());
+    for (name, model) in variants(TinySpec { tie: false, ..TinySpec::default() }) {
+        seeded(name, &model);
+    }
+}
+
+fn seeded(name: &str, model: &Model<ferry_kernels::cpu::CpuBackend>) {
     let vocab = model.config().vocab_size;
     let params = SamplingParams {
         temperature: 0.9,
@@ -104,10 +119,10 @@ fn seeded_sampling_is_reproducible_in_any_batch() {
     let a = Request { prompt: prompt(30, 3, vocab), params: params.clone() };
     let b = Request { prompt: prompt(60, 4, vocab), params: SamplingParams { seed: Some(6), ..params } };
     let opts = BatchOptions::default();
-    let mut pool = pool(&model, 16, 64);
-    let both = generate(&model, &mut pool, &[a.clone(), b], opts).expect("both");
-    let alone = generate(&model, &mut pool, &[a], opts).expect("alone");
-    assert_eq!(both[0].tokens, alone[0].tokens);
+    let mut pool = pool(model, 16, 64);
+    let both = generate(model, &mut pool, &[a.clone(), b], opts).expect("both");
+    let alone = generate(model, &mut pool, &[a], opts).expect("alone");
+    assert_eq!(both[0].tokens, alone[0].tokens, "{name}");
 }
 
 /// Greedy decoding on the backend picks what the sampler picks from the downloaded logits,

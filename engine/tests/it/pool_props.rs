@@ -26,7 +26,7 @@ proptest! {
     #[test]
     fn free_plus_held_is_always_the_pool(ops in proptest::collection::vec(op(), 1..80)) {
         let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, page_size: 4 };
-        let pool = PagePool::new(&CpuBackend, layout, 32).expect("pool");
+        let pool = PagePool::new(&CpuBackend::default(), layout, 32).expect("pool");
         let mut live: Vec<PageAlloc> = Vec::new();
         for op in ops {
             match op {

@@ -9,8 +9,12 @@ use ferry_kernels::cpu::CpuBackend;
 const PS: usize = 4;
 
 fn pool(pages: usize) -> PagePool<CpuBackend> {
-    PagePool::new(&CpuBackend, KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: PS }, pages)
-        .expect("pool")
+    PagePool::new(
+        &CpuBackend::default(),
+        KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: PS },
+        pages,
+    )
+    .expect("pool")
 }
 
 fn sched(policy: Policy, chunk: usize, threshold: usize) -> Scheduler {

@@ -63,6 +63,13 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// The `i`-th value's address (a method, so closures capture the whole `Send` pointer).
+    pub(super) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
 /// Column blocks of the SGEMM path: several per thread for balance, but wide enough to
 /// amortise packing. Returns (columns per block, blocks).
 pub(super) fn gemm_blocks(n: usize) -> (usize, usize) {

@@ -1,11 +1,15 @@
-//! The CPU backend: f32 everywhere, GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA
-//! kernels), small-batch GEMV and attention with hand-vectorised dot products, and both
-//! cores through rayon.
+//! The CPU backend: f32 activations, block-quantized weights kept quantized (repacked once at
+//! load, [`packed`]), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
+//! small-batch GEMV and attention with hand-vectorised dot products, and every core through
+//! rayon.
 
 mod arena;
 mod attention;
 mod dot;
+mod math;
 mod matmul;
+mod packed;
+mod qdot;
 mod qmatmul;
 
 use std::sync::Arc;
@@ -18,6 +22,7 @@ use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolL
 
 pub use arena::KvArena;
 pub use dot::dot;
+pub use math::CpuMath;
 
 /// A weight matrix in host memory, row-major `(rows, cols)`: f32, or block-quantized as the
 /// model file has it (dequantized in registers by the kernels).
@@ -31,7 +36,7 @@ pub struct CpuMat {
 #[derive(Debug, Clone)]
 enum Weights {
     F32(Vec<f32>),
-    Blocks(BlockFormat, Vec<u8>),
+    Blocks(packed::Packed),
 }
 
 impl CpuMat {
@@ -39,14 +44,28 @@ impl CpuMat {
     pub fn resident_bytes(&self) -> usize {
         match &self.data {
             Weights::F32(v) => v.len() * 4,
-            Weights::Blocks(_, b) => b.len(),
+            Weights::Blocks(p) => p.resident_bytes(),
         }
     }
 }
 
-/// f32 on the CPU.
+/// The CPU: f32 activations, quantized weights multiplied in the backend's [`CpuMath`].
 #[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+pub struct CpuBackend {
+    math: CpuMath,
+}
+
+impl CpuBackend {
+    /// A backend multiplying quantized weights in `math`.
+    pub fn new(math: CpuMath) -> Self {
+        Self { math }
+    }
+
+    /// Its numeric mode.
+    pub fn math(&self) -> CpuMath {
+        self.math
+    }
+}
 
 /// Rows per rayon task in element-wise kernels.
 const ROWS_PER_TASK: usize = 16;
@@ -89,7 +108,7 @@ impl Backend for CpuBackend {
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
-        Ok(CpuMat { rows, cols, data: Weights::Blocks(format, data) })
+        Ok(CpuMat { rows, cols, data: Weights::Blocks(packed::Packed::new(format, rows, cols, &data)) })
     }
 
     fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
@@ -106,7 +125,7 @@ impl Backend for CpuBackend {
             let i = id as usize;
             match &table.data {
                 Weights::F32(v) => row.copy_from_slice(&v[i * d..(i + 1) * d]),
-                Weights::Blocks(f, b) => f.dequantize(&b[i * f.row_bytes(d)..(i + 1) * f.row_bytes(d)], row),
+                Weights::Blocks(p) => p.dequantize_rows(i, row),
             }
         }
         Ok(())
@@ -118,7 +137,7 @@ impl Backend for CpuBackend {
         })?;
         match &w.data {
             Weights::F32(v) => matmul::matmul_t(x, rows, v, w.rows, w.cols, out),
-            Weights::Blocks(f, b) => qmatmul::qmatmul_t(x, rows, b, *f, w.rows, w.cols, out),
+            Weights::Blocks(p) => qmatmul::qmatmul_t(self.math, x, rows, p, w.rows, w.cols, out),
         }
         Ok(())
     }
@@ -298,19 +317,19 @@ mod tests {
     #[test]
     fn greedy_rows_pick_the_first_maximum_with_its_logprob() {
         let rows = vec![1.0, 3.0, 3.0, 0.0, /* row 2 */ -1.0, -2.0, -3.0, -4.0];
-        let got = CpuBackend.greedy_rows(&rows, 2, 4).expect("shapes fit");
+        let got = CpuBackend::default().greedy_rows(&rows, 2, 4).expect("shapes fit");
         assert_eq!((got[0].0, got[1].0), (1, 0));
         let lse = |r: &[f32]| r.iter().map(|v| v.exp()).sum::<f32>().ln();
         assert!((got[0].1 - (3.0 - lse(&rows[..4]))).abs() < 1e-6);
         assert!((got[1].1 - (-1.0 - lse(&rows[4..]))).abs() < 1e-6);
-        assert!(CpuBackend.greedy_rows(&rows, 3, 4).is_err());
+        assert!(CpuBackend::default().greedy_rows(&rows, 3, 4).is_err());
     }
 
     #[test]
     fn pages_copy_to_a_host_arena_and_back() {
         let l = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 4, page_size: 2 };
         let pf = l.page_floats();
-        let b = CpuBackend;
+        let b = CpuBackend::default();
         let pool = b.kv_pool(&l, 4).expect("pool");
         let data: Vec<f32> = (0..2 * pf).map(|i| i as f32).collect();
         b.kv_from_host(&pool, &l, 1, &data).expect("in bounds");

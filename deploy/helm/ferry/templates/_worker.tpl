@@ -45,6 +45,7 @@ spec:
             - {{ .role }}
             - --model={{ $.Values.model.path }}
             - --device={{ $w.device }}
+            - --cpu-math={{ $w.cpuMath | default "exact" }}
             - --page-size={{ $.Values.pageSize }}
             - --pool-pages={{ $w.poolPages }}
             - --mem-fraction={{ $w.memFraction }}

@@ -1,0 +1,185 @@
+//! Block-quantized weights repacked once at load for the CPU kernels: a row's quantized
+//! values contiguous, its block scales as f32 beside them.
+//!
+//! ggml interleaves each block's f16 scale(s) with its 16 or 32 bytes of values. Reading them
+//! back costs a scalar f16 conversion per block inside the innermost loop; here each block's
+//! `d` (and Q4_1's `m`) is widened once (exactly: every f16 is an f32), so a block's scale is
+//! one broadcast load. A block's weights stay `q·d + c` with `c = m` (Q4_1), `−8·d` (Q4_0) or
+//! 0 (Q8_0), the values of [`BlockFormat::dequantize_block`] bit for bit: `q·d` and `8·d` are
+//! exact in f32 and so is their difference. Memory: Q4_0 20 bytes per 32 weights (ggml 18),
+//! Q4_1 24 (20), Q8_0 36 (34).
+
+use crate::quant::{BLOCK, BlockFormat};
+
+/// A `(rows, cols)` matrix of one [`BlockFormat`], repacked.
+#[derive(Debug, Clone)]
+pub(crate) struct Packed {
+    pub(crate) fmt: BlockFormat,
+    /// Blocks per row.
+    pub(crate) blocks: usize,
+    /// Quantized values, [`Packed::quant_bytes`] per block, row after row: Q4 blocks keep
+    /// ggml's nibble order (weight `j < 16` the low nibble of byte `j`, `16 + j` the high
+    /// one), Q8_0 blocks their 32 signed bytes.
+    pub(crate) quants: Vec<u8>,
+    /// `d` of every block, row after row.
+    pub(crate) scales: Vec<f32>,
+    /// `m` of every Q4_1 block (empty for the other formats).
+    pub(crate) mins: Vec<f32>,
+}
+
+impl Packed {
+    /// Bytes of quantized values per block.
+    pub(crate) fn quant_bytes(fmt: BlockFormat) -> usize {
+        match fmt {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => BLOCK / 2,
+            BlockFormat::Q8_0 => BLOCK,
+        }
+    }
+
+    /// Repacks ggml blocks (`rows * fmt.row_bytes(cols)` bytes, checked by the caller).
+    pub(crate) fn new(fmt: BlockFormat, rows: usize, cols: usize, data: &[u8]) -> Self {
+        let blocks = cols / BLOCK;
+        let qb = Self::quant_bytes(fmt);
+        let n = rows * blocks;
+        let mut p = Self {
+            fmt,
+            blocks,
+            quants: Vec::with_capacity(n * qb),
+            scales: Vec::with_capacity(n),
+            mins: Vec::with_capacity(if fmt == BlockFormat::Q4_1 { n } else { 0 }),
+        };
+        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        for blk in data.chunks_exact(fmt.block_bytes()) {
+            p.scales.push(half(blk, 0));
+            if fmt == BlockFormat::Q4_1 {
+                p.mins.push(half(blk, 2));
+            }
+            p.quants.extend_from_slice(&blk[blk.len() - qb..]);
+        }
+        p
+    }
+
+    /// Bytes it takes in memory.
+    pub(crate) fn resident_bytes(&self) -> usize {
+        self.quants.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+
+    /// One row's quantized values, scales and mins (mins empty unless Q4_1).
+    #[inline]
+    pub(crate) fn row(&self, r: usize) -> Row<'_> {
+        let (nb, qb) = (self.blocks, Self::quant_bytes(self.fmt));
+        Row {
+            fmt: self.fmt,
+            quants: &self.quants[r * nb * qb..(r + 1) * nb * qb],
+            scales: &self.scales[r * nb..(r + 1) * nb],
+            mins: if self.mins.is_empty() { &[] } else { &self.mins[r * nb..(r + 1) * nb] },
+        }
+    }
+
+    /// Dequantizes rows `first..first + out.len() / cols` into `out`.
+    pub(crate) fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        let cols = self.blocks * BLOCK;
+        for (i, o) in out.chunks_exact_mut(cols).enumerate() {
+            self.row(first + i).dequantize(o);
+        }
+    }
+}
+
+/// One row of a [`Packed`] matrix.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Row<'a> {
+    pub(crate) fmt: BlockFormat,
+    pub(crate) quants: &'a [u8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) mins: &'a [f32],
+}
+
+impl Row<'_> {
+    /// The integer values of block `b` (0..16 for Q4, −128..128 for Q8_0).
+    #[inline]
+    pub(crate) fn ints(&self, b: usize) -> [i32; BLOCK] {
+        let mut q = [0i32; BLOCK];
+        match self.fmt {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                let s = &self.quants[b * 16..(b + 1) * 16];
+                for j in 0..16 {
+                    q[j] = i32::from(s[j] & 0xF);
+                    q[j + 16] = i32::from(s[j] >> 4);
+                }
+            }
+            BlockFormat::Q8_0 => {
+                for (q, &v) in q.iter_mut().zip(&self.quants[b * 32..(b + 1) * 32]) {
+                    *q = i32::from(v as i8);
+                }
+            }
+        }
+        q
+    }
+
+    /// Block `b`'s offset `c` (its weights are `q·d + c`).
+    #[inline]
+    pub(crate) fn offset(&self, b: usize) -> f32 {
+        match self.fmt {
+            BlockFormat::Q4_1 => self.mins[b],
+            BlockFormat::Q4_0 => -8.0 * self.scales[b],
+            BlockFormat::Q8_0 => 0.0,
+        }
+    }
+
+    /// The row's weights.
+    pub(crate) fn dequantize(&self, out: &mut [f32]) {
+        for (b, o) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let (d, c) = (self.scales[b], self.offset(b));
+            for (o, q) in o.iter_mut().zip(self.ints(b)) {
+                *o = q as f32 * d + c;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Random ggml blocks of `fmt` for `n` rows of `k` weights (scales kept modest).
+    pub(crate) fn blocks(fmt: BlockFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed | 1;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = Vec::new();
+        for _ in 0..n * k / BLOCK {
+            let scale = half::f16::from_f32((next() % 1000) as f32 / 20_000.0 + 1e-4).to_le_bytes();
+            let min = half::f16::from_f32(-((next() % 1000) as f32) / 30_000.0).to_le_bytes();
+            out.extend_from_slice(&scale);
+            if fmt == BlockFormat::Q4_1 {
+                out.extend_from_slice(&min);
+            }
+            let q = fmt.block_bytes() - out.len() % fmt.block_bytes();
+            out.extend((0..q).map(|_| next() as u8));
+        }
+        out
+    }
+
+    #[test]
+    fn repacked_rows_dequantize_to_ggml_values_bit_for_bit() {
+        for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let (n, k) = (7, 96);
+            let data = blocks(fmt, n, k, 11);
+            let mut want = vec![0.0; n * k];
+            fmt.dequantize(&data, &mut want);
+            let p = Packed::new(fmt, n, k, &data);
+            let mut got = vec![0.0; n * k];
+            p.dequantize_rows(0, &mut got);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{fmt:?}");
+            let mut row3 = vec![0.0; k];
+            p.dequantize_rows(3, &mut row3);
+            assert_eq!(row3, want[3 * k..4 * k], "{fmt:?} row 3");
+            let ggml = data.len();
+            assert!(p.resident_bytes() <= ggml * 6 / 5, "{fmt:?}: {} vs {ggml}", p.resident_bytes());
+        }
+    }
+}
