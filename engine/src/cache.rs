@@ -232,10 +232,11 @@ impl RadixCache {
     fn rebuild_heap(&mut self) {
         self.heap.clear();
         for n in self.tree.walk() {
-            if self.tree.child_count(n) == 0 && self.lock_ref(n) == 0 {
-                if let Some(e) = self.tree.value(n) {
-                    self.heap.push(Reverse((e.priority, e.last_access, e.heap_gen, n)));
-                }
+            if self.tree.child_count(n) == 0
+                && self.lock_ref(n) == 0
+                && let Some(e) = self.tree.value(n)
+            {
+                self.heap.push(Reverse((e.priority, e.last_access, e.heap_gen, n)));
             }
         }
     }

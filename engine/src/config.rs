@@ -134,10 +134,10 @@ impl ModelConfig {
         };
         let head_dim =
             md.get(&key("attention.key_length")).and_then(Value::as_u64).map_or(hidden / heads.max(1), |v| v as usize);
-        if let Some(rd) = md.get(&key("rope.dimension_count")).and_then(Value::as_u64) {
-            if rd as usize != head_dim {
-                return Err(EngineError::Unsupported(format!("partial rotary embedding ({rd} of {head_dim} dims)")));
-            }
+        if let Some(rd) = md.get(&key("rope.dimension_count")).and_then(Value::as_u64)
+            && rd as usize != head_dim
+        {
+            return Err(EngineError::Unsupported(format!("partial rotary embedding ({rd} of {head_dim} dims)")));
         }
         let rope_scaling = match md.get(&key("rope.scaling.type")).and_then(Value::as_str) {
             None | Some("none") => None,
@@ -169,9 +169,9 @@ impl ModelConfig {
             || self.num_layers == 0
             || self.num_heads == 0
             || self.num_kv_heads == 0
-            || self.num_heads % self.num_kv_heads != 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
             || self.head_dim == 0
-            || self.head_dim % 2 != 0
+            || !self.head_dim.is_multiple_of(2)
             || self.max_position_embeddings == 0;
         // Far beyond any real model: a file claiming more is corrupt (and would make the
         // loader size vectors from it).

@@ -71,7 +71,7 @@ impl DType {
     /// Bytes needed for `n` elements, or None when `n` is not whole blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
         let (b, e) = self.block();
-        (n % e == 0).then(|| n / e * b)
+        n.is_multiple_of(e).then(|| n / e * b)
     }
 }
 

@@ -41,7 +41,7 @@ pub fn attention(
             && width > 0,
         || format!("{n_heads} heads / {n_kv_heads} kv heads of {head_dim} against {layout:?}"),
     )?;
-    check("attention", q_len == out_len && q_len % width == 0, || format!("q {q_len} out {out_len}"))?;
+    check("attention", q_len == out_len && q_len.is_multiple_of(width), || format!("q {q_len} out {out_len}"))?;
     let rows = q_len / width;
     let mut plan =
         AttnPlan { rows, row_seq: vec![-1; rows], row_pos: vec![0; rows], pages: Vec::new(), seq_page0: Vec::new() };
@@ -97,7 +97,7 @@ pub fn kv_offsets(
 /// pages) and the host; the values' range in the pool.
 pub fn page_span(layout: &KvLayout, first: u32, len: usize, pool_pages: usize) -> Result<(usize, usize), KernelError> {
     let pf = layout.page_floats();
-    check("kv copy", pf > 0 && len % pf == 0, || format!("{len} values are not whole pages of {pf}"))?;
+    check("kv copy", pf > 0 && len.is_multiple_of(pf), || format!("{len} values are not whole pages of {pf}"))?;
     let n = len / pf;
     if first as usize + n > pool_pages {
         return Err(KernelError::PageOutOfRange { page: (first as usize + n).saturating_sub(1) as u32, slot: 0 });

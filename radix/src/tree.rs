@@ -261,13 +261,13 @@ impl<V: Payload> RadixTree<V> {
         let m = self.match_prefix(&tokens[..full]);
         let mut out = Insert { existing_pages: m.tokens / ps, ..Insert::default() };
         out.path = m.path.iter().map(|p| p.0).collect();
-        if let Some(&(last, pages)) = m.path.last() {
-            if pages < self.pages(last) {
-                let upper = self.split(last, pages);
-                out.split = Some((upper, last));
-                if let Some(l) = out.path.last_mut() {
-                    *l = upper;
-                }
+        if let Some(&(last, pages)) = m.path.last()
+            && pages < self.pages(last)
+        {
+            let upper = self.split(last, pages);
+            out.split = Some((upper, last));
+            if let Some(l) = out.path.last_mut() {
+                *l = upper;
             }
         }
         if m.tokens < full {

@@ -23,7 +23,7 @@ fn labels(tokens: &[u32], from_page: usize) -> Labels {
 fn check_invariants(t: &RadixTree<Labels>) {
     for id in t.walk() {
         let key = t.key(id);
-        assert!(!key.is_empty() && key.len() % PS == 0, "key of {} tokens", key.len());
+        assert!(!key.is_empty() && key.len().is_multiple_of(PS), "key of {} tokens", key.len());
         let prefix = t.prefix(id);
         let v = t.value(id).expect("payload");
         assert_eq!(v.0.len(), key.len() / PS);

@@ -55,10 +55,10 @@ impl Tokenizer {
             Some(Json::Array(a)) => a.iter().filter_map(Json::as_u64).map(|v| v as u32).collect(),
             _ => Vec::new(),
         };
-        if let Some(id) = eos_text.as_deref().and_then(|t| inner.token_to_id(t)) {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
+        if let Some(id) = eos_text.as_deref().and_then(|t| inner.token_to_id(t))
+            && !eos_ids.contains(&id)
+        {
+            eos_ids.push(id);
         }
         let chat_template = match config.get("chat_template") {
             Some(Json::String(s)) => Some(s.clone()),
@@ -124,10 +124,10 @@ impl Tokenizer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
-        if let (true, Some(bos)) = (self.add_bos, self.bos_id) {
-            if ids.first() != Some(&bos) {
-                ids.insert(0, bos);
-            }
+        if let (true, Some(bos)) = (self.add_bos, self.bos_id)
+            && ids.first() != Some(&bos)
+        {
+            ids.insert(0, bos);
         }
         Ok(ids)
     }

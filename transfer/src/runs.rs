@@ -16,11 +16,12 @@ pub struct PageRun {
 pub fn coalesce(src: &[u32], dst: &[u32]) -> Vec<PageRun> {
     let mut runs: Vec<PageRun> = Vec::new();
     for (&s, &d) in src.iter().zip(dst) {
-        if let Some(r) = runs.last_mut() {
-            if r.src.checked_add(r.len) == Some(s) && r.dst.checked_add(r.len) == Some(d) {
-                r.len += 1;
-                continue;
-            }
+        if let Some(r) = runs.last_mut()
+            && r.src.checked_add(r.len) == Some(s)
+            && r.dst.checked_add(r.len) == Some(d)
+        {
+            r.len += 1;
+            continue;
         }
         runs.push(PageRun { src: s, dst: d, len: 1 });
     }

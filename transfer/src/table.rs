@@ -319,19 +319,19 @@ impl RoomTable {
 
     fn try_complete(&mut self, room: RoomId, now: Instant) {
         let Some(r) = self.rooms.get_mut(&room) else { return };
-        if let (Some(aux), true) = (r.aux, r.received == r.pages.len()) {
-            if r.room.advance(State::Success, now).is_ok() {
-                self.ended.push((room, Outcome::Success(aux)));
-            }
+        if let (Some(aux), true) = (r.aux, r.received == r.pages.len())
+            && r.room.advance(State::Success, now).is_ok()
+        {
+            self.ended.push((room, Outcome::Success(aux)));
         }
     }
 
     /// Fails a room (its claimed pages stay unusable until it is closed).
     pub fn fail(&mut self, room: RoomId, reason: FailReason) {
-        if let Some(r) = self.rooms.get_mut(&room) {
-            if r.room.fail(reason.clone()) {
-                self.ended.push((room, Outcome::Failed(reason)));
-            }
+        if let Some(r) = self.rooms.get_mut(&room)
+            && r.room.fail(reason.clone())
+        {
+            self.ended.push((room, Outcome::Failed(reason)));
         }
     }
 
