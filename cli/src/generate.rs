@@ -49,6 +49,9 @@ pub struct GenerateArgs {
     /// Random seed (default: random).
     #[arg(long, help_heading = "Sampling")]
     seed: Option<u64>,
+    /// Keep generating past the end-of-sequence token, to exactly --max-tokens (benchmarks).
+    #[arg(long, help_heading = "Sampling")]
+    ignore_eos: bool,
     /// Report this many top alternatives per token (with --json).
     #[arg(long, default_value_t = 0, help_heading = "Sampling")]
     top_logprobs: u32,
@@ -61,6 +64,11 @@ pub struct GenerateArgs {
     /// Print one JSON object (token ids, text, logprobs, timings) instead of the text.
     #[arg(long, help_heading = "Output")]
     json: bool,
+    /// Generate the prompt this many times at once, as one batch (with --json; the output is
+    /// the first copy's, and the decode rate counts every copy's tokens): the engine's
+    /// aggregate decode speed at that batch.
+    #[arg(long, default_value_t = 1, requires = "json", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Output")]
+    batch: u32,
     /// Compute device: `cpu`, or `cuda` (an NVIDIA GPU; needs a build with `--features cuda`
     /// and the CUDA 12 driver and libraries at run time), `cuda:N` for GPU N.
     #[arg(long, env = ferry_cluster::env::DEVICE, default_value = "cpu", help_heading = "Engine")]
@@ -110,12 +118,14 @@ fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Res
         seed: a.seed,
         max_new_tokens: a.max_tokens,
         top_logprobs: a.top_logprobs,
+        ignore_eos: a.ignore_eos,
         ..SamplingParams::default()
     };
-    let pages = (prompt_ids.len() + a.max_tokens as usize).div_ceil(a.page_size.max(1)) + 1;
+    let batch = a.batch as usize;
+    let pages = batch * ((prompt_ids.len() + a.max_tokens as usize).div_ceil(a.page_size.max(1)) + 1);
     let mut pool = PagePool::new(model.backend(), model.kv_layout(a.page_size), pages)?;
     let req = Request { prompt: prompt_ids.clone(), params };
-    let opts = BatchOptions { chunk_size: a.chunk_size, max_batch_tokens: a.chunk_size.max(1) };
+    let opts = BatchOptions { chunk_size: a.chunk_size, max_batch_tokens: a.chunk_size.max(batch) };
     if !a.json {
         // Stream the text as it is generated, never splitting a UTF-8 character.
         let mut detok = Detokenizer::new(true);
@@ -133,10 +143,14 @@ fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Res
         writeln!(stdout, "{}", detok.flush(tok)?)?;
         return Ok(());
     }
-    let out = generate(&model, &mut pool, &[req], opts)?.remove(0);
+    let outs = generate(&model, &mut pool, &vec![req; batch], opts)?;
+    // Decoding runs from the last copy's first token to the last copy's end.
+    let first_all = outs.iter().map(|o| o.ttft).max().unwrap_or_default();
+    let end_all = outs.iter().map(|o| o.total).max().unwrap_or_default();
+    let decode_tokens: usize = outs.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
+    let decode_s = (end_all - first_all).as_secs_f64();
+    let out = outs.into_iter().next().context("a batch of at least one")?;
     let text = tok.decode(&out.tokens, true)?;
-    let decode_tokens = out.tokens.len().saturating_sub(1);
-    let decode_s = (out.total - out.ttft).as_secs_f64();
     let report = json!({
         "model": a.model.display().to_string(),
         "prompt_token_ids": prompt_ids,
@@ -147,9 +161,9 @@ fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Res
         "top_logprobs": out.sampled.iter().map(|s| s.top.iter().map(|(t, l)| json!({"token_id": t, "logprob": l})).collect::<Vec<_>>()).collect::<Vec<_>>(),
         "timings": {
             "load_ms": load_time.as_secs_f64() * 1e3,
-            "prefill_ms": out.ttft.as_secs_f64() * 1e3,
+            "prefill_ms": first_all.as_secs_f64() * 1e3,
             "decode_ms": decode_s * 1e3,
-            "prefill_tokens_per_s": prompt_ids.len() as f64 / out.ttft.as_secs_f64().max(1e-9),
+            "prefill_tokens_per_s": (batch * prompt_ids.len()) as f64 / first_all.as_secs_f64().max(1e-9),
             "decode_tokens_per_s": if decode_tokens > 0 { decode_tokens as f64 / decode_s.max(1e-9) } else { 0.0 },
         },
     });

@@ -48,6 +48,19 @@ fn generate_json_reports_ids_text_logprobs_and_timings() {
     let chat = ferry(&["generate", "--model", m, "--prompt", "hi", "--chat", "--max-tokens", "2", "--json"]);
     let j3: serde_json::Value = serde_json::from_slice(&chat.stdout).expect("json");
     assert_eq!(j3["prompt_token_ids"][0], 1, "starts with <|im_start|>");
+    // A batch of copies, past EOS, in fast CPU math (an f32 model: the same tokens).
+    let args = ["--prompt-ids", "5,6,7,8", "--max-tokens", "6", "--json", "--ignore-eos", "--cpu-math", "fast"];
+    let batch = ferry(&[&["generate", "--model", m, "--batch", "3"][..], &args].concat());
+    assert!(batch.status.success(), "{}", stderr(&batch));
+    let jb: serde_json::Value = serde_json::from_slice(&batch.stdout).expect("json");
+    let one = ferry(&[&["generate", "--model", m][..], &args].concat());
+    let j1: serde_json::Value = serde_json::from_slice(&one.stdout).expect("json");
+    assert_eq!(jb["token_ids"].as_array().map(Vec::len), Some(6), "exactly --max-tokens past EOS");
+    assert_eq!(jb["token_ids"], j1["token_ids"], "a copy in a batch decodes as alone");
+    let rate = |j: &serde_json::Value| j["timings"]["decode_tokens_per_s"].as_f64().expect("rate");
+    assert!(rate(&jb) > 0.0 && rate(&j1) > 0.0);
+    let refused = ferry(&["generate", "--model", m, "--prompt", "x", "--batch", "2"]);
+    assert!(!refused.status.success() && stderr(&refused).contains("--json"), "{}", stderr(&refused));
 }
 
 #[test]

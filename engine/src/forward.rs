@@ -25,9 +25,11 @@ impl<B: Backend> Model<B> {
     /// Runs `batch` through the model, writing K/V into `pool`; returns the last-token logits
     /// of each sequence that asked for them, in batch order.
     pub fn forward(&self, pool: &mut PagePool<B>, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let Some((logits, _)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
-        let host = self.backend.download(&logits)?;
-        Ok(host.chunks_exact(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+        self.backend.pass(|| {
+            let Some((logits, _)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+            let host = self.backend.download(&logits)?;
+            Ok(host.chunks_exact(self.config.vocab_size).map(<[f32]>::to_vec).collect())
+        })
     }
 
     /// [`forward`](Self::forward), then greedy decoding of each logits row on the backend:
@@ -39,8 +41,10 @@ impl<B: Backend> Model<B> {
         pool: &mut PagePool<B>,
         batch: &[SeqChunk<'_>],
     ) -> Result<Vec<(u32, f32)>, EngineError> {
-        let Some((logits, n)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
-        Ok(self.backend.greedy_rows(&logits, n, self.config.vocab_size)?)
+        self.backend.pass(|| {
+            let Some((logits, n)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+            Ok(self.backend.greedy_rows(&logits, n, self.config.vocab_size)?)
+        })
     }
 
     /// The pass itself: the logits rows (on the backend) and how many there are.

@@ -1,9 +1,12 @@
-//! Causal attention over page-major KV pages, one rayon task per (query row, head).
+//! Causal attention over page-major KV pages, one rayon task per (query row, KV head): the
+//! task reads each of its positions' K and V once for the whole query group sharing that KV
+//! head (grouped-query attention), a page's slots at a time.
 
 use rayon::prelude::*;
 
 use super::arena::KvArena;
-use super::dot::{axpy, dot};
+use super::dot::dot;
+use super::matmul::SendPtr;
 use crate::{AttnSeq, AttnShape, KernelError, KvLayout, plan};
 
 pub(super) fn attention(
@@ -20,46 +23,61 @@ pub(super) fn attention(
     let pages_in_pool = pool.len() / layout.page_floats().max(1);
     // Row → (sequence, position) for every query row; rows not in any sequence stay zero.
     let plan = plan::attention(layout, shape, seqs, q.len(), out.len(), pages_in_pool)?;
-    let row_seq: Vec<Option<(usize, usize)>> = plan
-        .row_seq
-        .iter()
-        .zip(&plan.row_pos)
-        .map(|(&s, &p)| usize::try_from(s).ok().map(|s| (s, p as usize)))
-        .collect();
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
-        let (row, head) = (idx / n_heads, idx % n_heads);
+    let (ps, slot) = (layout.page_size, layout.slot_floats());
+    let rows = out.len() / width;
+    let ptr = SendPtr(out.as_mut_ptr());
+    (0..rows * n_kv_heads).into_par_iter().for_each_init(Vec::new, |scores: &mut Vec<f32>, idx| {
+        let (row, kvh) = (idx / n_kv_heads, idx % n_kv_heads);
+        let heads = kvh * group..(kvh + 1) * group;
+        // SAFETY: this task alone writes the group's heads of this row.
+        let o =
+            unsafe { std::slice::from_raw_parts_mut(ptr.at(row * width + heads.start * head_dim), group * head_dim) };
         o.fill(0.0);
-        let Some((s, pos)) = row_seq[row] else { return };
+        let Ok(s) = usize::try_from(plan.row_seq[row]) else { return };
         let seq = &seqs[s];
-        let kvh = head / group;
-        let qv = &q[row * width + head * head_dim..row * width + (head + 1) * head_dim];
-        let n = pos + 1;
-        let mut scores = Vec::with_capacity(n);
-        let mut max = f32::NEG_INFINITY;
-        for t in 0..n {
-            let page = seq.pages[t / layout.page_size];
-            let ko = layout.offset(page, layer, false, t % layout.page_size) + kvh * head_dim;
-            // SAFETY: the sequence's pages are read by its forward pass only (arena docs);
-            // bounds were checked above.
-            let k = unsafe { pool.read(ko, head_dim) }.unwrap_or(&[]);
-            let sc = dot(qv, k) * scale;
-            max = max.max(sc);
-            scores.push(sc);
+        let n = plan.row_pos[row] as usize + 1;
+        let qs = &q[row * width + heads.start * head_dim..row * width + heads.end * head_dim];
+        // scores[h * n + t]: head h of the group against position t.
+        scores.clear();
+        scores.resize(group * n, 0.0);
+        // The K (or V) vectors of this KV head at positions `t0..t0 + len` of page `page`.
+        let block = |page: u32, v: bool, len: usize| {
+            // SAFETY: the sequence's pages are read by its forward pass only (arena docs); the
+            // plan checked every page against the pool.
+            unsafe { pool.read(layout.offset(page, layer, v, 0), len * slot) }.unwrap_or(&[])
+        };
+        for (pi, &page) in seq.pages[..n.div_ceil(ps)].iter().enumerate() {
+            let t0 = pi * ps;
+            let len = ps.min(n - t0);
+            for (j, k) in block(page, false, len).chunks_exact(slot).enumerate() {
+                let k = &k[kvh * head_dim..(kvh + 1) * head_dim];
+                for (h, qh) in qs.chunks_exact(head_dim).enumerate() {
+                    scores[h * n + t0 + j] = dot(qh, k) * scale;
+                }
+            }
         }
-        let mut sum = 0.0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
+        for sc in scores.chunks_exact_mut(n) {
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0.0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            let inv = 1.0 / sum;
+            sc.iter_mut().for_each(|v| *v *= inv);
         }
-        let inv = 1.0 / sum;
-        for (t, &p) in scores.iter().enumerate() {
-            let page = seq.pages[t / layout.page_size];
-            let vo = layout.offset(page, layer, true, t % layout.page_size) + kvh * head_dim;
-            // SAFETY: as for K.
-            let v = unsafe { pool.read(vo, head_dim) }.unwrap_or(&[]);
-            axpy(p * inv, v, o);
+        for (pi, &page) in seq.pages[..n.div_ceil(ps)].iter().enumerate() {
+            let t0 = pi * ps;
+            let len = ps.min(n - t0);
+            for (j, v) in block(page, true, len).chunks_exact(slot).enumerate() {
+                let v = &v[kvh * head_dim..(kvh + 1) * head_dim];
+                for (h, oh) in o.chunks_exact_mut(head_dim).enumerate() {
+                    let p = scores[h * n + t0 + j];
+                    oh.iter_mut().zip(v).for_each(|(o, v)| *o += p * v);
+                }
+            }
         }
     });
     Ok(())

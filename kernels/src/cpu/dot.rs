@@ -58,12 +58,6 @@ pub(super) unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// `y[i] += alpha · x[i]`.
-#[inline]
-pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    y.iter_mut().zip(x).for_each(|(y, x)| *y += alpha * x);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,8 @@ mod math;
 mod matmul;
 mod packed;
 mod qdot;
+#[cfg(target_arch = "x86_64")]
+mod qdot512;
 mod qmatmul;
 
 use std::sync::Arc;
@@ -79,6 +81,14 @@ impl Backend for CpuBackend {
         "cpu"
     }
 
+    fn pass<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        if rayon::current_thread_index().is_some() {
+            return f();
+        }
+        // From outside the pool, a scope's body runs on one of its threads.
+        rayon::scope(|_| f())
+    }
+
     fn zeros(&self, len: usize) -> Result<Vec<f32>, KernelError> {
         Ok(vec![0.0; len])
     }
@@ -143,7 +153,9 @@ impl Backend for CpuBackend {
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, bias: &Vec<f32>) -> Result<(), KernelError> {
-        check("add_bias", !bias.is_empty() && x.len() % bias.len() == 0, || format!("{} by {}", x.len(), bias.len()))?;
+        check("add_bias", !bias.is_empty() && x.len().is_multiple_of(bias.len()), || {
+            format!("{} by {}", x.len(), bias.len())
+        })?;
         for row in x.chunks_exact_mut(bias.len()) {
             row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
         }
@@ -152,7 +164,9 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&self, x: &Vec<f32>, weight: &Vec<f32>, eps: f32, out: &mut Vec<f32>) -> Result<(), KernelError> {
         let d = weight.len();
-        check("rms_norm", d > 0 && x.len() % d == 0 && out.len() == x.len(), || format!("x {} w {d}", x.len()))?;
+        check("rms_norm", d > 0 && x.len().is_multiple_of(d) && out.len() == x.len(), || {
+            format!("x {} w {d}", x.len())
+        })?;
         out.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(|(o, x)| {
             for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
                 let ms = x.iter().map(|v| v * v).sum::<f32>() / d as f32;

@@ -77,22 +77,36 @@ impl Prepared {
     }
 }
 
-/// A dot product of one prepared row with one weight row.
-pub(super) type Kernel = fn(Prep<'_>, Row<'_>) -> f32;
+/// A dot product of one prepared row with one weight row. Unsafe to call only in that the
+/// SIMD kernels need their CPU features: [`kernel`] returns one only where they exist.
+pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
 
-/// The kernel of `math` for this CPU.
+/// The kernel of `math` for this CPU, the widest it runs (a plain function pointer: no shim
+/// per call).
 pub(super) fn kernel(math: CpuMath) -> Kernel {
+    kernels(math)[0].1
+}
+
+/// Every kernel of `math` this CPU runs, widest first, with its name.
+pub(super) fn kernels(math: CpuMath) -> Vec<(&'static str, Kernel)> {
+    let mut all: Vec<(&'static str, Kernel)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY (both): the features the kernels are compiled for were detected above.
-            return match math {
-                CpuMath::Exact => |p, w| unsafe { exact_avx2(p, w) },
-                CpuMath::Fast => |p, w| unsafe { fast_avx2(p, w) },
-            };
+        use std::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma");
+        match math {
+            CpuMath::Exact if avx2 && has!("avx512f") => all.push(("avx512", super::qdot512::exact_avx512)),
+            CpuMath::Fast if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vnni") => {
+                all.push(("avx512-vnni", super::qdot512::fast_avx512));
+            }
+            _ => {}
+        }
+        if avx2 {
+            all.push(("avx2", if math == CpuMath::Exact { exact_avx2 } else { fast_avx2 }));
         }
     }
-    portable(math)
+    all.push(("portable", portable(math)));
+    all
 }
 
 /// The portable kernel of `math`.
@@ -105,7 +119,7 @@ pub(super) fn portable(math: CpuMath) -> Kernel {
 
 /// `Σ_b c_b·sums_b`: the blocks' offsets against the row's per-block sums.
 #[inline]
-fn offsets(w: Row<'_>, sums: &[f32], dot: impl Fn(&[f32], &[f32]) -> f32) -> f32 {
+pub(super) fn offsets(w: &Row<'_>, sums: &[f32], dot: impl Fn(&[f32], &[f32]) -> f32) -> f32 {
     match w.fmt {
         BlockFormat::Q4_1 => dot(w.mins, sums),
         BlockFormat::Q4_0 => -8.0 * dot(w.scales, sums),
@@ -113,7 +127,9 @@ fn offsets(w: Row<'_>, sums: &[f32], dot: impl Fn(&[f32], &[f32]) -> f32) -> f32
     }
 }
 
-fn exact_portable(p: Prep<'_>, w: Row<'_>) -> f32 {
+/// # Safety
+/// None: `unsafe` only to be a [`Kernel`].
+unsafe fn exact_portable(p: &Prep<'_>, w: &Row<'_>) -> f32 {
     let mut acc = 0.0f32;
     for (b, xs) in p.x.chunks_exact(BLOCK).enumerate().take(w.scales.len()) {
         let s: f32 = xs.iter().zip(w.ints(b)).map(|(x, q)| x * q as f32).sum();
@@ -122,7 +138,9 @@ fn exact_portable(p: Prep<'_>, w: Row<'_>) -> f32 {
     acc + offsets(w, p.sums, super::dot::dot_portable)
 }
 
-fn fast_portable(p: Prep<'_>, w: Row<'_>) -> f32 {
+/// # Safety
+/// None: `unsafe` only to be a [`Kernel`].
+unsafe fn fast_portable(p: &Prep<'_>, w: &Row<'_>) -> f32 {
     let mut acc = 0.0f32;
     for (b, qx) in p.q.chunks_exact(BLOCK).enumerate().take(w.scales.len()) {
         let s: i32 = qx.iter().zip(w.ints(b)).map(|(&x, q)| i32::from(x) * q).sum();
@@ -171,7 +189,7 @@ mod avx2 {
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exact_avx2(p: Prep<'_>, w: Row<'_>) -> f32 {
+unsafe fn exact_avx2(p: &Prep<'_>, w: &Row<'_>) -> f32 {
     use std::arch::x86_64::*;
     let nb = w.scales.len();
     assert!(p.x.len() >= nb * BLOCK && w.quants.len() >= nb * super::packed::Packed::quant_bytes(w.fmt));
@@ -218,7 +236,7 @@ unsafe fn exact_avx2(p: Prep<'_>, w: Row<'_>) -> f32 {
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn fast_avx2(p: Prep<'_>, w: Row<'_>) -> f32 {
+unsafe fn fast_avx2(p: &Prep<'_>, w: &Row<'_>) -> f32 {
     use std::arch::x86_64::*;
     let nb = w.scales.len();
     assert!(
@@ -271,14 +289,14 @@ mod tests {
     #[test]
     fn quantized_dots_match_the_dequantized_reference_within_their_bounds() {
         for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
-            let (n, k) = (40, 320);
+            let (n, k) = (40, 352); // 11 blocks: pairs and an odd last one
             let p = Packed::new(fmt, n, k, &blocks(fmt, n, k, 5));
             let mut wf = vec![0.0; n * k];
             p.dequantize_rows(0, &mut wf);
             let x = floats(2 * k, 17);
             for math in [CpuMath::Exact, CpuMath::Fast] {
                 let prep = Prepared::new(math, &x, 2, k);
-                for (name, kern) in [("simd", kernel(math)), ("portable", portable(math))] {
+                for (name, kern) in kernels(math) {
                     for r in 0..2 {
                         let pr = prep.row(&x, r);
                         for col in 0..n {
@@ -297,7 +315,8 @@ mod tests {
                                     round * 1.001 + 1e-5 * mag
                                 }
                             };
-                            let got = kern(pr, p.row(col)) as f64;
+                            // SAFETY: `kernel` picked a kernel this CPU runs.
+                            let got = unsafe { kern(&pr, &p.row(col)) } as f64;
                             assert!(
                                 (got - want).abs() <= bound,
                                 "{fmt:?} {math:?} {name} row {r} col {col}: {got} vs {want} (bound {bound})"
@@ -309,8 +328,8 @@ mod tests {
         }
     }
 
-    /// The fast mode's error is real (it is not exact mode under another name) and its
-    /// SIMD and portable kernels do the same integer arithmetic.
+    /// The fast mode's error is real (it is not exact mode under another name) and all its
+    /// kernels do the same integer arithmetic.
     #[test]
     fn fast_mode_rounds_the_activations_and_both_fast_kernels_agree() {
         let fmt = BlockFormat::Q4_1;
@@ -320,9 +339,15 @@ mod tests {
         let (e, f) = (Prepared::new(CpuMath::Exact, &x, 1, k), Prepared::new(CpuMath::Fast, &x, 1, k));
         let mut differ = 0;
         for col in 0..n {
-            let exact = kernel(CpuMath::Exact)(e.row(&x, 0), p.row(col));
-            let fast = kernel(CpuMath::Fast)(f.row(&x, 0), p.row(col));
-            let fast_portable = portable(CpuMath::Fast)(f.row(&x, 0), p.row(col));
+            let w = p.row(col);
+            // SAFETY: `kernel` picks kernels this CPU runs.
+            let (exact, fast, fast_portable) = unsafe {
+                (
+                    kernel(CpuMath::Exact)(&e.row(&x, 0), &w),
+                    kernel(CpuMath::Fast)(&f.row(&x, 0), &w),
+                    portable(CpuMath::Fast)(&f.row(&x, 0), &w),
+                )
+            };
             differ += usize::from(exact != fast);
             assert!(
                 (fast - fast_portable).abs() <= 1e-5 * fast.abs().max(1e-3),

@@ -46,8 +46,9 @@ fn by_kernel(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize, k: usize,
         for col in t * per_task..((t + 1) * per_task).min(n) {
             let wr = w.row(col);
             for (r, row) in rows.iter().enumerate() {
-                // SAFETY: `out` is (m, n); column `col` is written by this task only.
-                unsafe { *ptr.at(r * n + col) = dot(*row, wr) };
+                // SAFETY: `out` is (m, n); column `col` is written by this task only; `kernel`
+                // picked a dot product this CPU runs.
+                unsafe { *ptr.at(r * n + col) = dot(row, &wr) };
             }
         }
     });
