@@ -8,7 +8,7 @@ use std::io::Write;
 
 use ferry_cluster::Device;
 use ferry_engine::{
-    BatchOptions, ChatMessage, Detokenizer, Model, PagePool, Request, SamplingParams, generate, generate_streaming,
+    BatchOptions, ChatMessage, Detokenizer, Model, PagePool, Request, SamplingParams, generate_streaming,
 };
 use ferry_kernels::cpu::CpuBackend;
 use serde_json::json;
@@ -65,8 +65,8 @@ pub struct GenerateArgs {
     #[arg(long, help_heading = "Output")]
     json: bool,
     /// Generate the prompt this many times at once, as one batch (with --json; the output is
-    /// the first copy's, and the decode rate counts every copy's tokens): the engine's
-    /// aggregate decode speed at that batch.
+    /// the first copy's, and the decode rate counts every copy's tokens from the moment all
+    /// copies have their first one): the engine's aggregate decode speed at that batch.
     #[arg(long, default_value_t = 1, requires = "json", value_parser = clap::value_parser!(u32).range(1..=4096), help_heading = "Output")]
     batch: u32,
     /// Compute device: `cpu`, or `cuda` (an NVIDIA GPU; needs a build with `--features cuda`
@@ -143,12 +143,28 @@ fn run_on<B: ferry_kernels::Backend>(a: GenerateArgs, backend: B) -> anyhow::Res
         writeln!(stdout, "{}", detok.flush(tok)?)?;
         return Ok(());
     }
-    let outs = generate(&model, &mut pool, &vec![req; batch], opts)?;
-    // Decoding runs from the last copy's first token to the last copy's end.
+    // Decoding is timed from the moment every copy has its first token, over the tokens
+    // sampled after it (a copy prefilled in an earlier pass than the others may decode some
+    // tokens before: neither they nor their time count).
+    let (mut first, mut waiting) = (vec![false; batch], batch);
+    let (mut decode_from, mut decode_end, mut decode_tokens) = (None, None, 0usize);
+    let outs = generate_streaming(&model, &mut pool, &vec![req; batch], opts, |i, _| {
+        let now = Instant::now();
+        if decode_from.is_some() {
+            decode_tokens += 1;
+            decode_end = Some(now);
+        } else if !std::mem::replace(&mut first[i], true) {
+            waiting -= 1;
+            if waiting == 0 {
+                decode_from = Some(now);
+            }
+        }
+    })?;
     let first_all = outs.iter().map(|o| o.ttft).max().unwrap_or_default();
-    let end_all = outs.iter().map(|o| o.total).max().unwrap_or_default();
-    let decode_tokens: usize = outs.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
-    let decode_s = (end_all - first_all).as_secs_f64();
+    let decode_s = match (decode_from, decode_end) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    };
     let out = outs.into_iter().next().context("a batch of at least one")?;
     let text = tok.decode(&out.tokens, true)?;
     let report = json!({

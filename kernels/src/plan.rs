@@ -60,6 +60,12 @@ pub fn attention(
         })?;
         plan.seq_page0.push(plan.pages.len() as u32);
         plan.pages.extend_from_slice(&seq.pages[..need]);
+        // Each query row belongs to one sequence: kernels write a sequence's rows from
+        // several threads on that promise.
+        let taken = plan.row_seq[seq.q_row..seq.q_row + seq.n_q].iter().find(|&&o| o >= 0);
+        check("attention", taken.is_none(), || {
+            format!("sequence {s} shares query rows with sequence {}", taken.copied().unwrap_or_default())
+        })?;
         for i in 0..seq.n_q {
             plan.row_seq[seq.q_row + i] = s as i32;
             plan.row_pos[seq.q_row + i] = (seq.pos0 + i) as i32;
@@ -141,6 +147,13 @@ mod tests {
         assert!(matches!(e, Err(KernelError::PageOutOfRange { page: 10, .. })));
         let bad = AttnShape { n_heads: 3, n_kv_heads: 2, head_dim: 4 };
         assert!(attention(&layout(), bad, &[], 12, 12, 10).is_err());
+        // Two sequences claiming query row 1: refused (the CPU kernel writes a sequence's
+        // rows from its own threads).
+        let p = [0u32];
+        let overlap =
+            [AttnSeq { pages: &p, q_row: 0, n_q: 2, pos0: 0 }, AttnSeq { pages: &p, q_row: 1, n_q: 1, pos0: 0 }];
+        let e = attention(&layout(), shape, &overlap, 48, 48, 10).expect_err("overlap refused");
+        assert!(e.to_string().contains("shares query rows with sequence 0"), "{e}");
     }
 
     #[test]

@@ -52,7 +52,8 @@ impl Prepared {
                     let inv = if delta > 0.0 { 1.0 / delta } else { 0.0 };
                     let mut sum = 0i32;
                     for (q, &v) in q.iter_mut().zip(b) {
-                        *q = (v * inv).round() as i8;
+                        // Clamped: a block of tiny values (δ subnormal) has an infinite `inv`.
+                        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
                         sum += i32::from(*q);
                     }
                     p.deltas.push(delta);
@@ -285,7 +286,8 @@ mod tests {
 
     /// Every kernel (this CPU's and the portable one, both modes, every format) against the
     /// f64 dot product of the activations with the dequantized weights: exact within 1e-5 of
-    /// `Σ|x·w|`, fast within the activations' rounding bound.
+    /// the factored sum's magnitude `Σ|x|·(|q·d| + |c|)`, fast within the activations'
+    /// rounding bound.
     #[test]
     fn quantized_dots_match_the_dequantized_reference_within_their_bounds() {
         for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
@@ -302,7 +304,18 @@ mod tests {
                         for col in 0..n {
                             let (xr, wr) = (&x[r * k..(r + 1) * k], &wf[col * k..(col + 1) * k]);
                             let want: f64 = xr.iter().zip(wr).map(|(a, b)| *a as f64 * *b as f64).sum();
-                            let mag: f64 = xr.iter().zip(wr).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                            // The factored sum's conditioning: Σ |x|·(|q·d| + |c|) per block
+                            // (≥ Σ |x·w|; the offset term is summed apart).
+                            let row = p.row(col);
+                            let mag: f64 = (0..k / BLOCK)
+                                .map(|b| {
+                                    let (d, c) = (row.scales[b] as f64, row.offset(b) as f64);
+                                    let q = row.ints(b);
+                                    (0..BLOCK)
+                                        .map(|j| (xr[b * BLOCK + j] as f64).abs() * ((q[j] as f64 * d).abs() + c.abs()))
+                                        .sum::<f64>()
+                                })
+                                .sum();
                             let bound = match math {
                                 CpuMath::Exact => 1e-5 * mag,
                                 CpuMath::Fast => {

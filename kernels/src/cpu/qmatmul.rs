@@ -27,6 +27,7 @@ pub(super) fn qmatmul_t(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize
     if m == 0 || n == 0 {
         return;
     }
+    assert!(x.len() >= m * k && out.len() >= m * n && w.blocks * crate::quant::BLOCK == k, "qmatmul shapes");
     if math == CpuMath::Fast || m <= GEMV_MAX_ROWS {
         by_kernel(math, x, m, w, n, k, out);
     } else {
