@@ -4,9 +4,9 @@
 //!
 //! Formats: Q4_0 `d:f16, qs[16]` → `(q − 8)·d`; Q4_1 `d:f16, m:f16, qs[16]` → `q·d + m`; in
 //! both, weight `j < 16` is the low nibble of `qs[j]` and `16 + j` the high one. Q8_0
-//! `d:f16, q:i8[32]` → `q·d`. These formulas are the one definition of the values: the
-//! loader's dequantization and the CPU kernels both call [`BlockFormat::dequantize_block`] (or
-//! compute its exact operations, in the same order, in SIMD registers).
+//! `d:f16, q:i8[32]` → `q·d`. [`BlockFormat::dequantize_block`] is the definition of the
+//! values; the CPU backend repacks the blocks (`cpu::packed`) and its dequantization is tested
+//! to equal this one bit for bit.
 
 use half::f16;
 

@@ -164,6 +164,11 @@ pub(crate) mod tests {
         out
     }
 
+    /// `n` activations in [-1, 1), varied by `seed`.
+    pub(crate) fn floats(n: usize, seed: u64) -> Vec<f32> {
+        (0..n).map(|i| ((i as u64 * 2_654_435_761 + seed) % 2000) as f32 / 1000.0 - 1.0).collect()
+    }
+
     #[test]
     fn repacked_rows_dequantize_to_ggml_values_bit_for_bit() {
         for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {

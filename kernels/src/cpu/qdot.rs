@@ -83,9 +83,15 @@ impl Prepared {
 pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
 
 /// The kernel of `math` for this CPU, the widest it runs (a plain function pointer: no shim
-/// per call).
+/// per call; the CPU's features are read once, not per product).
 pub(super) fn kernel(math: CpuMath) -> Kernel {
-    kernels(math)[0].1
+    // Chosen once per process: the CPU does not change under us.
+    static CHOSEN: std::sync::OnceLock<[Kernel; 2]> = std::sync::OnceLock::new();
+    let [exact, fast] = *CHOSEN.get_or_init(|| [kernels(CpuMath::Exact)[0].1, kernels(CpuMath::Fast)[0].1]);
+    match math {
+        CpuMath::Exact => exact,
+        CpuMath::Fast => fast,
+    }
 }
 
 /// Every kernel of `math` this CPU runs, widest first, with its name.
@@ -277,12 +283,8 @@ unsafe fn fast_avx2(p: &Prep<'_>, w: &Row<'_>) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::super::packed::Packed;
-    use super::super::packed::tests::blocks;
+    use super::super::packed::tests::{blocks, floats};
     use super::*;
-
-    fn floats(n: usize, seed: u64) -> Vec<f32> {
-        (0..n).map(|i| ((i as u64 * 2_654_435_761 + seed) % 2000) as f32 / 1000.0 - 1.0).collect()
-    }
 
     /// Every kernel (this CPU's and the portable one, both modes, every format) against the
     /// f64 dot product of the activations with the dequantized weights: exact within 1e-5 of

@@ -77,12 +77,8 @@ fn qgemm(x: &[f32], m: usize, w: &Packed, n: usize, k: usize, out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::cpu::matmul::matmul_t;
-    use crate::cpu::packed::tests::blocks;
+    use crate::cpu::packed::tests::{blocks, floats};
     use crate::quant::BlockFormat;
-
-    fn floats(n: usize, seed: u64) -> Vec<f32> {
-        (0..n).map(|i| ((i as u64 * 2_654_435_761 + seed) % 2000) as f32 / 1000.0 - 1.0).collect()
-    }
 
     /// Exact mode against the f32 path on the dequantized matrix, GEMV (1–4 rows) and SGEMM
     /// (more), every format: the SGEMM path is bit for bit the same computation; the GEMV path
