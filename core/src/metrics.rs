@@ -88,8 +88,14 @@ pub const REQUEST_PHASE: &str = "ferry_request_phase_seconds";
 pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
 /// Workers the router knows, by `role` and `state` (healthy | unhealthy) (gauge).
 pub const ROUTER_WORKERS: &str = "ferry_router_workers";
-/// Pages in the router's prefix index (gauge).
+/// Pages in the router's prefix index, by `state` (confirmed by a worker's KV events |
+/// provisional: placed by the router, not confirmed yet) (gauge).
 pub const ROUTER_INDEX_PAGES: &str = "ferry_router_index_pages";
+/// Pages the router's prefix index evicted, least recently used first, to make room (counter).
+pub const ROUTER_INDEX_EVICTED: &str = "ferry_router_index_evicted_pages_total";
+/// New pages the router's prefix index dropped because it was full of pages it could not
+/// evict (counter).
+pub const ROUTER_INDEX_DROPPED: &str = "ferry_router_index_dropped_pages_total";
 /// Requests through the router's admission queue, by `outcome` (immediate | queued |
 /// queue_full | timeout) (counter).
 pub const ROUTER_ADMISSION: &str = "ferry_router_admission_total";
@@ -226,7 +232,9 @@ pub const ALL: &[Metric] = &[
     m(ROUTER_ITL, Kind::Histogram, "", "Time between two streamed pieces of one answer (inter-token latency), seconds"),
     m(ROUTER_PROMPT_TOKENS, Kind::Counter, "kind", "Prompt tokens of finished requests (prompt, cached)"),
     m(ROUTER_WORKERS, Kind::Gauge, "role, state", "Workers known to the router (healthy, unhealthy)"),
-    m(ROUTER_INDEX_PAGES, Kind::Gauge, "", "Pages in the router's prefix index"),
+    m(ROUTER_INDEX_PAGES, Kind::Gauge, "state", "Pages in the router's prefix index (confirmed, provisional)"),
+    m(ROUTER_INDEX_EVICTED, Kind::Counter, "", "Pages the router's prefix index evicted to make room"),
+    m(ROUTER_INDEX_DROPPED, Kind::Counter, "", "New pages the router's prefix index dropped, full"),
     m(
         ROUTER_ADMISSION,
         Kind::Counter,

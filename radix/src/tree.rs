@@ -256,9 +256,17 @@ impl<V: Payload> RadixTree<V> {
     /// some are new, `make(existing_pages)` gives the payload for the new ones
     /// (`tokens[existing_pages * page_size..]`).
     pub fn insert(&mut self, tokens: &[u32], make: impl FnOnce(usize) -> V) -> Insert {
+        let full = tokens.len() / self.page_size * self.page_size;
+        let m = self.match_prefix(&tokens[..full]);
+        self.insert_matched(tokens, &m, make)
+    }
+
+    /// [`Self::insert`] for a caller that has just matched `tokens` (`m` is
+    /// `self.match_prefix` of their whole pages, the tree unchanged since): the match is not
+    /// walked again.
+    pub fn insert_matched(&mut self, tokens: &[u32], m: &Match, make: impl FnOnce(usize) -> V) -> Insert {
         let ps = self.page_size;
         let full = tokens.len() / ps * ps;
-        let m = self.match_prefix(&tokens[..full]);
         let mut out = Insert { existing_pages: m.tokens / ps, ..Insert::default() };
         out.path = m.path.iter().map(|p| p.0).collect();
         if let Some(&(last, pages)) = m.path.last()

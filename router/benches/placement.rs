@@ -11,6 +11,11 @@
 //! (match + insert) apart, the affinity of (b) (share placed on its group's home), and smg's
 //! `CacheAwarePolicy::select_worker` on this machine beside them (issue 17's figures).
 //!
+//! The index is bounded as the router's is by default (`--max-index-pages`, 2^20 pages): the
+//! workload indexes 6.4 M pages, so past the first ~1 M each placement of fresh tokens evicts
+//! the least recently used ones, as a long-running router does. Each phase prints the minor
+//! page faults it took (first touches of fresh memory, ~5 µs each on this machine's VM).
+//!
 //! `cargo bench -p ferry-router --bench placement`; `FERRY_BENCH_QUICK=1` divides the counts
 //! by 20 (CI smoke run).
 
@@ -63,22 +68,31 @@ impl Router {
     }
 }
 
+/// Minor page faults of this process so far (`/proc/self/stat`, field 10).
+fn faults() -> u64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+    rest.split_whitespace().nth(7).and_then(|f| f.parse().ok()).unwrap_or(0)
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
-fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64)) {
+fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64), faults: u64) {
     whole.sort_by(f64::total_cmp);
     index.sort_by(f64::total_cmp);
     let us = 1e6;
     let mean = whole.iter().sum::<f64>() / whole.len() as f64;
     println!(
-        "{kind}: mean {:.1} / p50 {:.1} / p99 {:.1} µs, {:.0} ops/s; index (match + insert) p50 {:.1} µs | smg p50 {:.1}, mean {:.1} µs: p50 ratio Ferry/smg {:.2}",
+        "{kind}: mean {:.1} / p50 {:.1} / p99 {:.1} µs, {:.0} ops/s; index (match + insert) p50 {:.1} µs; {:.2} page faults per placement | smg p50 {:.1}, mean {:.1} µs: p50 ratio Ferry/smg {:.2}",
         mean * us,
         pct(whole, 0.5) * us,
         pct(whole, 0.99) * us,
         1.0 / mean,
         pct(index, 0.5) * us,
+        faults as f64 / whole.len() as f64,
         smg.0,
         smg.1,
         pct(whole, 0.5) * us / smg.0
@@ -95,7 +109,7 @@ fn main() {
         (0..workers).map(|_| PrefillState { healthy: true, queued_tokens: 0, tokens_per_second: 5000.0 }).collect();
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
-    let mut r = Router { ix: PrefixIndex::new(PS, 50_000_000), placer, states, rng: Rng(0xfeed) };
+    let mut r = Router { ix: PrefixIndex::new(PS, 1 << 20), placer, states, rng: Rng(0xfeed) };
     let now = Instant::now();
     let n = 10_000 / div;
     let mut preloaded = Vec::with_capacity(n);
@@ -115,14 +129,16 @@ fn main() {
         t0.elapsed().as_secs_f64()
     );
     let (mut whole, mut index) = (Vec::new(), Vec::new());
+    let f0 = faults();
     for _ in 0..20_000 / div {
         let (_, p) = &preloaded[(rng.next() % n as u64) as usize];
         let (_, a, b) = r.place(p, now);
         whole.push(a);
         index.push(b);
     }
-    report("(a) exact repeat", &mut whole, &mut index, SMG[0]);
+    report("(a) exact repeat", &mut whole, &mut index, SMG[0], faults() - f0);
     let (mut whole, mut index, mut at_home) = (Vec::new(), Vec::new(), 0usize);
+    let f0 = faults();
     let count = 20_000 / div;
     for i in 0..count {
         let g = i % GROUPS;
@@ -133,15 +149,16 @@ fn main() {
         whole.push(a);
         index.push(b);
     }
-    report("(b) group prefix + fresh", &mut whole, &mut index, SMG[1]);
+    report("(b) group prefix + fresh", &mut whole, &mut index, SMG[1], faults() - f0);
     println!("(b) affinity: {:.1} % placed on the group's home (smg 100 %)", 100.0 * at_home as f64 / count as f64);
     let (mut whole, mut index) = (Vec::new(), Vec::new());
+    let f0 = faults();
     for _ in 0..10_000 / div {
         let p = rng.tokens(LEN);
         let (_, a, b) = r.place(&p, now);
         whole.push(a);
         index.push(b);
     }
-    report("(c) fresh", &mut whole, &mut index, SMG[2]);
-    println!("index: {} pages", r.ix.pages());
+    report("(c) fresh", &mut whole, &mut index, SMG[2], faults() - f0);
+    println!("index: {} pages, {} evicted, {} dropped", r.ix.pages(), r.ix.evicted(), r.ix.dropped());
 }

@@ -7,8 +7,9 @@
 //! root, so a thousand workers cost little more than 64. A shared prefix held in several
 //! shards is indexed once per shard.
 //!
-//! Memory is bounded by `max_pages` over all shards together: past it, new pages are dropped
-//! (and counted) until pages are removed.
+//! Memory is bounded by `max_pages` over all shards together: past it, a shard evicts its
+//! least recently used pages (those only placed before those a worker confirmed) to make room,
+//! and drops new pages (counted) only when it has nothing left to evict.
 
 mod shard;
 
@@ -53,9 +54,20 @@ impl PrefixIndex {
         self.shards.iter().map(Shard::pages).sum()
     }
 
-    /// Pages dropped because the index was full.
+    /// New pages dropped because the index was full and nothing could be evicted.
     pub fn dropped(&self) -> u64 {
         self.shards.iter().map(Shard::dropped).sum()
+    }
+
+    /// Pages evicted, least recently used first, to make room for new ones.
+    pub fn evicted(&self) -> u64 {
+        self.shards.iter().map(Shard::evicted).sum()
+    }
+
+    /// Pages some worker's KV events confirm (the rest of [`Self::pages`] are the router's
+    /// provisional placements).
+    pub fn confirmed(&self) -> usize {
+        self.shards.iter().map(Shard::confirmed).sum()
     }
 
     /// The shard of `worker` (made when new), its budget set to what the others leave, and

@@ -343,13 +343,17 @@ impl Registry {
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
             }
-            let pages = {
+            let (pages, confirmed, evicted, dropped) = {
                 // An idle router forgets lapsed placements too.
                 let mut ix = lock(&self.index);
                 ix.expire(Instant::now());
-                ix.pages()
+                (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
             };
-            metrics::gauge!(M::ROUTER_INDEX_PAGES).set(pages as f64);
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "state" => "confirmed").set(confirmed as f64);
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "state" => "provisional")
+                .set(pages.saturating_sub(confirmed) as f64);
+            metrics::counter!(M::ROUTER_INDEX_EVICTED).absolute(evicted);
+            metrics::counter!(M::ROUTER_INDEX_DROPPED).absolute(dropped);
         }
     }
 }

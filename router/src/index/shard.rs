@@ -2,15 +2,23 @@
 //! workers (a bit each); [`super::PrefixIndex`] keeps one shard per 64 worker slots.
 //!
 //! A page-granular [`RadixTree`] over token ids holds every prefix some worker of the shard
-//! caches; each node's payload is the chained hash of each of its pages (the same hash the
-//! workers' KV events carry, `ferry_radix::events::page_hash`). A side table keyed by page hash
-//! records, per page, its parent, its tokens, and which workers hold it — for real (from their
-//! KV events) or provisionally (the router placed a prompt there and its events have not
-//! arrived yet). A worker's pages are prefix-closed (a cache never holds a page without its
-//! parent), so a page nobody holds has no held page below it, and is pruned with its subtree.
-//! Past `max_pages` pages, new pages are dropped (and counted) until pages are removed.
+//! caches. Each node is a run of pages that the same workers hold — for real (from their KV
+//! events) or provisionally (the router placed a prompt there and its events have not arrived
+//! yet) — and carries the chained hash of each page (the hash the workers' KV events carry,
+//! `ferry_radix::events::page_hash`). A placement or an event that covers part of a node
+//! splits it first, so a match reads one holder set per node, not per page, and a placement
+//! of fresh tokens adds one node, not a table entry per page.
+//!
+//! Pages that came in a KV event are also in a table keyed by their hash (their parent and
+//! their tokens), which is how a later event's parent page is found. A worker's pages are
+//! prefix-closed (a cache never holds a page without its parent), so a node nobody holds has
+//! no held node below it, and is pruned with its subtree. Provisional marks lapse at their
+//! deadline (a heap of node deadlines, drained by every placement and by the router's
+//! housekeeping). Past `max_pages` pages, new pages are dropped (and counted) until pages are
+//! removed.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
@@ -46,21 +54,55 @@ impl Hasher for PageHasher {
 
 type PageMap = HashMap<u64, Page, BuildHasherDefault<PageHasher>>;
 
+/// A node's pages and the workers that hold every one of them.
 #[derive(Debug, Clone, Default)]
-struct Hashes(Vec<u64>);
+struct Run {
+    /// The chained hash of each page, or nothing until some event covers the node (a
+    /// placement adds nodes without hashing them: only the workers' events need the hashes).
+    hashes: Vec<u64>,
+    /// Workers whose KV events say they hold these pages.
+    held: u64,
+    /// Workers the router placed these pages on, neither confirmed nor lapsed: the bits of
+    /// `marks`.
+    provisional: u64,
+    /// Each provisional worker's bit and deadline.
+    marks: Vec<(u64, Instant)>,
+    /// The deadline of this node's entry in the shard's expiry heap, when it has one.
+    queued: Option<Instant>,
+    /// Pages of this node came in a KV event: their hashes are in the page table.
+    confirmed: bool,
+    /// The shard's clock when a placement or an event last covered the node (a node's is never
+    /// older than its children's: whatever covers a node covers its ancestors).
+    used: u64,
+}
 
-impl Payload for Hashes {
-    fn split_off(&mut self, at: usize) -> Self {
-        Self(self.0.split_off(at.min(self.0.len())))
+impl Run {
+    fn holders(&self) -> u64 {
+        self.held | self.provisional
     }
 }
 
+impl Payload for Run {
+    /// `self` keeps pages `..at` and moves to a new node; the lower part keeps the node's id,
+    /// and with it the node's entry in the expiry heap.
+    fn split_off(&mut self, at: usize) -> Self {
+        Run {
+            hashes: self.hashes.split_off(at.min(self.hashes.len())),
+            held: self.held,
+            provisional: self.provisional,
+            marks: self.marks.clone(),
+            queued: self.queued.take(),
+            confirmed: self.confirmed,
+            used: self.used,
+        }
+    }
+}
+
+/// A page that came in a KV event.
 struct Page {
     parent: u64,
     /// Where its tokens are in the shard's [`Slab`].
     slot: u32,
-    held: u64,
-    provisional: u64,
 }
 
 /// Every page's tokens in one buffer of fixed-size slots, reused as pages come and go: adding
@@ -95,14 +137,21 @@ impl Slab {
 
 /// Which of a shard's workers hold which prefixes.
 pub struct Shard {
-    tree: RadixTree<Hashes>,
+    tree: RadixTree<Run>,
+    /// The pages that came in KV events, by hash.
     pages: PageMap,
     slab: Slab,
+    /// Pages in the tree.
+    count: usize,
     /// The most pages this shard may hold now (the index sets it from its whole budget).
     pub(super) max_pages: usize,
     dropped: u64,
-    /// Provisional marks to expire: (deadline, page, worker bit).
-    expiry: VecDeque<(Instant, u64, u64)>,
+    evicted: u64,
+    /// Ticks once per placement or event that covers a path.
+    clock: u64,
+    /// Nodes with provisional marks, by their earliest deadline (entries a node no longer
+    /// names in `Run::queued` are stale and skipped).
+    expiry: BinaryHeap<Reverse<(Instant, NodeId)>>,
 }
 
 /// The bit of shard slot `worker` (`< SHARD_WORKERS`).
@@ -120,9 +169,12 @@ impl Shard {
             tree: RadixTree::new(page_size.max(1)),
             pages: PageMap::default(),
             slab: Slab::default(),
+            count: 0,
             max_pages,
             dropped: 0,
-            expiry: VecDeque::new(),
+            evicted: 0,
+            clock: 0,
+            expiry: BinaryHeap::new(),
         }
     }
 
@@ -133,12 +185,22 @@ impl Shard {
 
     /// Pages indexed.
     pub fn pages(&self) -> usize {
-        self.pages.len()
+        self.count
     }
 
-    /// Stored pages dropped because the index was full.
+    /// New pages dropped because the index was full and nothing could be evicted.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Pages evicted (least recently used first) to make room for new ones.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Pages some worker's KV events say it holds (the rest are provisional only).
+    pub fn confirmed(&self) -> usize {
+        self.pages.len()
     }
 
     /// The tokens from the root to the end of page `hash` (None when unknown, or when the
@@ -157,85 +219,147 @@ impl Shard {
         Some(chain.into_iter().rev().flat_map(|t| t.iter().copied()).collect())
     }
 
-    /// Adds the pages of `tokens` (whole pages, hashes chained from `parent`) to the tree and
-    /// the table; returns their hashes. Marks nothing.
-    fn add_path(&mut self, prefix: &[u32], tokens: &[u32], hashes: &[u64]) -> Result<(), IndexError> {
+    /// Gives the nodes of `path` (from the root down) the hashes they lack, chained from the
+    /// root; returns the hash of the path's last page.
+    fn hash_path(&mut self, path: &[NodeId]) -> u64 {
         let ps = self.page_size();
-        if tokens.len() != hashes.len() * ps {
-            return Err(IndexError::Malformed(format!("{} tokens for {} pages of {ps}", tokens.len(), hashes.len())));
+        let mut prev = ROOT_HASH;
+        for &id in path {
+            let pages = self.tree.pages(id);
+            let missing = self.tree.value(id).is_some_and(|r| r.hashes.len() != pages);
+            if missing {
+                let hs = page_hashes(prev, self.tree.key(id), ps);
+                if let Some(r) = self.tree.value_mut(id) {
+                    r.hashes = hs;
+                }
+            }
+            prev = self.tree.value(id).and_then(|r| r.hashes.last().copied()).unwrap_or(prev);
         }
-        let mut full = prefix.to_vec();
-        full.extend_from_slice(tokens);
-        // The hashes of every page on the path, for the payload of whatever node is new.
-        let mut all = page_hashes(ROOT_HASH, prefix, ps);
-        all.extend_from_slice(hashes);
-        self.add_pages(&full, &all, prefix.len() / ps);
-        Ok(())
+        prev
     }
 
-    /// Adds the whole pages of `full` (hashes `all`, one per page) from page `from` on to the
-    /// tree and the table, unless that would pass `max_pages` (then they are dropped and
-    /// counted). Marks nothing.
-    fn add_pages(&mut self, full: &[u32], all: &[u64], from: usize) {
-        let ps = self.page_size();
-        let new = all[from..].iter().filter(|h| !self.pages.contains_key(h)).count();
-        if new == 0 {
-            return;
+    /// Gives node `id` an entry in the expiry heap at its earliest mark, unless it has one as
+    /// early already.
+    fn queue(&mut self, id: NodeId) {
+        let Some(r) = self.tree.value_mut(id) else { return };
+        let Some(first) = r.marks.iter().map(|m| m.1).min() else { return };
+        if r.queued.is_none_or(|q| first < q) {
+            r.queued = Some(first);
+            self.expiry.push(Reverse((first, id)));
         }
-        if self.pages.len() + new > self.max_pages {
+    }
+
+    /// Makes the whole pages `full` a path of whole nodes and returns them (root excluded),
+    /// marked used now: adds the pages the tree lacks — with the hashes `fresh(their number)`
+    /// gives, or none yet — and splits the node where `full` ends. New pages past `max_pages`
+    /// evict the least recently used ones first; when that cannot make room, they are dropped
+    /// (and counted) and the path ends where the tree did.
+    fn cover(&mut self, full: &[u32], fresh: impl FnOnce(usize) -> Vec<u64>) -> Vec<NodeId> {
+        let ps = self.page_size();
+        let m = self.tree.match_prefix(full);
+        let new = full.len() / ps - m.tokens / ps;
+        // Every node off the path can go (leaves first): evict only when that makes room.
+        let kept: usize = m.path.iter().map(|&(id, _)| self.tree.pages(id)).sum();
+        if self.count + new > self.max_pages && kept + new <= self.max_pages {
+            let keep: Vec<NodeId> = m.path.iter().map(|p| p.0).collect();
+            self.evict(self.count + new - self.max_pages, &keep);
+        }
+        let take = if self.count + new <= self.max_pages {
+            self.count += new;
+            full.len()
+        } else {
             self.dropped += new as u64;
-            return;
+            m.tokens
+        };
+        let mut hashes = (take > m.tokens).then(|| fresh(new));
+        let ins = self
+            .tree
+            .insert_matched(&full[..take], &m, |_| Run { hashes: hashes.take().unwrap_or_default(), ..Run::default() });
+        if let Some((upper, _)) = ins.split {
+            self.queue(upper);
         }
-        self.tree.insert(full, |existing| Hashes(all[existing..].to_vec()));
-        let mut up = if from == 0 { ROOT_HASH } else { all[from - 1] };
-        for (h, page) in all[from..].iter().zip(full[from * ps..].chunks_exact(ps)) {
-            if !self.pages.contains_key(h) {
-                let slot = self.slab.put(page);
-                self.pages.insert(*h, Page { parent: up, slot, held: 0, provisional: 0 });
+        let mut path = ins.path;
+        path.extend(ins.new_node);
+        self.clock += 1;
+        for &id in &path {
+            if let Some(r) = self.tree.value_mut(id) {
+                r.used = self.clock;
             }
-            up = *h;
         }
+        path
     }
 
-    /// The hashes of the leading whole pages of `tokens` the tree holds, in order (read from
-    /// the tree's nodes, not computed).
-    fn known_hashes(&self, tokens: &[u32]) -> Vec<u64> {
-        let m = self.tree.match_prefix(tokens);
-        let mut out = Vec::with_capacity(tokens.len() / self.page_size());
-        for &(node, pages) in &m.path {
-            match self.tree.value(node) {
-                Some(Hashes(hs)) => out.extend(hs.iter().take(pages)),
-                None => break,
+    /// Evicts leaves, least recently used first and pages only placed before pages some worker
+    /// confirmed, until `need` pages are free — and a sixteenth of the budget more, so that a
+    /// full index scans its nodes once per many placements, not on each. Never a node of
+    /// `keep` (the path being covered).
+    fn evict(&mut self, need: usize, keep: &[NodeId]) {
+        let goal = need + self.max_pages / 16;
+        let mut order: Vec<(bool, u64, NodeId)> = self
+            .tree
+            .walk()
+            .into_iter()
+            .filter(|id| !keep.contains(id))
+            .filter_map(|id| self.tree.value(id).map(|r| (r.held != 0, r.used, id)))
+            .collect();
+        order.sort_unstable();
+        let mut freed = 0;
+        // A parent is never used later than its children, so it comes after them; a pass that
+        // meets it before a tied child is followed by another.
+        while freed < goal {
+            let before = freed;
+            for &(_, _, id) in &order {
+                if freed >= goal {
+                    break;
+                }
+                if self.tree.contains(id) && self.tree.child_count(id) == 0 {
+                    freed += self.tree.pages(id);
+                    self.remove_subtree(id);
+                }
+            }
+            if freed == before {
+                break;
             }
         }
-        out
+        self.evicted += freed as u64;
     }
 
     /// A worker's KV event: it cached `tokens` (whole pages with `hashes`) below `parent`.
     pub fn stored(&mut self, worker: usize, parent: u64, hashes: &[u64], tokens: &[u32]) -> Result<(), IndexError> {
         let b = bit(worker)?;
-        let prefix = if parent == ROOT_HASH {
+        let ps = self.page_size();
+        if tokens.len() != hashes.len() * ps {
+            return Err(IndexError::Malformed(format!("{} tokens for {} pages of {ps}", tokens.len(), hashes.len())));
+        }
+        let mut full = if parent == ROOT_HASH {
             Vec::new()
         } else {
             self.path_of(parent).ok_or(IndexError::UnknownParent(parent))?
         };
-        self.add_path(&prefix, tokens, hashes)?;
-        let mut h = parent;
-        while h != ROOT_HASH {
-            // A worker holding a page holds its parents: mark them too (they may be known only
-            // provisionally or through another worker).
-            match self.pages.get_mut(&h) {
-                Some(p) if p.held & b == 0 => {
-                    p.held |= b;
-                    h = p.parent;
-                }
-                _ => break,
+        let from = full.len() / ps;
+        full.extend_from_slice(tokens);
+        // The table's pages are in the tree, so whatever is new is the run's tail (else the
+        // new node goes unhashed, and is hashed below like any other).
+        let path =
+            self.cover(&full, |k| if k <= hashes.len() { hashes[hashes.len() - k..].to_vec() } else { Vec::new() });
+        self.hash_path(&path);
+        // A worker holding a page holds its parents: mark the whole path (its head may be
+        // known provisionally or through another worker).
+        let mut covered = 0;
+        for &id in &path {
+            covered += self.tree.pages(id);
+            if let Some(r) = self.tree.value_mut(id) {
+                r.held |= b;
+                r.confirmed = true;
             }
         }
-        for hash in hashes {
-            if let Some(p) = self.pages.get_mut(hash) {
-                p.held |= b;
+        let mut up = parent;
+        for (i, &h) in hashes.iter().enumerate().take(covered.saturating_sub(from)) {
+            if !self.pages.contains_key(&h) {
+                let slot = self.slab.put(&tokens[i * ps..(i + 1) * ps]);
+                self.pages.insert(h, Page { parent: up, slot });
             }
+            up = h;
         }
         Ok(())
     }
@@ -243,16 +367,30 @@ impl Shard {
     /// A worker's KV event: it evicted these pages.
     pub fn removed(&mut self, worker: usize, hashes: &[u64]) -> Result<(), IndexError> {
         let b = bit(worker)?;
-        let mut gone = Vec::new();
-        for h in hashes {
-            if let Some(p) = self.pages.get_mut(h) {
-                p.held &= !b;
-                if p.held | p.provisional == 0 {
-                    gone.push(*h);
-                }
+        for &h in hashes {
+            if !self.pages.contains_key(&h) {
+                continue; // never indexed, dropped, or gone with an ancestor
+            }
+            let Some(path) = self.path_of(h) else { continue };
+            let m = self.tree.match_prefix(&path);
+            let Some(&(node, k)) = m.path.last().filter(|_| m.tokens == path.len()) else {
+                self.forget(h);
+                continue;
+            };
+            // Page `h` is the k-th of `node`: cut the node before it (the lower part keeps the
+            // id), so that the worker's bit goes from `h` down (it holds nothing below `h`).
+            if k > 1 {
+                let upper = self.tree.split(node, k - 1);
+                self.queue(upper);
+            }
+            let empty = self.tree.value_mut(node).is_some_and(|r| {
+                r.held &= !b;
+                r.holders() == 0
+            });
+            if empty {
+                self.remove_subtree(node);
             }
         }
-        self.prune(gone);
         Ok(())
     }
 
@@ -260,14 +398,23 @@ impl Shard {
     pub fn clear_worker(&mut self, worker: usize) -> Result<(), IndexError> {
         let b = bit(worker)?;
         let mut gone = Vec::new();
-        for (h, p) in &mut self.pages {
-            p.held &= !b;
-            p.provisional &= !b;
-            if p.held | p.provisional == 0 {
-                gone.push(*h);
+        for id in self.tree.walk() {
+            let Some(r) = self.tree.value_mut(id) else { continue };
+            r.held &= !b;
+            if r.provisional & b != 0 {
+                r.marks.retain(|m| m.0 != b);
+                r.provisional &= !b;
+            }
+            if r.holders() == 0 {
+                gone.push(id);
             }
         }
-        self.prune(gone);
+        // No node is made while pruning, so an id that is gone stays gone.
+        for id in gone {
+            if self.tree.contains(id) {
+                self.remove_subtree(id);
+            }
+        }
         Ok(())
     }
 
@@ -282,80 +429,38 @@ impl Shard {
         ttl: Duration,
     ) -> Result<(), IndexError> {
         self.expire(now);
-        let until = now + ttl;
         let b = bit(worker)?;
         let ps = self.page_size();
         let full = &prompt[..prompt.len() / ps * ps];
-        // Pages the tree has keep their hashes; only the rest are hashed, chained on.
-        let mut hashes = self.known_hashes(full);
-        let known = hashes.len();
-        for h in &hashes {
-            if let Some(p) = self.pages.get_mut(h)
-                && p.provisional & b == 0
-            {
-                p.provisional |= b;
-                self.expiry.push_back((until, *h, b));
+        let until = now + ttl;
+        for id in self.cover(full, |_| Vec::new()) {
+            let Some(r) = self.tree.value_mut(id) else { continue };
+            match r.marks.iter_mut().find(|m| m.0 == b) {
+                Some(m) => m.1 = until,
+                None => r.marks.push((b, until)),
             }
-        }
-        let fresh = full.len() / ps - known;
-        if fresh == 0 {
-            return Ok(());
-        }
-        if self.pages.len() + fresh > self.max_pages {
-            self.dropped += fresh as u64;
-            return Ok(());
-        }
-        let mut up = hashes.last().copied().unwrap_or(ROOT_HASH);
-        hashes.extend(page_hashes(up, &full[known * ps..], ps));
-        self.tree.insert(full, |existing| Hashes(hashes[existing..].to_vec()));
-        // Past the tree's match no page of this path is known (the table and the tree hold
-        // the same pages): each is one insert, marked at once.
-        for (&h, page) in hashes[known..].iter().zip(full[known * ps..].chunks_exact(ps)) {
-            let slot = self.slab.put(page);
-            self.pages.insert(h, Page { parent: up, slot, held: 0, provisional: b });
-            self.expiry.push_back((until, h, b));
-            up = h;
+            r.provisional |= b;
+            self.queue(id);
         }
         Ok(())
     }
 
     /// Drops provisional marks whose time has come.
     pub fn expire(&mut self, now: Instant) {
-        let mut gone = Vec::new();
-        while let Some(&(when, h, b)) = self.expiry.front() {
+        while let Some(&Reverse((when, id))) = self.expiry.peek() {
             if when > now {
                 break;
             }
-            self.expiry.pop_front();
-            if let Some(p) = self.pages.get_mut(&h) {
-                p.provisional &= !b;
-                if p.held | p.provisional == 0 {
-                    gone.push(h);
-                }
+            self.expiry.pop();
+            let Some(r) = self.tree.value_mut(id).filter(|r| r.queued == Some(when)) else { continue };
+            r.queued = None;
+            r.marks.retain(|m| m.1 > now);
+            r.provisional = r.marks.iter().fold(0, |a, m| a | m.0);
+            if r.holders() == 0 {
+                self.remove_subtree(id);
+            } else {
+                self.queue(id);
             }
-        }
-        self.prune(gone);
-    }
-
-    /// Removes pages nobody holds, with everything below them.
-    fn prune(&mut self, gone: Vec<u64>) {
-        for h in gone {
-            if !self.pages.contains_key(&h) {
-                continue; // already removed with an ancestor
-            }
-            let Some(path) = self.path_of(h) else { continue };
-            let m = self.tree.match_prefix(&path);
-            if m.tokens != path.len() {
-                self.forget(h);
-                continue;
-            }
-            let Some(&(node, matched)) = m.path.last() else { continue };
-            // The page is the `matched`-th page of `node`: cut the node before it (the lower
-            // part keeps the id) and drop that part with everything below.
-            if matched > 1 {
-                self.tree.split(node, matched - 1);
-            }
-            self.remove_subtree(node);
         }
     }
 
@@ -374,9 +479,13 @@ impl Shard {
             stack.extend(self.tree.children(n));
         }
         for n in order.into_iter().rev() {
-            if let Some(Hashes(hs)) = self.tree.remove_leaf(n) {
-                for h in hs {
-                    self.forget(h);
+            let pages = self.tree.pages(n);
+            if let Some(r) = self.tree.remove_leaf(n) {
+                self.count -= pages;
+                if r.confirmed {
+                    for h in r.hashes {
+                        self.forget(h);
+                    }
                 }
             }
         }
@@ -387,28 +496,25 @@ impl Shard {
     pub fn matched(&self, prompt: &[u32], workers: usize) -> Vec<usize> {
         let ps = self.page_size();
         let mut out = vec![0; workers.min(SHARD_WORKERS)];
-        let m = self.tree.match_prefix(prompt);
-        let mut alive = if out.len() == SHARD_WORKERS { u64::MAX } else { (1u64 << out.len()) - 1 };
-        let mut depth = 0;
-        'path: for &(node, pages) in &m.path {
-            let Some(Hashes(hs)) = self.tree.value(node) else { break };
-            for h in hs.iter().take(pages) {
-                let holders = self.pages.get(h).map_or(0, |p| p.held | p.provisional);
-                alive &= holders;
-                if alive == 0 {
-                    break 'path;
-                }
-                depth += 1;
-                let mut a = alive;
-                while a != 0 {
-                    let w = a.trailing_zeros() as usize;
-                    if w < out.len() {
-                        out[w] = depth * ps;
-                    }
-                    a &= a - 1;
-                }
+        let mut set = |mut bits: u64, tokens: usize| {
+            while bits != 0 {
+                out[bits.trailing_zeros() as usize] = tokens;
+                bits &= bits - 1;
             }
+        };
+        let m = self.tree.match_prefix(prompt);
+        let mut alive = if workers >= SHARD_WORKERS { u64::MAX } else { (1u64 << workers) - 1 };
+        let mut depth = 0;
+        for &(node, pages) in &m.path {
+            let holders = self.tree.value(node).map_or(0, Run::holders);
+            set(alive & !holders, depth * ps);
+            alive &= holders;
+            if alive == 0 {
+                break;
+            }
+            depth += pages;
         }
+        set(alive, depth * ps);
         out
     }
 }
@@ -525,6 +631,40 @@ mod tests {
         assert_eq!(ix.pages(), 6, "the same pages, not new ones");
         ix.expire(t0 + Duration::from_secs(5));
         assert_eq!(ix.matched(&p, 2), vec![8, 24], "confirmed: held, not provisional");
+    }
+
+    /// Issue 17: a full index dropped new pages, so placement quality decayed with uptime. It
+    /// now evicts: pages only placed before pages a worker confirmed, least recently used first.
+    #[test]
+    fn a_full_index_evicts_the_least_recently_used_placements_first() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(60);
+        let mut ix = Shard::new(PS, 5);
+        let a: Vec<u32> = (0..4).collect();
+        ix.stored(0, ROOT_HASH, &hashes(&a, ROOT_HASH), &a).expect("confirmed");
+        let [b, c, d, e]: [Vec<u32>; 4] = [100, 200, 300, 400].map(|x| (x..x + 8).collect());
+        ix.provisional(1, &b, t0, ttl).expect("placed");
+        ix.provisional(1, &c, t0, ttl).expect("placed");
+        assert_eq!(ix.pages(), 5, "full");
+        ix.provisional(1, &b, t0, ttl).expect("b used again");
+        ix.provisional(2, &d, t0, ttl).expect("placed: c goes, the least recently used");
+        assert_eq!(
+            (ix.matched(&c, 3), ix.matched(&b, 3), ix.matched(&d, 3)),
+            (vec![0; 3], vec![0, 8, 0], vec![0, 0, 8])
+        );
+        assert_eq!((ix.pages(), ix.evicted(), ix.dropped()), (5, 2, 0));
+        ix.provisional(2, &e, t0, ttl).expect("placed: b goes");
+        ix.provisional(2, &b, t0, ttl).expect("placed again: d goes, the confirmed page stays");
+        assert_eq!(ix.matched(&a, 3), vec![4, 0, 0]);
+        assert_eq!(
+            (ix.matched(&d, 3), ix.matched(&e, 3), ix.matched(&b, 3)),
+            (vec![0; 3], vec![0, 0, 8], vec![0, 0, 8])
+        );
+        assert_eq!((ix.pages(), ix.evicted(), ix.dropped()), (5, 6, 0));
+        let long: Vec<u32> = (1000..1024).collect();
+        ix.provisional(1, &long, t0, ttl).expect("six pages never fit five: dropped, counted");
+        assert_eq!((ix.dropped(), ix.matched(&long, 3)), (6, vec![0; 3]));
+        assert_eq!((ix.pages(), ix.evicted()), (5, 6), "nothing was evicted for pages that could not fit");
     }
 
     #[test]
