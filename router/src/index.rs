@@ -11,6 +11,7 @@
 //! least recently used pages (those only placed before those a worker confirmed) to make room,
 //! and drops new pages (counted) only when it has nothing left to evict.
 
+mod lru;
 mod shard;
 
 use std::time::{Duration, Instant};

@@ -26,6 +26,7 @@ use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_radix::{NodeId, Payload, RadixTree};
 
 use super::IndexError;
+use super::lru::{List, Lru};
 
 /// Worker slots in one shard (a bit each).
 pub const SHARD_WORKERS: usize = 64;
@@ -71,9 +72,6 @@ struct Run {
     queued: Option<Instant>,
     /// Pages of this node came in a KV event: their hashes are in the page table.
     confirmed: bool,
-    /// The shard's clock when a placement or an event last covered the node (a node's is never
-    /// older than its children's: whatever covers a node covers its ancestors).
-    used: u64,
 }
 
 impl Run {
@@ -93,7 +91,6 @@ impl Payload for Run {
             marks: self.marks.clone(),
             queued: self.queued.take(),
             confirmed: self.confirmed,
-            used: self.used,
         }
     }
 }
@@ -147,8 +144,8 @@ pub struct Shard {
     pub(super) max_pages: usize,
     dropped: u64,
     evicted: u64,
-    /// Ticks once per placement or event that covers a path.
-    clock: u64,
+    /// The nodes from the least to the most recently covered by a placement or an event.
+    lru: Lru,
     /// Nodes with provisional marks, by their earliest deadline (entries a node no longer
     /// names in `Run::queued` are stale and skipped).
     expiry: BinaryHeap<Reverse<(Instant, NodeId)>>,
@@ -173,7 +170,7 @@ impl Shard {
             max_pages,
             dropped: 0,
             evicted: 0,
-            clock: 0,
+            lru: Lru::default(),
             expiry: BinaryHeap::new(),
         }
     }
@@ -275,50 +272,49 @@ impl Shard {
         let ins = self
             .tree
             .insert_matched(&full[..take], &m, |_| Run { hashes: hashes.take().unwrap_or_default(), ..Run::default() });
-        if let Some((upper, _)) = ins.split {
-            self.queue(upper);
+        if let Some((upper, lower)) = ins.split {
+            self.split_done(upper, lower);
         }
         let mut path = ins.path;
         path.extend(ins.new_node);
-        self.clock += 1;
-        for &id in &path {
-            if let Some(r) = self.tree.value_mut(id) {
-                r.used = self.clock;
-            }
-        }
+        self.touch(&path);
         path
     }
 
+    /// Node `upper` was split off above `lower`: it has `lower`'s marks and place in the
+    /// recency order, just newer.
+    fn split_done(&mut self, upper: NodeId, lower: NodeId) {
+        if upper != lower {
+            self.queue(upper);
+            self.lru.after(lower, upper);
+        }
+    }
+
+    /// Makes `path` (from the root down) the most recently used, deepest node first, so that
+    /// a parent is always newer than its children.
+    fn touch(&mut self, path: &[NodeId]) {
+        for &id in path.iter().rev() {
+            let held = self.tree.value(id).is_some_and(|r| r.held != 0);
+            self.lru.touch(id, if held { List::Held } else { List::Provisional });
+        }
+    }
+
     /// Evicts leaves, least recently used first and pages only placed before pages some worker
-    /// confirmed, until `need` pages are free — and a sixteenth of the budget more, so that a
-    /// full index scans its nodes once per many placements, not on each. Never a node of
-    /// `keep` (the path being covered).
+    /// confirmed, until `need` pages are free; never a node of `keep` (the path being covered).
     fn evict(&mut self, need: usize, keep: &[NodeId]) {
-        let goal = need + self.max_pages / 16;
-        let mut order: Vec<(bool, u64, NodeId)> = self
-            .tree
-            .walk()
-            .into_iter()
-            .filter(|id| !keep.contains(id))
-            .filter_map(|id| self.tree.value(id).map(|r| (r.held != 0, r.used, id)))
-            .collect();
-        order.sort_unstable();
         let mut freed = 0;
-        // A parent is never used later than its children, so it comes after them; a pass that
-        // meets it before a tied child is followed by another.
-        while freed < goal {
-            let before = freed;
-            for &(_, _, id) in &order {
-                if freed >= goal {
+        for list in [List::Provisional, List::Held] {
+            let mut at = self.lru.oldest(list);
+            while let Some(id) = at {
+                if freed >= need {
                     break;
                 }
-                if self.tree.contains(id) && self.tree.child_count(id) == 0 {
+                // A parent is newer than its children: once they go it is met again, a leaf.
+                at = self.lru.newer(id);
+                if !keep.contains(&id) && self.tree.child_count(id) == 0 {
                     freed += self.tree.pages(id);
                     self.remove_subtree(id);
                 }
-            }
-            if freed == before {
-                break;
             }
         }
         self.evicted += freed as u64;
@@ -353,6 +349,7 @@ impl Shard {
                 r.confirmed = true;
             }
         }
+        self.touch(&path);
         let mut up = parent;
         for (i, &h) in hashes.iter().enumerate().take(covered.saturating_sub(from)) {
             if !self.pages.contains_key(&h) {
@@ -381,14 +378,15 @@ impl Shard {
             // id), so that the worker's bit goes from `h` down (it holds nothing below `h`).
             if k > 1 {
                 let upper = self.tree.split(node, k - 1);
-                self.queue(upper);
+                self.split_done(upper, node);
             }
-            let empty = self.tree.value_mut(node).is_some_and(|r| {
-                r.held &= !b;
-                r.holders() == 0
-            });
-            if empty {
+            let Some(r) = self.tree.value_mut(node) else { continue };
+            r.held &= !b;
+            if r.holders() == 0 {
                 self.remove_subtree(node);
+            } else if r.held == 0 {
+                // Placed only, now: its children are too (whoever holds one holds it).
+                self.lru.touch(node, List::Provisional);
             }
         }
         Ok(())
@@ -398,8 +396,10 @@ impl Shard {
     pub fn clear_worker(&mut self, worker: usize) -> Result<(), IndexError> {
         let b = bit(worker)?;
         let mut gone = Vec::new();
-        for id in self.tree.walk() {
+        // Deepest first, so that parents that move lists stay newer than their children.
+        for id in self.tree.walk().into_iter().rev() {
             let Some(r) = self.tree.value_mut(id) else { continue };
+            let was_held = r.held != 0;
             r.held &= !b;
             if r.provisional & b != 0 {
                 r.marks.retain(|m| m.0 != b);
@@ -407,6 +407,8 @@ impl Shard {
             }
             if r.holders() == 0 {
                 gone.push(id);
+            } else if was_held && r.held == 0 {
+                self.lru.touch(id, List::Provisional);
             }
         }
         // No node is made while pruning, so an id that is gone stays gone.
@@ -480,6 +482,7 @@ impl Shard {
         }
         for n in order.into_iter().rev() {
             let pages = self.tree.pages(n);
+            self.lru.unlink(n);
             if let Some(r) = self.tree.remove_leaf(n) {
                 self.count -= pages;
                 if r.confirmed {
@@ -665,6 +668,88 @@ mod tests {
         ix.provisional(1, &long, t0, ttl).expect("six pages never fit five: dropped, counted");
         assert_eq!((ix.dropped(), ix.matched(&long, 3)), (6, vec![0; 3]));
         assert_eq!((ix.pages(), ix.evicted()), (5, 6), "nothing was evicted for pages that could not fit");
+        check_order(&ix);
+    }
+
+    /// The recency lists hold every node once, in the list its holders say, each node older
+    /// than its parent when both are in one list; the page count is the tree's.
+    fn check_order(ix: &Shard) {
+        let mut seen = std::collections::HashMap::new();
+        for list in [List::Provisional, List::Held] {
+            let mut at = ix.lru.oldest(list);
+            let mut rank = 0;
+            while let Some(id) = at {
+                let r = ix.tree.value(id).expect("a listed node is alive");
+                assert_eq!(ix.lru.list(id), Some(list));
+                assert_eq!(r.held != 0, list == List::Held, "node {id:?} is in the list of its holders");
+                assert!(seen.insert(id, (list, rank)).is_none(), "listed once");
+                rank += 1;
+                at = ix.lru.newer(id);
+            }
+        }
+        let nodes = ix.tree.walk();
+        assert_eq!(seen.len(), nodes.len(), "every node is listed");
+        for &id in &nodes {
+            if let Some(p) = ix.tree.parent(id).filter(|&p| p != NodeId::ROOT) {
+                let (child, parent) = (seen[&id], seen[&p]);
+                assert!(child.0 != parent.0 || child.1 < parent.1, "a parent is newer than its children");
+            }
+        }
+        assert_eq!(nodes.iter().map(|&id| ix.tree.pages(id)).sum::<usize>(), ix.pages());
+    }
+
+    /// Random placements, events (each worker's pages prefix-closed, evicted leaf first, as a
+    /// cache's are), expiries and resyncs over a small alphabet (so paths share and split)
+    /// into a shard too small for them: the recency order stays whole and the bound holds.
+    #[test]
+    fn the_recency_order_survives_random_traffic() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let t0 = Instant::now();
+        let mut ix = Shard::new(PS, 40);
+        // Each worker's cached prefixes, whole pages.
+        let mut held: Vec<std::collections::BTreeSet<Vec<u32>>> = vec![Default::default(); 3];
+        for step in 0..3000u64 {
+            let w = next(3) as usize;
+            let pages = 1 + next(6) as usize;
+            let t: Vec<u32> = (0..pages * PS).map(|_| next(2) as u32).collect();
+            let now = t0 + Duration::from_millis(step);
+            match next(6) {
+                0 | 1 => ix.provisional(w, &t, now, Duration::from_millis(50)).expect("placed"),
+                2 | 3 => {
+                    ix.stored(w, ROOT_HASH, &hashes(&t, ROOT_HASH), &t).expect("stored");
+                    held[w].extend((1..=pages).map(|k| t[..k * PS].to_vec()));
+                }
+                4 => {
+                    let leaves: Vec<&Vec<u32>> = held[w]
+                        .iter()
+                        .filter(|p| !held[w].iter().any(|q| q.len() > p.len() && q.starts_with(p)))
+                        .collect();
+                    if !leaves.is_empty() {
+                        let leaf = leaves[next(leaves.len() as u64) as usize].clone();
+                        let last = *hashes(&leaf, ROOT_HASH).last().expect("a page");
+                        ix.removed(w, &[last]).expect("removed");
+                        held[w].remove(&leaf);
+                    }
+                }
+                _ => {
+                    if next(8) == 0 {
+                        ix.clear_worker(w).expect("cleared");
+                        held[w].clear();
+                    } else {
+                        ix.expire(now);
+                    }
+                }
+            }
+            assert!(ix.pages() <= 40);
+            check_order(&ix);
+        }
+        assert!(ix.evicted() > 0, "the traffic overflowed the shard");
     }
 
     #[test]
