@@ -1,0 +1,187 @@
+//! Router index benchmark, issue 17's workload W2: the prefix index fed by the workers' KV
+//! events (`PrefixIndex::stored` / `removed`) and matched (`PrefixIndex::matched`), the path
+//! every event and every placement's first step take. Pages of 16 tokens, token ids uniform in
+//! [0, 50,000) from a fixed seed; page hashes are the workers' (`page_hashes`), computed before
+//! the clock starts, as a worker computes them.
+//!
+//! - **Store**: W ∈ {10, 100, 500} workers each send one stored chain of B ∈ {64, 256, 1,024}
+//!   pages into an empty index; time per page. First of all (while the process's heap is
+//!   fresh, so that the growth of its resident memory is the index's), the index's memory per
+//!   million pages at W = 500, B = 1,024.
+//! - **Match**: the index holds W × 1,024 pages, the first 8 shared by all; a query is one
+//!   worker's first Q ∈ {32, 128, 512} pages; mean time per query (smg, Q = 128: 1.08 / 4.17 /
+//!   27.3 µs at W = 10 / 100 / 500).
+//! - **Mixed replay**: 256 workers, 20,000 sessions × 5 turns (a session on worker `s % 256`);
+//!   each turn a 128-page query whose part the index holds grows by 6 pages a turn (the rest
+//!   fresh), then a 64-page stored event chained to the session's previous one; after every 4
+//!   stores one removed event takes the last chain of a finished session (a cache evicts
+//!   leaves first). Page-ops per second, a page-op being a page queried, stored or removed
+//!   (smg: about 12.5 M page-ops/s on 2 cores).
+//!
+//! `cargo bench -p ferry-router --bench events`; `FERRY_BENCH_QUICK=1` divides the counts by
+//! 20 (CI smoke run).
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use ferry_radix::events::{ROOT_HASH, page_hashes};
+use ferry_router::index::PrefixIndex;
+
+const PS: usize = 16;
+/// Big enough for every workload here: an operator sizes the index to what the workers hold.
+const MAX_PAGES: usize = 16 << 20;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| (self.next() % 50_000) as u32).collect()
+    }
+}
+
+/// Resident memory of this process, bytes (`/proc/self/statm`).
+fn resident() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<usize>().ok()).unwrap_or(0) * 4096
+}
+
+/// One worker's chain: its tokens and their hashes from the root.
+struct Chain {
+    tokens: Vec<u32>,
+    hashes: Vec<u64>,
+}
+
+fn chain(rng: &mut Rng, head: &[u32], pages: usize) -> Chain {
+    let mut tokens = head.to_vec();
+    tokens.extend(rng.tokens(pages * PS - head.len()));
+    let hashes = page_hashes(ROOT_HASH, &tokens, PS);
+    Chain { tokens, hashes }
+}
+
+fn memory(rng: &mut Rng) {
+    let chains: Vec<Chain> = (0..500).map(|_| chain(rng, &[], 1024)).collect();
+    let mut ix = PrefixIndex::new(PS, MAX_PAGES);
+    let before = resident();
+    for (w, c) in chains.iter().enumerate() {
+        ix.stored(w, ROOT_HASH, &c.hashes, &c.tokens).expect("stored");
+    }
+    let grown = resident().saturating_sub(before) as f64;
+    println!(
+        "index memory: {:.0} MB per million pages ({} pages from 500 workers' chains of 1,024; resident memory before and after)",
+        grown / ix.pages() as f64,
+        ix.pages()
+    );
+}
+
+fn store(rng: &mut Rng) {
+    for workers in [10, 100, 500] {
+        for pages in [64, 256, 1024] {
+            let chains: Vec<Chain> = (0..workers).map(|_| chain(rng, &[], pages)).collect();
+            let mut ix = PrefixIndex::new(PS, MAX_PAGES);
+            let t = Instant::now();
+            for (w, c) in chains.iter().enumerate() {
+                ix.stored(w, ROOT_HASH, &c.hashes, &c.tokens).expect("stored");
+            }
+            let per_page = t.elapsed().as_secs_f64() / (workers * pages) as f64;
+            println!(
+                "store W={workers:>3} B={pages:>4}: {:.0} ns/page, {:.1} M pages/s",
+                per_page * 1e9,
+                1e-6 / per_page
+            );
+        }
+    }
+}
+
+fn matches(rng: &mut Rng, div: usize) {
+    const SMG: [f64; 3] = [1.08, 4.17, 27.3];
+    for (i, workers) in [10, 100, 500].into_iter().enumerate() {
+        let shared = rng.tokens(8 * PS);
+        let chains: Vec<Chain> = (0..workers).map(|_| chain(rng, &shared, 1024)).collect();
+        let mut ix = PrefixIndex::new(PS, MAX_PAGES);
+        for (w, c) in chains.iter().enumerate() {
+            ix.stored(w, ROOT_HASH, &c.hashes, &c.tokens).expect("stored");
+        }
+        for q in [32, 128, 512] {
+            let n = 20_000 / div;
+            let mut sink = 0;
+            let t = Instant::now();
+            for k in 0..n {
+                let c = &chains[k % workers];
+                sink += ix.matched(&c.tokens[..q * PS], workers)[k % workers];
+            }
+            assert_eq!(sink, n * q * PS, "each query matches its worker's chain");
+            let us = t.elapsed().as_secs_f64() / n as f64 * 1e6;
+            let smg = if q == 128 {
+                format!(" | smg {:.2} µs: ratio Ferry/smg {:.2}", SMG[i], us / SMG[i])
+            } else {
+                String::new()
+            };
+            println!("match W={workers:>3} Q={q:>3}: {us:.2} µs per query{smg}");
+        }
+    }
+}
+
+fn replay(rng: &mut Rng, div: usize) {
+    const WORKERS: usize = 256;
+    const TURNS: usize = 5;
+    let sessions = 20_000 / div;
+    let mut ix = PrefixIndex::new(PS, MAX_PAGES);
+    // Finished sessions' chains, last first: (worker, page hashes).
+    let mut finished: VecDeque<(usize, Vec<u64>)> = VecDeque::new();
+    let (mut ops, mut stores, mut busy) = (0u64, 0u64, 0f64);
+    for s in 0..sessions {
+        let w = s % WORKERS;
+        // The whole conversation, made before the clock starts: TURNS chains of 64 pages.
+        let conv = chain(rng, &[], TURNS * 64);
+        let queries: Vec<Vec<u32>> = (0..TURNS)
+            .map(|t| {
+                let mut q = conv.tokens[..6 * t * PS].to_vec();
+                q.extend(rng.tokens((128 - 6 * t) * PS));
+                q
+            })
+            .collect();
+        let mut chains = Vec::with_capacity(TURNS);
+        for (t, q) in queries.iter().enumerate() {
+            let run = t * 64..(t + 1) * 64;
+            let parent = if t == 0 { ROOT_HASH } else { conv.hashes[run.start - 1] };
+            let hashes = &conv.hashes[run.clone()];
+            let tokens = &conv.tokens[run.start * PS..run.end * PS];
+            let start = Instant::now();
+            let m = ix.matched(q, WORKERS);
+            ix.stored(w, parent, hashes, tokens).expect("stored");
+            stores += 1;
+            ops += 128 + 64;
+            if stores % 4 == 0
+                && let Some((fw, hs)) = finished.pop_front()
+            {
+                ix.removed(fw, &hs).expect("removed");
+                ops += hs.len() as u64;
+            }
+            busy += start.elapsed().as_secs_f64();
+            assert!(m[w] >= 6 * t * PS, "the session's earlier turns are indexed");
+            chains.push(hashes.to_vec());
+        }
+        // Leaves first: the last chain goes first.
+        finished.extend(chains.into_iter().rev().map(|hs| (w, hs)));
+    }
+    println!(
+        "mixed replay: {WORKERS} workers, {sessions} sessions x {TURNS} turns: {:.1} M page-ops/s ({ops} page-ops in {:.2} s; index {} pages) | smg ~12.5 M page-ops/s on 2 cores",
+        ops as f64 / busy / 1e6,
+        busy,
+        ix.pages()
+    );
+}
+
+fn main() {
+    let div = if std::env::var("FERRY_BENCH_QUICK").is_ok() { 20 } else { 1 };
+    let mut rng = Rng(0x5eed);
+    memory(&mut rng);
+    store(&mut rng);
+    matches(&mut rng, div);
+    replay(&mut rng, div);
+}
