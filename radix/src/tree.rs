@@ -265,6 +265,12 @@ impl<V: Payload> RadixTree<V> {
     /// `self.match_prefix` of their whole pages, the tree unchanged since): the match is not
     /// walked again.
     pub fn insert_matched(&mut self, tokens: &[u32], m: &Match, make: impl FnOnce(usize) -> V) -> Insert {
+        self.insert_below(NodeId::ROOT, tokens, m, make)
+    }
+
+    /// [`Self::insert_matched`] below `node`: `tokens` follow the end of `node`, and `m` is
+    /// `self.match_from(node, 0, tokens)`.
+    pub fn insert_below(&mut self, node: NodeId, tokens: &[u32], m: &Match, make: impl FnOnce(usize) -> V) -> Insert {
         let ps = self.page_size;
         let full = tokens.len() / ps * ps;
         let mut out = Insert { existing_pages: m.tokens / ps, ..Insert::default() };
@@ -279,7 +285,7 @@ impl<V: Payload> RadixTree<V> {
             }
         }
         if m.tokens < full {
-            let parent = out.path.last().copied().unwrap_or(NodeId::ROOT);
+            let parent = out.path.last().copied().unwrap_or(node);
             let key = tokens[m.tokens..full].to_vec();
             let first: Box<[u32]> = key[..ps].into();
             let id = self.alloc_node(Node {

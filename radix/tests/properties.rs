@@ -122,3 +122,32 @@ fn split_keeps_the_lower_id_and_removal_refuses_inner_nodes() {
     assert!(t.remove_leaf(node).is_some());
     assert_eq!(t.match_prefix(&a).tokens, 8);
 }
+
+/// `insert_below` continues a path from an inner node as `insert` would from the root: the
+/// same pages, the same split, the node ids of what was there kept.
+#[test]
+fn insert_below_continues_a_path_from_a_node() {
+    let mut t: RadixTree<Labels> = RadixTree::new(PS);
+    let a: Vec<u32> = (0..16).collect();
+    let top = t.insert(&a[..8], |e| labels(&a[..8], e)).new_node.expect("new");
+    let below = t.insert(&a, |e| labels(&a, e)).new_node.expect("new");
+    let mut b: Vec<u32> = a[8..].to_vec();
+    b.extend([50, 51, 52, 53]);
+    b[1] = 99;
+    let m = t.match_from(top, 0, &b);
+    assert_eq!(m.tokens, 0, "the child differs in its first page");
+    let mut full = a[..8].to_vec();
+    full.extend(&b);
+    let ins = t.insert_below(top, &b, &m, |e| labels(&full, 2 + e));
+    let new = ins.new_node.expect("a sibling of the old child");
+    assert_eq!((t.parent(new), t.parent(below)), (Some(top), Some(top)));
+    assert_eq!(t.prefix(new), full);
+    assert_eq!(t.match_prefix(&full).tokens, 20);
+    let c: Vec<u32> = vec![8, 9, 10, 11, 7, 7, 7, 7];
+    let m = t.match_from(top, 0, &c);
+    assert_eq!(m.tokens, 4, "one page of the old child");
+    let full: Vec<u32> = a[..8].iter().chain(&c).copied().collect();
+    let ins = t.insert_below(top, &c, &m, |e| labels(&full, 2 + e));
+    assert_eq!(ins.split.map(|s| s.1), Some(below), "split, the deeper part keeping its id");
+    check_invariants(&t);
+}

@@ -9,8 +9,10 @@
 //! splits it first, so a match reads one holder set per node, not per page, and a placement
 //! of fresh tokens adds one node, not a table entry per page.
 //!
-//! Pages that came in a KV event are also in a table keyed by their hash (their parent and
-//! their tokens), which is how a later event's parent page is found. A worker's pages are
+//! Pages that came in a KV event are also in a table keyed by their hash: their node and
+//! their index in it (a split moves the node's head into a new node and renames those pages;
+//! the tail's indexes are brought up to date when next looked up), which is how a later event
+//! finds its parent page without walking from the root. A worker's pages are
 //! prefix-closed (a cache never holds a page without its parent), so a node nobody holds has
 //! no held node below it, and is pruned with its subtree. Provisional marks lapse at their
 //! deadline (a heap of node deadlines, drained by every placement and by the router's
@@ -53,7 +55,7 @@ impl Hasher for PageHasher {
     }
 }
 
-type PageMap = HashMap<u64, Page, BuildHasherDefault<PageHasher>>;
+type PageMap = HashMap<u64, Loc, BuildHasherDefault<PageHasher>>;
 
 /// A node's pages and the workers that hold every one of them.
 #[derive(Debug, Clone, Default)]
@@ -95,41 +97,12 @@ impl Payload for Run {
     }
 }
 
-/// A page that came in a KV event.
-struct Page {
-    parent: u64,
-    /// Where its tokens are in the shard's [`Slab`].
-    slot: u32,
-}
-
-/// Every page's tokens in one buffer of fixed-size slots, reused as pages come and go: adding
-/// a page allocates nothing once the buffer has grown (a boxed slice per page was a third of
-/// a placement's time in the allocator).
-#[derive(Default)]
-struct Slab {
-    tokens: Vec<u32>,
-    free: Vec<u32>,
-}
-
-impl Slab {
-    fn put(&mut self, page: &[u32]) -> u32 {
-        match self.free.pop() {
-            Some(s) => {
-                let at = s as usize * page.len();
-                self.tokens[at..at + page.len()].copy_from_slice(page);
-                s
-            }
-            None => {
-                let s = (self.tokens.len() / page.len().max(1)) as u32;
-                self.tokens.extend_from_slice(page);
-                s
-            }
-        }
-    }
-
-    fn get(&self, slot: u32, ps: usize) -> &[u32] {
-        &self.tokens[slot as usize * ps..(slot as usize + 1) * ps]
-    }
+/// Where a page that came in a KV event is: in `node`, at index `at` — or, after a split cut
+/// the node's head off, at a smaller index.
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    node: NodeId,
+    at: u32,
 }
 
 /// Which of a shard's workers hold which prefixes.
@@ -137,7 +110,6 @@ pub struct Shard {
     tree: RadixTree<Run>,
     /// The pages that came in KV events, by hash.
     pages: PageMap,
-    slab: Slab,
     /// Pages in the tree.
     count: usize,
     /// The most pages this shard may hold now (the index sets it from its whole budget).
@@ -165,7 +137,6 @@ impl Shard {
         Self {
             tree: RadixTree::new(page_size.max(1)),
             pages: PageMap::default(),
-            slab: Slab::default(),
             count: 0,
             max_pages,
             dropped: 0,
@@ -200,20 +171,29 @@ impl Shard {
         self.pages.len()
     }
 
-    /// The tokens from the root to the end of page `hash` (None when unknown, or when the
-    /// parent links loop: events are a worker's word, so a malformed stream could make one).
-    fn path_of(&self, hash: u64) -> Option<Vec<u32>> {
-        let mut chain = Vec::new();
-        let mut h = hash;
-        while h != ROOT_HASH {
-            let p = self.pages.get(&h)?;
-            if chain.len() > self.pages.len() {
-                return None;
-            }
-            chain.push(self.slab.get(p.slot, self.page_size()));
-            h = p.parent;
+    /// Where page `h` is, when some event brought it and it is still indexed: its node and
+    /// its index in the node.
+    fn locate(&mut self, h: u64) -> Option<(NodeId, usize)> {
+        let loc = *self.pages.get(&h)?;
+        let hashes = &self.tree.value(loc.node)?.hashes;
+        if hashes.get(loc.at as usize) == Some(&h) {
+            return Some((loc.node, loc.at as usize));
         }
-        Some(chain.into_iter().rev().flat_map(|t| t.iter().copied()).collect())
+        let k = hashes.iter().position(|&x| x == h)?;
+        self.pages.insert(h, Loc { node: loc.node, at: k as u32 });
+        Some((loc.node, k))
+    }
+
+    /// The nodes from the root (excluded) down to `id` (included).
+    fn ancestors(&self, id: NodeId) -> Vec<NodeId> {
+        let mut path = Vec::new();
+        let mut at = Some(id).filter(|&n| n != NodeId::ROOT);
+        while let Some(n) = at {
+            path.push(n);
+            at = self.tree.parent(n).filter(|&p| p != NodeId::ROOT);
+        }
+        path.reverse();
+        path
     }
 
     /// Gives the nodes of `path` (from the root down) the hashes they lack, chained from the
@@ -246,19 +226,22 @@ impl Shard {
         }
     }
 
-    /// Makes the whole pages `full` a path of whole nodes and returns them (root excluded),
-    /// marked used now: adds the pages the tree lacks — with the hashes `fresh(their number)`
-    /// gives, or none yet — and splits the node where `full` ends. New pages past `max_pages`
-    /// evict the least recently used ones first; when that cannot make room, they are dropped
-    /// (and counted) and the path ends where the tree did.
-    fn cover(&mut self, full: &[u32], fresh: impl FnOnce(usize) -> Vec<u64>) -> Vec<NodeId> {
+    /// Makes the whole pages `full`, which follow `path` (the nodes from the root down to
+    /// where `full` begins, root excluded), a path of whole nodes below it and returns the
+    /// whole path, marked used now: adds the pages the tree lacks — with the hashes
+    /// `fresh(their number)` gives, or none yet — and splits the node where `full` ends. New
+    /// pages past `max_pages` evict the least recently used ones first; when that cannot make
+    /// room, they are dropped (and counted) and the path ends where the tree did.
+    fn cover(&mut self, mut path: Vec<NodeId>, full: &[u32], fresh: impl FnOnce(usize) -> Vec<u64>) -> Vec<NodeId> {
         let ps = self.page_size();
-        let m = self.tree.match_prefix(full);
+        let below = path.last().copied().unwrap_or(NodeId::ROOT);
+        let m = self.tree.match_from(below, 0, full);
         let new = full.len() / ps - m.tokens / ps;
         // Every node off the path can go (leaves first): evict only when that makes room.
-        let kept: usize = m.path.iter().map(|&(id, _)| self.tree.pages(id)).sum();
+        let on_path = path.iter().copied().chain(m.path.iter().map(|p| p.0));
+        let kept: usize = on_path.clone().map(|id| self.tree.pages(id)).sum();
         if self.count + new > self.max_pages && kept + new <= self.max_pages {
-            let keep: Vec<NodeId> = m.path.iter().map(|p| p.0).collect();
+            let keep: Vec<NodeId> = on_path.collect();
             self.evict(self.count + new - self.max_pages, &keep);
         }
         let take = if self.count + new <= self.max_pages {
@@ -269,24 +252,34 @@ impl Shard {
             m.tokens
         };
         let mut hashes = (take > m.tokens).then(|| fresh(new));
-        let ins = self
-            .tree
-            .insert_matched(&full[..take], &m, |_| Run { hashes: hashes.take().unwrap_or_default(), ..Run::default() });
+        let ins = self.tree.insert_below(below, &full[..take], &m, |_| Run {
+            hashes: hashes.take().unwrap_or_default(),
+            ..Run::default()
+        });
         if let Some((upper, lower)) = ins.split {
             self.split_done(upper, lower);
         }
-        let mut path = ins.path;
+        path.extend(ins.path);
         path.extend(ins.new_node);
         self.touch(&path);
         path
     }
 
     /// Node `upper` was split off above `lower`: it has `lower`'s marks and place in the
-    /// recency order, just newer.
+    /// recency order, just newer, and its pages' entries in the table name it.
     fn split_done(&mut self, upper: NodeId, lower: NodeId) {
-        if upper != lower {
-            self.queue(upper);
-            self.lru.after(lower, upper);
+        if upper == lower {
+            return;
+        }
+        self.queue(upper);
+        self.lru.after(lower, upper);
+        let Shard { tree, pages, .. } = self;
+        if let Some(r) = tree.value(upper).filter(|r| r.confirmed) {
+            for (k, h) in r.hashes.iter().enumerate() {
+                if let Some(loc) = pages.get_mut(h) {
+                    *loc = Loc { node: upper, at: k as u32 };
+                }
+            }
         }
     }
 
@@ -327,36 +320,34 @@ impl Shard {
         if tokens.len() != hashes.len() * ps {
             return Err(IndexError::Malformed(format!("{} tokens for {} pages of {ps}", tokens.len(), hashes.len())));
         }
-        let mut full = if parent == ROOT_HASH {
+        let head = if parent == ROOT_HASH {
             Vec::new()
         } else {
-            self.path_of(parent).ok_or(IndexError::UnknownParent(parent))?
+            let (node, k) = self.locate(parent).ok_or(IndexError::UnknownParent(parent))?;
+            // The run goes below the parent page: make it end its node.
+            let end = self.tree.split(node, k + 1);
+            self.split_done(end, node);
+            self.ancestors(end)
         };
-        let from = full.len() / ps;
-        full.extend_from_slice(tokens);
-        // The table's pages are in the tree, so whatever is new is the run's tail (else the
-        // new node goes unhashed, and is hashed below like any other).
-        let path =
-            self.cover(&full, |k| if k <= hashes.len() { hashes[hashes.len() - k..].to_vec() } else { Vec::new() });
+        let from = head.len();
+        // The tree's pages below the parent are the run's head, so whatever is new is the
+        // run's tail.
+        let path = self.cover(head, tokens, |k| hashes[hashes.len() - k.min(hashes.len())..].to_vec());
         self.hash_path(&path);
         // A worker holding a page holds its parents: mark the whole path (its head may be
         // known provisionally or through another worker).
-        let mut covered = 0;
         for &id in &path {
-            covered += self.tree.pages(id);
             if let Some(r) = self.tree.value_mut(id) {
                 r.held |= b;
                 r.confirmed = true;
             }
         }
         self.touch(&path);
-        let mut up = parent;
-        for (i, &h) in hashes.iter().enumerate().take(covered.saturating_sub(from)) {
-            if !self.pages.contains_key(&h) {
-                let slot = self.slab.put(&tokens[i * ps..(i + 1) * ps]);
-                self.pages.insert(h, Page { parent: up, slot });
+        let Shard { tree, pages, .. } = self;
+        for &id in &path[from..] {
+            for (k, &h) in tree.value(id).map_or(&[][..], |r| &r.hashes).iter().enumerate() {
+                pages.insert(h, Loc { node: id, at: k as u32 });
             }
-            up = h;
         }
         Ok(())
     }
@@ -365,21 +356,15 @@ impl Shard {
     pub fn removed(&mut self, worker: usize, hashes: &[u64]) -> Result<(), IndexError> {
         let b = bit(worker)?;
         for &h in hashes {
-            if !self.pages.contains_key(&h) {
-                continue; // never indexed, dropped, or gone with an ancestor
-            }
-            let Some(path) = self.path_of(h) else { continue };
-            let m = self.tree.match_prefix(&path);
-            let Some(&(node, k)) = m.path.last().filter(|_| m.tokens == path.len()) else {
+            // Unknown: never indexed, dropped, or gone with an ancestor.
+            let Some((node, k)) = self.locate(h) else {
                 self.forget(h);
                 continue;
             };
-            // Page `h` is the k-th of `node`: cut the node before it (the lower part keeps the
-            // id), so that the worker's bit goes from `h` down (it holds nothing below `h`).
-            if k > 1 {
-                let upper = self.tree.split(node, k - 1);
-                self.split_done(upper, node);
-            }
+            // Cut the node before page `h` (the lower part keeps the id), so that the worker's
+            // bit goes from `h` down (it holds nothing below `h`).
+            let upper = self.tree.split(node, k);
+            self.split_done(upper, node);
             let Some(r) = self.tree.value_mut(node) else { continue };
             r.held &= !b;
             if r.holders() == 0 {
@@ -435,7 +420,7 @@ impl Shard {
         let ps = self.page_size();
         let full = &prompt[..prompt.len() / ps * ps];
         let until = now + ttl;
-        for id in self.cover(full, |_| Vec::new()) {
+        for id in self.cover(Vec::new(), full, |_| Vec::new()) {
             let Some(r) = self.tree.value_mut(id) else { continue };
             match r.marks.iter_mut().find(|m| m.0 == b) {
                 Some(m) => m.1 = until,
@@ -466,11 +451,9 @@ impl Shard {
         }
     }
 
-    /// Drops page `h` from the table, its slot to be reused.
+    /// Drops page `h` from the table.
     fn forget(&mut self, h: u64) {
-        if let Some(p) = self.pages.remove(&h) {
-            self.slab.free.push(p.slot);
-        }
+        self.pages.remove(&h);
     }
 
     fn remove_subtree(&mut self, root: NodeId) {
@@ -550,23 +533,32 @@ mod tests {
         assert_eq!(ix.pages(), 3);
     }
 
-    /// Pages' tokens live in reused slots: a page added after others were removed takes their
-    /// slot, and a run chained below it still finds its path (the tokens, not the old ones).
+    /// An event finds its parent page where splits moved it: into a new parent node (the
+    /// node's head), or further down the node it was in (its tail); mid-node parents split.
     #[test]
-    fn reused_token_slots_hold_the_new_pages_tokens() {
+    fn events_find_their_parent_pages_after_splits() {
         let mut ix = Shard::new(PS, 1000);
-        let a: Vec<u32> = (0..8).collect();
+        let a: Vec<u32> = (0..16).collect();
         let ha = hashes(&a, ROOT_HASH);
-        ix.stored(0, ROOT_HASH, &ha, &a).expect("stored");
-        ix.removed(0, &ha).expect("evicted");
-        assert_eq!((ix.pages(), ix.slab.free.len()), (0, 2), "both slots free");
-        let b: Vec<u32> = (100..112).collect();
-        let hb = hashes(&b, ROOT_HASH);
-        ix.stored(1, ROOT_HASH, &hb[..2], &b[..8]).expect("takes the freed slots");
-        assert!(ix.slab.free.is_empty());
-        ix.stored(1, hb[1], &hb[2..], &b[8..]).expect("its parent's path is b's, from the reused slots");
-        assert_eq!(ix.matched(&b, 2), vec![0, 12]);
-        assert_eq!(ix.matched(&a, 2), vec![0, 0]);
+        ix.stored(0, ROOT_HASH, &ha, &a).expect("one node of 4 pages");
+        ix.stored(1, ROOT_HASH, &ha[..2], &a[..8]).expect("worker 1 holds its head: split after page 2");
+        assert_eq!(ix.tree.len(), 2);
+        let b: Vec<u32> = (100..108).collect();
+        let hb = hashes(&b, ha[3]);
+        ix.stored(0, ha[3], &hb, &b).expect("below page 4, now page 2 of the lower node");
+        let c: Vec<u32> = (200..204).collect();
+        ix.stored(1, ha[1], &hashes(&c, ha[1]), &c).expect("below page 2, the end of the upper node");
+        let d: Vec<u32> = (300..304).collect();
+        ix.stored(2, ha[0], &hashes(&d, ha[0]), &d).expect("below page 1: splits the upper node");
+        let cat = |x: &[u32], y: &[u32]| -> Vec<u32> { x.iter().chain(y).copied().collect() };
+        assert_eq!(ix.matched(&cat(&a, &b), 3), vec![24, 8, 4]);
+        assert_eq!(ix.matched(&cat(&a[..8], &c), 3), vec![8, 12, 4]);
+        assert_eq!(ix.matched(&cat(&a[..4], &d), 3), vec![4, 4, 8]);
+        ix.removed(0, &hb[1..]).expect("b's last page");
+        ix.removed(0, &hb[..1]).expect("and its first");
+        assert_eq!(ix.matched(&cat(&a, &b), 3), vec![16, 8, 4]);
+        assert_eq!(ix.pages(), 4 + 1 + 1);
+        assert_eq!(ix.stored(0, hb[0], &hb[1..], &b[4..]), Err(IndexError::UnknownParent(hb[0])), "gone");
     }
 
     #[test]
