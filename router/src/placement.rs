@@ -127,10 +127,7 @@ impl Placer {
         states: &[PrefillState],
         mut jitter: impl FnMut(usize) -> f64,
     ) -> Option<PrefillChoice> {
-        let healthy: Vec<usize> = (0..states.len()).filter(|&w| states[w].healthy).collect();
-        if healthy.is_empty() {
-            return None;
-        }
+        let healthy = || (0..states.len()).filter(|&w| states[w].healthy);
         let held = |w: usize| cached.get(w).copied().unwrap_or(0).min(len);
         let (default_rate, transfer) = (self.default_rate.max(1.0), self.transfer_seconds(len));
         let ttft = |w: usize| {
@@ -140,14 +137,17 @@ impl Placer {
         };
         let w = match self.policy {
             Policy::RoundRobin => {
+                let n = healthy().count();
+                if n == 0 {
+                    return None;
+                }
                 self.rr = self.rr.wrapping_add(1);
-                healthy[self.rr % healthy.len()]
+                healthy().nth(self.rr % n)?
             }
-            Policy::LeastLoad => *healthy.iter().min_by_key(|&&w| (states[w].queued_tokens, w))?,
+            Policy::LeastLoad => healthy().min_by_key(|&w| (states[w].queued_tokens, w))?,
+            // One pass, nothing allocated: a router with a thousand workers scores each.
             Policy::CacheAware => {
-                let score = |w: usize, j: f64| ttft(w) * (1.0 + 0.01 * j);
-                let scored: Vec<(usize, f64)> = healthy.iter().map(|&w| (w, score(w, jitter(w)))).collect();
-                scored.iter().min_by(|a, b| a.1.total_cmp(&b.1))?.0
+                healthy().map(|w| (w, ttft(w) * (1.0 + 0.01 * jitter(w)))).min_by(|a, b| a.1.total_cmp(&b.1))?.0
             }
         };
         Some(PrefillChoice { worker: w, cached_tokens: held(w), ttft: ttft(w) })
