@@ -395,8 +395,14 @@ pub async fn follow_events(w: Arc<Worker>, slot: usize, index: Arc<Mutex<PrefixI
     }
 }
 
+/// The largest KV event batch the router takes from a worker. A snapshot of a worker's whole
+/// cache is one batch, ~60 MB for a million pages of 16 tokens: tonic's default (4 MB)
+/// refused any cache past ~80,000 pages, and the router resubscribed forever.
+pub const MAX_EVENT_BATCH_BYTES: usize = 1 << 30;
+
 async fn follow_once(w: &Worker, slot: usize, index: &Mutex<PrefixIndex>) -> Result<(), String> {
-    let mut c = pb::kv_events_client::KvEventsClient::new(w.channel.clone());
+    let mut c =
+        pb::kv_events_client::KvEventsClient::new(w.channel.clone()).max_decoding_message_size(MAX_EVENT_BATCH_BYTES);
     let req = pb::SubscribeRequest { epoch: 0, after_sequence: 0, want_snapshot: true };
     let mut stream = c.subscribe(req).await.map_err(|s| s.to_string())?.into_inner();
     let mut at: Option<(u64, u64)> = None; // (epoch, last sequence)
