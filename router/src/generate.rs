@@ -20,7 +20,7 @@ mod stream;
 
 use crate::admission::Admission;
 use crate::error::RouterError;
-use crate::index::PrefixIndex;
+use crate::index::SharedIndex;
 use crate::placement::{DecodeState, NoDecode, Placer, PrefillState, disaggregate};
 use crate::workers::{Registry, Worker};
 
@@ -60,7 +60,7 @@ pub struct Ctx {
     /// The workers.
     pub workers: Arc<Registry>,
     /// Who holds which prefix.
-    pub index: Arc<Mutex<PrefixIndex>>,
+    pub index: SharedIndex,
     /// Placement.
     pub placer: Mutex<Placer>,
     /// Prompts with fewer uncached tokens are prefilled on the decode worker.
@@ -177,7 +177,7 @@ impl Ctx {
                 }
             })
             .collect();
-        let cached = lock(&self.index).matched(&req.tokens[..len - 1], prefill_states.len());
+        let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
         let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| decode_state(w, w.healthy())).collect();
@@ -207,7 +207,7 @@ impl Ctx {
         clock.lap("placement", arrived);
         let key = RoomKey::random();
         if let Some((slot, ..)) = &prefill {
-            let _ = lock(&self.index).provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
+            let _ = self.index.lock().provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);

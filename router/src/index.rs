@@ -32,6 +32,16 @@ pub enum IndexError {
     Slot(usize),
 }
 
+/// The index as the router shares it between placements and event ingestion: one lock,
+/// handed over fairly when asked (`parking_lot`), so that ingestion yielding between slices
+/// of a snapshot lets a waiting placement in.
+pub type SharedIndex = std::sync::Arc<parking_lot::Mutex<PrefixIndex>>;
+
+/// `ix`, to share.
+pub fn shared(ix: PrefixIndex) -> SharedIndex {
+    std::sync::Arc::new(parking_lot::Mutex::new(ix))
+}
+
 /// Which workers hold which prefixes.
 pub struct PrefixIndex {
     shards: Vec<Shard>,

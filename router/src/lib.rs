@@ -171,7 +171,7 @@ pub struct Running {
 impl Running {
     /// Pages in the prefix index.
     pub fn index_pages(&self) -> usize {
-        self.ctx.index.lock().map_or(0, |i| i.pages())
+        self.ctx.index.lock().pages()
     }
 
     /// The workers.
@@ -225,7 +225,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     if let Some(n) = &args.served_model_name {
         model.name = n.clone();
     }
-    let index = Arc::new(Mutex::new(PrefixIndex::new(args.page_size, args.max_index_pages)));
+    let index = index::shared(PrefixIndex::new(args.page_size, args.max_index_pages));
     let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {
         registry.upsert(w).map_err(StartError::Config)?;

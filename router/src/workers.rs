@@ -17,7 +17,12 @@ use ferry_cluster::roles::PeerRole;
 use ferry_proto::v1 as pb;
 use tonic::transport::Channel;
 
-use crate::index::PrefixIndex;
+use crate::index::SharedIndex;
+
+mod events;
+
+use events::follow_events;
+pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
 
 /// Consecutive failures that open a worker's circuit.
 const TRIP_AFTER: u32 = 3;
@@ -150,7 +155,7 @@ struct Member {
 /// holds a prefix-index slot while it is a member; leaving frees the slot and the index
 /// entries in it.
 pub struct Registry {
-    index: Arc<Mutex<PrefixIndex>>,
+    index: SharedIndex,
     tls: Option<Arc<InternalTls>>,
     members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
 }
@@ -179,7 +184,7 @@ fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<Channel,
 
 impl Registry {
     /// No workers yet; prefill workers' KV events will feed `index`.
-    pub fn new(index: Arc<Mutex<PrefixIndex>>) -> Self {
+    pub fn new(index: SharedIndex) -> Self {
         Self { index, tls: None, members: Mutex::new((Vec::new(), Vec::new())) }
     }
 
@@ -260,7 +265,7 @@ impl Registry {
             t.abort();
         }
         if let Some(slot) = slot {
-            let _ = lock(&self.index).clear_worker(slot);
+            let _ = self.index.lock().clear_worker(slot);
         }
         tracing::info!(worker = %id, role = role.as_str(), "worker left");
         true
@@ -322,7 +327,7 @@ impl Registry {
                                 if let Some(slot) = slot
                                     && w.member.load(std::sync::atomic::Ordering::SeqCst)
                                 {
-                                    let _ = lock(&index).clear_worker(slot);
+                                    let _ = index.lock().clear_worker(slot);
                                 }
                             }
                         }
@@ -345,7 +350,7 @@ impl Registry {
             }
             let (pages, confirmed, evicted, dropped) = {
                 // An idle router forgets lapsed placements too.
-                let mut ix = lock(&self.index);
+                let mut ix = self.index.lock();
                 ix.expire(Instant::now());
                 (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
             };
@@ -375,85 +380,6 @@ async fn check(w: &Worker) -> Result<pb::LoadReport, String> {
     }
     let mut c = pb::load_client::LoadClient::new(w.channel.clone());
     Ok(c.report(pb::LoadRequest {}).await.map_err(|s| s.to_string())?.into_inner())
-}
-
-/// Keeps `index` fed with prefill worker `slot`'s KV events, forever: subscribes with a
-/// snapshot, applies batches in sequence, and on any gap, epoch change or error forgets the
-/// worker's entries and resubscribes.
-pub async fn follow_events(w: Arc<Worker>, slot: usize, index: Arc<Mutex<PrefixIndex>>) {
-    while w.member.load(std::sync::atomic::Ordering::SeqCst) {
-        if let Err(why) = follow_once(&w, slot, &index).await {
-            tracing::debug!(worker = %w.id, %why, "KV event stream ended; resyncing");
-        }
-        {
-            let mut ix = lock(&index);
-            if w.member.load(std::sync::atomic::Ordering::SeqCst) {
-                let _ = ix.clear_worker(slot);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// The largest KV event batch the router takes from a worker. A snapshot of a worker's whole
-/// cache is one batch, ~60 MB for a million pages of 16 tokens: tonic's default (4 MB)
-/// refused any cache past ~80,000 pages, and the router resubscribed forever.
-pub const MAX_EVENT_BATCH_BYTES: usize = 1 << 30;
-
-async fn follow_once(w: &Worker, slot: usize, index: &Mutex<PrefixIndex>) -> Result<(), String> {
-    let mut c =
-        pb::kv_events_client::KvEventsClient::new(w.channel.clone()).max_decoding_message_size(MAX_EVENT_BATCH_BYTES);
-    let req = pb::SubscribeRequest { epoch: 0, after_sequence: 0, want_snapshot: true };
-    let mut stream = c.subscribe(req).await.map_err(|s| s.to_string())?.into_inner();
-    let mut at: Option<(u64, u64)> = None; // (epoch, last sequence)
-    while let Some(batch) = stream.message().await.map_err(|s| s.to_string())? {
-        let mut ix = lock(index);
-        if !w.member.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err("left the cluster".into());
-        }
-        apply_batch(&mut ix, slot, batch, &mut at)?;
-    }
-    Err("stream closed".into())
-}
-
-/// Applies one batch of worker `slot`'s KV events to `ix`, in sequence: `at` is the (epoch,
-/// last sequence) applied so far (None: nothing yet, so the batch must start with a snapshot).
-/// A gap, an epoch change without a snapshot or an event the index refuses is an error, after
-/// which the caller forgets the worker's entries and resubscribes.
-pub fn apply_batch(
-    ix: &mut PrefixIndex,
-    slot: usize,
-    batch: pb::KvEventBatch,
-    at: &mut Option<(u64, u64)>,
-) -> Result<(), String> {
-    for e in batch.events {
-        let fresh = match (*at, &e.kind) {
-            (_, Some(pb::kv_event::Kind::Snapshot(_))) => true,
-            (Some((epoch, seq)), _) => epoch == batch.epoch && e.sequence == seq.wrapping_add(1),
-            (None, _) => false,
-        };
-        if !fresh {
-            return Err(format!("gap: {:?} then {} in epoch {}", at, e.sequence, batch.epoch));
-        }
-        *at = Some((batch.epoch, e.sequence));
-        apply(ix, slot, e.kind).map_err(|x| x.to_string())?;
-    }
-    Ok(())
-}
-
-fn apply(ix: &mut PrefixIndex, slot: usize, kind: Option<pb::kv_event::Kind>) -> Result<(), crate::index::IndexError> {
-    match kind {
-        Some(pb::kv_event::Kind::Stored(s)) => ix.stored(slot, s.parent_hash, &s.page_hashes, &s.token_ids),
-        Some(pb::kv_event::Kind::Removed(r)) => ix.removed(slot, &r.page_hashes),
-        Some(pb::kv_event::Kind::Snapshot(all)) => {
-            ix.clear_worker(slot)?;
-            for s in all.pages {
-                ix.stored(slot, s.parent_hash, &s.page_hashes, &s.token_ids)?;
-            }
-            Ok(())
-        }
-        None => Ok(()),
-    }
 }
 
 #[cfg(test)]

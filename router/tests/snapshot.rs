@@ -5,7 +5,7 @@
 #[path = "common/snapshots.rs"]
 mod snapshots;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_cluster::WorkerId;
@@ -20,20 +20,20 @@ async fn a_snapshot_past_4_mb_fills_the_index() {
     let bytes = prost::Message::encoded_len(&batch);
     assert!(bytes > 6 << 20, "the snapshot is {bytes} bytes, well past 4 MB");
     let addr = snapshots::serve(batch).await;
-    let index = Arc::new(Mutex::new(PrefixIndex::new(snapshots::PS, 1 << 20)));
+    let index = ferry_router::index::shared(PrefixIndex::new(snapshots::PS, 1 << 20));
     let registry = Registry::new(Arc::clone(&index));
     let id = WorkerId::new("prefill-big").expect("id");
     registry.upsert(&Worker { id, role: Role::Prefill, addr }).expect("joined");
     // Not a timing test: the bound only keeps a broken build from hanging CI.
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let have = index.lock().expect("index").pages();
+        let have = index.lock().pages();
         if have == pages {
             break;
         }
         assert!(Instant::now() < deadline, "the index holds {have} of the snapshot's {pages} pages");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let m = index.lock().expect("index").matched(&[0; 16], 1);
+    let m = index.lock().matched(&[0; 16], 1);
     assert_eq!(m, vec![0], "and matches as usual");
 }
