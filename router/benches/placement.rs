@@ -99,6 +99,52 @@ fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64), fau
     );
 }
 
+/// (b) placements from 1, then 2 threads at once, sharing the index and the placer as the
+/// router does (each step takes its lock: match, choose, insert). A prompt is a group's prefix
+/// and one of 64 random tails whose first token is made unique (so its pages are fresh),
+/// copied into a reused buffer (~1 µs, counted): generating 2,048 random tokens per request
+/// would cost more than the placement.
+fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
+    let Router { ix, placer, states, .. } = r;
+    let (ix, placer) = (ferry_router::index::shared(ix), std::sync::Mutex::new(placer));
+    let tails: Vec<Vec<u32>> = (0..64).map(|_| rng.tokens(LEN - PREFIX)).collect();
+    let now = Instant::now();
+    let per = 10_000 / div;
+    for (round, n) in [1usize, 2].into_iter().enumerate() {
+        let t = Instant::now();
+        let busy: Vec<f64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|me| {
+                    let (ix, placer, states, tails) = (&ix, &placer, &states, &tails);
+                    s.spawn(move || {
+                        let mut p = Vec::with_capacity(LEN);
+                        let mut busy = 0.0;
+                        for i in 0..per {
+                            p.clear();
+                            p.extend_from_slice(&groups[i % GROUPS]);
+                            p.extend_from_slice(&tails[(i * 7 + me) % tails.len()]);
+                            p[PREFIX] = (50_000 + (round * 2 + me) * per + i) as u32;
+                            let t0 = Instant::now();
+                            let m = ix.lock().matched(&p[..p.len() - 1], states.len());
+                            let c =
+                                placer.lock().expect("placer").prefill(p.len(), &m, states, |w| (w % 7) as f64 / 7.0);
+                            ix.lock().provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
+                            busy += t0.elapsed().as_secs_f64();
+                        }
+                        busy
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        let ops = (n * per) as f64 / t.elapsed().as_secs_f64();
+        let each = busy.iter().sum::<f64>() / (n * per) as f64 * 1e6;
+        println!(
+            "(b) on {n} thread(s) at once: {ops:.0} placements/s, {each:.1} µs a placement (locks included) | smg 129,000 ops/s on 2 threads"
+        );
+    }
+}
+
 fn main() {
     let quick = std::env::var("FERRY_BENCH_QUICK").is_ok();
     let div = if quick { 20 } else { 1 };
@@ -161,4 +207,5 @@ fn main() {
     }
     report("(c) fresh", &mut whole, &mut index, SMG[2], faults() - f0);
     println!("index: {} pages, {} evicted, {} dropped", r.ix.pages(), r.ix.evicted(), r.ix.dropped());
+    threads(r, &groups, &mut rng, div);
 }
