@@ -76,7 +76,16 @@ pub struct RadixTree<V> {
     nodes: Vec<Option<Node<V>>>,
     free: Vec<u32>,
     len: usize,
+    /// Keys of removed nodes, kept for new nodes' keys: a tree that evicts as fast as it
+    /// grows then allocates no key memory, so touches no fresh pages (a router's index
+    /// measured 1.7 page faults, ~8 µs, per placement without it). At most
+    /// [`SPARE_TOKENS`] tokens of capacity in all.
+    spare: Vec<Vec<u32>>,
+    spare_tokens: usize,
 }
+
+/// Capacity, in tokens, of the removed nodes' keys a tree keeps for reuse (4 MiB).
+const SPARE_TOKENS: usize = 1 << 20;
 
 impl<V> std::fmt::Debug for RadixTree<V> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -92,7 +101,7 @@ impl<V: Payload> RadixTree<V> {
     pub fn new(page_size: usize) -> Self {
         assert!(page_size > 0, "page size must be positive");
         let root = Node { parent: None, key: Vec::new(), children: HashMap::new(), value: None };
-        Self { page_size, nodes: vec![Some(root)], free: Vec::new(), len: 0 }
+        Self { page_size, nodes: vec![Some(root)], free: Vec::new(), len: 0, spare: Vec::new(), spare_tokens: 0 }
     }
 
     /// Tokens per page.
@@ -209,6 +218,24 @@ impl<V: Payload> RadixTree<V> {
         m
     }
 
+    /// A key holding `tokens`: a kept one with room for them (the most recently kept of the
+    /// last few), else a new one.
+    fn key_of(&mut self, tokens: &[u32]) -> Vec<u32> {
+        let n = self.spare.len();
+        let fit = (n.saturating_sub(8)..n).rev().find(|&i| self.spare[i].capacity() >= tokens.len());
+        let mut key = match fit {
+            Some(i) => {
+                let k = self.spare.swap_remove(i);
+                self.spare_tokens -= k.capacity();
+                k
+            }
+            None => Vec::with_capacity(tokens.len()),
+        };
+        key.clear();
+        key.extend_from_slice(tokens);
+        key
+    }
+
     fn alloc_node(&mut self, node: Node<V>) -> NodeId {
         self.len += 1;
         match self.free.pop() {
@@ -286,7 +313,7 @@ impl<V: Payload> RadixTree<V> {
         }
         if m.tokens < full {
             let parent = out.path.last().copied().unwrap_or(node);
-            let key = tokens[m.tokens..full].to_vec();
+            let key = self.key_of(&tokens[m.tokens..full]);
             let first: Box<[u32]> = key[..ps].into();
             let id = self.alloc_node(Node {
                 parent: Some(parent),
@@ -315,7 +342,12 @@ impl<V: Payload> RadixTree<V> {
         if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
             p.children.remove(&first);
         }
-        let node = self.nodes[id.index()].take()?;
+        let mut node = self.nodes[id.index()].take()?;
+        let key = std::mem::take(&mut node.key);
+        if self.spare_tokens + key.capacity() <= SPARE_TOKENS {
+            self.spare_tokens += key.capacity();
+            self.spare.push(key);
+        }
         self.free.push(id.0);
         self.len -= 1;
         node.value

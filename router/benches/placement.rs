@@ -112,6 +112,7 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
     let per = 10_000 / div;
     for (round, n) in [1usize, 2].into_iter().enumerate() {
         let t = Instant::now();
+        let f0 = faults();
         let busy: Vec<f64> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..n)
                 .map(|me| {
@@ -139,8 +140,9 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
         });
         let ops = (n * per) as f64 / t.elapsed().as_secs_f64();
         let each = busy.iter().sum::<f64>() / (n * per) as f64 * 1e6;
+        let f = (faults() - f0) as f64 / (n * per) as f64;
         println!(
-            "(b) on {n} thread(s) at once: {ops:.0} placements/s, {each:.1} µs a placement (locks included) | smg 129,000 ops/s on 2 threads"
+            "(b) on {n} thread(s) at once: {ops:.0} placements/s, {each:.1} µs a placement (locks included), {f:.2} page faults per placement | smg 129,000 ops/s on 2 threads"
         );
     }
 }
