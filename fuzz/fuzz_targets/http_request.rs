@@ -21,7 +21,7 @@ fn ctx() -> &'static Ctx {
         let path = dir.path().join("hf");
         ferry_engine::tiny::write_hf(&path, &ferry_engine::tiny::TinySpec::default()).expect("tiny model");
         let model = ferry_tokenize::ServedModel::load(&path).expect("served model");
-        let index = Arc::new(Mutex::new(PrefixIndex::new(16, 1024)));
+        let index = ferry_router::index::shared(PrefixIndex::new(16, 1024));
         let ctx = Ctx {
             model,
             workers: Arc::new(Registry::new(Arc::clone(&index))),
