@@ -167,6 +167,9 @@ pub struct Shard {
     evicted: u64,
     /// The nodes from the least to the most recently covered by a placement or an event.
     lru: Lru,
+    /// Pages some event named are gone from the index though a worker may hold them
+    /// (evicted, or dropped for want of room): a later run below one of them is expected.
+    lost: bool,
     /// Workers given pages since they were last cleared (clearing the others walks nothing:
     /// a worker's first snapshot clears it).
     dirty: u64,
@@ -195,6 +198,7 @@ impl Shard {
             evicted: 0,
             lru: Lru::default(),
             dirty: 0,
+            lost: false,
             expiry: BinaryHeap::new(),
         }
     }
@@ -302,6 +306,7 @@ impl Shard {
             full.len()
         } else {
             self.dropped += new as u64;
+            self.lost = true;
             m.tokens
         };
         let mut hashes = (take > m.tokens).then(|| fresh(new));
@@ -359,6 +364,7 @@ impl Shard {
                 at = self.lru.newer(id);
                 if !keep.contains(&id) && self.tree.child_count(id) == 0 {
                     freed += self.tree.pages(id);
+                    self.lost |= list == List::Held;
                     self.remove_subtree(id);
                 }
             }
@@ -376,7 +382,17 @@ impl Shard {
         let head = if parent == ROOT_HASH {
             Vec::new()
         } else {
-            let (node, k) = self.locate(parent).ok_or(IndexError::UnknownParent(parent))?;
+            let (node, k) = match self.locate(parent) {
+                Some(at) => at,
+                // Below a page the index gave up: dropped too (counted), not an error.
+                // Resyncing the worker would send its whole cache into a full index, which
+                // would evict other workers' pages, and their next runs would fail in turn.
+                None if self.lost => {
+                    self.dropped += hashes.len() as u64;
+                    return Ok(());
+                }
+                None => return Err(IndexError::UnknownParent(parent)),
+            };
             // The run goes below the parent page: make it end its node.
             let end = self.tree.split(node, k + 1);
             self.split_done(end, node);
@@ -409,12 +425,27 @@ impl Shard {
     /// A worker's KV event: it evicted these pages.
     pub fn removed(&mut self, worker: usize, hashes: &[u64]) -> Result<(), IndexError> {
         let b = bit(worker)?;
+        // The first page named in each node: one cut per node, whatever the event's order
+        // (removing a run's pages from its end, each cut renamed every page before it).
+        let mut first: HashMap<NodeId, (usize, u64)> = HashMap::new();
         for &h in hashes {
-            // Unknown: never indexed, dropped, or gone with an ancestor.
-            let Some((node, k)) = self.locate(h) else {
-                self.forget(h);
-                continue;
-            };
+            match self.locate(h) {
+                Some((node, k)) => {
+                    let f = first.entry(node).or_insert((k, h));
+                    if k < f.0 {
+                        *f = (k, h);
+                    }
+                }
+                // Unknown: never indexed, dropped, or gone with an ancestor.
+                None => self.forget(h),
+            }
+        }
+        for (_, (_, h)) in first {
+            // Looked up again: removing an earlier node may have pruned this one.
+            let Some((node, k)) = self.locate(h) else { continue };
+            if self.tree.value(node).is_none_or(|r| r.held & b == 0) {
+                continue; // none of the worker's
+            }
             // Cut the node before page `h` (the lower part keeps the id), so that the worker's
             // bit goes from `h` down (it holds nothing below `h`).
             let upper = self.tree.split(node, k);
@@ -801,6 +832,44 @@ mod tests {
             check_order(&ix);
         }
         assert!(ix.evicted() > 0, "the traffic overflowed the shard");
+    }
+
+    /// A run's pages removed from its end, one by one in one event, while another worker
+    /// still holds them: one cut, not one per page (each cut renamed every page before it).
+    #[test]
+    fn removing_a_run_from_its_end_cuts_its_node_once() {
+        let mut ix = Shard::new(PS, 1000);
+        let a: Vec<u32> = (0..64 * PS as u32).collect();
+        let ha = hashes(&a, ROOT_HASH);
+        ix.stored(0, ROOT_HASH, &ha, &a).expect("stored");
+        ix.stored(1, ROOT_HASH, &ha, &a).expect("stored");
+        let backwards: Vec<u64> = ha[8..].iter().rev().copied().collect();
+        ix.removed(0, &backwards).expect("removed");
+        assert_eq!(ix.tree.len(), 2, "cut once, after page 8");
+        assert_eq!(ix.matched(&a, 2), vec![8 * PS, 64 * PS]);
+        ix.removed(0, &ha[..8]).expect("removed");
+        assert_eq!((ix.tree.len(), ix.matched(&a, 2)), (2, vec![0, 64 * PS]), "none of worker 0's left");
+    }
+
+    /// Once the index evicted pages a worker holds, that worker's next run below one of them
+    /// is dropped (counted), not refused: refusing made the worker resync its whole cache into
+    /// the full index, evicting other workers' pages in turn.
+    #[test]
+    fn a_run_below_an_evicted_page_is_dropped_not_refused() {
+        let t0 = Instant::now();
+        let mut ix = Shard::new(PS, 2);
+        let a: Vec<u32> = (0..4).collect();
+        let ha = hashes(&a, ROOT_HASH);
+        ix.stored(0, ROOT_HASH, &ha, &a).expect("stored");
+        let b: Vec<u32> = (100..108).collect();
+        ix.provisional(1, &b, t0, Duration::from_secs(5)).expect("placed: evicts a, the only page");
+        assert_eq!((ix.matched(&a, 2), ix.evicted()), (vec![0, 0], 1));
+        let a2: Vec<u32> = (4..8).collect();
+        ix.stored(0, ha[0], &hashes(&a2, ha[0]), &a2).expect("dropped, not an error");
+        assert_eq!((ix.dropped(), ix.pages()), (1, 2));
+        let mut fresh = Shard::new(PS, 100);
+        let e = fresh.stored(0, ha[0], &hashes(&a2, ha[0]), &a2);
+        assert_eq!(e, Err(IndexError::UnknownParent(ha[0])), "an index that lost nothing still refuses a gap");
     }
 
     #[test]
