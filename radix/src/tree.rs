@@ -285,18 +285,12 @@ impl<V: Payload> RadixTree<V> {
     pub fn insert(&mut self, tokens: &[u32], make: impl FnOnce(usize) -> V) -> Insert {
         let full = tokens.len() / self.page_size * self.page_size;
         let m = self.match_prefix(&tokens[..full]);
-        self.insert_matched(tokens, &m, make)
+        self.insert_below(NodeId::ROOT, tokens, &m, make)
     }
 
-    /// [`Self::insert`] for a caller that has just matched `tokens` (`m` is
-    /// `self.match_prefix` of their whole pages, the tree unchanged since): the match is not
-    /// walked again.
-    pub fn insert_matched(&mut self, tokens: &[u32], m: &Match, make: impl FnOnce(usize) -> V) -> Insert {
-        self.insert_below(NodeId::ROOT, tokens, m, make)
-    }
-
-    /// [`Self::insert_matched`] below `node`: `tokens` follow the end of `node`, and `m` is
-    /// `self.match_from(node, 0, tokens)`.
+    /// [`Self::insert`] below `node`, for a caller that has just matched there: `tokens`
+    /// follow the end of `node`, and `m` is `self.match_from(node, 0, tokens)` (the tree
+    /// unchanged since), so the match is not walked again.
     pub fn insert_below(&mut self, node: NodeId, tokens: &[u32], m: &Match, make: impl FnOnce(usize) -> V) -> Insert {
         let ps = self.page_size;
         let full = tokens.len() / ps * ps;

@@ -21,8 +21,13 @@
 //! `cargo bench -p ferry-router --bench events`; `FERRY_BENCH_QUICK=1` divides the counts by
 //! 20 (CI smoke run).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use std::collections::VecDeque;
 use std::time::Instant;
+
+use rng::Rng;
 
 use ferry_radix::events::{ROOT_HASH, page_hashes};
 use ferry_router::index::PrefixIndex;
@@ -30,19 +35,6 @@ use ferry_router::index::PrefixIndex;
 const PS: usize = 16;
 /// Big enough for every workload here: an operator sizes the index to what the workers hold.
 const MAX_PAGES: usize = 16 << 20;
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn tokens(&mut self, n: usize) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % 50_000) as u32).collect()
-    }
-}
 
 /// Resident memory of this process, bytes (`/proc/self/statm`).
 fn resident() -> usize {

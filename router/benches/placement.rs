@@ -19,7 +19,12 @@
 //! `cargo bench -p ferry-router --bench placement`; `FERRY_BENCH_QUICK=1` divides the counts
 //! by 20 (CI smoke run).
 
+#[path = "common/rng.rs"]
+mod rng;
+
 use std::time::{Duration, Instant};
+
+use rng::Rng;
 
 use ferry_router::index::PrefixIndex;
 use ferry_router::placement::{Placer, Policy, PrefillState};
@@ -31,19 +36,6 @@ const LEN: usize = 4096;
 const TTL: Duration = Duration::from_secs(3600);
 /// smg on this machine, W = 64: (p50, mean) µs for (a), (b), (c).
 const SMG: [(f64, f64); 3] = [(5.0, 5.8), (10.7, 14.2), (13.2, 17.3)];
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn tokens(&mut self, n: usize) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % 50_000) as u32).collect()
-    }
-}
 
 struct Router {
     ix: PrefixIndex,

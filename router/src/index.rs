@@ -13,6 +13,7 @@
 
 mod lru;
 mod shard;
+mod table;
 
 use std::time::{Duration, Instant};
 
