@@ -46,7 +46,11 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
-        if let Some(&i) = self.at.lock().expect("ids").get(&id.into_u64()) {
+        // One lock at a time: `on_new_span` takes `seen` then `at`, and holding `at` here
+        // while taking `seen` deadlocked two daemons' threads (seen in a CI rehearsal: the
+        // test hung with every thread waiting).
+        let i = self.at.lock().expect("ids").get(&id.into_u64()).copied();
+        if let Some(i) = i {
             values.record(&mut Fields(&mut self.seen.lock().expect("spans")[i]));
         }
     }
