@@ -171,6 +171,9 @@ pub const TLS_CERT: &str = "FERRY_TLS_CERT";
 /// `--tls-key` (ferry router).
 pub const TLS_KEY: &str = "FERRY_TLS_KEY";
 
+/// `--tokenizer-cache-mib` (ferry router).
+pub const TOKENIZER_CACHE_MIB: &str = "FERRY_TOKENIZER_CACHE_MIB";
+
 /// `--transfer` (ferry prefill, ferry decode).
 pub const TRANSFER: &str = "FERRY_TRANSFER";
 
@@ -253,6 +256,7 @@ pub const ALL: &[&str] = &[
     SERVED_MODEL_NAME,
     TLS_CERT,
     TLS_KEY,
+    TOKENIZER_CACHE_MIB,
     TRANSFER,
     TRANSFER_ADDR,
     TRANSFER_ADVERTISE_ADDR,

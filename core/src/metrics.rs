@@ -96,6 +96,11 @@ pub const ROUTER_INDEX_EVICTED: &str = "ferry_router_index_evicted_pages_total";
 /// New pages the router's prefix index dropped because it was full of pages it could not
 /// evict (counter).
 pub const ROUTER_INDEX_DROPPED: &str = "ferry_router_index_dropped_pages_total";
+/// Prompt tokens the router's tokenizer took from its head cache (`kind` = hit) or
+/// tokenized (`kind` = miss) (counter).
+pub const ROUTER_TOKENIZER_CACHE_TOKENS: &str = "ferry_router_tokenizer_cache_tokens_total";
+/// Bytes the router's tokenizer head cache holds (gauge).
+pub const ROUTER_TOKENIZER_CACHE_BYTES: &str = "ferry_router_tokenizer_cache_bytes";
 /// Requests through the router's admission queue, by `outcome` (immediate | queued |
 /// queue_full | timeout) (counter).
 pub const ROUTER_ADMISSION: &str = "ferry_router_admission_total";
@@ -235,6 +240,13 @@ pub const ALL: &[Metric] = &[
     m(ROUTER_INDEX_PAGES, Kind::Gauge, "state", "Pages in the router's prefix index (confirmed, provisional)"),
     m(ROUTER_INDEX_EVICTED, Kind::Counter, "", "Pages the router's prefix index evicted to make room"),
     m(ROUTER_INDEX_DROPPED, Kind::Counter, "", "New pages the router's prefix index dropped, full"),
+    m(
+        ROUTER_TOKENIZER_CACHE_TOKENS,
+        Kind::Counter,
+        "kind",
+        "Prompt tokens taken from the tokenizer's head cache (hit) or tokenized (miss)",
+    ),
+    m(ROUTER_TOKENIZER_CACHE_BYTES, Kind::Gauge, "", "Bytes the tokenizer's head cache holds"),
     m(
         ROUTER_ADMISSION,
         Kind::Counter,

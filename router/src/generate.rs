@@ -83,6 +83,19 @@ impl Ctx {
                 .and_then(|h| h.strip_prefix("Bearer "))
                 .is_some_and(|k| self.api_keys.iter().any(|x| ferry_cluster::secret_eq(x.as_bytes(), k.as_bytes())))
     }
+
+    /// A prompt's token ids, reusing the tokenizer's head cache; its figures go to metrics.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ferry_tokenize::TokenizeError> {
+        let ids = self.model.tokenizer.encode(text)?;
+        if let Some(c) = self.model.tokenizer.head_cache() {
+            use ferry_cluster::metrics as M;
+            let s = c.stats();
+            metrics::counter!(M::ROUTER_TOKENIZER_CACHE_TOKENS, "kind" => "hit").absolute(s.hit_tokens);
+            metrics::counter!(M::ROUTER_TOKENIZER_CACHE_TOKENS, "kind" => "miss").absolute(s.miss_tokens);
+            metrics::gauge!(M::ROUTER_TOKENIZER_CACHE_BYTES).set(s.bytes as f64);
+        }
+        Ok(ids)
+    }
 }
 
 /// One piece of output.

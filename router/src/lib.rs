@@ -63,6 +63,11 @@ pub struct RouterArgs {
     /// directory's name without extension.
     #[arg(long, env = ferry_cluster::env::SERVED_MODEL_NAME, help_heading = "Model")]
     pub served_model_name: Option<String>,
+    /// MiB of tokenized prompt heads kept for reuse: the segments of a chat between special
+    /// tokens (system prompt, earlier turns) are tokenized once and their ids reused by later
+    /// requests that start with them; 0 tokenizes every prompt in full.
+    #[arg(long, env = ferry_cluster::env::TOKENIZER_CACHE_MIB, default_value_t = 64, help_heading = "Model")]
+    pub tokenizer_cache_mib: usize,
     /// A prefill worker, `ADDR` or `ID=ADDR` (gRPC `host:port`); repeat for more.
     #[arg(long = "prefill", env = ferry_cluster::env::PREFILL, value_delimiter = ',', help_heading = "Discovery")]
     pub prefill: Vec<String>,
@@ -225,6 +230,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     if let Some(n) = &args.served_model_name {
         model.name = n.clone();
     }
+    model.tokenizer = model.tokenizer.clone().with_head_cache(args.tokenizer_cache_mib.saturating_mul(1 << 20));
     let index = index::shared(PrefixIndex::new(args.page_size, args.max_index_pages));
     let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {

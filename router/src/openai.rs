@@ -398,10 +398,10 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e))?;
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
-            ctx.model.tokenizer.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
+            ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
         }
         (Kind::Completion, Some(PromptIn::Texts(ts)), None) if ts.len() == 1 => {
-            ctx.model.tokenizer.encode(&ts[0]).map_err(|e| bad("tokenize", e.to_string()))?
+            ctx.encode(&ts[0]).map_err(|e| bad("tokenize", e.to_string()))?
         }
         (Kind::Completion, Some(PromptIn::Ids(ids)), None) => ids.clone(),
         (Kind::Completion, _, _) => {
@@ -411,7 +411,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
             let msgs = chat_messages(ms).map_err(|e| bad("bad_messages", e))?;
             let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
             let text = t.render(&msgs, true).map_err(|e| bad("bad_messages", e.to_string()))?;
-            ctx.model.tokenizer.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
+            ctx.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
         }
         (Kind::Chat, _, _) => {
             return Err(bad("bad_messages", "`messages` is required (and `prompt` is not accepted)".into()));

@@ -29,7 +29,7 @@ fn chat(ctx: &Ctx, messages: &[pb::ChatMessage]) -> Result<Vec<u32>, Status> {
 }
 
 fn encode(ctx: &Ctx, text: &str) -> Result<Vec<u32>, Status> {
-    ctx.model.tokenizer.encode(text).map_err(|e| bad("tokenize", e.to_string()))
+    ctx.encode(text).map_err(|e| bad("tokenize", e.to_string()))
 }
 
 impl RouterSvc {

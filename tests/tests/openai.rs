@@ -184,6 +184,13 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
     ] {
         assert!(metrics.lines().any(|l| l.starts_with(m)), "{m} missing from the router's /metrics");
     }
+    // The second chat request (the same messages as parts) found its head in the tokenizer's
+    // cache.
+    let hits = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("ferry_router_tokenizer_cache_tokens_total{kind=\"hit\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(hits.is_some_and(|h| h > 0.0), "head cache hits: {hits:?}");
     for field in ["metadata", "other"] {
         assert!(
             metrics.lines().any(|l| l.starts_with(&format!("ferry_openai_ignored_fields_total{{field=\"{field}\"}}"))),

@@ -5,6 +5,7 @@
 //!   that is the engine's job);
 //! - [`Tokenizer`]: the HF `tokenizers` tokenizer, loaded from `tokenizer.json` or built from a
 //!   GGUF vocabulary and merges, with the model's BOS/EOS rules;
+//! - [`HeadCache`]: a prompt's shared head (system prompt, earlier turns) tokenized once;
 //! - [`ChatTemplate`]: the model's own Jinja chat template, rendered with minijinja;
 //! - [`Detokenizer`]: incremental decoding that never emits half a UTF-8 character;
 //! - [`SamplingParams`] and [`FinishReason`]: what a request asks for and how it ended;
@@ -17,6 +18,7 @@ mod error;
 pub mod gguf;
 mod gguf_vocab;
 pub mod gguf_write;
+mod head_cache;
 mod request;
 mod served;
 mod token_bytes;
@@ -25,6 +27,7 @@ mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
 pub use error::TokenizeError;
+pub use head_cache::{HeadCache, HeadCacheStats};
 pub use request::{FinishReason, MAX_TOP_LOGPROBS, SamplingError, SamplingParams};
 pub use served::ServedModel;
 pub use token_bytes::display as token_display;

@@ -1,11 +1,12 @@
 //! The tokenizer: HF `tokenizers` plus the model's BOS/EOS rules and chat template.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde_json::Value as Json;
 
 use crate::gguf::{GgufHeader, Value};
-use crate::{ChatTemplate, TokenizeError};
+use crate::{ChatTemplate, HeadCache, TokenizeError};
 
 /// A model's tokenizer with its special-token rules.
 #[derive(Debug, Clone)]
@@ -16,6 +17,8 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     chat_template: Option<ChatTemplate>,
     vocab_size: usize,
+    /// Shared by clones.
+    head_cache: Option<Arc<HeadCache>>,
 }
 
 impl Tokenizer {
@@ -116,20 +119,50 @@ impl Tokenizer {
                 "special token id {bad} is outside the vocabulary of {vocab_size}"
             )));
         }
-        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size })
+        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size, head_cache: None })
     }
 
-    /// Token ids of `text`. Special tokens written in the text are recognised; BOS is
-    /// prepended when the model asks for it and the text does not already start with it.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+    /// This tokenizer with a [`HeadCache`] of at most `max_bytes` (shared by its clones), where
+    /// its vocabulary allows one; 0 turns the cache off.
+    pub fn with_head_cache(mut self, max_bytes: usize) -> Self {
+        self.head_cache = HeadCache::new(&self.inner, max_bytes).map(Arc::new);
+        self
+    }
+
+    /// The head cache, when there is one.
+    pub fn head_cache(&self) -> Option<&HeadCache> {
+        self.head_cache.as_deref()
+    }
+
+    /// Token ids of `text` from HF `tokenizers` alone, never from the head cache (for
+    /// comparisons).
+    pub fn encode_uncached(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        let mut ids = enc.get_ids().to_vec();
+        Ok(self.with_bos(enc.get_ids().to_vec()))
+    }
+
+    /// The HF `tokenizers` tokenizer underneath.
+    pub fn hf(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
+    fn with_bos(&self, mut ids: Vec<u32>) -> Vec<u32> {
         if let (true, Some(bos)) = (self.add_bos, self.bos_id)
             && ids.first() != Some(&bos)
         {
             ids.insert(0, bos);
         }
-        Ok(ids)
+        ids
+    }
+
+    /// Token ids of `text`. Special tokens written in the text are recognised; BOS is
+    /// prepended when the model asks for it and the text does not already start with it.
+    /// Segments held by the head cache ([`with_head_cache`](Self::with_head_cache)) are reused.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match &self.head_cache {
+            Some(c) => Ok(self.with_bos(c.encode(&self.inner, text)?)),
+            None => self.encode_uncached(text),
+        }
     }
 
     /// The text of `ids`; special tokens are kept when `skip_special` is false.

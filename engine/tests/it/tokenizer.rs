@@ -61,3 +61,59 @@ fn tiny_chat_template_renders_and_tokenizes() {
     assert_eq!(text, "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU<|im_end|>\n");
     assert_eq!(tok.encode(&text).expect("encode").first(), Some(&1));
 }
+
+/// Multi-turn chats (with the model's own template) and raw texts with special tokens written
+/// in them: the head cache's ids are HF's ids, and a conversation's next turn reuses its head.
+#[test]
+fn head_cache_gives_hf_ids_and_reuses_earlier_turns() {
+    let snippets = [
+        "Hello world!",
+        " leading space",
+        "trailing space ",
+        "\n\nNew paragraph.\n",
+        "<|im_end|>",
+        "<|im_start|>",
+        "<|endoftext|>",
+        "<|im_start|>user",
+        "naïve café 東京 🚢",
+        "12345 + 678",
+        "   ",
+        "<not special>",
+        "\t",
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for path in [smollm2(), TinyModel::new(TinySpec::default()).gguf()] {
+        let tok = load(&path).tokenizer().clone().with_head_cache(8 << 20);
+        let cache = tok.head_cache().expect("a vocabulary with <|im_start|> and <|im_end|> gets a head cache");
+        let template = tok.chat_template().expect("template").clone();
+        for conversation in 0..30 {
+            let mut messages = vec![ChatMessage::new("system", "You are a ferry. Answer briefly.")];
+            for turn in 0..6 {
+                let mut say =
+                    || (0..next() % 6).map(|_| snippets[(next() % snippets.len() as u64) as usize]).collect::<String>();
+                messages.push(ChatMessage::new("user", say()));
+                let text = template.render(&messages, true).expect("render");
+                let hits = cache.stats().hit_tokens;
+                let ids = tok.encode(&text).expect("cached");
+                assert_eq!(
+                    ids,
+                    tok.encode_uncached(&text).expect("plain"),
+                    "conversation {conversation} turn {turn}: {text:?}"
+                );
+                assert!(
+                    turn == 0 && conversation == 0 || cache.stats().hit_tokens > hits,
+                    "the head was tokenized again"
+                );
+                messages.push(ChatMessage::new("assistant", say()));
+            }
+            let raw: String = (0..next() % 12).map(|_| snippets[(next() % snippets.len() as u64) as usize]).collect();
+            assert_eq!(tok.encode(&raw).expect("cached"), tok.encode_uncached(&raw).expect("plain"), "{raw:?}");
+        }
+    }
+}

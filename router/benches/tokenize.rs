@@ -1,0 +1,257 @@
+//! Tokenization of chat prompts as the router does it (issue 17): HF `tokenizers`' `encode`
+//! alone against the router's tokenizer with the head cache (`--tokenizer-cache-mib`), on the
+//! same texts in the same order, in one process. (HF's `encode_fast`, which skips offsets,
+//! measured no faster here.)
+//!
+//! The workload: C conversations share one system prompt (~1,400 tokens); each has T turns of
+//! a ~150-token user message and a ~150-token answer; requests arrive round-robin across the
+//! conversations, turn by turn, each rendered with the model's own chat template. Prints
+//! tokens/s for both (rendering not counted), their ratio, per-request p50 / p99 at the last
+//! turn, and the cost of the cache on prompts it cannot help (unique 16 KB chats, every
+//! segment a miss). Every cached result is compared with HF's ids.
+//!
+//! `cargo bench -p ferry-router --bench tokenize`; needs SmolLM2 (`FERRY_SMOLLM2` or the
+//! `ferry model fetch smollm2-135m` cache); `FERRY_BENCH_QUICK=1` runs fewer rounds.
+
+#[path = "common/rng.rs"]
+#[allow(dead_code)]
+mod rng;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ferry_tokenize::{ChatMessage, ServedModel, Tokenizer};
+use rng::Rng;
+
+const WORDS: &[&str] = &[
+    "the",
+    "ferry",
+    "crossed",
+    "river",
+    "at",
+    "dawn",
+    "and",
+    "its",
+    "captain",
+    "wrote",
+    "a",
+    "long",
+    "letter",
+    "about",
+    "weather",
+    "tides",
+    "cargo",
+    "passengers",
+    "who",
+    "asked",
+    "questions",
+    "on",
+    "deck",
+    "while",
+    "gulls",
+    "circled",
+    "over",
+    "harbour",
+    "lights",
+    "engine",
+    "room",
+    "was",
+    "warm",
+    "quiet",
+    "schedule",
+    "changed",
+    "twice",
+    "because",
+    "of",
+    "fog",
+    "wind",
+    "from",
+    "north",
+    "east",
+    "ticket",
+    "price",
+    "rose",
+    "by",
+    "12",
+    "percent",
+    "in",
+    "2024",
+    "travellers",
+    "complained",
+    "politely",
+    "Rust",
+    "code",
+    "compiles",
+    "faster",
+    "than",
+    "expected",
+    "when",
+    "cache",
+    "is",
+    "hot",
+    "—",
+    "naïve",
+    "café",
+    "東京",
+    "🚢",
+];
+
+fn sentence(rng: &mut Rng, words: usize) -> String {
+    let mut s = String::new();
+    for i in 0..words {
+        let w = WORDS[(rng.next() % WORDS.len() as u64) as usize];
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(w);
+        match rng.next() % 16 {
+            0 => s.push(','),
+            1 => s.push_str(".\n"),
+            _ => {}
+        }
+    }
+    s.push('.');
+    s
+}
+
+fn model_path() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let cache =
+        std::env::var("FERRY_CACHE_DIR").map_or_else(|_| PathBuf::from(home).join(".cache/ferry"), PathBuf::from);
+    cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The rendered prompts, in arrival order, and which are last turns.
+fn workload(tok: &Tokenizer, conversations: usize, turns: usize) -> Vec<(String, bool)> {
+    let template = tok.chat_template().expect("chat template");
+    let mut rng = Rng(0x5eed);
+    let system = sentence(&mut rng, 1_100);
+    let mut chats: Vec<Vec<ChatMessage>> =
+        (0..conversations).map(|_| vec![ChatMessage::new("system", system.clone())]).collect();
+    let mut out = Vec::new();
+    for turn in 0..turns {
+        for chat in &mut chats {
+            chat.push(ChatMessage::new("user", sentence(&mut rng, 110)));
+            out.push((template.render(chat, true).expect("render"), turn + 1 == turns));
+            chat.push(ChatMessage::new("assistant", sentence(&mut rng, 110)));
+        }
+    }
+    out
+}
+
+/// Seconds per request, tokens in all.
+fn run(texts: &[(String, bool)], encode: impl Fn(&str) -> Vec<u32>) -> (Vec<f64>, Vec<f64>, usize) {
+    let (mut all, mut last, mut tokens) = (Vec::new(), Vec::new(), 0);
+    for (t, is_last) in texts {
+        let start = Instant::now();
+        let ids = encode(t);
+        let s = start.elapsed().as_secs_f64();
+        tokens += ids.len();
+        all.push(s);
+        if *is_last {
+            last.push(s);
+        }
+    }
+    (all, last, tokens)
+}
+
+fn main() {
+    let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
+    let path = model_path();
+    assert!(path.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m`", path.display());
+    let plain = ServedModel::load(&path).expect("model").tokenizer;
+    let (conversations, turns, rounds) = if quick { (8, 4, 1) } else { (32, 8, 5) };
+    let texts = workload(&plain, conversations, turns);
+    let bytes: usize = texts.iter().map(|(t, _)| t.len()).sum();
+    println!(
+        "chat workload: {conversations} conversations x {turns} turns, one shared system prompt, {} requests, {:.1} MB of text",
+        texts.len(),
+        bytes as f64 / 1e6
+    );
+    let want: Vec<Vec<u32>> = texts.iter().map(|(t, _)| plain.encode_uncached(t).expect("encode")).collect();
+    let (mut hf_rate, mut cached_rate, mut hf_last, mut cached_last, mut hf_p99, mut cached_p99) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut hit_share = 0.0;
+    for _ in 0..rounds {
+        let (all, mut last, tokens) = run(&texts, |t| plain.hf().encode(t, false).expect("encode").get_ids().to_vec());
+        hf_rate.push(tokens as f64 / all.iter().sum::<f64>());
+        hf_last.push(median(&mut last) * 1e6);
+        hf_p99.push(pct(&mut last, 0.99) * 1e6);
+        // A fresh cache each round.
+        let cached = plain.clone().with_head_cache(64 << 20);
+        let (all, mut last, tokens) = run(&texts, |t| cached.encode(t).expect("encode"));
+        cached_rate.push(tokens as f64 / all.iter().sum::<f64>());
+        cached_last.push(median(&mut last) * 1e6);
+        cached_p99.push(pct(&mut last, 0.99) * 1e6);
+        let s = cached.head_cache().expect("SmolLM2 gets a head cache").stats();
+        hit_share = s.hit_tokens as f64 / (s.hit_tokens + s.miss_tokens) as f64;
+        for (t, w) in texts.iter().zip(&want) {
+            assert_eq!(&cached.encode(&t.0).expect("encode"), w, "the head cache changed a prompt's ids");
+        }
+    }
+    let (hf, ca) = (median(&mut hf_rate), median(&mut cached_rate));
+    println!("medians of {rounds} rounds:");
+    println!("  HF tokenizers alone      {:>10.0} tokens/s", hf);
+    println!(
+        "  with the head cache      {:>10.0} tokens/s   {:.1}x   ({:.0} % of ids from the cache)",
+        ca,
+        ca / hf,
+        hit_share * 100.0
+    );
+    let (hl, cl) = (median(&mut hf_last), median(&mut cached_last));
+    println!(
+        "  last turn ({} tokens):   HF p50 {:.0} us p99 {:.0} us, cached p50 {:.0} us p99 {:.0} us ({:.1}x at p50)",
+        want.last().map_or(0, Vec::len),
+        hl,
+        median(&mut hf_p99),
+        cl,
+        median(&mut cached_p99),
+        hl / cl
+    );
+    // What the cache costs where it cannot help: unique chats, every segment new.
+    let template = plain.chat_template().expect("template");
+    let mut rng = Rng(0xc01d);
+    let unique: Vec<String> = (0..if quick { 20 } else { 200 })
+        .map(|_| {
+            let msgs = [
+                ChatMessage::new("system", sentence(&mut rng, 200)),
+                ChatMessage::new("user", sentence(&mut rng, 1_900)),
+                ChatMessage::new("assistant", sentence(&mut rng, 200)),
+                ChatMessage::new("user", sentence(&mut rng, 300)),
+            ];
+            template.render(&msgs, true).expect("render")
+        })
+        .collect();
+    let avg = unique.iter().map(String::len).sum::<usize>() / unique.len();
+    let (mut hf_us, mut cached_us) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let cached = plain.clone().with_head_cache(64 << 20);
+        for t in &unique {
+            let s = Instant::now();
+            let a = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+            hf_us.push(s.elapsed().as_secs_f64() * 1e6);
+            let s = Instant::now();
+            let b = cached.encode(t).expect("encode");
+            cached_us.push(s.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(a, b);
+        }
+    }
+    let (h, c) = (median(&mut hf_us), median(&mut cached_us));
+    println!(
+        "unique {avg}-byte chats (all misses): HF p50 {h:.0} us, with the cache p50 {c:.0} us ({:+.1} %)",
+        (c / h - 1.0) * 100.0
+    );
+}

@@ -1,0 +1,413 @@
+//! Reuse of a prompt's shared head: the system prompt and earlier turns of a chat are not
+//! tokenized again on every request.
+//!
+//! HF `tokenizers` first cuts the text at its added tokens and tokenizes the pieces between
+//! them independently. So where a *boundary token* — an added special token matched as it
+//! is written (not normalized, no strip or single-word rule) that no other added token can
+//! overlap — ends, the ids of the text before it and of the text after it simply concatenate.
+//! A rendered chat is such segments (`<|im_start|>user\n…<|im_end|>`, …): the cache keeps a
+//! tree of them, each node a segment's text and ids below its parent, so a conversation's
+//! next turn, or another conversation with the same system prompt, finds its head there and
+//! tokenizes only the new segments. A node is found by (parent, hash of its text) and its text
+//! compared in full, so a hit is always exact. The cache holds at most `max_bytes` (texts, ids
+//! and bookkeeping) and forgets least recently used leaves first.
+//!
+//! Tokenizers it cannot split safely (truncation or padding set, added specials kept in the
+//! text, no boundary token) get no cache: [`HeadCache::new`] returns `None`.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use aho_corasick::{AhoCorasick, MatchKind};
+use parking_lot::Mutex;
+
+use crate::TokenizeError;
+
+/// The parent of a conversation's first segment.
+const ROOT: u32 = u32::MAX;
+/// Bytes a node costs beyond its text and ids (node, map entry, allocations).
+const NODE_OVERHEAD: usize = 96;
+
+/// What the cache has saved, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeadCacheStats {
+    /// Prompt ids taken from the cache.
+    pub hit_tokens: u64,
+    /// Prompt ids tokenized.
+    pub miss_tokens: u64,
+    /// Bytes held now.
+    pub bytes: u64,
+    /// Segments held now.
+    pub segments: u64,
+}
+
+struct Node {
+    parent: u32,
+    key: u64,
+    text: Box<str>,
+    ids: Box<[u32]>,
+    children: u32,
+    used: u64,
+    /// Bumped when the slot is reused, so a path read before eviction is not extended after.
+    generation: u32,
+    alive: bool,
+}
+
+#[derive(Default)]
+struct Tree {
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    by_key: HashMap<(u32, u64), u32>,
+    bytes: usize,
+    clock: u64,
+}
+
+/// A tokenizer's cache of segment ids (see the module documentation).
+pub struct HeadCache {
+    boundaries: AhoCorasick,
+    tree: Mutex<Tree>,
+    hasher: std::hash::RandomState,
+    max_bytes: usize,
+    hit_tokens: AtomicU64,
+    miss_tokens: AtomicU64,
+}
+
+impl std::fmt::Debug for HeadCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeadCache").field("max_bytes", &self.max_bytes).field("stats", &self.stats()).finish()
+    }
+}
+
+/// Whether `a` and `b` can overlap in a text without one being all of the other's match: `b`
+/// inside `a`, or a proper suffix of one equal to a prefix of the other.
+fn overlaps(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let suffix_prefix = |x: &[u8], y: &[u8]| (1..x.len()).any(|i| y.starts_with(&x[i..]));
+    let inside = |x: &[u8], y: &[u8]| x.windows(y.len().max(1)).any(|w| w == y);
+    inside(a, b) || inside(b, a) || suffix_prefix(a, b) || suffix_prefix(b, a)
+}
+
+/// Whether two matches of `s` can overlap: a proper suffix equal to a prefix.
+fn overlaps_itself(s: &str) -> bool {
+    let s = s.as_bytes();
+    (1..s.len()).any(|i| s.starts_with(&s[i..]))
+}
+
+impl HeadCache {
+    /// A cache for `tok` of at most `max_bytes`; `None` when `tok` cannot be split safely.
+    pub fn new(tok: &tokenizers::Tokenizer, max_bytes: usize) -> Option<Self> {
+        if max_bytes == 0 || tok.get_truncation().is_some() || tok.get_padding().is_some() {
+            return None;
+        }
+        if tok.get_added_vocabulary().get_encode_special_tokens() {
+            return None;
+        }
+        let added: Vec<tokenizers::AddedToken> = tok.get_added_tokens_decoder().into_values().collect();
+        let boundary = |t: &tokenizers::AddedToken| {
+            t.special
+                && !t.normalized
+                && !t.lstrip
+                && !t.rstrip
+                && !t.single_word
+                && !t.content.is_empty()
+                && !t.content.starts_with(char::is_whitespace)
+                && !overlaps_itself(&t.content)
+                && added.iter().all(|o| o.content == t.content || !overlaps(&t.content, &o.content))
+        };
+        let mut words: Vec<&str> = added.iter().filter(|t| boundary(t)).map(|t| t.content.as_str()).collect();
+        if words.is_empty() {
+            return None;
+        }
+        words.sort_unstable();
+        words.dedup();
+        let boundaries = AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&words).ok()?;
+        Some(Self {
+            boundaries,
+            tree: Mutex::new(Tree::default()),
+            hasher: std::hash::RandomState::new(),
+            max_bytes,
+            hit_tokens: AtomicU64::new(0),
+            miss_tokens: AtomicU64::new(0),
+        })
+    }
+
+    /// What the cache has saved and holds.
+    pub fn stats(&self) -> HeadCacheStats {
+        let t = self.tree.lock();
+        HeadCacheStats {
+            hit_tokens: self.hit_tokens.load(Ordering::Relaxed),
+            miss_tokens: self.miss_tokens.load(Ordering::Relaxed),
+            bytes: t.bytes as u64,
+            segments: t.by_key.len() as u64,
+        }
+    }
+
+    /// The ids of `text` as `tok.encode(text, false)` gives them, reusing cached segments.
+    pub fn encode(&self, tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let raw = |s: &str| -> Result<Vec<u32>, TokenizeError> {
+            if s.is_empty() {
+                return Ok(Vec::new());
+            }
+            let enc = tok.encode(s, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
+            Ok(enc.get_ids().to_vec())
+        };
+        let ends: Vec<usize> = self.boundaries.find_iter(text).map(|m| m.end()).collect();
+        if ends.is_empty() {
+            let ids = raw(text)?;
+            self.miss_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            return Ok(ids);
+        }
+        let keys: Vec<u64> = {
+            let mut start = 0;
+            ends.iter()
+                .map(|&end| {
+                    let k = self.hasher.hash_one(&text[start..end]);
+                    start = end;
+                    k
+                })
+                .collect()
+        };
+        let mut ids = Vec::new();
+        let (mut at, found, mut parent, generation) = {
+            let mut t = self.tree.lock();
+            let (mut parent, mut start, mut found) = (ROOT, 0, 0);
+            for (&end, &key) in ends.iter().zip(&keys) {
+                let Some(&n) = t.by_key.get(&(parent, key)) else { break };
+                if *t.nodes[n as usize].text != text[start..end] {
+                    break;
+                }
+                t.clock += 1;
+                let clock = t.clock;
+                let node = &mut t.nodes[n as usize];
+                node.used = clock;
+                ids.extend_from_slice(&node.ids);
+                (parent, start, found) = (n, end, found + 1);
+            }
+            let generation = if parent == ROOT { 0 } else { t.nodes[parent as usize].generation };
+            (start, found, parent, generation)
+        };
+        self.hit_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);
+        let hit = ids.len();
+        let mut fresh: Vec<(usize, Vec<u32>)> = Vec::with_capacity(ends.len() - found);
+        for &end in &ends[found..] {
+            fresh.push((at, raw(&text[at..end])?));
+            at = end;
+        }
+        let last = *ends.last().expect("not empty");
+        let tail = raw(&text[last..])?;
+        for (_, seg) in &fresh {
+            ids.extend_from_slice(seg);
+        }
+        ids.extend_from_slice(&tail);
+        self.miss_tokens.fetch_add((ids.len() - hit) as u64, Ordering::Relaxed);
+        let new_bytes: usize =
+            fresh.iter().zip(&ends[found..]).map(|((s, v), e)| e - s + 4 * v.len() + NODE_OVERHEAD).sum();
+        if !fresh.is_empty() && new_bytes <= self.max_bytes / 4 {
+            let mut t = self.tree.lock();
+            if parent == ROOT || (t.nodes[parent as usize].alive && t.nodes[parent as usize].generation == generation) {
+                for (((s, seg), &e), &key) in fresh.into_iter().zip(&ends[found..]).zip(&keys[found..]) {
+                    parent = match t.by_key.get(&(parent, key)) {
+                        Some(&n) if *t.nodes[n as usize].text == text[s..e] => n,
+                        Some(_) => break,
+                        None => t.add(parent, key, &text[s..e], seg),
+                    };
+                }
+                t.evict(self.max_bytes);
+            }
+        }
+        Ok(ids)
+    }
+}
+
+impl Tree {
+    fn add(&mut self, parent: u32, key: u64, text: &str, ids: Vec<u32>) -> u32 {
+        self.clock += 1;
+        self.bytes += text.len() + 4 * ids.len() + NODE_OVERHEAD;
+        let node = Node {
+            parent,
+            key,
+            text: text.into(),
+            ids: ids.into_boxed_slice(),
+            children: 0,
+            used: self.clock,
+            generation: 0,
+            alive: true,
+        };
+        let n = match self.free.pop() {
+            Some(n) => {
+                let generation = self.nodes[n as usize].generation.wrapping_add(1);
+                self.nodes[n as usize] = Node { generation, ..node };
+                n
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        if parent != ROOT {
+            self.nodes[parent as usize].children += 1;
+        }
+        self.by_key.insert((parent, key), n);
+        n
+    }
+
+    /// Past `max` bytes, forgets least recently used leaves until three quarters are left.
+    fn evict(&mut self, max: usize) {
+        if self.bytes <= max {
+            return;
+        }
+        let goal = max / 4 * 3;
+        while self.bytes > goal {
+            let mut leaves: Vec<(u64, u32)> = (0..self.nodes.len() as u32)
+                .filter(|&n| self.nodes[n as usize].alive && self.nodes[n as usize].children == 0)
+                .map(|n| (self.nodes[n as usize].used, n))
+                .collect();
+            if leaves.is_empty() {
+                return;
+            }
+            leaves.sort_unstable();
+            for (_, n) in leaves {
+                if self.bytes <= goal {
+                    return;
+                }
+                self.remove(n);
+            }
+        }
+    }
+
+    fn remove(&mut self, n: u32) {
+        let node = &mut self.nodes[n as usize];
+        node.alive = false;
+        let (parent, key) = (node.parent, node.key);
+        self.bytes -= node.text.len() + 4 * node.ids.len() + NODE_OVERHEAD;
+        node.text = Box::from("");
+        node.ids = Box::new([]);
+        self.by_key.remove(&(parent, key));
+        if parent != ROOT {
+            self.nodes[parent as usize].children -= 1;
+        }
+        self.free.push(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A word-level tokenizer over `words` with `added` tokens `(content, special, lstrip)`.
+    fn tokenizer(added: &[(&str, bool, bool)]) -> tokenizers::Tokenizer {
+        let words = ["[UNK]", "a", "b", "hello", "world", "<", ">", "|", "!", "."];
+        let n = words.len();
+        let vocab: serde_json::Map<String, serde_json::Value> =
+            words.iter().enumerate().map(|(i, w)| (w.to_string(), json!(i))).collect();
+        let added: Vec<_> = added
+            .iter()
+            .enumerate()
+            .map(|(i, (c, special, lstrip))| {
+                json!({"id": n + i, "content": c, "single_word": false, "lstrip": lstrip, "rstrip": false,
+                       "normalized": false, "special": special})
+            })
+            .collect();
+        let def = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+            "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+        });
+        def.to_string().parse().expect("tokenizer")
+    }
+
+    /// Deterministic texts made of words, spaces and added tokens.
+    fn texts(pieces: &[&str], count: usize, seed: u64) -> Vec<String> {
+        let mut x = seed;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        (0..count)
+            .map(|_| {
+                let len = next() % 24;
+                (0..len).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect::<String>()
+            })
+            .collect()
+    }
+
+    fn plain(tok: &tokenizers::Tokenizer, text: &str) -> Vec<u32> {
+        tok.encode(text, false).expect("encode").get_ids().to_vec()
+    }
+
+    #[test]
+    fn cached_ids_equal_uncached_ids_and_heads_are_reused() {
+        let added = [("<s>", true, false), ("</s>", true, false), ("<|x|>", true, false)];
+        let tok = tokenizer(&added);
+        let cache = HeadCache::new(&tok, 1 << 20).expect("boundaries exist");
+        let pieces = ["a", "b", " ", "  ", "hello", "world!", "<s>", "</s>", "<|x|>", "<", "|", ">", "\n", "é"];
+        let all = texts(&pieces, 2_000, 7);
+        for round in 0..2 {
+            for t in &all {
+                assert_eq!(cache.encode(&tok, t).expect("cached"), plain(&tok, t), "round {round}: {t:?}");
+            }
+        }
+        let stats = cache.stats();
+        assert!(stats.hit_tokens > stats.miss_tokens / 2, "{stats:?}");
+        // A conversation that grows: each turn's head is the previous turn's text.
+        let mut chat = String::from("<s>hello world</s>");
+        for turn in 0..20 {
+            chat.push_str(&format!("<|x|>a b {turn} hello</s>"));
+            let before = cache.stats().hit_tokens;
+            assert_eq!(cache.encode(&tok, &chat).expect("cached"), plain(&tok, &chat));
+            if turn > 0 {
+                assert!(cache.stats().hit_tokens > before, "turn {turn} reused nothing");
+            }
+        }
+    }
+
+    #[test]
+    fn tokens_that_can_overlap_are_not_boundaries() {
+        // "<a>" sits inside "<a>b", "x]" ends where "]y" could begin, "</s>" lstrips.
+        let tok = tokenizer(&[
+            ("<a>", true, false),
+            ("<a>b", true, false),
+            ("</s>", true, true),
+            ("x]", true, false),
+            ("]y", true, false),
+        ]);
+        assert!(HeadCache::new(&tok, 1 << 20).is_none());
+        // A non-special added token is never a boundary.
+        assert!(HeadCache::new(&tokenizer(&[("<s>", false, false)]), 1 << 20).is_none());
+        // A token that overlaps itself ("aa" in "aaa") is not one either.
+        assert!(overlaps_itself("<a<") && !overlaps_itself("<s>"));
+        assert!(HeadCache::new(&tokenizer(&[("<s>", true, false)]), 0).is_none(), "0 bytes: no cache");
+        // With overlapping ones present (the plain "<a>b" would be cut after "<a>" if "<a>" were a
+        // boundary), a clean token still is a boundary, and every split still gives HF's ids.
+        let tok =
+            tokenizer(&[("<a>", true, false), ("<a>b", false, false), ("<s>", true, false), ("</s>", true, true)]);
+        let cache = HeadCache::new(&tok, 1 << 20).expect("<s> is a boundary");
+        for t in texts(&["<a>", "<a>b", "b", "<s>", " </s>", "  ", "hello"], 1_000, 3) {
+            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t), "{t:?}");
+            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t), "again: {t:?}");
+        }
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes_and_forgets_the_oldest() {
+        let tok = tokenizer(&[("<s>", true, false)]);
+        let max = 64 * 1024;
+        let cache = HeadCache::new(&tok, max).expect("cache");
+        let first = "hello hello hello<s>world";
+        cache.encode(&tok, first).expect("encode");
+        for i in 0..5_000 {
+            let t = format!("<s>a {i} b<s>hello {i}<s>world");
+            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t));
+            assert!(cache.stats().bytes as usize <= max, "{:?}", cache.stats());
+        }
+        let before = cache.stats().hit_tokens;
+        cache.encode(&tok, first).expect("encode");
+        assert_eq!(cache.stats().hit_tokens, before, "the first conversation was forgotten");
+        assert!(cache.stats().segments > 100, "{:?}", cache.stats());
+    }
+}
