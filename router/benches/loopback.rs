@@ -1,0 +1,454 @@
+//! W3 of issue 17, end to end over loopback: the real `ferry-router` process pinned to one
+//! core, and on the other core zero-cost mock workers (4 prefill, 2 decode; real gRPC,
+//! `common/mock_workers.rs`) and the load: `c` keep-alive HTTP connections each sending the
+//! next request as soon as the last one is answered (non-streaming, 8 output tokens).
+//!
+//! Bodies: a 16 KB chat (an 8 KB system prompt shared by every request, an 8 KB user message
+//! of its own), with the tokenizer's head cache on and off; and `/v1/completions` with a
+//! ~4,500-token prompt, its first half shared. Each request writes its own number at the start
+//! of its own part, so no two prompts are alike; the router tokenizes every one.
+//!
+//! Per cell it prints req/s, the router's CPU (from `/proc`), router CPU-µs per request and
+//! req/s per router core (requests / router CPU-seconds), p50 / p99 latency, the same through
+//! the direct baseline — the load calling the mock workers' `Prefill` and `Generate` itself
+//! with the prompt's ids, as the router would — and the difference (added p50 / p99), and the
+//! router's RSS. smg's figures (issue 17, this machine) are printed beside.
+//!
+//! `cargo bench -p ferry-router --bench loopback`; needs SmolLM2 (`FERRY_SMOLLM2` or the
+//! `ferry model fetch smollm2-135m` cache) and `taskset`; `FERRY_BENCH_QUICK=1` runs 0.5 s
+//! cells at c = 1 and 8 (CI smoke run).
+
+#[path = "common/mock_workers.rs"]
+mod mock_workers;
+#[path = "common/rng.rs"]
+#[allow(dead_code)]
+mod rng;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ferry_proto::v1 as pb;
+use ferry_tokenize::ServedModel;
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+use rng::Rng;
+
+const WORDS: &[&str] = &[
+    "the",
+    "ferry",
+    "crossed",
+    "river",
+    "at",
+    "dawn",
+    "and",
+    "its",
+    "captain",
+    "wrote",
+    "a",
+    "long",
+    "letter",
+    "about",
+    "weather",
+    "tides",
+    "cargo",
+    "passengers",
+    "who",
+    "asked",
+    "questions",
+    "on",
+    "deck",
+    "while",
+    "gulls",
+    "circled",
+    "over",
+    "harbour",
+    "lights",
+    "engine",
+    "room",
+    "was",
+    "warm",
+    "quiet",
+    "schedule",
+    "changed",
+    "twice",
+    "because",
+    "of",
+    "fog",
+    "wind",
+    "from",
+    "north",
+    "east",
+    "ticket",
+    "price",
+    "rose",
+    "by",
+    "12",
+    "percent",
+    "in",
+];
+const OUTPUT_TOKENS: u32 = 8;
+const PREFILL_WORKERS: usize = 4;
+const DECODE_WORKERS: usize = 2;
+
+fn text(rng: &mut Rng, bytes: usize) -> String {
+    let mut s = String::with_capacity(bytes + 16);
+    while s.len() < bytes {
+        s.push_str(WORDS[(rng.next() % WORDS.len() as u64) as usize]);
+        s.push(if rng.next().is_multiple_of(12) { '\n' } else { ' ' });
+    }
+    s
+}
+
+fn model_path() -> PathBuf {
+    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let cache =
+        std::env::var("FERRY_CACHE_DIR").map_or_else(|_| PathBuf::from(home).join(".cache/ferry"), PathBuf::from);
+    cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// Where a body takes its request's number, so that no two requests send the same prompt.
+const MARK: &str = "@@N@@";
+
+/// One kind of request: bodies (each split where the request's number goes, at the start of
+/// its own part of the prompt) and their prompts' ids for the direct path.
+struct Workload {
+    name: &'static str,
+    path: &'static str,
+    bodies: Vec<(String, String)>,
+    ids: Vec<Vec<u32>>,
+}
+
+fn split(body: String) -> (String, String) {
+    let at = body.find(MARK).expect("mark");
+    (body[..at].to_string(), body[at + MARK.len()..].to_string())
+}
+
+fn workloads(model: &ServedModel) -> Vec<Workload> {
+    let mut rng = Rng(0x3eed);
+    let name = &model.name;
+    let tok = &model.tokenizer;
+    let variants = 256;
+    // Chat: 8 KB system prompt shared, 8 KB user message each.
+    let system = text(&mut rng, 8 * 1024);
+    let template = tok.chat_template().expect("chat template");
+    let (mut chat, mut chat_ids) = (Vec::new(), Vec::new());
+    for _ in 0..variants {
+        let user = format!("{MARK} {}", text(&mut rng, 8 * 1024));
+        let msgs = [
+            ferry_tokenize::ChatMessage::new("system", system.clone()),
+            ferry_tokenize::ChatMessage::new("user", user.clone()),
+        ];
+        chat_ids.push(tok.encode_uncached(&template.render(&msgs, true).expect("render")).expect("encode"));
+        let body = serde_json::json!({
+            "model": name, "max_tokens": OUTPUT_TOKENS,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        });
+        chat.push(split(body.to_string()));
+    }
+    // Completions: ~4,500 tokens, the first half shared.
+    let mut shared = String::new();
+    while tok.encode_uncached(&shared).expect("encode").len() < 2_250 {
+        shared.push_str(&text(&mut rng, 512));
+    }
+    let (mut comp, mut comp_ids) = (Vec::new(), Vec::new());
+    for i in 0..variants {
+        let mut own = format!("{MARK}{i} ");
+        while tok.encode_uncached(&own).expect("encode").len() < 2_250 {
+            own.push_str(&text(&mut rng, 512));
+        }
+        let prompt = format!("{shared}{own}");
+        comp_ids.push(tok.encode_uncached(&prompt).expect("encode"));
+        comp.push(split(serde_json::json!({"model": name, "max_tokens": OUTPUT_TOKENS, "prompt": prompt}).to_string()));
+    }
+    let chat_bytes = chat.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>() / variants;
+    let comp_tokens = comp_ids.iter().map(Vec::len).sum::<usize>() / variants;
+    println!(
+        "bodies: chat {chat_bytes} bytes ({} tokens); completions {comp_tokens} tokens, half shared",
+        chat_ids[0].len()
+    );
+    vec![
+        Workload { name: "chat 16 KB", path: "/v1/chat/completions", bodies: chat, ids: chat_ids },
+        Workload { name: "completions 4.5 k tokens", path: "/v1/completions", bodies: comp, ids: comp_ids },
+    ]
+}
+
+/// The router's user + system CPU seconds and RSS (MB) from `/proc`.
+fn router_cpu(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("router stat");
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().expect("utime") + f[12].parse::<f64>().expect("stime");
+    ticks / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        let out = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0)
+    })
+}
+
+fn rss_mb(pid: u32, key: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("router status");
+    let line = status.lines().find(|l| l.starts_with(key)).expect("rss line");
+    line.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / 1024.0
+}
+
+struct Router {
+    child: Child,
+    http: String,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_router(model: &PathBuf, prefill: &[String], decode: &[String], cache_mib: usize) -> Router {
+    let http = format!("127.0.0.1:{}", free_port());
+    let mut c = Command::new("taskset");
+    c.args(["-c", "0", env!("CARGO_BIN_EXE_ferry-router"), "--model"]).arg(model);
+    for p in prefill {
+        c.args(["--prefill", p]);
+    }
+    for d in decode {
+        c.args(["--decode", d]);
+    }
+    c.args(["--http-addr", &http, "--insecure-internal", "--tokenizer-cache-mib", &cache_mib.to_string()]);
+    c.env("RUST_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::inherit());
+    let child = c.spawn().expect("start ferry-router");
+    let router = Router { child, http };
+    // Ready: every worker healthy.
+    let want = format!("ferry_router_workers{{role=\"prefill\",state=\"healthy\"}} {PREFILL_WORKERS}");
+    for _ in 0..600 {
+        if let Ok((200, m)) = get(&router.http, "/metrics").await
+            && m.contains(&want)
+        {
+            return router;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the router at {} did not see its workers healthy in 30 s", router.http);
+}
+
+async fn connect(addr: &str) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.expect("handshake");
+    tokio::spawn(conn);
+    send
+}
+
+async fn get(addr: &str, path: &str) -> Result<(u16, String), hyper::Error> {
+    let Ok(tcp) = tokio::net::TcpStream::connect(addr).await else { return Ok((0, String::new())) };
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header("host", addr)
+        .body(http_body_util::Full::<hyper::body::Bytes>::default())
+        .expect("request");
+    let resp = send.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Latencies (seconds) of every request answered in `secs`, `c` at a time.
+async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f64>, usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let bodies = Arc::new(w.bodies.clone());
+    let mut tasks = Vec::new();
+    for k in 0..c {
+        let (stop, bodies, addr, path) = (Arc::clone(&stop), Arc::clone(&bodies), addr.to_string(), w.path);
+        tasks.push(tokio::spawn(async move {
+            let mut send = connect(&addr).await;
+            let (mut lat, mut failed, mut i) = (Vec::new(), 0usize, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let (pre, post) = &bodies[i % bodies.len()];
+                let body = hyper::body::Bytes::from(format!("{pre}{i}-{k}{post}"));
+                i += 1;
+                let req = hyper::Request::post(path)
+                    .header("host", &addr)
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(body))
+                    .expect("request");
+                let t = Instant::now();
+                let ok = match send.send_request(req).await {
+                    Ok(resp) => resp.status() == 200 && resp.into_body().collect().await.is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    lat.push(t.elapsed().as_secs_f64());
+                } else {
+                    failed += 1;
+                    send = connect(&addr).await;
+                }
+            }
+            (lat, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut all, mut failed) = (Vec::new(), 0);
+    for t in tasks {
+        let (l, f) = t.await.expect("client");
+        all.extend(l);
+        failed += f;
+    }
+    (all, failed)
+}
+
+/// The direct baseline: the load calls `Prefill` and `Generate` itself with the prompt's ids.
+async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, secs: f64) -> Vec<f64> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ids = Arc::new(w.ids.clone());
+    let mut tasks = Vec::new();
+    for k in 0..c {
+        let p = format!("http://{}", prefill[k % prefill.len()]);
+        let d = format!("http://{}", decode[k % decode.len()]);
+        let (stop, ids) = (Arc::clone(&stop), Arc::clone(&ids));
+        tasks.push(tokio::spawn(async move {
+            let mut pc = pb::prefill_client::PrefillClient::connect(p)
+                .await
+                .expect("prefill")
+                .max_encoding_message_size(64 << 20);
+            let mut dc =
+                pb::decode_client::DecodeClient::connect(d).await.expect("decode").max_encoding_message_size(64 << 20);
+            let (mut lat, mut i) = (Vec::new(), k * 7);
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let tokens = ids[i % ids.len()].clone();
+                i += 1;
+                let sampling = Some(pb::SamplingParams { max_new_tokens: OUTPUT_TOKENS, ..Default::default() });
+                let room = Some(pb::RoomKey { room: i as u64, secret: vec![7; 32] });
+                let preq = pb::PrefillRequest {
+                    room: room.clone(),
+                    token_ids: tokens.clone(),
+                    sampling: sampling.clone(),
+                    ..Default::default()
+                };
+                let dreq = pb::DecodeRequest { room, token_ids: tokens, sampling, ..Default::default() };
+                let (p, d) = tokio::join!(pc.prefill(preq), async {
+                    let mut s = dc.generate(dreq).await?.into_inner();
+                    while s.message().await?.is_some() {}
+                    Ok::<_, tonic::Status>(())
+                });
+                p.expect("prefill");
+                d.expect("generate");
+                lat.push(t.elapsed().as_secs_f64());
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.expect("client"));
+    }
+    all
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cores >= 2, "W3 needs two cores (router on one, workers and load on the other)");
+    // This process (the mock workers and the load) on core 1, the router on core 0.
+    let pinned = Command::new("taskset")
+        .args(["-a", "-p", "-c", "1", &std::process::id().to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("taskset");
+    assert!(pinned.success(), "taskset could not pin the bench to core 1");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(run(quick));
+}
+
+async fn run(quick: bool) {
+    let path = model_path();
+    assert!(path.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m`", path.display());
+    let model = ServedModel::load(&path).expect("model");
+    let loads = workloads(&model);
+    let mut prefill = Vec::new();
+    for _ in 0..PREFILL_WORKERS {
+        prefill.push(mock_workers::serve("prefill").await);
+    }
+    let mut decode = Vec::new();
+    for _ in 0..DECODE_WORKERS {
+        decode.push(mock_workers::serve("decode").await);
+    }
+    let (secs, levels): (f64, &[usize]) = if quick { (0.5, &[1, 8]) } else { (3.0, &[1, 8, 32, 128]) };
+    println!(
+        "router pinned to core 0; {PREFILL_WORKERS} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell"
+    );
+    println!(
+        "smg (issue 17, this machine): 16 KB chat on raw text 4.7 k req/s/core, 209 us CPU/request; 4.5 k-token prompt with tokenization 478 req/s/core, 2.08 ms CPU/request"
+    );
+    let runs = [(&loads[0], 64, "head cache on"), (&loads[0], 0, "head cache off"), (&loads[1], 64, "")];
+    for (w, cache, note) in runs {
+        let router = start_router(&path, &prefill, &decode, cache).await;
+        let pid = router.child.id();
+        // Warm up: connections, the head cache's shared system prompt, allocator.
+        through_router(&router.http, w, 2, if quick { 0.2 } else { 1.0 }).await;
+        println!("\n{} {note}", w.name);
+        println!(
+            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "c",
+            "req/s",
+            "cpu %",
+            "cpu us/req",
+            "req/s/core",
+            "p50 ms",
+            "p99 ms",
+            "dir p50",
+            "dir p99",
+            "+p50 ms",
+            "+p99 ms",
+            "RSS MB"
+        );
+        for &c in levels {
+            let cpu0 = router_cpu(pid);
+            let t = Instant::now();
+            let (mut lat, failed) = through_router(&router.http, w, c, secs).await;
+            let wall = t.elapsed().as_secs_f64();
+            let cpu = router_cpu(pid) - cpu0;
+            assert_eq!(failed, 0, "{} requests failed at c = {c}", failed);
+            let n = lat.len() as f64;
+            let (p50, p99) = (pct(&mut lat, 0.5) * 1e3, pct(&mut lat, 0.99) * 1e3);
+            let mut dir = direct(&prefill, &decode, w, c, secs).await;
+            let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
+            println!(
+                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0}",
+                n / wall,
+                cpu / wall * 100.0,
+                cpu / n * 1e6,
+                n / cpu,
+                p50 - d50,
+                p99 - d99,
+                rss_mb(pid, "VmRSS")
+            );
+        }
+        println!("router peak RSS {:.0} MB", rss_mb(pid, "VmHWM"));
+    }
+}
