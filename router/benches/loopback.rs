@@ -148,7 +148,7 @@ fn workloads(model: &ServedModel) -> Vec<Workload> {
             ferry_tokenize::ChatMessage::new("system", system.clone()),
             ferry_tokenize::ChatMessage::new("user", user.clone()),
         ];
-        chat_ids.push(tok.encode_uncached(&template.render(&msgs, true).expect("render")).expect("encode"));
+        chat_ids.push(tok.encode(&template.render(&msgs, true).expect("render")).expect("encode"));
         let body = serde_json::json!({
             "model": name, "max_tokens": OUTPUT_TOKENS,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -157,17 +157,17 @@ fn workloads(model: &ServedModel) -> Vec<Workload> {
     }
     // Completions: ~4,500 tokens, the first half shared.
     let mut shared = String::new();
-    while tok.encode_uncached(&shared).expect("encode").len() < 2_250 {
+    while tok.encode(&shared).expect("encode").len() < 2_250 {
         shared.push_str(&text(&mut rng, 512));
     }
     let (mut comp, mut comp_ids) = (Vec::new(), Vec::new());
     for i in 0..variants {
         let mut own = format!("{MARK}{i} ");
-        while tok.encode_uncached(&own).expect("encode").len() < 2_250 {
+        while tok.encode(&own).expect("encode").len() < 2_250 {
             own.push_str(&text(&mut rng, 512));
         }
         let prompt = format!("{shared}{own}");
-        comp_ids.push(tok.encode_uncached(&prompt).expect("encode"));
+        comp_ids.push(tok.encode(&prompt).expect("encode"));
         comp.push(split(serde_json::json!({"model": name, "max_tokens": OUTPUT_TOKENS, "prompt": prompt}).to_string()));
     }
     let chat_bytes = chat.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>() / variants;

@@ -1,7 +1,8 @@
 //! Tokenization of chat prompts as the router does it (issue 17): HF `tokenizers`' `encode`
-//! alone against the router's tokenizer with the head cache (`--tokenizer-cache-mib`), on the
-//! same texts in the same order, in one process. (HF's `encode_fast`, which skips offsets,
-//! measured no faster here.)
+//! alone, Ferry's tokenizer without the head cache (its byte-level BPE fast path,
+//! `tokenize/src/fast_bpe.rs`) and with it (`--tokenizer-cache-mib`), on the same texts in the
+//! same order, in one process. (HF's `encode_fast`, which skips offsets, measured no faster
+//! than its `encode` here.)
 //!
 //! The workload: C conversations share one system prompt (~1,400 tokens); each has T turns of
 //! a ~150-token user message and a ~150-token answer; requests arrive round-robin across the
@@ -181,15 +182,19 @@ fn main() {
         texts.len(),
         bytes as f64 / 1e6
     );
-    let want: Vec<Vec<u32>> = texts.iter().map(|(t, _)| plain.encode_uncached(t).expect("encode")).collect();
+    let want: Vec<Vec<u32>> = texts.iter().map(|(t, _)| plain.encode_hf(t).expect("encode")).collect();
     let (mut hf_rate, mut cached_rate, mut hf_last, mut cached_last, mut hf_p99, mut cached_p99) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut fast_rate, mut fast_last) = (Vec::new(), Vec::new());
     let mut hit_share = 0.0;
     for _ in 0..rounds {
         let (all, mut last, tokens) = run(&texts, |t| plain.hf().encode(t, false).expect("encode").get_ids().to_vec());
         hf_rate.push(tokens as f64 / all.iter().sum::<f64>());
         hf_last.push(median(&mut last) * 1e6);
         hf_p99.push(pct(&mut last, 0.99) * 1e6);
+        let (all, mut last, tokens) = run(&texts, |t| plain.encode(t).expect("encode"));
+        fast_rate.push(tokens as f64 / all.iter().sum::<f64>());
+        fast_last.push(median(&mut last) * 1e6);
         // A fresh cache each round.
         let cached = plain.clone().with_head_cache(64 << 20);
         let (all, mut last, tokens) = run(&texts, |t| cached.encode(t).expect("encode"));
@@ -204,7 +209,14 @@ fn main() {
     }
     let (hf, ca) = (median(&mut hf_rate), median(&mut cached_rate));
     println!("medians of {rounds} rounds:");
+    let fast = median(&mut fast_rate);
     println!("  HF tokenizers alone      {:>10.0} tokens/s", hf);
+    println!(
+        "  Ferry, no head cache     {:>10.0} tokens/s   {:.1}x   last turn p50 {:.0} us",
+        fast,
+        fast / hf,
+        median(&mut fast_last)
+    );
     println!(
         "  with the head cache      {:>10.0} tokens/s   {:.1}x   ({:.0} % of ids from the cache)",
         ca,
@@ -236,7 +248,7 @@ fn main() {
         })
         .collect();
     let avg = unique.iter().map(String::len).sum::<usize>() / unique.len();
-    let (mut hf_us, mut cached_us) = (Vec::new(), Vec::new());
+    let (mut hf_us, mut cached_us, mut fast_us) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let cached = plain.clone().with_head_cache(64 << 20);
         for t in &unique {
@@ -247,11 +259,41 @@ fn main() {
             let b = cached.encode(t).expect("encode");
             cached_us.push(s.elapsed().as_secs_f64() * 1e6);
             assert_eq!(a, b);
+            let s = Instant::now();
+            let c = plain.encode(t).expect("encode");
+            fast_us.push(s.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(a, c);
         }
     }
-    let (h, c) = (median(&mut hf_us), median(&mut cached_us));
+    // Words that never repeat (random letters): every word misses both tokenizers' word caches.
+    let mut rng = Rng(0xfeed);
+    let fresh: Vec<String> = (0..if quick { 20 } else { 200 })
+        .map(|_| {
+            let mut t = String::new();
+            while t.len() < 16 * 1024 {
+                let len = 3 + rng.next() % 7;
+                t.extend((0..len).map(|_| (b'a' + (rng.next() % 26) as u8) as char));
+                t.push_str(if rng.next().is_multiple_of(9) { ". " } else { " " });
+            }
+            t
+        })
+        .collect();
+    let (mut hf_fresh, mut fast_fresh) = (Vec::new(), Vec::new());
+    for t in &fresh {
+        let s = Instant::now();
+        let a = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+        hf_fresh.push(s.elapsed().as_secs_f64() * 1e6);
+        let s = Instant::now();
+        let b = plain.encode(t).expect("encode");
+        fast_fresh.push(s.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(a, b);
+    }
+    let (hr, fr) = (median(&mut hf_fresh), median(&mut fast_fresh));
+    println!("16 KB of never-repeating random words: HF p50 {hr:.0} us, Ferry p50 {fr:.0} us ({:.1}x)", hr / fr);
+    let (h, c, f) = (median(&mut hf_us), median(&mut cached_us), median(&mut fast_us));
     println!(
-        "unique {avg}-byte chats (all misses): HF p50 {h:.0} us, with the cache p50 {c:.0} us ({:+.1} %)",
-        (c / h - 1.0) * 100.0
+        "unique {avg}-byte chats (all misses): HF p50 {h:.0} us; Ferry p50 {f:.0} us ({:.1}x), with the head cache {c:.0} us ({:+.1} % on Ferry's)",
+        h / f,
+        (c / f - 1.0) * 100.0
     );
 }

@@ -143,15 +143,14 @@ impl HeadCache {
         }
     }
 
-    /// The ids of `text` as `tok.encode(text, false)` gives them, reusing cached segments.
-    pub fn encode(&self, tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let raw = |s: &str| -> Result<Vec<u32>, TokenizeError> {
-            if s.is_empty() {
-                return Ok(Vec::new());
-            }
-            let enc = tok.encode(s, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-            Ok(enc.get_ids().to_vec())
-        };
+    /// The ids of `text` as `tokenize(text)` gives them (the tokenizer's own ids, without
+    /// BOS), reusing cached segments and tokenizing the others with `tokenize`.
+    pub fn encode(
+        &self,
+        text: &str,
+        tokenize: impl Fn(&str) -> Result<Vec<u32>, TokenizeError>,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let raw = |s: &str| if s.is_empty() { Ok(Vec::new()) } else { tokenize(s) };
         let ends: Vec<usize> = self.boundaries.find_iter(text).map(|m| m.end()).collect();
         if ends.is_empty() {
             let ids = raw(text)?;
@@ -340,6 +339,10 @@ mod tests {
         tok.encode(text, false).expect("encode").get_ids().to_vec()
     }
 
+    fn enc(cache: &HeadCache, tok: &tokenizers::Tokenizer, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        cache.encode(text, |s| Ok(plain(tok, s)))
+    }
+
     #[test]
     fn cached_ids_equal_uncached_ids_and_heads_are_reused() {
         let added = [("<s>", true, false), ("</s>", true, false), ("<|x|>", true, false)];
@@ -349,7 +352,7 @@ mod tests {
         let all = texts(&pieces, 2_000, 7);
         for round in 0..2 {
             for t in &all {
-                assert_eq!(cache.encode(&tok, t).expect("cached"), plain(&tok, t), "round {round}: {t:?}");
+                assert_eq!(enc(&cache, &tok, t).expect("cached"), plain(&tok, t), "round {round}: {t:?}");
             }
         }
         let stats = cache.stats();
@@ -359,7 +362,7 @@ mod tests {
         for turn in 0..20 {
             chat.push_str(&format!("<|x|>a b {turn} hello</s>"));
             let before = cache.stats().hit_tokens;
-            assert_eq!(cache.encode(&tok, &chat).expect("cached"), plain(&tok, &chat));
+            assert_eq!(enc(&cache, &tok, &chat).expect("cached"), plain(&tok, &chat));
             if turn > 0 {
                 assert!(cache.stats().hit_tokens > before, "turn {turn} reused nothing");
             }
@@ -388,8 +391,8 @@ mod tests {
             tokenizer(&[("<a>", true, false), ("<a>b", false, false), ("<s>", true, false), ("</s>", true, true)]);
         let cache = HeadCache::new(&tok, 1 << 20).expect("<s> is a boundary");
         for t in texts(&["<a>", "<a>b", "b", "<s>", " </s>", "  ", "hello"], 1_000, 3) {
-            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t), "{t:?}");
-            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t), "again: {t:?}");
+            assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t), "{t:?}");
+            assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t), "again: {t:?}");
         }
     }
 
@@ -399,14 +402,14 @@ mod tests {
         let max = 64 * 1024;
         let cache = HeadCache::new(&tok, max).expect("cache");
         let first = "hello hello hello<s>world";
-        cache.encode(&tok, first).expect("encode");
+        enc(&cache, &tok, first).expect("encode");
         for i in 0..5_000 {
             let t = format!("<s>a {i} b<s>hello {i}<s>world");
-            assert_eq!(cache.encode(&tok, &t).expect("cached"), plain(&tok, &t));
+            assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t));
             assert!(cache.stats().bytes as usize <= max, "{:?}", cache.stats());
         }
         let before = cache.stats().hit_tokens;
-        cache.encode(&tok, first).expect("encode");
+        enc(&cache, &tok, first).expect("encode");
         assert_eq!(cache.stats().hit_tokens, before, "the first conversation was forgotten");
         assert!(cache.stats().segments > 100, "{:?}", cache.stats());
     }

@@ -15,6 +15,7 @@
 mod chat;
 mod detok;
 mod error;
+mod fast_bpe;
 pub mod gguf;
 mod gguf_vocab;
 pub mod gguf_write;

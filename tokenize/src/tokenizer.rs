@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
+use crate::fast_bpe::FastBpe;
 use crate::gguf::{GgufHeader, Value};
 use crate::{ChatTemplate, HeadCache, TokenizeError};
 
@@ -19,6 +20,8 @@ pub struct Tokenizer {
     vocab_size: usize,
     /// Shared by clones.
     head_cache: Option<Arc<HeadCache>>,
+    /// HF's ids without HF's pipeline, where the vocabulary's shape allows.
+    fast: Option<Arc<FastBpe>>,
 }
 
 impl Tokenizer {
@@ -119,7 +122,8 @@ impl Tokenizer {
                 "special token id {bad} is outside the vocabulary of {vocab_size}"
             )));
         }
-        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size, head_cache: None })
+        let fast = FastBpe::new(&inner).map(Arc::new);
+        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size, head_cache: None, fast })
     }
 
     /// This tokenizer with a [`HeadCache`] of at most `max_bytes` (shared by its clones), where
@@ -134,11 +138,34 @@ impl Tokenizer {
         self.head_cache.as_deref()
     }
 
-    /// Token ids of `text` from HF `tokenizers` alone, never from the head cache (for
-    /// comparisons).
-    pub fn encode_uncached(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+    /// Token ids of `text` from HF `tokenizers`' own pipeline alone — no head cache, no
+    /// [`FastBpe`] — with the same BOS rule: the reference [`encode`](Self::encode) equals.
+    pub fn encode_hf(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        Ok(self.with_bos(self.hf_ids(text)?))
+    }
+
+    fn hf_ids(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
-        Ok(self.with_bos(enc.get_ids().to_vec()))
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The tokenizer's ids for `text` without BOS: the fast path where there is one.
+    fn ids(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        match &self.fast {
+            Some(f) => Ok(f.encode(text)),
+            None => self.hf_ids(text),
+        }
+    }
+
+    /// Whether [`encode`](Self::encode) skips HF's pipeline (a byte-level BPE vocabulary of a
+    /// shape it reproduces exactly).
+    pub fn is_fast(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// Why [`is_fast`](Self::is_fast) is false (`None` when it is true).
+    pub fn why_not_fast(&self) -> Option<String> {
+        FastBpe::build(&self.inner).err()
     }
 
     /// The HF `tokenizers` tokenizer underneath.
@@ -159,10 +186,11 @@ impl Tokenizer {
     /// prepended when the model asks for it and the text does not already start with it.
     /// Segments held by the head cache ([`with_head_cache`](Self::with_head_cache)) are reused.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        match &self.head_cache {
-            Some(c) => Ok(self.with_bos(c.encode(&self.inner, text)?)),
-            None => self.encode_uncached(text),
-        }
+        let ids = match &self.head_cache {
+            Some(c) => c.encode(text, |s| self.ids(s))?,
+            None => self.ids(text)?,
+        };
+        Ok(self.with_bos(ids))
     }
 
     /// The text of `ids`; special tokens are kept when `skip_special` is false.

@@ -103,7 +103,7 @@ fn head_cache_gives_hf_ids_and_reuses_earlier_turns() {
                 let ids = tok.encode(&text).expect("cached");
                 assert_eq!(
                     ids,
-                    tok.encode_uncached(&text).expect("plain"),
+                    tok.encode_hf(&text).expect("plain"),
                     "conversation {conversation} turn {turn}: {text:?}"
                 );
                 assert!(
@@ -113,7 +113,65 @@ fn head_cache_gives_hf_ids_and_reuses_earlier_turns() {
                 messages.push(ChatMessage::new("assistant", say()));
             }
             let raw: String = (0..next() % 12).map(|_| snippets[(next() % snippets.len() as u64) as usize]).collect();
-            assert_eq!(tok.encode(&raw).expect("cached"), tok.encode_uncached(&raw).expect("plain"), "{raw:?}");
+            assert_eq!(tok.encode(&raw).expect("cached"), tok.encode_hf(&raw).expect("plain"), "{raw:?}");
+        }
+    }
+}
+
+/// SmolLM2's and the tiny model's vocabularies take the fast byte-level BPE path, and it gives
+/// HF's ids on texts that stress the pre-tokenizer (whitespace runs, digits, contractions,
+/// scripts, emoji, special tokens written in the text).
+#[test]
+fn fast_bpe_gives_hf_ids() {
+    let pieces = [
+        "Hello",
+        " world",
+        "  ",
+        "\n",
+        "\n\n  ",
+        "\r\n",
+        "\t",
+        "\u{a0}",
+        "'s",
+        "'LL",
+        "don't",
+        "2024",
+        " 99",
+        "½",
+        "é",
+        "naïve",
+        "東京",
+        "🚢",
+        "e\u{301}",
+        "!!",
+        " ?",
+        "...",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "the",
+        "ing",
+        "\u{4}",
+        "a\u{1}b",
+        "\u{7f}",
+    ];
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for path in [smollm2(), TinyModel::new(TinySpec::default()).gguf()] {
+        let model = load(&path);
+        let tok = model.tokenizer();
+        assert!(tok.is_fast(), "{} has no fast path: {:?}", path.display(), tok.why_not_fast());
+        let mut texts: Vec<String> = TEXTS.iter().map(|t| t.to_string()).collect();
+        texts.extend(
+            (0..2_000).map(|_| (0..next() % 40).map(|_| pieces[(next() % pieces.len() as u64) as usize]).collect()),
+        );
+        for t in &texts {
+            assert_eq!(tok.encode(t).expect("fast"), tok.encode_hf(t).expect("hf"), "{t:?}");
         }
     }
 }
