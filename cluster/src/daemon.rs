@@ -131,7 +131,7 @@ impl Daemon {
         crate::mtls::warn_plaintext(parts.tls.as_ref());
         let grpc_task = match parts.tls {
             None => tokio::spawn(async move {
-                let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+                let incoming = crate::accept::incoming(listener);
                 if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
                     tracing::error!(%worker, error = %e, "gRPC server failed");
                 }

@@ -14,6 +14,7 @@
 //! daemons; [`roles`]: which daemon may call which worker service under it; [`dial`]: channels
 //! to another daemon that check its role too.
 
+pub mod accept;
 pub mod args;
 pub mod daemon;
 mod device;

@@ -168,7 +168,10 @@ pub fn accept_tls(
     let task = tokio::spawn(async move {
         loop {
             let (tcp, peer) = match listener.accept().await {
-                Ok(c) => c,
+                Ok(c) => {
+                    crate::accept::nodelay(&c.0);
+                    c
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;

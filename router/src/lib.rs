@@ -297,7 +297,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         }),
     );
     let grpc_task = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = ferry_cluster::accept::incoming(listener);
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, shutdown.wait()).await {
             tracing::error!(error = %e, "router gRPC server failed");
         }
@@ -310,6 +310,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     let stop = shutdown_http;
     let http_task = match &tls {
         None => tokio::spawn(async move {
+            let http = axum::serve::ListenerExt::tap_io(http, |tcp| ferry_cluster::accept::nodelay(tcp));
             if let Err(e) = axum::serve(http, app).with_graceful_shutdown(stop.wait()).await {
                 tracing::error!(error = %e, "router HTTP server failed");
             }
