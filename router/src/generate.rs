@@ -22,18 +22,9 @@ use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
 use crate::placement::{DecodeState, NoDecode, Placer, PrefillState, disaggregate};
-use crate::workers::{Registry, Worker};
+use crate::workers::Registry;
 
 /// A decode worker as placement sees it.
-fn decode_state(w: &Worker, healthy: bool) -> DecodeState {
-    let load = w.load();
-    DecodeState {
-        healthy,
-        admissible_pages: load.as_ref().map_or(0, |l| u64::from(l.free_pages)),
-        total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
-    }
-}
-
 /// A validated request.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -175,25 +166,14 @@ impl Ctx {
         clock.lap("queue", Instant::now());
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
-        let prefill_states: Vec<PrefillState> = snap
-            .prefill
-            .iter()
-            .map(|w| {
-                let Some(w) = w else {
-                    return PrefillState { healthy: false, queued_tokens: 0, tokens_per_second: 0.0 };
-                };
-                let l = w.load().unwrap_or_default();
-                PrefillState {
-                    healthy: w.healthy(),
-                    queued_tokens: l.queued_prefill_tokens,
-                    tokens_per_second: l.prefill_tokens_per_second,
-                }
-            })
-            .collect();
+        let now = Instant::now();
+        let gone = PrefillState { healthy: false, queued_tokens: 0, tokens_per_second: 0.0 };
+        let prefill_states: Vec<PrefillState> =
+            snap.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect();
         let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
-        let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| decode_state(w, w.healthy())).collect();
+        let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| w.decode_state(now, false)).collect();
         let need =
             (len + req.sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(self.page_size.max(1));
         let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {

@@ -18,6 +18,7 @@ use ferry_proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::index::SharedIndex;
+use crate::placement::{DecodeState, PrefillState};
 
 mod events;
 
@@ -116,6 +117,26 @@ impl Worker {
     /// Its last load report.
     pub fn load(&self) -> Option<pb::LoadReport> {
         lock(&self.health).load.clone()
+    }
+
+    /// What placement reads of a prefill worker: one lock, nothing copied but three numbers
+    /// (a router scores every worker on every request).
+    pub fn prefill_state(&self, now: Instant) -> PrefillState {
+        let h = lock(&self.health);
+        let (queued_tokens, tokens_per_second) =
+            h.load.as_ref().map_or((0, 0.0), |l| (l.queued_prefill_tokens, l.prefill_tokens_per_second));
+        PrefillState { healthy: h.healthy(now), queued_tokens, tokens_per_second }
+    }
+
+    /// What placement reads of a decode worker (unhealthy as well when `excluded`).
+    pub fn decode_state(&self, now: Instant, excluded: bool) -> DecodeState {
+        let h = lock(&self.health);
+        let load = h.load.as_ref();
+        DecodeState {
+            healthy: !excluded && h.healthy(now),
+            admissible_pages: load.map_or(0, |l| u64::from(l.free_pages)),
+            total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
+        }
     }
 
     /// A call to it succeeded.

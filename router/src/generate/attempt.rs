@@ -3,7 +3,7 @@
 //! (or the prompt prefilled on the decode worker), each retry in a new room.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
 use ferry_cluster::{RoomKey, TraceContext, WorkerId, traces, wire};
@@ -12,7 +12,7 @@ use futures::StreamExt;
 use tonic::{Code, Status};
 use tracing::Instrument as _;
 
-use super::{Ctx, Prepared, decode_state, lock};
+use super::{Ctx, Prepared, lock};
 use crate::placement::DecodeState;
 use crate::workers::Worker;
 
@@ -192,7 +192,7 @@ impl Ctx {
     fn other_decode(&self, need: u64, tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
-            snap.decode.iter().map(|w| decode_state(w, w.healthy() && !tried.contains(&w.id))).collect();
+            snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id))).collect();
         let d = lock(&self.placer).decode(need, &states).ok()?;
         Some(Arc::clone(&snap.decode[d]))
     }
