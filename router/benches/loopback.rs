@@ -8,13 +8,17 @@
 //! ~4,500-token prompt, its first half shared. Each request writes its own number at the start
 //! of its own part, so no two prompts are alike; the router tokenizes every one.
 //!
-//! Per cell it prints req/s, the router's CPU (from `/proc`), router CPU-µs per request and
-//! req/s per router core (requests / router CPU-seconds), p50 / p99 latency, the same through
+//! Per cell it prints req/s, the router's CPU (from `/proc`), router CPU-µs per answered
+//! request and req/s per router core (answered requests / router CPU-seconds), p50 / p99
+//! latency, the same through
 //! the direct baseline — the load calling the mock workers' `Prefill` and `Generate` itself
 //! with the prompt's ids, as the router would — and the difference (added p50 / p99), and the
-//! router's RSS. smg's figures (issue 17, this machine) are printed beside.
+//! router's RSS, and the share refused as busy (429: the tokenizer pool's queue, 64 per
+//! core, is full; a refused client waits 5 ms). smg's figures (issue 17, this machine) are
+//! printed beside.
 //!
-//! `cargo bench -p ferry-router --bench loopback`; needs SmolLM2 (`FERRY_SMOLLM2` or the
+//! `cargo bench -p ferry-router --bench loopback`; `FERRY_BENCH_PREFILL=N` for N prefill
+//! workers instead of 4 (the router scores every one per request); needs SmolLM2 (`FERRY_SMOLLM2` or the
 //! `ferry model fetch smollm2-135m` cache) and `taskset`; `FERRY_BENCH_QUICK=1` runs 0.5 s
 //! cells at c = 1 and 8 (CI smoke run).
 
@@ -90,6 +94,7 @@ const WORDS: &[&str] = &[
     "in",
 ];
 const OUTPUT_TOKENS: u32 = 8;
+/// Mock prefill workers unless `FERRY_BENCH_PREFILL` says how many.
 const PREFILL_WORKERS: usize = 4;
 const DECODE_WORKERS: usize = 2;
 
@@ -217,6 +222,10 @@ impl Drop for Router {
     }
 }
 
+fn prefill_workers() -> usize {
+    std::env::var("FERRY_BENCH_PREFILL").ok().and_then(|v| v.parse().ok()).unwrap_or(PREFILL_WORKERS)
+}
+
 async fn start_router(model: &PathBuf, prefill: &[String], decode: &[String], cache_mib: usize) -> Router {
     let http = format!("127.0.0.1:{}", free_port());
     let mut c = Command::new("taskset");
@@ -232,7 +241,7 @@ async fn start_router(model: &PathBuf, prefill: &[String], decode: &[String], ca
     let child = c.spawn().expect("start ferry-router");
     let router = Router { child, http };
     // Ready: every worker healthy.
-    let want = format!("ferry_router_workers{{role=\"prefill\",state=\"healthy\"}} {PREFILL_WORKERS}");
+    let want = format!("ferry_router_workers{{role=\"prefill\",state=\"healthy\"}} {}", prefill.len());
     for _ in 0..600 {
         if let Ok((200, m)) = get(&router.http, "/metrics").await
             && m.contains(&want)
@@ -266,8 +275,9 @@ async fn get(addr: &str, path: &str) -> Result<(u16, String), hyper::Error> {
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-/// Latencies (seconds) of every request answered in `secs`, `c` at a time.
-async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f64>, usize) {
+/// Latencies (seconds) of every request answered in `secs`, `c` at a time; requests that
+/// failed; requests refused as busy.
+async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f64>, usize, usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let bodies = Arc::new(w.bodies.clone());
     let mut tasks = Vec::new();
@@ -275,7 +285,7 @@ async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f
         let (stop, bodies, addr, path) = (Arc::clone(&stop), Arc::clone(&bodies), addr.to_string(), w.path);
         tasks.push(tokio::spawn(async move {
             let mut send = connect(&addr).await;
-            let (mut lat, mut failed, mut i) = (Vec::new(), 0usize, 0);
+            let (mut lat, mut failed, mut refused, mut i) = (Vec::new(), 0usize, 0usize, 0);
             while !stop.load(Ordering::Relaxed) {
                 let (pre, post) = &bodies[i % bodies.len()];
                 let body = hyper::body::Bytes::from(format!("{pre}{i}-{k}{post}"));
@@ -286,29 +296,39 @@ async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f
                     .body(http_body_util::Full::new(body))
                     .expect("request");
                 let t = Instant::now();
-                let ok = match send.send_request(req).await {
-                    Ok(resp) => resp.status() == 200 && resp.into_body().collect().await.is_ok(),
-                    Err(_) => false,
+                let status = match send.send_request(req).await {
+                    Ok(resp) => {
+                        let s = resp.status().as_u16();
+                        if resp.into_body().collect().await.is_ok() { s } else { 0 }
+                    }
+                    Err(_) => 0,
                 };
-                if ok {
-                    lat.push(t.elapsed().as_secs_f64());
-                } else {
-                    failed += 1;
-                    send = connect(&addr).await;
+                match status {
+                    200 => lat.push(t.elapsed().as_secs_f64()),
+                    // Busy (the tokenizer pool's queue or admission): a client backs off.
+                    429 | 503 => {
+                        refused += 1;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    _ => {
+                        failed += 1;
+                        send = connect(&addr).await;
+                    }
                 }
             }
-            (lat, failed)
+            (lat, failed, refused)
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     stop.store(true, Ordering::Relaxed);
-    let (mut all, mut failed) = (Vec::new(), 0);
+    let (mut all, mut failed, mut refused) = (Vec::new(), 0, 0);
     for t in tasks {
-        let (l, f) = t.await.expect("client");
+        let (l, f, r) = t.await.expect("client");
         all.extend(l);
         failed += f;
+        refused += r;
     }
-    (all, failed)
+    (all, failed, refused)
 }
 
 /// The direct baseline: the load calls `Prefill` and `Generate` itself with the prompt's ids.
@@ -391,7 +411,7 @@ async fn run(quick: bool) {
     let model = ServedModel::load(&path).expect("model");
     let loads = workloads(&model);
     let mut prefill = Vec::new();
-    for _ in 0..PREFILL_WORKERS {
+    for _ in 0..prefill_workers() {
         prefill.push(mock_workers::serve("prefill").await);
     }
     let mut decode = Vec::new();
@@ -400,7 +420,8 @@ async fn run(quick: bool) {
     }
     let (secs, levels): (f64, &[usize]) = if quick { (0.5, &[1, 8]) } else { (3.0, &[1, 8, 32, 128]) };
     println!(
-        "router pinned to core 0; {PREFILL_WORKERS} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell"
+        "router pinned to core 0; {} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell",
+        prefill.len()
     );
     println!(
         "smg (issue 17, this machine): 16 KB chat on raw text 4.7 k req/s/core, 209 us CPU/request; 4.5 k-token prompt with tokenization 478 req/s/core, 2.08 ms CPU/request"
@@ -413,7 +434,7 @@ async fn run(quick: bool) {
         through_router(&router.http, w, 2, if quick { 0.2 } else { 1.0 }).await;
         println!("\n{} {note}", w.name);
         println!(
-            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7}",
+            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
             "c",
             "req/s",
             "cpu %",
@@ -425,12 +446,13 @@ async fn run(quick: bool) {
             "dir p99",
             "+p50 ms",
             "+p99 ms",
-            "RSS MB"
+            "RSS MB",
+            "busy %"
         );
         for &c in levels {
             let cpu0 = router_cpu(pid);
             let t = Instant::now();
-            let (mut lat, failed) = through_router(&router.http, w, c, secs).await;
+            let (mut lat, failed, refused) = through_router(&router.http, w, c, secs).await;
             let wall = t.elapsed().as_secs_f64();
             let cpu = router_cpu(pid) - cpu0;
             assert_eq!(failed, 0, "{} requests failed at c = {c}", failed);
@@ -439,14 +461,15 @@ async fn run(quick: bool) {
             let mut dir = direct(&prefill, &decode, w, c, secs).await;
             let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
             println!(
-                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0}",
+                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1}",
                 n / wall,
                 cpu / wall * 100.0,
                 cpu / n * 1e6,
                 n / cpu,
                 p50 - d50,
                 p99 - d99,
-                rss_mb(pid, "VmRSS")
+                rss_mb(pid, "VmRSS"),
+                100.0 * refused as f64 / (n + refused as f64)
             );
         }
         println!("router peak RSS {:.0} MB", rss_mb(pid, "VmHWM"));

@@ -77,7 +77,7 @@ pub async fn serve(role: &str) -> String {
     let addr = listener.local_addr().expect("addr").to_string();
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = ferry_cluster::accept::incoming(listener);
     let router =
         tonic::transport::Server::builder().add_service(health).add_service(pb::load_server::LoadServer::new(Mock));
     let router = if role == "prefill" {
