@@ -6,10 +6,12 @@
 //! every piece; on the router's 4,500-token prompts that is most of a request's CPU. Here:
 //! 1. added tokens are cut out with the rule HF uses (leftmost-longest over their texts, all
 //!    of them matched as written — the only shape accepted);
-//! 2. the pieces between them are pre-tokenized with the `regex` crate (a lazy DFA, not a
-//!    backtracking VM). The patterns' one look-around, `\s+(?!\S)`, is dropped and restored by
-//!    hand: a run of whitespace matched by the plain `\s+` that more text follows gives up its
-//!    last character, which is exactly what the backtracking `\s+(?!\S)` matches first;
+//! 2. the pieces between them are pre-tokenized with `regex-automata` (the `regex` crate's
+//!    engine: a lazy DFA, not a backtracking VM), each match anchored where the last ended (the
+//!    patterns match at every character, so no reverse scan is needed to find a start). The
+//!    patterns' one look-around, `\s+(?!\S)`, is dropped and restored by hand: a run of
+//!    whitespace matched by the plain `\s+` that more text follows gives up its last
+//!    character, which is exactly what the backtracking `\s+(?!\S)` matches first;
 //! 3. each pre-token's bytes are merged lowest rank first, leftmost among equals — HF's
 //!    `Word::merge_all` — and remembered (a bounded cache of words).
 //!
@@ -18,7 +20,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::RandomState;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use parking_lot::RwLock;
@@ -32,13 +33,13 @@ const LOOKAHEAD: &str = r"\s+(?!\S)|";
 const MAX_CACHED_WORDS: usize = 1 << 16;
 
 /// Pre-tokens' bytes to their ids.
-type WordCache = HashMap<Box<[u8]>, Box<[u32]>, RandomState>;
+type WordCache = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
 
 /// How pieces are cut before BPE.
 #[derive(Debug)]
 struct Pre {
     /// The pattern without its look-around.
-    re: regex::Regex,
+    re: regex_automata::meta::Regex,
     /// Whether an earlier alternative (`\s*[\r\n]+`) takes whitespace that holds a line break.
     newline_alternative: bool,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
@@ -93,7 +94,7 @@ fn pre_of(p: &Json) -> Option<Pre> {
         if pattern.matches(LOOKAHEAD).count() != 1 || !pattern.ends_with(r"\s+(?!\S)|\s+") {
             return None;
         }
-        let re = regex::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
+        let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
         Some(Pre { re, newline_alternative, digits })
     };
     if byte_level(p, true) {
@@ -238,9 +239,16 @@ impl FastBpe {
     }
 
     fn regex_piece(&self, piece: &str, out: &mut Vec<u32>) {
+        use regex_automata::{Anchored, Input};
         let mut at = 0;
         while at < piece.len() {
-            let Some(m) = self.pre.re.find_at(piece, at) else {
+            // The accepted patterns match at every character, so a match anchored here is the
+            // leftmost one, found without the reverse scan an unanchored search needs for its
+            // start; the unanchored search is the fallback.
+            let input = Input::new(piece).range(at..);
+            let found =
+                self.pre.re.search(&input.clone().anchored(Anchored::Yes)).or_else(|| self.pre.re.search(&input));
+            let Some(m) = found else {
                 self.word(&piece.as_bytes()[at..], out);
                 break;
             };
@@ -249,7 +257,7 @@ impl FastBpe {
                 // Text no alternative matched (none of the accepted patterns leaves any).
                 self.word(&piece.as_bytes()[at..start], out);
             }
-            let s = m.as_str();
+            let s = &piece[start..end];
             if end < piece.len()
                 && s.chars().all(char::is_whitespace)
                 && !(self.pre.newline_alternative && s.contains(['\r', '\n']))

@@ -67,7 +67,7 @@ struct Tree {
 pub struct HeadCache {
     boundaries: AhoCorasick,
     tree: Mutex<Tree>,
-    hasher: std::hash::RandomState,
+    hasher: foldhash::fast::RandomState,
     max_bytes: usize,
     hit_tokens: AtomicU64,
     miss_tokens: AtomicU64,
@@ -125,7 +125,7 @@ impl HeadCache {
         Some(Self {
             boundaries,
             tree: Mutex::new(Tree::default()),
-            hasher: std::hash::RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
             max_bytes,
             hit_tokens: AtomicU64::new(0),
             miss_tokens: AtomicU64::new(0),
