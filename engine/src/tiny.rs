@@ -45,6 +45,8 @@ pub struct TinySpec {
     pub gguf_matrix_type: u32,
     /// Seed of the weights.
     pub seed: u64,
+    /// The GGUF's `tokenizer.ggml.pre` (pre-tokenizer): `smollm`, `llama-bpe`, `qwen2`, `gpt2`.
+    pub tokenizer_pre: &'static str,
 }
 
 impl Default for TinySpec {
@@ -62,6 +64,7 @@ impl Default for TinySpec {
             rope_scaling: false,
             gguf_matrix_type: 0,
             seed: 42,
+            tokenizer_pre: "smollm",
         }
     }
 }
@@ -296,7 +299,7 @@ pub fn write_gguf(path: &Path, spec: &TinySpec) -> std::io::Result<()> {
         (k("rope.dimension_count"), u(spec.hidden / spec.heads)),
         (k("attention.layer_norm_rms_epsilon"), Value::F64(1e-5)),
         ("tokenizer.ggml.model".into(), s("gpt2")),
-        ("tokenizer.ggml.pre".into(), s("smollm")),
+        ("tokenizer.ggml.pre".into(), s(spec.tokenizer_pre)),
         ("tokenizer.ggml.tokens".into(), Value::Array(vocab.iter().map(|t| s(t)).collect())),
         (
             "tokenizer.ggml.token_type".into(),
