@@ -22,15 +22,19 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
 use aho_corasick::{AhoCorasick, MatchKind};
+
+use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use parking_lot::RwLock;
 use serde_json::Value as Json;
 
 /// GPT-2's pre-tokenizer pattern (HF's `ByteLevel` with `use_regex`).
 const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-/// The look-around alternative every accepted pattern has once, just before plain `\s+`.
+/// The look-around alternative each accepted pattern has once, just before plain `\s+`.
 const LOOKAHEAD: &str = r"\s+(?!\S)|";
 /// Words remembered before the cache starts again.
 const MAX_CACHED_WORDS: usize = 1 << 16;
+/// Longer words are not remembered (HF's limit too): a prompt of long runs cannot pin memory.
+const MAX_CACHED_WORD: usize = 256;
 
 /// Pre-tokens' bytes to their ids.
 type WordCache = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
@@ -91,9 +95,6 @@ fn byte_level(p: &Json, use_regex: bool) -> bool {
 
 fn pre_of(p: &Json) -> Option<Pre> {
     let plain = |pattern: &str, newline_alternative: bool, digits: bool| -> Option<Pre> {
-        if pattern.matches(LOOKAHEAD).count() != 1 || !pattern.ends_with(r"\s+(?!\S)|\s+") {
-            return None;
-        }
         let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
         Some(Pre { re, newline_alternative, digits })
     };
@@ -107,14 +108,13 @@ fn pre_of(p: &Json) -> Option<Pre> {
         }
         [s, b] if s["type"] == "Split" && byte_level(b, false) => {
             let ok = s["behavior"] == "Isolated" && s["invert"] != true;
-            let pattern = s["pattern"]["Regex"].as_str().filter(|_| ok)?;
-            // Llama 3 and Qwen2: `\s*[\r\n]+` comes before the whitespace alternatives.
-            let newline = pattern.contains(r"|\s*[\r\n]+|\s+(?!\S)|\s+");
-            let known = newline || pattern.ends_with(r"| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+");
-            if !known || pattern.contains("(?=") || pattern.contains("(?<") || pattern.matches("(?!").count() != 1 {
-                return None;
+            // Only the patterns whose look-around rule is shown to hold (each matches at every
+            // character, never matches empty, and takes whitespace holding a line break with
+            // its earlier `\s*[\r\n]+`).
+            match s["pattern"]["Regex"].as_str().filter(|_| ok)? {
+                p @ (LLAMA3_PATTERN | QWEN2_PATTERN) => plain(p, true, false),
+                _ => None,
             }
-            plain(pattern, newline, false)
         }
         _ => None,
     }
@@ -150,6 +150,7 @@ impl FastBpe {
             return Err("not a plain BPE model".into());
         }
         let pre = need(pre_of(&def["pre_tokenizer"]), "pre-tokenizer")?;
+        let unk = !model["unk_token"].is_null();
         // Added tokens: all matched as written, as HF's split does for such tokens.
         let mut words = Vec::new();
         let mut added_ids = Vec::new();
@@ -183,8 +184,11 @@ impl FastBpe {
         for (b, c) in chars.iter().enumerate() {
             // A byte without a token is dropped, as HF's BPE does without an unknown token
             // (SmolLM2 has none for some control bytes).
-            if let Some(&id) = by_text.get(c.to_string().as_str()) {
-                byte_ids[b] = id;
+            match by_text.get(c.to_string().as_str()) {
+                Some(&id) => byte_ids[b] = id,
+                // With an unknown token HF would emit it (fused or not) instead.
+                None if unk => return Err(format!("byte {b:#04x} has no token and there is an unknown token")),
+                None => {}
             }
         }
         let mut merges = HashMap::new();
@@ -253,6 +257,11 @@ impl FastBpe {
                 break;
             };
             let (start, mut end) = (m.start(), m.end());
+            if end <= at {
+                // An empty match (none of the accepted patterns has one): never loop on it.
+                self.word(&piece.as_bytes()[at..], out);
+                break;
+            }
             if start > at {
                 // Text no alternative matched (none of the accepted patterns leaves any).
                 self.word(&piece.as_bytes()[at..start], out);
@@ -287,6 +296,9 @@ impl FastBpe {
         }
         let ids = self.merge(bytes);
         out.extend_from_slice(&ids);
+        if bytes.len() >= MAX_CACHED_WORD {
+            return;
+        }
         let mut cache = self.cache.write();
         if cache.len() >= MAX_CACHED_WORDS {
             cache.clear();
@@ -518,5 +530,18 @@ mod tests {
         assert!(FastBpe::new(&tokenizer(prefix, false)).is_none());
         let lookbehind = split(r"(?<=a)b|\s+(?!\S)|\s+");
         assert!(FastBpe::new(&tokenizer(lookbehind, false)).is_none());
+        // A pattern not known to obey the look-around rule (an earlier alternative takes
+        // line breaks, without the newline rule's shape).
+        let unknown = split(r"'s|\s*[\r\n]+| ?[^\s\p{L}\p{N}]+| ?\p{L}+| ?\p{N}+|\s+(?!\S)|\s+");
+        assert!(FastBpe::new(&tokenizer(unknown, false)).is_none());
+        // A byte without a token where HF would emit the unknown token instead of dropping it.
+        let tok = tokenizer(byte_level_json(true), false);
+        let mut def: Json = serde_json::from_str(&tok.to_string(false).expect("json")).expect("json");
+        let vocab = def["model"]["vocab"].as_object_mut().expect("vocab");
+        let id = vocab.remove(&byte_chars()[1].to_string()).expect("byte 1");
+        vocab.insert("<unk>".into(), id);
+        def["model"]["unk_token"] = "<unk>".into();
+        let unk: tokenizers::Tokenizer = def.to_string().parse().expect("tokenizer");
+        assert!(FastBpe::build(&unk).is_err_and(|e| e.contains("unknown token")), "{:?}", FastBpe::build(&unk).err());
     }
 }

@@ -88,6 +88,17 @@ fn overlaps(a: &str, b: &str) -> bool {
     inside(a, b) || inside(b, a) || suffix_prefix(a, b) || suffix_prefix(b, a)
 }
 
+/// Whether a component of `def` (any depth) prepends only at the very start of the text.
+fn first_only(def: &serde_json::Value) -> bool {
+    match def {
+        serde_json::Value::Object(o) => {
+            o.get("prepend_scheme").and_then(serde_json::Value::as_str) == Some("first") || o.values().any(first_only)
+        }
+        serde_json::Value::Array(a) => a.iter().any(first_only),
+        _ => false,
+    }
+}
+
 /// Whether two matches of `s` can overlap: a proper suffix equal to a prefix.
 fn overlaps_itself(s: &str) -> bool {
     let s = s.as_bytes();
@@ -103,7 +114,17 @@ impl HeadCache {
         if tok.get_added_vocabulary().get_encode_special_tokens() {
             return None;
         }
+        // A pre-tokenizer that treats the start of the text unlike the start of any other
+        // piece (Metaspace prepending `▁` only "first") would see each segment as the start.
+        let def: serde_json::Value = serde_json::from_str(&tok.to_string(false).ok()?).ok()?;
+        if first_only(&def["pre_tokenizer"]) || first_only(&def["normalizer"]) {
+            return None;
+        }
         let added: Vec<tokenizers::AddedToken> = tok.get_added_tokens_decoder().into_values().collect();
+        // A single-word token looks at the character before it, which a segment cuts off.
+        if added.iter().any(|t| t.single_word) {
+            return None;
+        }
         let boundary = |t: &tokenizers::AddedToken| {
             t.special
                 && !t.normalized
@@ -251,26 +272,23 @@ impl Tree {
         n
     }
 
-    /// Past `max` bytes, forgets least recently used leaves until three quarters are left.
+    /// Past `max` bytes, forgets least recently used leaves until three quarters are left; a
+    /// parent left without children joins the candidates.
     fn evict(&mut self, max: usize) {
         if self.bytes <= max {
             return;
         }
         let goal = max / 4 * 3;
+        let mut leaves: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>> = (0..self.nodes.len() as u32)
+            .filter(|&n| self.nodes[n as usize].alive && self.nodes[n as usize].children == 0)
+            .map(|n| std::cmp::Reverse((self.nodes[n as usize].used, n)))
+            .collect();
         while self.bytes > goal {
-            let mut leaves: Vec<(u64, u32)> = (0..self.nodes.len() as u32)
-                .filter(|&n| self.nodes[n as usize].alive && self.nodes[n as usize].children == 0)
-                .map(|n| (self.nodes[n as usize].used, n))
-                .collect();
-            if leaves.is_empty() {
-                return;
-            }
-            leaves.sort_unstable();
-            for (_, n) in leaves {
-                if self.bytes <= goal {
-                    return;
-                }
-                self.remove(n);
+            let Some(std::cmp::Reverse((_, n))) = leaves.pop() else { return };
+            let parent = self.nodes[n as usize].parent;
+            self.remove(n);
+            if parent != ROOT && self.nodes[parent as usize].children == 0 {
+                leaves.push(std::cmp::Reverse((self.nodes[parent as usize].used, parent)));
             }
         }
     }
@@ -394,6 +412,28 @@ mod tests {
             assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t), "{t:?}");
             assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t), "again: {t:?}");
         }
+    }
+
+    /// `tok` with its definition changed by `edit`.
+    fn edited(tok: &tokenizers::Tokenizer, edit: impl FnOnce(&mut serde_json::Value)) -> tokenizers::Tokenizer {
+        let mut def: serde_json::Value = serde_json::from_str(&tok.to_string(false).expect("json")).expect("json");
+        edit(&mut def);
+        def.to_string().parse().expect("tokenizer")
+    }
+
+    #[test]
+    fn position_dependent_rules_get_no_cache() {
+        let tok = tokenizer(&[("<s>", true, false), ("</s>", true, false)]);
+        assert!(HeadCache::new(&tok, 1 << 20).is_some());
+        // Metaspace prepending "▁" only at the start of the text: a segment is not the start.
+        let first = edited(&tok, |d| {
+            d["pre_tokenizer"] =
+                json!({"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": true});
+        });
+        assert!(HeadCache::new(&first, 1 << 20).is_none());
+        // A single-word added token looks at the character before it.
+        let single = edited(&tok, |d| d["added_tokens"][1]["single_word"] = true.into());
+        assert!(HeadCache::new(&single, 1 << 20).is_none());
     }
 
     #[test]
