@@ -76,6 +76,19 @@ async fn through_the_router_outputs_equal_the_colocated_engine() {
     }
     // The index learnt the cached prefixes from the workers' events.
     assert!(r.index_pages() > 0);
+    // Placement weighs a worker's cache against its queue: wait until the router's load
+    // reports are from after the burst (every prefill queue empty), or a stale report of a
+    // busy worker can send the next prompt to the idle one that lacks its prefix.
+    for p in &ps {
+        settle(p, &ds).await;
+    }
+    for _ in 0..500 {
+        let snap = r.workers().snapshot();
+        if snap.prefill.iter().flatten().all(|w| w.load().is_some_and(|l| l.queued_prefill_tokens == 0)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // The same long prompt again: it goes where its prefix is, and reports it cached.
     let again = by_ids(&prompts[0], 2);
     let (_, last) = collect(&mut client.clone().generate(again).await.expect("ok").into_inner()).await;
