@@ -71,6 +71,10 @@ pub struct HeadCache {
     max_bytes: usize,
     hit_tokens: AtomicU64,
     miss_tokens: AtomicU64,
+    /// The tree's bytes and segments, published after each change so that reading the
+    /// figures (every request, for metrics) takes no lock.
+    held_bytes: AtomicU64,
+    held_segments: AtomicU64,
 }
 
 impl std::fmt::Debug for HeadCache {
@@ -116,8 +120,9 @@ impl HeadCache {
         }
         // A pre-tokenizer that treats the start of the text unlike the start of any other
         // piece (Metaspace prepending `▁` only "first") would see each segment as the start.
-        let def: serde_json::Value = serde_json::from_str(&tok.to_string(false).ok()?).ok()?;
-        if first_only(&def["pre_tokenizer"]) || first_only(&def["normalizer"]) {
+        let pre = serde_json::to_value(tok.get_pre_tokenizer()).ok()?;
+        let norm = serde_json::to_value(tok.get_normalizer()).ok()?;
+        if first_only(&pre) || first_only(&norm) {
             return None;
         }
         let added: Vec<tokenizers::AddedToken> = tok.get_added_tokens_decoder().into_values().collect();
@@ -150,17 +155,18 @@ impl HeadCache {
             max_bytes,
             hit_tokens: AtomicU64::new(0),
             miss_tokens: AtomicU64::new(0),
+            held_bytes: AtomicU64::new(0),
+            held_segments: AtomicU64::new(0),
         })
     }
 
-    /// What the cache has saved and holds.
+    /// What the cache has saved and holds (no lock taken).
     pub fn stats(&self) -> HeadCacheStats {
-        let t = self.tree.lock();
         HeadCacheStats {
             hit_tokens: self.hit_tokens.load(Ordering::Relaxed),
             miss_tokens: self.miss_tokens.load(Ordering::Relaxed),
-            bytes: t.bytes as u64,
-            segments: t.by_key.len() as u64,
+            bytes: self.held_bytes.load(Ordering::Relaxed),
+            segments: self.held_segments.load(Ordering::Relaxed),
         }
     }
 
@@ -234,6 +240,8 @@ impl HeadCache {
                     };
                 }
                 t.evict(self.max_bytes);
+                self.held_bytes.store(t.bytes as u64, Ordering::Relaxed);
+                self.held_segments.store(t.by_key.len() as u64, Ordering::Relaxed);
             }
         }
         Ok(ids)
