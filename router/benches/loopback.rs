@@ -27,6 +27,8 @@ mod mock_workers;
 #[path = "common/rng.rs"]
 #[allow(dead_code)]
 mod rng;
+#[path = "common/text.rs"]
+mod text;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -39,60 +41,11 @@ use ferry_tokenize::ServedModel;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use rng::Rng;
+use text::{WORDS, model_path, pct};
 
-const WORDS: &[&str] = &[
-    "the",
-    "ferry",
-    "crossed",
-    "river",
-    "at",
-    "dawn",
-    "and",
-    "its",
-    "captain",
-    "wrote",
-    "a",
-    "long",
-    "letter",
-    "about",
-    "weather",
-    "tides",
-    "cargo",
-    "passengers",
-    "who",
-    "asked",
-    "questions",
-    "on",
-    "deck",
-    "while",
-    "gulls",
-    "circled",
-    "over",
-    "harbour",
-    "lights",
-    "engine",
-    "room",
-    "was",
-    "warm",
-    "quiet",
-    "schedule",
-    "changed",
-    "twice",
-    "because",
-    "of",
-    "fog",
-    "wind",
-    "from",
-    "north",
-    "east",
-    "ticket",
-    "price",
-    "rose",
-    "by",
-    "12",
-    "percent",
-    "in",
-];
+/// Plain English words only.
+const PLAIN: &[&str] = WORDS.split_at(51).0;
+
 const OUTPUT_TOKENS: u32 = 8;
 /// Mock prefill workers unless `FERRY_BENCH_PREFILL` says how many.
 const PREFILL_WORKERS: usize = 4;
@@ -101,20 +54,10 @@ const DECODE_WORKERS: usize = 2;
 fn text(rng: &mut Rng, bytes: usize) -> String {
     let mut s = String::with_capacity(bytes + 16);
     while s.len() < bytes {
-        s.push_str(WORDS[(rng.next() % WORDS.len() as u64) as usize]);
+        s.push_str(PLAIN[(rng.next() % PLAIN.len() as u64) as usize]);
         s.push(if rng.next().is_multiple_of(12) { '\n' } else { ' ' });
     }
     s
-}
-
-fn model_path() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let cache =
-        std::env::var("FERRY_CACHE_DIR").map_or_else(|_| PathBuf::from(home).join(".cache/ferry"), PathBuf::from);
-    cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 fn free_port() -> u16 {
@@ -380,14 +323,6 @@ async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, s
         all.extend(t.await.expect("client"));
     }
     all
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 fn main() {

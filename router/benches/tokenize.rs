@@ -17,85 +17,18 @@
 #[path = "common/rng.rs"]
 #[allow(dead_code)]
 mod rng;
+#[path = "common/text.rs"]
+mod text;
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use ferry_tokenize::{ChatMessage, ServedModel, Tokenizer};
 use rng::Rng;
+use text::{WORDS, model_path, pct};
 
-const WORDS: &[&str] = &[
-    "the",
-    "ferry",
-    "crossed",
-    "river",
-    "at",
-    "dawn",
-    "and",
-    "its",
-    "captain",
-    "wrote",
-    "a",
-    "long",
-    "letter",
-    "about",
-    "weather",
-    "tides",
-    "cargo",
-    "passengers",
-    "who",
-    "asked",
-    "questions",
-    "on",
-    "deck",
-    "while",
-    "gulls",
-    "circled",
-    "over",
-    "harbour",
-    "lights",
-    "engine",
-    "room",
-    "was",
-    "warm",
-    "quiet",
-    "schedule",
-    "changed",
-    "twice",
-    "because",
-    "of",
-    "fog",
-    "wind",
-    "from",
-    "north",
-    "east",
-    "ticket",
-    "price",
-    "rose",
-    "by",
-    "12",
-    "percent",
-    "in",
-    "2024",
-    "travellers",
-    "complained",
-    "politely",
-    "Rust",
-    "code",
-    "compiles",
-    "faster",
-    "than",
-    "expected",
-    "when",
-    "cache",
-    "is",
-    "hot",
-    "—",
-    "naïve",
-    "café",
-    "東京",
-    "🚢",
-];
+fn median(v: &mut [f64]) -> f64 {
+    pct(v, 0.5)
+}
 
 fn sentence(rng: &mut Rng, words: usize) -> String {
     let mut s = String::new();
@@ -113,26 +46,6 @@ fn sentence(rng: &mut Rng, words: usize) -> String {
     }
     s.push('.');
     s
-}
-
-fn model_path() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRY_SMOLLM2") {
-        return PathBuf::from(p);
-    }
-    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
-    let cache =
-        std::env::var("FERRY_CACHE_DIR").map_or_else(|_| PathBuf::from(home).join(".cache/ferry"), PathBuf::from);
-    cache.join("models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
 /// The rendered prompts, in arrival order, and which are last turns.

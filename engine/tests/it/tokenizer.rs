@@ -4,6 +4,16 @@ use crate::common::{TinyModel, load, smollm2};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{ChatMessage, Detokenizer, Tokenizer};
 
+/// xorshift64 from `x`: the tests' random texts.
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
 fn stream(tok: &Tokenizer, ids: &[u32]) -> Vec<String> {
     let mut d = Detokenizer::new(true);
     let mut pieces: Vec<String> = ids.iter().map(|&i| d.push(tok, i).expect("push")).collect();
@@ -81,13 +91,7 @@ fn head_cache_gives_hf_ids_and_reuses_earlier_turns() {
         "<not special>",
         "\t",
     ];
-    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     for path in [smollm2(), TinyModel::new(TinySpec::default()).gguf()] {
         let tok = load(&path).tokenizer().clone().with_head_cache(8 << 20);
         let cache = tok.head_cache().expect("a vocabulary with <|im_start|> and <|im_end|> gets a head cache");
@@ -155,13 +159,7 @@ fn fast_bpe_gives_hf_ids() {
         "a\u{1}b",
         "\u{7f}",
     ];
-    let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
     for path in [smollm2(), TinyModel::new(TinySpec::default()).gguf()] {
         let model = load(&path);
         let tok = model.tokenizer();
