@@ -4,7 +4,7 @@
 //! are known to be well-formed; outgoing ones are built with `From`.
 
 use ferry_proto::v1 as pb;
-use ferry_tokenize::{FinishReason, SamplingParams};
+use ferry_tokenize::{Constraint, FinishReason, SamplingParams};
 
 use crate::{LayoutDescriptor, Room, RoomKey, RoomSecret};
 
@@ -45,7 +45,30 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
         stop_token_ids: p.stop_token_ids,
         top_logprobs: p.top_logprobs,
         ignore_eos: p.ignore_eos,
+        constraint: p.constraint.and_then(|c| c.kind).map(constraint_from_proto),
     }
+}
+
+fn constraint_from_proto(k: pb::output_constraint::Kind) -> Constraint {
+    use pb::output_constraint::Kind;
+    match k {
+        Kind::JsonObject(_) => Constraint::JsonObject,
+        Kind::JsonSchema(s) => Constraint::JsonSchema(s),
+        Kind::Regex(r) => Constraint::Regex(r),
+        Kind::Choice(c) => Constraint::Choice(c.options),
+    }
+}
+
+/// A constraint on the wire.
+pub fn constraint_to_proto(c: &Constraint) -> pb::OutputConstraint {
+    use pb::output_constraint::Kind;
+    let kind = match c {
+        Constraint::JsonObject => Kind::JsonObject(true),
+        Constraint::JsonSchema(s) => Kind::JsonSchema(s.clone()),
+        Constraint::Regex(r) => Kind::Regex(r.clone()),
+        Constraint::Choice(o) => Kind::Choice(pb::ChoiceList { options: o.clone() }),
+    };
+    pb::OutputConstraint { kind: Some(kind) }
 }
 
 /// Domain sampling parameters on the wire.
@@ -63,6 +86,7 @@ pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
         stop_token_ids: s.stop_token_ids.clone(),
         top_logprobs: s.top_logprobs,
         ignore_eos: s.ignore_eos,
+        constraint: s.constraint.as_ref().map(constraint_to_proto),
     }
 }
 

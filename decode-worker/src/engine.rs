@@ -209,13 +209,18 @@ impl<B: Backend> Engine<B> {
         self.queues.on(Event::Token(room), Instant::now());
         let p = r.sampler.params();
         let ctx = self.model.config().max_position_embeddings;
-        let finish = if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) {
-            Some(FinishReason::Stop)
-        } else if r.generated.len() >= p.max_new_tokens as usize || r.prompt.len() + r.generated.len() >= ctx {
-            Some(FinishReason::Length)
-        } else {
-            None
-        };
+        // A complete output constraint ends the request as an end-of-sequence token would.
+        let finish =
+            if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) || r.sampler.complete() {
+                Some(FinishReason::Stop)
+            } else if r.generated.len() >= p.max_new_tokens as usize || r.prompt.len() + r.generated.len() >= ctx {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+        if let Some(e) = r.sampler.guide_error() {
+            tracing::warn!(parent: &r.span, error = e, "the output constraint failed; the request ends here");
+        }
         metrics::counter!(m::GENERATED_TOKENS).increment(1);
         // The laps go with the first token (a router that finds a stop string drops the
         // stream before the last) and, all of them, with the last.

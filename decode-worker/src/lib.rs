@@ -234,8 +234,10 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         backend: backend.as_str(),
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
+    let grammars = Arc::clone(model.grammars());
     let engine = Engine::new(model, pool, kv, receiver, handshakes, wake, cfg, Arc::clone(&load));
-    let shared = Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load) });
+    let shared =
+        Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load), grammars });
     let (trigger, shutdown) = Shutdown::new();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;

@@ -24,6 +24,8 @@ pub struct Shared {
     pub worker: ferry_cluster::WorkerId,
     /// The latest load figures.
     pub load: Arc<Mutex<Load>>,
+    /// The model's constraint compiler (structured outputs).
+    pub grammars: Arc<ferry_engine::Grammars>,
 }
 
 use ferry_worker::answer;
@@ -48,6 +50,7 @@ impl pb::decode_server::Decode for DecodeSvc {
         let (span, trace) = ferry_cluster::traces::request_span(ROLE, &RequestId::new(r.request_id), key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "decode request");
         let params = wire::sampling_from_proto(r.sampling);
+        let guide = ferry_worker::compile_guide(&self.0.grammars, &params, ROLE).await?;
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
         let (accepted, ok) = oneshot::channel();
@@ -55,8 +58,9 @@ impl pb::decode_server::Decode for DecodeSvc {
         // Made before the request goes in: a call dropped while waiting for acceptance ends it
         // too.
         let gone = wake::Gone::new(self.0.engine.clone(), key.room, incarnation);
-        let g = Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, out, accepted, span, trace };
-        self.0.engine.send(Cmd::Generate(g))?;
+        let g =
+            Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, guide, out, accepted, span, trace };
+        self.0.engine.send(Cmd::Generate(Box::new(g)))?;
         answer(ok, ROLE).await?;
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |m| {
             // The stream owns the guard: dropping the stream tells the engine.

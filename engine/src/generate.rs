@@ -114,14 +114,16 @@ pub fn generate_streaming<B: Backend>(
     let start = Instant::now();
     let ctx = model.config().max_position_embeddings;
     let eos = model.tokenizer().eos_ids().to_vec();
+    let guides = requests.iter().map(|r| model.guide(&r.params)).collect::<Result<Vec<_>, _>>()?;
     let mut seqs: Vec<Seq> = requests
         .iter()
-        .map(|r| Seq {
+        .zip(guides)
+        .map(|(r, guide)| Seq {
             prompt: r.prompt.clone(),
             computed: 0,
             out: Vec::new(),
             sampled: Vec::new(),
-            sampler: Sampler::new(r.params.clone(), &r.prompt),
+            sampler: Sampler::new(r.params.clone(), &r.prompt).guided(guide),
             pages: None,
             finish: None,
             ttft: Duration::ZERO,
@@ -199,7 +201,7 @@ pub fn generate_streaming<B: Backend>(
                 s.ttft = start.elapsed();
             }
             let p = s.sampler.params();
-            if !p.ignore_eos && eos.contains(&tok) || p.stop_token_ids.contains(&tok) {
+            if !p.ignore_eos && eos.contains(&tok) || p.stop_token_ids.contains(&tok) || s.sampler.complete() {
                 s.finish = Some(FinishReason::Stop);
             } else if s.out.len() >= p.max_new_tokens as usize || s.prompt.len() + s.out.len() >= ctx {
                 s.finish = Some(FinishReason::Length);

@@ -4,7 +4,12 @@ use std::path::{Path, PathBuf};
 
 use ferry_kernels::{Backend, KvLayout, RopeTable};
 use ferry_tokenize::gguf::GgufFile;
+use std::sync::Arc;
+
+use ferry_grammar::Grammars;
 use ferry_tokenize::{TokenizeError, Tokenizer};
+
+use crate::guide::{Guide, guide};
 
 use crate::EngineError;
 use crate::config::ModelConfig;
@@ -27,6 +32,7 @@ pub struct Model<B: Backend> {
     pub(crate) weights: Weights<B>,
     pub(crate) rope: RopeTable,
     tokenizer: Tokenizer,
+    grammars: Arc<Grammars>,
     format: ModelFormat,
     fingerprint: String,
     path: PathBuf,
@@ -82,7 +88,8 @@ impl<B: Backend> Model<B> {
     ) -> Self {
         let rope =
             RopeTable::new(config.head_dim, config.rope_theta, config.max_position_embeddings, config.rope_scaling);
-        Self { config, backend, weights, rope, tokenizer, format, fingerprint, path: path.to_path_buf() }
+        let grammars = Arc::new(Grammars::new(tokenizer.clone()));
+        Self { config, backend, weights, rope, tokenizer, grammars, format, fingerprint, path: path.to_path_buf() }
     }
 
     /// The architecture.
@@ -93,6 +100,18 @@ impl<B: Backend> Model<B> {
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+
+    /// The model's constraint compiler (structured outputs): share it with the threads that
+    /// compile constraints so the engine's thread does not.
+    pub fn grammars(&self) -> &Arc<Grammars> {
+        &self.grammars
+    }
+
+    /// A fresh guide for `params`' constraint, if it has one (compiled here, or copied from
+    /// the compiler's cache).
+    pub fn guide(&self, params: &ferry_tokenize::SamplingParams) -> Result<Option<Guide>, EngineError> {
+        guide(&self.grammars, params)
     }
 
     /// The backend.

@@ -3,11 +3,14 @@
 //! Order: repetition penalty (over prompt and output), frequency and presence penalties
 //! (over output); the reported logprobs are the log-softmax of these penalised logits; then
 //! greedy argmax at temperature 0, else temperature, top-k, top-p, min-p and a draw from the
-//! request's own seeded random stream.
+//! request's own seeded random stream. A request with an output constraint ([`Guide`]) has
+//! the tokens it forbids masked before any of this.
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use ferry_tokenize::SamplingParams;
+
+use crate::guide::Guide;
 
 /// The chosen token and what was reported with it.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +32,8 @@ pub struct Sampler {
     seen: std::collections::HashSet<u32>,
     /// Output token counts, for frequency / presence penalties.
     counts: std::collections::HashMap<u32, u32>,
+    /// The output constraint, if the request has one.
+    guide: Option<Box<Guide>>,
 }
 
 impl Sampler {
@@ -36,7 +41,34 @@ impl Sampler {
     pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
         let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Self { params, rng: StdRng::seed_from_u64(seed), seen, counts: Default::default() }
+        Self { params, rng: StdRng::seed_from_u64(seed), seen, counts: Default::default(), guide: None }
+    }
+
+    /// The same, with its output constrained by `guide`.
+    pub fn guided(mut self, guide: Option<Guide>) -> Self {
+        self.guide = guide.map(Box::new);
+        self
+    }
+
+    /// Takes the guide out (to [`Guide::prepare`] its mask on another thread while the
+    /// forward pass runs); [`put_guide`](Self::put_guide) gives it back.
+    pub fn take_guide(&mut self) -> Option<Box<Guide>> {
+        self.guide.take()
+    }
+
+    /// Gives back what [`take_guide`](Self::take_guide) took.
+    pub fn put_guide(&mut self, guide: Option<Box<Guide>>) {
+        self.guide = guide;
+    }
+
+    /// Whether the output constraint is complete (nothing may follow): the request ends.
+    pub fn complete(&self) -> bool {
+        self.guide.as_ref().is_some_and(|g| g.complete())
+    }
+
+    /// Why the output constraint failed, if it did.
+    pub fn guide_error(&self) -> Option<&str> {
+        self.guide.as_ref().and_then(|g| g.error())
     }
 
     /// The request's parameters.
@@ -46,6 +78,9 @@ impl Sampler {
 
     /// Picks the next token from `logits` (modified in place) and records it.
     pub fn sample(&mut self, logits: &mut [f32]) -> Sampled {
+        if let Some(g) = &mut self.guide {
+            g.apply(logits);
+        }
         let p = &self.params;
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
@@ -70,6 +105,9 @@ impl Sampler {
             self.seen.insert(token);
         }
         *self.counts.entry(token).or_default() += 1;
+        if let Some(g) = &mut self.guide {
+            g.advance(token);
+        }
         Sampled { token, logprob, top }
     }
 
@@ -83,6 +121,7 @@ impl Sampler {
             && p.frequency_penalty == 0.0
             && p.presence_penalty == 0.0
             && p.top_logprobs == 0
+            && self.guide.is_none()
     }
 
     /// Records `token` as the next output without sampling it, as if [`sample`](Self::sample)
@@ -96,6 +135,9 @@ impl Sampler {
             self.seen.insert(token);
         }
         *self.counts.entry(token).or_default() += 1;
+        if let Some(g) = &mut self.guide {
+            g.advance(token);
+        }
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {

@@ -23,6 +23,7 @@ fn ctx() -> &'static Ctx {
         let model = ferry_tokenize::ServedModel::load(&path).expect("served model");
         let index = ferry_router::index::shared(PrefixIndex::new(16, 1024));
         let ctx = Ctx {
+            grammars: Arc::new(ferry_engine::Grammars::new(model.tokenizer.clone())),
             model,
             workers: Arc::new(Registry::new(Arc::clone(&index))),
             index,

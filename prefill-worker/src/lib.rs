@@ -127,6 +127,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
     let (tx, rx) = std::sync::mpsc::channel();
     let sched_cfg =
         SchedulerConfig { policy, chunk_size: w.chunked_prefill_size, in_queue_threshold: args.in_queue_threshold };
+    let grammars = Arc::clone(model.grammars());
     let engine = Engine::new(
         model,
         pool,
@@ -151,6 +152,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         max_dest_pages: args.max_dest_pages,
         events,
         load: Arc::clone(&load),
+        grammars,
         shutdown: shutdown.clone(),
     });
     let (health, health_svc) = tonic_health::server::health_reporter();

@@ -46,6 +46,8 @@ pub struct Shared {
     pub load: Arc<Mutex<Load>>,
     /// Ends event streams when the daemon stops.
     pub shutdown: ferry_cluster::Shutdown,
+    /// The model's constraint compiler (the first token obeys the request's constraint).
+    pub grammars: Arc<ferry_engine::Grammars>,
 }
 
 use ferry_worker::answer;
@@ -66,9 +68,10 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let (span, _) = ferry_cluster::traces::request_span(ROLE, &RequestId::new(r.request_id), key.room, caller);
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "prefill request");
         let sampling = wire::sampling_from_proto(r.sampling);
+        let guide = ferry_worker::compile_guide(&self.0.grammars, &sampling, ROLE).await?;
         let (reply, rx) = oneshot::channel();
         let room = key.room;
-        let new = NewRequest { tokens: r.token_ids, sampling, priority: r.priority, reply, span };
+        let new = NewRequest { tokens: r.token_ids, sampling, guide, priority: r.priority, reply, span };
         let secret = key.secret;
         self.0.engine.send(Cmd::Request { room, secret, req: new })?;
         // If the caller goes away before the answer, the room is aborted (and its pages freed).

@@ -48,6 +48,9 @@ pub struct Prepared {
 pub struct Ctx {
     /// The served model's tokenizer and limits.
     pub model: ServedModel,
+    /// Output constraints compiled (and kept) here first, so a bad one is refused before any
+    /// worker sees it.
+    pub grammars: Arc<ferry_grammar::Grammars>,
     /// The workers.
     pub workers: Arc<Registry>,
     /// Who holds which prefix.
@@ -154,6 +157,14 @@ impl Ctx {
             return Err(RouterError::invalid("prompt_too_long", why));
         }
         sampling.validate(self.model.vocab_size).map_err(|e| RouterError::invalid("bad_sampling", e.to_string()))
+    }
+
+    /// Compiles the request's output constraint (a cache hit after the first time), refusing
+    /// one that does not compile. CPU work in proportion to the schema: call it off the async
+    /// threads.
+    pub fn check_constraint(&self, sampling: &SamplingParams) -> Result<(), RouterError> {
+        let Some(c) = &sampling.constraint else { return Ok(()) };
+        self.grammars.matcher(c).map(drop).map_err(|e| RouterError::invalid("invalid_constraint", e.to_string()))
     }
 
     /// Waits for admission, then places and starts `req`; the stream yields its output.

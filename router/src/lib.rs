@@ -237,7 +237,9 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         registry.upsert(w).map_err(StartError::Config)?;
     }
     let placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
+    let grammars = Arc::new(ferry_grammar::Grammars::new(model.tokenizer.clone()));
     let ctx = Arc::new(Ctx {
+        grammars,
         model,
         workers: Arc::clone(&registry),
         index: Arc::clone(&index),

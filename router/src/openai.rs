@@ -4,7 +4,8 @@
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
-//! fields asking for what is not served yet (`logprobs`, `tools`, ...), an unknown model, invalid sampling values, an empty prompt or one over the
+//! fields asking for what is not served yet (`tools`, `echo`, ...), a `response_format` or
+//! schema that does not compile, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
 //! `Retry-After` header. A client that disconnects drops the request on both workers. With
 //! API keys configured, `/v1/*` needs `Authorization: Bearer <key>` (else 401); `/health` and
@@ -22,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ferry_cluster::trace::TRACEPARENT;
 use ferry_cluster::{RequestId, TraceContext};
-use ferry_tokenize::{ChatMessage, SamplingParams};
+use ferry_tokenize::{ChatMessage, Constraint, SamplingParams};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -132,6 +133,16 @@ struct Common {
     /// Chat: alternatives per token (0–20), with `logprobs: true`.
     #[serde(default)]
     top_logprobs: Option<u32>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema", ...}}`.
+    #[serde(default)]
+    response_format: Option<serde_json::Value>,
+    /// vLLM's extensions: output as JSON of this schema, matching this regex, or one of these.
+    #[serde(default)]
+    guided_json: Option<serde_json::Value>,
+    #[serde(default)]
+    guided_regex: Option<String>,
+    #[serde(default)]
+    guided_choice: Option<Vec<String>>,
     /// Everything else.
     #[serde(flatten)]
     other: serde_json::Map<String, serde_json::Value>,
@@ -140,7 +151,7 @@ struct Common {
 /// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
 /// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
 /// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
-const UNSERVED: [&str; 7] = ["echo", "logit_bias", "response_format", "tools", "tool_choice", "functions", "suffix"];
+const UNSERVED: [&str; 6] = ["echo", "logit_bias", "tools", "tool_choice", "functions", "suffix"];
 
 /// Well-known fields counted under their own name when ignored; any other is counted as
 /// `other` (a label per field a client invents would make the metric unbounded).
@@ -302,6 +313,51 @@ fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
     }
 }
 
+/// The output constraint asked for: `response_format` (OpenAI) or one of vLLM's `guided_json`,
+/// `guided_regex`, `guided_choice` — at most one. Errors name the field.
+fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
+    use serde_json::Value;
+    let mut asked = Vec::new();
+    if let Some(rf) = c.response_format.as_ref().filter(|v| !v.is_null()) {
+        let kind = rf.get("type").and_then(Value::as_str);
+        match kind {
+            Some("text") => {}
+            Some("json_object") => asked.push(Constraint::JsonObject),
+            Some("json_schema") => {
+                let schema = rf.get("json_schema").and_then(|j| j.get("schema"));
+                match schema {
+                    Some(s @ (Value::Object(_) | Value::Bool(_))) => asked.push(Constraint::JsonSchema(s.to_string())),
+                    Some(other) => {
+                        return Err(format!(
+                            "`response_format.json_schema.schema` must be a JSON Schema object, not {other}"
+                        ));
+                    }
+                    None => return Err("`response_format.json_schema.schema` is required".into()),
+                }
+            }
+            Some(other) => {
+                return Err(format!(
+                    "`response_format.type` {other:?} is not one of \"text\", \"json_object\", \"json_schema\""
+                ));
+            }
+            None => return Err("`response_format.type` is required".into()),
+        }
+    }
+    if let Some(s) = &c.guided_json {
+        asked.push(Constraint::JsonSchema(s.to_string()));
+    }
+    if let Some(r) = &c.guided_regex {
+        asked.push(Constraint::Regex(r.clone()));
+    }
+    if let Some(ch) = &c.guided_choice {
+        asked.push(Constraint::Choice(ch.clone()));
+    }
+    if asked.len() > 1 {
+        return Err("at most one of `response_format` (json), `guided_json`, `guided_regex`, `guided_choice`".into());
+    }
+    Ok(asked.pop())
+}
+
 /// Which endpoint a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -396,6 +452,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     };
     ctx.limits.check_stop(&stop).map_err(|e| bad(e.reason, e.message))?;
     let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e))?;
+    let constraint = constraint_asked(c).map_err(|e| bad("bad_response_format", e))?;
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
             ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
@@ -430,9 +487,12 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
         max_new_tokens: c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens),
         ignore_eos: c.ignore_eos,
         top_logprobs,
+        constraint,
         ..d
     };
     ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
+    // This runs on the tokenizer pool: compiling a schema is no work for the async threads.
+    ctx.check_constraint(&sampling).map_err(|e| from_error(&e))?;
     Ok((
         Prepared {
             request_id: RequestId::new(format!("ferry-{:016x}", rand::random::<u64>())),

@@ -80,11 +80,23 @@ impl pb::router_server::Router for RouterSvc {
             None => return Err(bad("empty_prompt", "the prompt is missing")),
         };
         let sampling = wire::sampling_from_proto(r.sampling);
-        self.0.validate(&tokens, &sampling).map_err(|e| {
+        let counted = |e: crate::error::RouterError| {
             metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => e.reason().to_string())
                 .increment(1);
             e.status()
-        })?;
+        };
+        self.0.validate(&tokens, &sampling).map_err(counted)?;
+        let sampling = if sampling.constraint.is_some() {
+            let ctx = Arc::clone(&self.0);
+            let job = move || ctx.check_constraint(&sampling).map(|()| sampling);
+            crate::offload::Pool::global()
+                .run(job)
+                .await
+                .map_err(|b| Status::resource_exhausted(b.to_string()))?
+                .map_err(counted)?
+        } else {
+            sampling
+        };
         clock.lap("tokenize", std::time::Instant::now());
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
         let (ids, phases) = (r.return_token_ids, r.return_phases);

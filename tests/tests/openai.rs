@@ -109,10 +109,18 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
             "top_logprobs",
         ),
         (
-            chat_with(&|c| c["response_format"] = serde_json::json!({"type": "json_object"})),
-            "unsupported",
-            "`response_format`",
+            chat_with(&|c| c["response_format"] = serde_json::json!({"type": "xml"})),
+            "bad_response_format",
+            "`response_format.type`",
         ),
+        (
+            chat_with(
+                &|c| c["response_format"] = serde_json::json!({"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"type": "no such type"}}}}}),
+            ),
+            "invalid_constraint",
+            "response_format.json_schema.schema",
+        ),
+        (chat_with(&|c| c["guided_regex"] = "a{2,1}".into()), "invalid_constraint", "regex"),
     ];
     for (body, code, names) in named {
         let (s, _, text) = http(a, "POST", "/v1/chat/completions", &body).await;

@@ -27,6 +27,35 @@ pub struct SamplingParams {
     pub top_logprobs: u32,
     /// Keep generating past end-of-sequence ids.
     pub ignore_eos: bool,
+    /// What the output must be (JSON, a schema, a regex, one of some strings); `None` is
+    /// free text.
+    pub constraint: Option<Constraint>,
+}
+
+/// A constraint on the whole output, enforced token by token (structured outputs): every
+/// step masks the tokens that cannot continue it, and generation ends once it is complete.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Constraint {
+    /// Any JSON object (OpenAI `response_format: {"type": "json_object"}`).
+    JsonObject,
+    /// JSON valid against this JSON Schema, given as its JSON text.
+    JsonSchema(String),
+    /// Text matching this regular expression, whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+}
+
+impl Constraint {
+    /// A short name for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JsonObject => "json_object",
+            Self::JsonSchema(_) => "json_schema",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+        }
+    }
 }
 
 impl Default for SamplingParams {
@@ -44,6 +73,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             top_logprobs: 0,
             ignore_eos: false,
+            constraint: None,
         }
     }
 }

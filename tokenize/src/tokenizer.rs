@@ -149,7 +149,17 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// The tokenizer's ids for `text` without BOS: the fast path where there is one.
+    /// The tokenizer's ids for `text` without BOS (special tokens written in it recognised):
+    /// the fast path where there is one.
+    pub fn encode_without_bos(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.ids(text)
+    }
+
+    /// The ids of the added tokens HF marks special (control tokens: end of turn, BOS, ...).
+    pub fn special_ids(&self) -> Vec<u32> {
+        self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
+    }
+
     fn ids(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         match &self.fast {
             Some(f) => Ok(f.encode(text)),

@@ -151,3 +151,22 @@ pub async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>, role: &'static
         Err(_) => Err(Status::unavailable(format!("the {role} engine dropped the call (shutting down?)"))),
     }
 }
+
+/// The output constraint of `params`, compiled off the async threads and the engine's
+/// (a cache hit after its first request): a guide for the request's sampler, `None` for free
+/// text, or a counted `INVALID_ARGUMENT` naming what does not compile.
+pub async fn compile_guide(
+    grammars: &std::sync::Arc<ferry_engine::Grammars>,
+    params: &ferry_engine::SamplingParams,
+    role: &'static str,
+) -> Result<Option<ferry_engine::Guide>, Status> {
+    if params.constraint.is_none() {
+        return Ok(None);
+    }
+    let (g, p) = (std::sync::Arc::clone(grammars), params.clone());
+    match tokio::task::spawn_blocking(move || ferry_engine::guide::guide(&g, &p)).await {
+        Ok(Ok(guide)) => Ok(guide),
+        Ok(Err(e)) => Err(Refused::invalid("invalid_constraint", e.to_string()).status(role)),
+        Err(e) => Err(Status::internal(format!("compiling the output constraint: {e}"))),
+    }
+}

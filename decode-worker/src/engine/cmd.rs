@@ -32,6 +32,8 @@ pub struct Generate {
     pub prompt: Vec<u32>,
     /// Sampling.
     pub params: SamplingParams,
+    /// The output constraint, compiled (the service compiles it off this thread).
+    pub guide: Option<ferry_engine::Guide>,
     /// Where tokens go.
     pub out: Out,
     /// Accepted or refused (before any token).
@@ -45,7 +47,7 @@ pub struct Generate {
 /// Commands to the engine thread.
 pub enum Cmd {
     /// A new request.
-    Generate(Generate),
+    Generate(Box<Generate>),
     /// An Abort call; replies whether the room was known.
     Abort {
         /// Room.

@@ -19,8 +19,8 @@ use crate::queues::{Action, Event, Queues, Stage};
 impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
     #[allow(clippy::result_large_err)]
-    pub(super) fn accept(&mut self, g: Generate) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
-        let Generate { key, incarnation, bootstrap, prompt, params, out, accepted, span, trace } = g;
+    pub(super) fn accept(&mut self, g: Box<Generate>) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
+        let Generate { key, incarnation, bootstrap, prompt, params, guide, out, accepted, span, trace } = *g;
         if self.stopping {
             return Err((shutting_down(), accepted));
         }
@@ -48,7 +48,7 @@ impl<B: Backend> Engine<B> {
         if let Some(Action::Refuse(why)) = self.queues.on(ev, Instant::now()).into_iter().next() {
             return Err((Refused::new(Code::AlreadyExists, why.label(), why.message(room)), accepted));
         }
-        let sampler = Sampler::new(params, &prompt);
+        let sampler = Sampler::new(params, &prompt).guided(guide);
         let r = Req {
             key,
             incarnation,

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
-use ferry_engine::{PageAlloc, Sampled, SeqChunk};
+use ferry_engine::{Guide, PageAlloc, Sampled, SeqChunk};
 use ferry_kernels::Backend;
 
 use super::Engine;
@@ -49,6 +49,16 @@ impl<B: Backend> Engine<B> {
             return Ok(());
         }
         let decoding = plan.iter().any(|r| r.samples && self.queues.stage(r.room) == Some(Stage::Running));
+        // Plain greedy rows only: the backend picks the tokens where the logits are (a GPU
+        // then sends back a token and a logprob per row, not a row of logits).
+        let on_backend = plan.iter().all(|row| !row.samples || self.reqs[&row.room].sampler.plain_greedy());
+        // Constrained rows: their next masks are computed on another thread while the forward
+        // pass runs (they depend only on the tokens so far).
+        let mut guides: Vec<(Room, Box<Guide>)> = plan
+            .iter()
+            .filter(|row| row.samples)
+            .filter_map(|row| Some((row.room, self.reqs.get_mut(&row.room)?.sampler.take_guide()?)))
+            .collect();
         let t0 = Instant::now();
         let tokens: Vec<Vec<u32>> =
             plan.iter().map(|r| (r.start..r.start + r.n).map(|i| self.reqs[&r.room].token_at(i)).collect()).collect();
@@ -62,15 +72,32 @@ impl<B: Backend> Engine<B> {
                 logits: row.samples,
             })
             .collect();
-        // Plain greedy rows only: the backend picks the tokens where the logits are (a GPU
-        // then sends back a token and a logprob per row, not a row of logits).
-        let on_backend = plan.iter().all(|row| !row.samples || self.reqs[&row.room].sampler.plain_greedy());
-        let (mut logits, mut picked) = if on_backend {
-            (Vec::new().into_iter(), self.model.forward_greedy(&mut self.pool, &batch)?.into_iter())
-        } else {
-            (self.model.forward(&mut self.pool, &batch)?.into_iter(), Vec::new().into_iter())
-        };
+        let (model, pool) = (&self.model, &mut self.pool);
+        let passed = std::thread::scope(|s| {
+            let masks = (!guides.is_empty()).then(|| {
+                s.spawn(|| {
+                    for (_, g) in &mut guides {
+                        g.prepare();
+                    }
+                })
+            });
+            let passed = if on_backend {
+                model.forward_greedy(pool, &batch).map(|p| (Vec::new().into_iter(), p.into_iter()))
+            } else {
+                model.forward(pool, &batch).map(|l| (l.into_iter(), Vec::new().into_iter()))
+            };
+            if let Some(Err(e)) = masks.map(|h| h.join()) {
+                std::panic::resume_unwind(e);
+            }
+            passed
+        });
         drop(batch);
+        for (room, g) in guides {
+            if let Some(r) = self.reqs.get_mut(&room) {
+                r.sampler.put_guide(Some(g));
+            }
+        }
+        let (mut logits, mut picked) = passed?;
         metrics::histogram!(m::STEP_SECONDS, "role" => "decode").record(t0.elapsed().as_secs_f64());
         let running = plan.iter().filter(|r| self.queues.stage(r.room) == Some(Stage::Running)).count();
         metrics::histogram!(m::DECODE_BATCH, "worker" => self.cfg.worker.clone()).record(running as f64);

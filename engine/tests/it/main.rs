@@ -12,4 +12,5 @@ mod parity;
 mod pool_props;
 mod reference;
 mod scheduler;
+mod structured;
 mod tokenizer;

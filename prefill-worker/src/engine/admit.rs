@@ -70,7 +70,7 @@ impl<B: Backend> Engine<B> {
         };
         self.rt.spawn(task.run(send_room, rx));
         self.sched.add_with_priority(room.get(), r.tokens.clone(), r.priority, &self.cache);
-        let sampler = Sampler::new(r.sampling, &r.tokens);
+        let sampler = Sampler::new(r.sampling, &r.tokens).guided(r.guide);
         let live = Live {
             tokens: r.tokens,
             sampler,

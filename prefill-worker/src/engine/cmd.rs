@@ -34,6 +34,8 @@ pub struct NewRequest {
     pub tokens: Vec<u32>,
     /// Sampling of the first token.
     pub sampling: SamplingParams,
+    /// The output constraint the first token obeys, compiled (off the engine's thread).
+    pub guide: Option<ferry_engine::Guide>,
     /// Scheduling priority.
     pub priority: i32,
     /// Where the outcome goes.

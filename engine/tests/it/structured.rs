@@ -1,0 +1,123 @@
+//! Structured outputs in the engine: SmolLM2 and the tiny model (random weights, so only the
+//! constraint keeps them in line) generate JSON for a schema, text for a regex and one of
+//! some choices, greedy and sampled; what they write parses and fits.
+
+use crate::common::{TinyModel, load, pool, smollm2};
+use ferry_engine::tiny::TinySpec;
+use ferry_engine::{BatchOptions, FinishReason, Model, Request, SamplingParams, generate};
+use ferry_kernels::cpu::CpuBackend;
+use ferry_tokenize::Constraint;
+
+const SCHEMA: &str = r#"{
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
+    "ok": {"type": "boolean"}
+  },
+  "required": ["name", "age", "tags", "ok"],
+  "additionalProperties": false
+}"#;
+
+fn run(model: &Model<CpuBackend>, prompt: &str, c: Constraint, temperature: f32, seed: u64) -> (String, FinishReason) {
+    let tok = model.tokenizer();
+    let prompt = tok.encode(prompt).expect("encode");
+    let params = SamplingParams {
+        temperature,
+        seed: Some(seed),
+        max_new_tokens: 120,
+        constraint: Some(c),
+        ..Default::default()
+    };
+    let mut pool = pool(model, 16, 64);
+    let out = generate(model, &mut pool, &[Request { prompt, params }], BatchOptions::default()).expect("generate");
+    let o = &out[0];
+    let eos = tok.eos_ids();
+    let text: Vec<u32> = o.tokens.iter().copied().filter(|t| !eos.contains(t)).collect();
+    (tok.decode(&text, true).expect("decode"), o.finish)
+}
+
+fn check_person(text: &str) {
+    let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let o = v.as_object().unwrap_or_else(|| panic!("not an object: {text}"));
+    let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["age", "name", "ok", "tags"], "{text}");
+    assert!(o["name"].as_str().is_some_and(|s| s.chars().count() <= 12), "{text}");
+    assert!(o["age"].as_u64().is_some_and(|a| a <= 150), "{text}");
+    assert!(o["ok"].is_boolean(), "{text}");
+    let tags = o["tags"].as_array().unwrap_or_else(|| panic!("tags: {text}"));
+    assert!(tags.len() <= 3 && tags.iter().all(|t| t == "red" || t == "green"), "{text}");
+}
+
+#[test]
+fn generated_json_fits_its_schema_greedy_and_sampled() {
+    let smol = load(&smollm2());
+    let tiny = TinyModel::new(TinySpec::default());
+    let tiny = load(&tiny.gguf());
+    for (name, model) in [("smollm2", &smol), ("tiny", &tiny)] {
+        for (t, seed) in [(0.0, 0), (1.0, 1), (1.0, 2)] {
+            let (text, finish) =
+                run(model, "Describe a person as JSON:", Constraint::JsonSchema(SCHEMA.into()), t, seed);
+            assert_eq!(finish, FinishReason::Stop, "{name} t={t}: {text}");
+            check_person(&text);
+        }
+    }
+    // Any object: unbounded, so only a model that means to stop stops (the tiny one writes
+    // keys until max_tokens).
+    let (text, finish) = run(&smol, "Any JSON object:", Constraint::JsonObject, 1.0, 3);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(v.is_object() && finish == FinishReason::Stop, "{text}");
+}
+
+#[test]
+fn regex_and_choice_outputs_match() {
+    let smol = load(&smollm2());
+    for t in [0.0, 1.0] {
+        let (text, finish) =
+            run(&smol, "A date:", Constraint::Regex(r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]".into()), t, 5);
+        assert_eq!(finish, FinishReason::Stop, "{text}");
+        let b = text.as_bytes();
+        assert!(
+            b.len() == 10
+                && text.starts_with("20")
+                && b[4] == b'-'
+                && b[7] == b'-'
+                && text.replace('-', "").chars().all(|c| c.is_ascii_digit()),
+            "{text:?}"
+        );
+        let choices = vec!["yes".to_string(), "no".to_string(), "maybe not".to_string()];
+        let (text, finish) = run(&smol, "Is the sky green?", Constraint::Choice(choices.clone()), t, 6);
+        assert!(choices.contains(&text) && finish == FinishReason::Stop, "{text:?}");
+    }
+}
+
+#[test]
+fn a_bad_constraint_is_an_invalid_request_naming_the_field() {
+    let smol = load(&smollm2());
+    let g = smol.grammars();
+    let cases = [
+        (Constraint::JsonSchema("{not json".into()), "response_format.json_schema.schema"),
+        (
+            Constraint::JsonSchema(r##"{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}"##.into()),
+            "response_format.json_schema.schema",
+        ),
+        (Constraint::Regex("(unclosed".into()), "regex"),
+        (Constraint::Regex(r"(?<=a)b".into()), "regex"),
+        (Constraint::Choice(vec![]), "choice"),
+    ];
+    for (c, field) in cases {
+        let e = g.matcher(&c).err().unwrap_or_else(|| panic!("{c:?} compiled"));
+        let msg = e.to_string();
+        assert!(msg.starts_with(field), "{c:?}: {msg}");
+    }
+    // Compiled once, copied after.
+    let c = Constraint::JsonSchema(SCHEMA.into());
+    let before = g.stats();
+    for _ in 0..3 {
+        g.matcher(&c).expect("compiles");
+    }
+    let after = g.stats();
+    assert_eq!((after.compiled - before.compiled, after.hits - before.hits), (1, 2));
+}
