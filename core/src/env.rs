@@ -36,6 +36,9 @@ pub const DECODE_ADMISSION: &str = "FERRY_DECODE_ADMISSION";
 /// `--max-running-requests` (ferry decode).
 pub const DECODE_MAX_RUNNING_REQUESTS: &str = "FERRY_DECODE_MAX_RUNNING_REQUESTS";
 
+/// `--disable-jump-forward` (ferry decode).
+pub const DISABLE_JUMP_FORWARD: &str = "FERRY_DISABLE_JUMP_FORWARD";
+
 /// `--device` (ferry generate; ferry prefill, ferry decode; ferry up).
 pub const DEVICE: &str = "FERRY_DEVICE";
 
@@ -211,6 +214,7 @@ pub const ALL: &[&str] = &[
     DECODE,
     DECODE_ADMISSION,
     DECODE_MAX_RUNNING_REQUESTS,
+    DISABLE_JUMP_FORWARD,
     DEVICE,
     DTYPE,
     ETCD,

@@ -61,6 +61,8 @@ pub const RETRACTIONS: &str = "ferry_decode_retractions_total";
 /// KV tokens retractions dropped, computed again when their requests resume, by `worker`
 /// (counter).
 pub const RETRACTED_TOKENS: &str = "ferry_decode_retracted_tokens_total";
+/// Output tokens a constraint forced and the decode node appended without sampling them.
+pub const JUMP_FORWARD_TOKENS: &str = "ferry_decode_jump_forward_tokens_total";
 /// Seconds from a request's retraction to its next decode step (histogram).
 pub const RETRACTION_PAUSE: &str = "ferry_decode_retraction_pause_seconds";
 /// The decode admission estimate: the share of a request's remaining max tokens whose pages
@@ -175,6 +177,12 @@ pub const ALL: &[Metric] = &[
         "Running requests retracted to free KV pages, resumed later by recomputation (out_of_pages)",
     ),
     m(RETRACTED_TOKENS, Kind::Counter, "worker", "KV tokens dropped by retractions, computed again on resume"),
+    m(
+        JUMP_FORWARD_TOKENS,
+        Kind::Counter,
+        "worker",
+        "output tokens a constraint forced, appended in one step without sampling (jump-forward)",
+    ),
     m(RETRACTION_PAUSE, Kind::Histogram, "", "Time from a retraction to the request's next decode step, seconds"),
     m(
         NEW_TOKEN_RATIO,

@@ -46,6 +46,9 @@ struct Req {
     pages: Option<PageAlloc>,
     computed: usize,
     generated: Vec<u32>,
+    /// Generated tokens before the last whose KV is not computed yet: tokens a constraint
+    /// forced (jump-forward), computed with the last one as one chunk at the next step.
+    behind: usize,
     /// The first token, from the prefill node or the local prefill, not yet emitted.
     first: Option<Sampled>,
     bootstrap: Option<String>,
@@ -87,6 +90,8 @@ pub struct EngineConfig {
     pub data_endpoint: String,
     /// The transfer backend's name.
     pub backend: &'static str,
+    /// Append the tokens an output constraint forces in one step (jump-forward).
+    pub jump_forward: bool,
 }
 
 /// The engine thread's state.
@@ -198,7 +203,42 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    fn emit(&mut self, room: Room, s: Sampled) -> Option<FinishReason> {
+    /// [`emit`](Self::emit)s `s`, then, unless that ended the request, the tokens its output
+    /// constraint forces next (jump-forward): they go out now, logprob 0 (certain under the
+    /// constraint), and their KV is computed with the next step's input as one chunk.
+    fn emit_and_jump(&mut self, room: Room, s: Sampled) -> Option<FinishReason> {
+        let finish = self.emit(room, s, false);
+        if finish.is_some() || !self.cfg.jump_forward {
+            return finish;
+        }
+        let ctx = self.model.config().max_position_embeddings;
+        let forced = {
+            let r = self.reqs.get_mut(&room)?;
+            let room_left = (r.sampler.params().max_new_tokens as usize)
+                .min(ctx.saturating_sub(r.prompt.len()))
+                .saturating_sub(r.generated.len());
+            r.sampler.jump(room_left)
+        };
+        if forced.is_empty() {
+            return None;
+        }
+        metrics::counter!(m::JUMP_FORWARD_TOKENS, "worker" => self.cfg.worker.clone()).increment(forced.len() as u64);
+        let n = forced.len();
+        for (i, token) in forced.into_iter().enumerate() {
+            if let Some(r) = self.reqs.get_mut(&room) {
+                r.behind += 1;
+            }
+            // The matcher is past all of them: only the last can complete the constraint.
+            if let Some(f) = self.emit(room, Sampled { token, logprob: 0.0, top: Vec::new() }, i + 1 < n) {
+                return Some(f);
+            }
+        }
+        None
+    }
+
+    /// Sends `s` to the client and says whether the request ends with it (`more_forced`: more
+    /// tokens the constraint forced follow it).
+    fn emit(&mut self, room: Room, s: Sampled, more_forced: bool) -> Option<FinishReason> {
         let r = self.reqs.get_mut(&room)?;
         let tok = s.token;
         r.generated.push(tok);
@@ -210,14 +250,16 @@ impl<B: Backend> Engine<B> {
         let p = r.sampler.params();
         let ctx = self.model.config().max_position_embeddings;
         // A complete output constraint ends the request as an end-of-sequence token would.
-        let finish =
-            if !p.ignore_eos && self.eos.contains(&tok) || p.stop_token_ids.contains(&tok) || r.sampler.complete() {
-                Some(FinishReason::Stop)
-            } else if r.generated.len() >= p.max_new_tokens as usize || r.prompt.len() + r.generated.len() >= ctx {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
+        let finish = if !p.ignore_eos && self.eos.contains(&tok)
+            || p.stop_token_ids.contains(&tok)
+            || !more_forced && r.sampler.complete()
+        {
+            Some(FinishReason::Stop)
+        } else if r.generated.len() >= p.max_new_tokens as usize || r.prompt.len() + r.generated.len() >= ctx {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
         if let Some(e) = r.sampler.guide_error() {
             tracing::warn!(parent: &r.span, error = e, "the output constraint failed; the request ends here");
         }

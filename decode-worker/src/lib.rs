@@ -75,6 +75,12 @@ pub struct DecodeArgs {
     /// long as it computes, the requests ahead finish and the queue moves).
     #[arg(long, env = ferry_cluster::env::PREALLOC_TIMEOUT, default_value_t = 60.0, help_heading = "Admission")]
     pub prealloc_timeout: f64,
+    /// Sample every output token, even those an output constraint (structured outputs)
+    /// forces. By default a constraint that admits exactly one continuation of one or more
+    /// tokens (a schema's fixed keys and punctuation) has them appended in one step, their
+    /// KV computed as one chunk with the next step's input (jump-forward decoding).
+    #[arg(long, env = ferry_cluster::env::DISABLE_JUMP_FORWARD, help_heading = "Decoding")]
+    pub disable_jump_forward: bool,
 }
 
 /// How decode admission estimates a request's pages (`--decode-admission`).
@@ -124,6 +130,7 @@ impl DecodeArgs {
             max_running_requests: self.max_running_requests.max(1),
             admission,
             prealloc_timeout,
+            jump_forward: !self.disable_jump_forward,
         })
     }
 }
@@ -139,6 +146,8 @@ pub struct DecodeConfig {
     pub admission: Admission,
     /// `--prealloc-timeout`.
     pub prealloc_timeout: std::time::Duration,
+    /// Not `--disable-jump-forward`.
+    pub jump_forward: bool,
 }
 
 /// A running decode daemon: a worker ([`ferry_worker::Running`], reached through `Deref`)
@@ -232,6 +241,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         layout: descriptor.clone(),
         data_endpoint: data_endpoint.clone(),
         backend: backend.as_str(),
+        jump_forward: args.jump_forward,
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
     let grammars = Arc::clone(model.grammars());

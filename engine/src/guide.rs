@@ -89,6 +89,27 @@ impl Guide {
         }
     }
 
+    /// The tokens the constraint forces next, if it admits exactly one continuation (in the
+    /// tokenizer's own tokenization of the forced text, llguidance leaving out a last token
+    /// that what follows could merge with), taken as output: the matcher moves past them.
+    /// At most `max` are taken.
+    pub fn jump(&mut self, max: usize) -> Vec<u32> {
+        if self.error.is_some() || max == 0 {
+            return Vec::new();
+        }
+        let mut forced = self.matcher.compute_ff_tokens();
+        forced.truncate(max);
+        if forced.is_empty() {
+            return forced;
+        }
+        self.mask = None;
+        if let Err(e) = self.matcher.consume_tokens(&forced) {
+            self.error = Some(e.to_string());
+            return Vec::new();
+        }
+        forced
+    }
+
     /// Whether the constraint is satisfied and admits nothing more (or failed): the request
     /// ends here, finish reason `stop`.
     pub fn complete(&self) -> bool {

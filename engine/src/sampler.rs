@@ -61,6 +61,21 @@ impl Sampler {
         self.guide = guide;
     }
 
+    /// The tokens the output constraint forces next (at most `max`; see [`Guide::jump`]),
+    /// recorded as output as if sampled (penalties count them; the random stream does not
+    /// move). Empty without a constraint.
+    pub fn jump(&mut self, max: usize) -> Vec<u32> {
+        let Some(g) = &mut self.guide else { return Vec::new() };
+        let forced = g.jump(max);
+        for &t in &forced {
+            if self.params.repetition_penalty != 1.0 {
+                self.seen.insert(t);
+            }
+            *self.counts.entry(t).or_default() += 1;
+        }
+        forced
+    }
+
     /// Whether the output constraint is complete (nothing may follow): the request ends.
     pub fn complete(&self) -> bool {
         self.guide.as_ref().is_some_and(|g| g.complete())

@@ -29,6 +29,13 @@ async fn structured_outputs_validate_through_prefill_decode_and_colocated() {
     assert!(text.contains("structured outputs: ok"), "{text}");
     let metrics = ferry_tests::http(r.http_addr, "GET", "/metrics", b"").await.2;
     assert!(metrics.contains("reason=\"invalid_constraint\""), "bad constraints are counted");
+    // Fixed keys and punctuation were appended without sampling them (jump-forward).
+    let forced: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("ferry_decode_jump_forward_tokens_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(forced > 1000.0, "jump-forward tokens: {forced}");
     settle(&p, std::slice::from_ref(&d)).await;
     colocated.stop().await;
     r.stop().await;

@@ -96,6 +96,7 @@ impl<B: Backend> Engine<B> {
         debug_assert_eq!(context, r.kv_target(), "the queues and the engine disagree on the context");
         r.pages = None::<PageAlloc>;
         r.computed = 0;
+        r.behind = 0;
         let progress = r.generated.len();
         r.retracted_at.get_or_insert(now);
         r.clock.lap(if progress == 0 { "retracted" } else { "decode" }, now);

@@ -58,6 +58,7 @@ impl<B: Backend> Engine<B> {
             pages: None,
             computed: 0,
             generated: Vec::new(),
+            behind: 0,
             first: None,
             bootstrap,
             retracted_at: None,

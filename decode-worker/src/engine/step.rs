@@ -35,7 +35,7 @@ impl<B: Backend> Engine<B> {
                 r.sampler.observe(first.token);
             }
             self.queues.on(Event::Joined(room), now);
-            if let Some(f) = self.emit(room, first) {
+            if let Some(f) = self.emit_and_jump(room, first) {
                 self.end(room, Ok(f));
             }
         }
@@ -121,6 +121,7 @@ impl<B: Backend> Engine<B> {
             if !row.samples {
                 continue;
             }
+            r.behind = 0;
             let s = if on_backend {
                 let Some((token, logprob)) = picked.next() else { break };
                 r.sampler.observe(token);
@@ -131,7 +132,7 @@ impl<B: Backend> Engine<B> {
             };
             // A fresh prompt computed here is running from its first token on.
             self.queues.on(Event::Computed(row.room), now);
-            if let Some(f) = self.emit(row.room, s) {
+            if let Some(f) = self.emit_and_jump(row.room, s) {
                 self.end(row.room, Ok(f));
             }
         }
@@ -151,7 +152,8 @@ impl<B: Backend> Engine<B> {
             let have = r.pages.as_ref().map_or(0, PageAlloc::len) * self.pool.layout().page_size;
             match self.queues.stage(room) {
                 Some(Stage::Running) if have > r.kv_target() => {
-                    plan.push(Row { room, start: r.kv_target(), n: 1, samples: true });
+                    // With the forced tokens before it, if any, as one chunk.
+                    plan.push(Row { room, start: r.kv_target() - r.behind, n: 1 + r.behind, samples: true });
                 }
                 Some(Stage::Prefill) if budget > 0 && r.pages.is_some() => {
                     let n = (r.kv_target() - r.computed).min(budget);

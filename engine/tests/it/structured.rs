@@ -121,3 +121,37 @@ fn a_bad_constraint_is_an_invalid_request_naming_the_field() {
     let after = g.stats();
     assert_eq!((after.compiled - before.compiled, after.hits - before.hits), (1, 2));
 }
+
+/// Jump-forward: a schema's fixed text comes out as the tokens the tokenizer itself makes of
+/// it (so the model sees what it would have produced), the last one held back where what
+/// follows could merge with it; the constraint then continues after them.
+#[test]
+fn forced_text_is_the_tokenizers_own_tokens() {
+    let smol = load(&smollm2());
+    let tok = smol.tokenizer();
+    let schema = r#"{"type": "object", "properties": {"temperature_in_celsius": {"type": "integer"}, "weather_condition_today": {"enum": ["sunny", "rainy"]}}, "required": ["temperature_in_celsius", "weather_condition_today"], "additionalProperties": false}"#;
+    let params = SamplingParams { constraint: Some(Constraint::JsonSchema(schema.into())), ..Default::default() };
+    let mut s = ferry_engine::Sampler::new(params.clone(), &[]).guided(smol.guide(&params).expect("compiles"));
+    let forced = s.jump(usize::MAX);
+    let text = tok.decode(&forced, false).expect("decode");
+    assert!(text.starts_with("{\"temperature_in_celsius"), "{text:?}");
+    let own = tok.encode_without_bos(&text).expect("encode");
+    assert_eq!(forced, own, "{text:?}");
+    // An integer must come next: nothing more is forced until one is sampled.
+    assert!(s.jump(usize::MAX).is_empty() || text.ends_with(": "), "{text:?}");
+    // Sample greedily to the end: what was forced plus what was sampled parses.
+    let mut out = forced.clone();
+    let vocab = smol.config().vocab_size;
+    for _ in 0..40 {
+        if s.complete() {
+            break;
+        }
+        let mut logits = vec![0.0f32; vocab];
+        let t = s.sample(&mut logits).token;
+        out.push(t);
+        out.extend(s.jump(usize::MAX));
+    }
+    let text = tok.decode(&out, true).expect("decode");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(v["weather_condition_today"].is_string(), "{text}");
+}
