@@ -245,6 +245,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
     let grammars = Arc::clone(model.grammars());
+    grammars.prepare_in_background();
     let engine = Engine::new(model, pool, kv, receiver, handshakes, wake, cfg, Arc::clone(&load));
     let shared =
         Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load), grammars });

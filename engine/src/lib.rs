@@ -40,4 +40,4 @@ pub use model::{Model, ModelFormat};
 pub use pool::{PageAlloc, PagePool};
 pub use sampler::{Sampled, Sampler};
 
-pub use ferry_tokenize::{ChatMessage, ChatTemplate, Detokenizer, FinishReason, SamplingParams, Tokenizer};
+pub use ferry_tokenize::{ChatMessage, ChatTemplate, Constraint, Detokenizer, FinishReason, SamplingParams, Tokenizer};

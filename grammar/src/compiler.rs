@@ -57,6 +57,22 @@ impl Grammars {
         }
     }
 
+    /// Builds the token table now (a few hundred milliseconds of one core) rather than in the
+    /// first constrained request: daemons call it on a background thread at start.
+    pub fn prepare(&self) -> Result<(), GrammarError> {
+        self.factory().map(drop)
+    }
+
+    /// [`prepare`](Self::prepare) on a thread of its own; a failure is kept and reported by
+    /// the first constrained request.
+    pub fn prepare_in_background(self: &std::sync::Arc<Self>) {
+        let me = std::sync::Arc::clone(self);
+        let spawned = std::thread::Builder::new().name("grammar-table".into()).spawn(move || {
+            let _ = me.prepare();
+        });
+        drop(spawned);
+    }
+
     fn factory(&self) -> Result<&ParserFactory, GrammarError> {
         let f = self.factory.get_or_init(|| {
             let env = crate::tok_env(&self.tok)?;

@@ -128,6 +128,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
     let sched_cfg =
         SchedulerConfig { policy, chunk_size: w.chunked_prefill_size, in_queue_threshold: args.in_queue_threshold };
     let grammars = Arc::clone(model.grammars());
+    grammars.prepare_in_background();
     let engine = Engine::new(
         model,
         pool,

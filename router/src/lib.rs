@@ -238,6 +238,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     }
     let placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
     let grammars = Arc::new(ferry_grammar::Grammars::new(model.tokenizer.clone()));
+    grammars.prepare_in_background();
     let ctx = Arc::new(Ctx {
         grammars,
         model,

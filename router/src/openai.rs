@@ -4,7 +4,7 @@
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
-//! fields asking for what is not served yet (`tools`, `echo`, ...), a `response_format` or
+//! fields asking for what is not served yet (`echo`, `logit_bias`, ...), bad `tools`, a `response_format` or
 //! schema that does not compile, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
 //! `Retry-After` header. A client that disconnects drops the request on both workers. With
@@ -23,14 +23,17 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ferry_cluster::trace::TRACEPARENT;
 use ferry_cluster::{RequestId, TraceContext};
-use ferry_tokenize::{ChatMessage, Constraint, SamplingParams};
+use ferry_tokenize::{Constraint, SamplingParams};
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::RouterError;
 use crate::generate::{Ctx, Prepared};
 
+mod messages;
 mod reply;
+pub mod tools;
+use messages::MessageIn;
 use reply::{Reply, sse, whole};
 
 /// Largest request body.
@@ -143,6 +146,11 @@ struct Common {
     guided_regex: Option<String>,
     #[serde(default)]
     guided_choice: Option<Vec<String>>,
+    /// Chat: functions the model may call, and whether / which it must (`tools.rs`).
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
     /// Everything else.
     #[serde(flatten)]
     other: serde_json::Map<String, serde_json::Value>,
@@ -151,7 +159,7 @@ struct Common {
 /// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
 /// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
 /// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
-const UNSERVED: [&str; 6] = ["echo", "logit_bias", "tools", "tool_choice", "functions", "suffix"];
+const UNSERVED: [&str; 4] = ["echo", "logit_bias", "functions", "suffix"];
 
 /// Well-known fields counted under their own name when ignored; any other is counted as
 /// `other` (a label per field a client invents would make the metric unbounded).
@@ -204,78 +212,15 @@ fn other_fields(other: &serde_json::Map<String, serde_json::Value>) -> Result<()
     Ok(())
 }
 
-/// A chat message: `content` is a string, a list of parts (text parts are joined with
-/// newlines, as vLLM does; other kinds are refused by name) or null (an assistant turn that
-/// called tools).
-#[derive(Debug, Deserialize)]
-struct MessageIn {
-    #[serde(default)]
-    role: Option<String>,
-    #[serde(default)]
-    content: Option<ContentIn>,
-    /// Anything else (`name`, `tool_calls`, ...) is ignored.
-    #[serde(flatten)]
-    _other: serde_json::Map<String, serde_json::Value>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum ContentIn {
-    Text(String),
-    Parts(Vec<PartIn>),
-}
-
-#[derive(Debug, Deserialize)]
-struct PartIn {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-/// The messages as the chat template takes them: each with a role, text content.
-fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
-    if ms.is_empty() {
-        return Err("`messages` is empty: at least one message is required".into());
-    }
-    let mut out = Vec::with_capacity(ms.len());
-    for (i, m) in ms.iter().enumerate() {
-        let Some(role) = m.role.as_deref().filter(|r| !r.is_empty()) else {
-            return Err(format!("`messages[{i}].role` is missing"));
-        };
-        let text = match &m.content {
-            None => String::new(),
-            Some(ContentIn::Text(t)) => t.clone(),
-            Some(ContentIn::Parts(parts)) => {
-                let mut texts = Vec::with_capacity(parts.len());
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => texts.push(t.as_str()),
-                        ("text", None) => {
-                            return Err(format!("`messages[{i}].content[{j}]` is a text part without `text`"));
-                        }
-                        (k, _) => {
-                            return Err(format!(
-                                "`messages[{i}].content[{j}]` is a {k:?} part; this model reads text parts only"
-                            ));
-                        }
-                    }
-                }
-                texts.join("\n")
-            }
-        };
-        out.push(ChatMessage::new(role.to_string(), text));
-    }
-    Ok(out)
-}
-
 /// What a request asked of its response, besides the tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Shape {
     /// Server-sent events.
     pub stream: bool,
     /// Logprobs of the generated tokens.
     pub logprobs: bool,
+    /// Tool calls to find in the output (chat with tools).
+    pub tools: Option<tools::Tools>,
 }
 
 /// Whether logprobs were asked for, and how many alternatives per token: chat takes
@@ -432,7 +377,7 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
 
 // The error is the finished HTTP response, returned once per request: its size is no concern.
 #[allow(clippy::result_large_err)]
-fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Response> {
+fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Response> {
     if c.model != ctx.model.name {
         return Err(err(
             StatusCode::NOT_FOUND,
@@ -452,7 +397,23 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
     };
     ctx.limits.check_stop(&stop).map_err(|e| bad(e.reason, e.message))?;
     let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e))?;
-    let constraint = constraint_asked(c).map_err(|e| bad("bad_response_format", e))?;
+    let mut constraint = constraint_asked(c).map_err(|e| bad("bad_response_format", e))?;
+    let tools = match kind {
+        Kind::Chat => tools::parse(c.tools.as_ref(), c.tool_choice.as_ref()).map_err(|e| bad("bad_tools", e))?,
+        Kind::Completion if c.tools.as_ref().is_some_and(|t| !asks_for_nothing(t)) => {
+            return Err(bad("bad_tools", "`tools` is a chat completions field".into()));
+        }
+        Kind::Completion => None,
+    };
+    if let Some(tc) = tools.as_ref().and_then(tools::Tools::constraint) {
+        if constraint.is_some() {
+            return Err(bad(
+                "bad_tools",
+                "`tool_choice` asks for a call: it cannot be combined with `response_format`".into(),
+            ));
+        }
+        constraint = Some(tc);
+    }
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
             ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
@@ -465,9 +426,8 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
             return Err(bad("bad_prompt", "`prompt` must be one string or one list of token ids".into()));
         }
         (Kind::Chat, None, Some(ms)) => {
-            let msgs = chat_messages(ms).map_err(|e| bad("bad_messages", e))?;
             let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
-            let text = t.render(&msgs, true).map_err(|e| bad("bad_messages", e.to_string()))?;
+            let text = messages::render(t, ms, tools.as_ref()).map_err(|e| bad("bad_messages", e))?;
             ctx.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
         }
         (Kind::Chat, _, _) => {
@@ -502,7 +462,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, bool), Respon
             trace: None,
             clock: None,
         },
-        logprobs,
+        Shape { stream: c.stream, logprobs, tools },
     ))
 }
 
@@ -553,7 +513,7 @@ async fn handle(
         Err(e) => return from_error(&e),
     };
     let phases = headers.get(reply::PHASES).is_some_and(|v| v == "1" || v == "true");
-    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs, phases };
+    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs, phases, tools: shape.tools };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
 
@@ -569,6 +529,5 @@ pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, Shape), Re
     let c: Common = serde_json::from_str(text)
         .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
     other_fields(&c.other)?;
-    let (p, logprobs) = prepare(ctx, &c, kind)?;
-    Ok((p, Shape { stream: c.stream, logprobs }))
+    prepare(ctx, &c, kind)
 }

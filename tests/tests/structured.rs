@@ -1,6 +1,7 @@
 //! Structured outputs end to end: the official `openai` client against a router over real
 //! prefill and decode workers, and against a second router on the same workers that prefills
-//! everything on the decode worker (colocated) — tests/py/structured.py.
+//! everything on the decode worker (colocated) — tests/py/structured.py; tool calls through
+//! the first — tests/py/tools.py.
 
 use ferry_tests::{TinyModel, one_of_each, settle};
 
@@ -27,6 +28,11 @@ async fn structured_outputs_validate_through_prefill_decode_and_colocated() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "structured outputs failed:\n{text}");
     assert!(text.contains("structured outputs: ok"), "{text}");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/tools.py");
+    let out = tokio::process::Command::new("python3").arg(&script).args([&pd, &model]).output().await.expect("python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "tool calls failed:\n{text}");
+    assert!(text.contains("tools: ok"), "{text}");
     let metrics = ferry_tests::http(r.http_addr, "GET", "/metrics", b"").await.2;
     assert!(metrics.contains("reason=\"invalid_constraint\""), "bad constraints are counted");
     // Fixed keys and punctuation were appended without sampling them (jump-forward).

@@ -25,6 +25,8 @@ impl ChatMessage {
 #[derive(Clone)]
 pub struct ChatTemplate {
     env: Arc<minijinja::Environment<'static>>,
+    /// The template reads a `tools` variable (it shows tools to the model itself).
+    tools: bool,
     bos_token: String,
     eos_token: String,
 }
@@ -44,7 +46,34 @@ impl ChatTemplate {
             Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
         });
         env.add_template_owned("chat", source.to_string()).map_err(|e| TokenizeError::Template(e.to_string()))?;
-        Ok(Self { env: Arc::new(env), bos_token, eos_token })
+        let tools = source.contains("tools");
+        Ok(Self { env: Arc::new(env), tools, bos_token, eos_token })
+    }
+
+    /// Whether the template reads `tools` (else a caller offering tools must describe them
+    /// in the messages).
+    pub fn supports_tools(&self) -> bool {
+        self.tools
+    }
+
+    /// Renders messages given as JSON objects (`role`, `content`, and what tool-aware
+    /// templates read: `tool_calls`, `tool_call_id`, `name`), with `tools` (OpenAI's tool
+    /// objects) when some are offered.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizeError> {
+        let t = self.env.get_template("chat").map_err(|e| TokenizeError::Template(e.to_string()))?;
+        t.render(minijinja::context! {
+            messages => messages,
+            tools => tools,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| TokenizeError::Template(e.to_string()))
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's

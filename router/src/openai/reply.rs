@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde_json::json;
 
+use super::tools::{Call, Holdback, Tools, to_json};
 use super::{Kind, from_error, now};
 use crate::error::RouterError;
 use crate::generate::{Ctx, End, Piece, Scored};
@@ -23,6 +24,8 @@ pub(super) struct Reply {
     pub(super) logprobs: bool,
     /// The client sent `ferry-phases: 1`: say where the request's time went.
     pub(super) phases: bool,
+    /// Chat with tools: calls are looked for in the output.
+    pub(super) tools: Option<Tools>,
 }
 
 /// The request header asking for the phases, and the response header carrying them.
@@ -51,8 +54,8 @@ impl Reply {
     }
 }
 
-/// The phases as the `ferry_phases` field: `{"decode": seconds, ...}` (an object: its keys come
-/// out sorted; the header keeps the breakdown's order).
+/// The phases as the `ferry_phases` field: `{"decode": seconds, ...}`, in the breakdown's
+/// order (serde_json keeps insertion order: llguidance turns on its `preserve_order`).
 fn phases(e: &End) -> serde_json::Value {
     e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
 }
@@ -90,12 +93,17 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
     let logprobs = r.logprobs(&tokens, &mut 0);
     let choice = match r.kind {
         Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": e.finish.as_str(),
-            "logprobs": logprobs,
-        }),
+        Kind::Chat => {
+            let (content, calls) = match &r.tools {
+                Some(t) => t.extract(&text),
+                None => (Some(text), Vec::new()),
+            };
+            let mut message = json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                message["tool_calls"] = to_json(&calls, false);
+            }
+            json!({"index": 0, "message": message, "finish_reason": finish_reason(&e, &calls), "logprobs": logprobs})
+        }
     };
     let mut body = json!({
         "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": [choice], "usage": usage(&e),
@@ -111,6 +119,14 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
     resp
 }
 
+/// `tool_calls` when the answer ended by itself with calls, else the finish reason.
+fn finish_reason(e: &End, calls: &[Call]) -> &'static str {
+    match e.finish {
+        ferry_tokenize::FinishReason::Stop if !calls.is_empty() => "tool_calls",
+        f => f.as_str(),
+    }
+}
+
 pub(super) fn sse(
     s: impl Stream<Item = Result<Piece, RouterError>> + Send + 'static,
     r: Reply,
@@ -118,22 +134,36 @@ pub(super) fn sse(
     let created = now();
     let mut first = true;
     let mut offset = 0;
+    let mut holdback = r.tools.clone().map(Holdback::new);
     let events = s
         .map(move |p| {
             let data = match p {
                 Ok(p) => {
-                    let finish = p.end.map(|e| e.finish.as_str());
+                    let mut finish = p.end.as_ref().map(|e| e.finish.as_str());
                     let logprobs = r.logprobs(&p.tokens, &mut offset);
+                    let (mut text, mut calls) = (p.text.clone(), Vec::new());
+                    if let Some(h) = &mut holdback {
+                        text = h.push(&p.text);
+                        if let Some(e) = &p.end {
+                            let (rest, found) = h.finish();
+                            text.push_str(&rest.unwrap_or_default());
+                            finish = Some(finish_reason(e, &found));
+                            calls = found;
+                        }
+                    }
                     let choice = match r.kind {
                         Kind::Completion => {
                             json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": logprobs})
                         }
                         Kind::Chat => {
-                            let delta = if first {
-                                json!({"role": "assistant", "content": p.text})
+                            let mut delta = if first {
+                                json!({"role": "assistant", "content": text})
                             } else {
-                                json!({"content": p.text})
+                                json!({"content": text})
                             };
+                            if !calls.is_empty() {
+                                delta["tool_calls"] = to_json(&calls, true);
+                            }
                             json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
                         }
                     };
