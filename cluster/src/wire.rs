@@ -45,18 +45,20 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
         stop_token_ids: p.stop_token_ids,
         top_logprobs: p.top_logprobs,
         ignore_eos: p.ignore_eos,
-        constraint: p.constraint.and_then(|c| c.kind).map(constraint_from_proto),
+        constraint: p.constraint.and_then(|c| c.kind).and_then(constraint_from_proto),
     }
 }
 
-fn constraint_from_proto(k: pb::output_constraint::Kind) -> Constraint {
+/// `json_object: false` asks for nothing.
+fn constraint_from_proto(k: pb::output_constraint::Kind) -> Option<Constraint> {
     use pb::output_constraint::Kind;
-    match k {
-        Kind::JsonObject(_) => Constraint::JsonObject,
+    Some(match k {
+        Kind::JsonObject(false) => return None,
+        Kind::JsonObject(true) => Constraint::JsonObject,
         Kind::JsonSchema(s) => Constraint::JsonSchema(s),
         Kind::Regex(r) => Constraint::Regex(r),
         Kind::Choice(c) => Constraint::Choice(c.options),
-    }
+    })
 }
 
 /// A constraint on the wire.

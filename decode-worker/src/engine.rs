@@ -205,8 +205,10 @@ impl<B: Backend> Engine<B> {
 
     /// [`emit`](Self::emit)s `s`, then, unless that ended the request, the tokens its output
     /// constraint forces next (jump-forward): they go out now, logprob 0 (certain under the
-    /// constraint), and their KV is computed with the next step's input as one chunk.
-    fn emit_and_jump(&mut self, room: Room, s: Sampled) -> Option<FinishReason> {
+    /// constraint), and their KV is computed with the next step's input as one chunk (at most
+    /// `--chunked-prefill-size` tokens a step: a longer forced text goes on at the next).
+    /// `Some` when the request ends: how, or the error that ends it.
+    fn emit_and_jump(&mut self, room: Room, s: Sampled) -> Option<Result<FinishReason, Refused>> {
         let finish = self.emit(room, s, false);
         if finish.is_some() || !self.cfg.jump_forward {
             return finish;
@@ -216,7 +218,8 @@ impl<B: Backend> Engine<B> {
             let r = self.reqs.get_mut(&room)?;
             let room_left = (r.sampler.params().max_new_tokens as usize)
                 .min(ctx.saturating_sub(r.prompt.len()))
-                .saturating_sub(r.generated.len());
+                .saturating_sub(r.generated.len())
+                .min(self.cfg.chunk_size.max(1));
             r.sampler.jump(room_left)
         };
         if forced.is_empty() {
@@ -237,9 +240,14 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Sends `s` to the client and says whether the request ends with it (`more_forced`: more
-    /// tokens the constraint forced follow it).
-    fn emit(&mut self, room: Room, s: Sampled, more_forced: bool) -> Option<FinishReason> {
+    /// tokens the constraint forced follow it). A token the output constraint refused (a
+    /// prefill node that sampled without it) is not sent: the request ends with an error.
+    fn emit(&mut self, room: Room, s: Sampled, more_forced: bool) -> Option<Result<FinishReason, Refused>> {
         let r = self.reqs.get_mut(&room)?;
+        if let Some(e) = r.sampler.guide_error() {
+            let why = format!("the output constraint failed: {e}");
+            return Some(Err(Refused::new(Code::Internal, "constraint_failed", why)));
+        }
         let tok = s.token;
         r.generated.push(tok);
         if r.generated.len() == 1 {
@@ -260,9 +268,6 @@ impl<B: Backend> Engine<B> {
         } else {
             None
         };
-        if let Some(e) = r.sampler.guide_error() {
-            tracing::warn!(parent: &r.span, error = e, "the output constraint failed; the request ends here");
-        }
         metrics::counter!(m::GENERATED_TOKENS).increment(1);
         // The laps go with the first token (a router that finds a stop string drops the
         // stream before the last) and, all of them, with the last.
@@ -275,7 +280,7 @@ impl<B: Backend> Engine<B> {
             None => Vec::new(),
         };
         let _ = r.out.send(Ok(Emit { sampled: s, finish, phases }));
-        finish
+        finish.map(Ok)
     }
 
     fn publish(&mut self) {

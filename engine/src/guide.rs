@@ -6,11 +6,15 @@ use ferry_grammar::{Grammars, Matcher, TokenMask};
 use crate::EngineError;
 
 /// A fresh guide for `params`' constraint, if it has one, from `grammars` (compiled now, or
-/// copied from its cache); a constraint that does not compile is an invalid request.
+/// copied from its cache), its first mask computed: workers call this on a blocking thread,
+/// so the engine's thread neither compiles nor computes the first token's mask. A
+/// constraint that does not compile is an invalid request.
 pub fn guide(grammars: &Grammars, params: &ferry_tokenize::SamplingParams) -> Result<Option<Guide>, EngineError> {
     let Some(c) = &params.constraint else { return Ok(None) };
     let m = grammars.matcher(c).map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-    Ok(Some(Guide::new(m)))
+    let mut g = Guide::new(m);
+    g.prepare();
+    Ok(Some(g))
 }
 
 /// One request's constraint (see [`ferry_grammar`]): which tokens may come next.

@@ -14,6 +14,40 @@ use crate::{GrammarError, field};
 /// Compiled constraints kept by default.
 const DEFAULT_CAPACITY: usize = 1024;
 
+/// The longest constraint text accepted (a schema, a regex, the choices together): beyond
+/// what any real schema needs, and it bounds what the cache and the compiler are given.
+pub const MAX_CONSTRAINT_BYTES: usize = 256 << 10;
+
+/// A constraint's cache key: SHA-256 of its kind and text (a key an attacker cannot make
+/// collide; the texts themselves are not kept).
+type Key = [u8; 32];
+
+fn key(c: &Constraint) -> Key {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(c.kind().as_bytes());
+    match c {
+        Constraint::JsonObject => {}
+        Constraint::JsonSchema(t) | Constraint::Regex(t) => h.update(t.as_bytes()),
+        Constraint::Choice(options) => {
+            for o in options {
+                h.update((o.len() as u64).to_le_bytes());
+                h.update(o.as_bytes());
+            }
+        }
+    }
+    h.finalize().into()
+}
+
+/// The bytes of a constraint's text.
+fn size(c: &Constraint) -> usize {
+    match c {
+        Constraint::JsonObject => 0,
+        Constraint::JsonSchema(t) | Constraint::Regex(t) => t.len(),
+        Constraint::Choice(options) => options.iter().map(String::len).sum(),
+    }
+}
+
 /// What a [`Grammars`] did so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GrammarsStats {
@@ -31,7 +65,7 @@ pub struct GrammarsStats {
 pub struct Grammars {
     tok: Tokenizer,
     factory: OnceLock<Result<ParserFactory, GrammarError>>,
-    cache: Mutex<HashMap<Constraint, (Matcher, u64)>>,
+    cache: Mutex<HashMap<Key, (Matcher, u64)>>,
     capacity: usize,
     clock: AtomicU64,
     compiled: AtomicU64,
@@ -75,32 +109,44 @@ impl Grammars {
 
     fn factory(&self) -> Result<&ParserFactory, GrammarError> {
         let f = self.factory.get_or_init(|| {
-            let env = crate::tok_env(&self.tok)?;
-            let mut f = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Unavailable(e.to_string()))?;
-            f.quiet();
-            Ok(f)
+            let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let env = crate::tok_env(&self.tok)?;
+                let mut f = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Unavailable(e.to_string()))?;
+                f.quiet();
+                Ok(f)
+            }));
+            built.unwrap_or_else(|_| Err(GrammarError::Unavailable("building the token table panicked".into())))
         });
         f.as_ref().map_err(Clone::clone)
     }
 
     /// A fresh matcher for `c`: compiled now, or copied from the cache.
     pub fn matcher(&self, c: &Constraint) -> Result<Matcher, GrammarError> {
+        if size(c) > MAX_CONSTRAINT_BYTES {
+            let message = format!("{} bytes; at most {MAX_CONSTRAINT_BYTES} are accepted", size(c));
+            return Err(GrammarError::Invalid { field: field(c), message });
+        }
+        let k = key(c);
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        if let Some((m, used)) = self.cache.lock().get_mut(c) {
+        if let Some((m, used)) = self.cache.lock().get_mut(&k) {
             *used = tick;
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(m.deep_clone());
         }
-        // Compiled outside the lock: a slow schema does not hold up other requests' hits.
-        let m = self.compile(c)?;
+        // Compiled outside the lock: a slow schema does not hold up other requests' hits. A
+        // panic in the compiler is a refusal of this constraint, not a dead thread.
+        let compiled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.compile(c)));
+        let m = compiled.unwrap_or_else(|_| {
+            Err(GrammarError::Invalid { field: field(c), message: "the grammar compiler failed on it".into() })
+        })?;
         self.compiled.fetch_add(1, Ordering::Relaxed);
         let mut cache = self.cache.lock();
         if cache.len() >= self.capacity
-            && let Some(oldest) = cache.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone())
+            && let Some(oldest) = cache.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| *k)
         {
             cache.remove(&oldest);
         }
-        cache.insert(c.clone(), (m.deep_clone(), tick));
+        cache.insert(k, (m.deep_clone(), tick));
         Ok(m)
     }
 

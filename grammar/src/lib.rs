@@ -11,7 +11,7 @@
 mod compiler;
 mod tok_env;
 
-pub use compiler::{Grammars, GrammarsStats};
+pub use compiler::{Grammars, GrammarsStats, MAX_CONSTRAINT_BYTES};
 pub use llguidance::Matcher;
 pub use tok_env::tok_env;
 pub use toktrie::SimpleVob as TokenMask;

@@ -19,8 +19,15 @@ impl TokenizerEnv for Env {
         &self.trie
     }
 
+    /// The tokenizer's own ids for `s` when they spell exactly `s`; else the trie's greedy
+    /// ones. The pipeline may add to a fragment: a SentencePiece tokenizer's `▁` before it,
+    /// a special token where its text appears; forced text must be what the constraint
+    /// forces, byte for byte.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
-        self.trie.tokenize_with_greedy_fallback(s, |s| self.tok.encode_without_bos(s).unwrap_or_default())
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            let ids = self.tok.encode_without_bos(text).unwrap_or_default();
+            if self.trie.decode_raw(&ids) == text.as_bytes() { ids } else { self.trie.greedy_tokenize(text.as_bytes()) }
+        })
     }
 }
 

@@ -288,8 +288,11 @@ fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
             None => return Err("`response_format.type` is required".into()),
         }
     }
-    if let Some(s) = &c.guided_json {
-        asked.push(Constraint::JsonSchema(s.to_string()));
+    match &c.guided_json {
+        None | Some(Value::Null) => {}
+        // vLLM takes the schema as an object or as its JSON text.
+        Some(Value::String(s)) => asked.push(Constraint::JsonSchema(s.clone())),
+        Some(s) => asked.push(Constraint::JsonSchema(s.to_string())),
     }
     if let Some(r) = &c.guided_regex {
         asked.push(Constraint::Regex(r.clone()));
@@ -403,6 +406,9 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         Kind::Completion if c.tools.as_ref().is_some_and(|t| !asks_for_nothing(t)) => {
             return Err(bad("bad_tools", "`tools` is a chat completions field".into()));
         }
+        Kind::Completion if c.tool_choice.as_ref().is_some_and(|t| !asks_for_nothing(t)) => {
+            return Err(bad("bad_tools", "`tool_choice` is a chat completions field".into()));
+        }
         Kind::Completion => None,
     };
     if let Some(tc) = tools.as_ref().and_then(tools::Tools::constraint) {
@@ -452,7 +458,14 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
     };
     ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
     // This runs on the tokenizer pool: compiling a schema is no work for the async threads.
-    ctx.check_constraint(&sampling).map_err(|e| from_error(&e))?;
+    // A schema that came from the tools is named as theirs.
+    ctx.check_constraint(&sampling).map_err(|e| match (&e, &tools) {
+        (RouterError::Invalid { reason, message }, Some(t)) if t.constraint().is_some() => {
+            let message = message.replacen("response_format.json_schema.schema", "tools[].function.parameters", 1);
+            err(StatusCode::BAD_REQUEST, reason, message)
+        }
+        _ => from_error(&e),
+    })?;
     Ok((
         Prepared {
             request_id: RequestId::new(format!("ferry-{:016x}", rand::random::<u64>())),

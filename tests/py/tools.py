@@ -71,6 +71,17 @@ for t in (0, 1):
     assert r.choices[0].finish_reason == "tool_calls", r
     check_calls(r.choices[0].message.tool_calls, set(schemas))
 
+# Required with schemas that use $defs (as pydantic writes them): each tool's refs still resolve.
+point = {"type": "object", "properties": {"at": {"$ref": "#/$defs/Point"}}, "required": ["at"], "additionalProperties": False,
+         "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}},
+                             "required": ["x"], "additionalProperties": False}}}
+moves = [{"type": "function", "function": {"name": "move_to", "parameters": point}}, tools[1]]
+r = c.chat.completions.create(model=model, messages=msgs, tools=moves, tool_choice="required", max_tokens=300, temperature=1, seed=5)
+calls = r.choices[0].message.tool_calls
+assert r.choices[0].finish_reason == "tool_calls" and calls, r
+for call in calls:
+    jsonschema.validate(json.loads(call.function.arguments), point if call.function.name == "move_to" else time_params)
+
 # Auto: the model's Hermes-format call is parsed out of its text (the regex stands in for a
 # model that knows the format), whole and streamed; text before it stays content.
 hermes = r'I will check\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)", "unit": "celsius"\}\}\n</tool_call>'
@@ -104,7 +115,7 @@ bad = [
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
     ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "no such type"}}}], "tool_choice": "required"},
-     "response_format.json_schema.schema"),
+     "tools[].function.parameters"),
 ]
 for body, field in bad:
     try:

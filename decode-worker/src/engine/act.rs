@@ -92,7 +92,7 @@ impl<B: Backend> Engine<B> {
     /// sampler, and so its random stream, carries on.
     fn retract(&mut self, room: Room, context: usize, running: bool, now: Instant) {
         let Some(r) = self.reqs.get_mut(&room) else { return };
-        let lost = if running { r.kv_target() } else { r.computed };
+        let lost = if running { r.kv_target() - r.behind } else { r.computed };
         debug_assert_eq!(context, r.kv_target(), "the queues and the engine disagree on the context");
         r.pages = None::<PageAlloc>;
         r.computed = 0;

@@ -36,7 +36,7 @@ impl<B: Backend> Engine<B> {
             }
             self.queues.on(Event::Joined(room), now);
             if let Some(f) = self.emit_and_jump(room, first) {
-                self.end(room, Ok(f));
+                self.end(room, f);
             }
         }
         // Every running request gets the pages its next token needs, victims retracted when
@@ -133,7 +133,7 @@ impl<B: Backend> Engine<B> {
             // A fresh prompt computed here is running from its first token on.
             self.queues.on(Event::Computed(row.room), now);
             if let Some(f) = self.emit_and_jump(row.room, s) {
-                self.end(row.room, Ok(f));
+                self.end(row.room, f);
             }
         }
         self.queues.on(Event::Stepped { decoding }, now);

@@ -155,3 +155,18 @@ fn forced_text_is_the_tokenizers_own_tokens() {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
     assert!(v["weather_condition_today"].is_string(), "{text}");
 }
+
+/// A token the constraint forbids, seen without sampling (a prefill node that sampled
+/// unconstrained), fails the guide: the decode node then ends the request with an error
+/// rather than letting free text through as a finished answer.
+#[test]
+fn a_forbidden_token_fails_the_guide() {
+    let smol = load(&smollm2());
+    let tok = smol.tokenizer();
+    let params = SamplingParams { constraint: Some(Constraint::Regex("[0-9]+".into())), ..Default::default() };
+    let mut s = ferry_engine::Sampler::new(params.clone(), &[]).guided(smol.guide(&params).expect("compiles"));
+    assert!(s.guide_error().is_none());
+    let letter = tok.encode_without_bos("x").expect("encode")[0];
+    s.observe(letter);
+    assert!(s.guide_error().is_some() && s.complete(), "{:?}", s.guide_error());
+}

@@ -95,7 +95,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
         Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
         Kind::Chat => {
             let (content, calls) = match &r.tools {
-                Some(t) => t.extract(&text),
+                Some(t) => t.extract(&text, e.finish == ferry_tokenize::FinishReason::Stop),
                 None => (Some(text), Vec::new()),
             };
             let mut message = json!({"role": "assistant", "content": content});
@@ -145,7 +145,7 @@ pub(super) fn sse(
                     if let Some(h) = &mut holdback {
                         text = h.push(&p.text);
                         if let Some(e) = &p.end {
-                            let (rest, found) = h.finish();
+                            let (rest, found) = h.finish(e.finish == ferry_tokenize::FinishReason::Stop);
                             text.push_str(&rest.unwrap_or_default());
                             finish = Some(finish_reason(e, &found));
                             calls = found;

@@ -131,17 +131,23 @@ impl Tools {
                 Some(Constraint::JsonSchema(f.parameters.to_string()))
             }
             Mode::Required => {
+                // Each function's schema moves under the root's `$defs` (its own `$defs` and
+                // `definitions` beside it, renamed), so that its `$ref`s still resolve.
+                let mut defs = serde_json::Map::new();
                 let calls: Vec<Value> = self
                     .functions
                     .iter()
-                    .map(|f| {
-                        json!({"type": "object", "properties": {"name": {"const": f.name}, "parameters": f.parameters},
+                    .enumerate()
+                    .map(|(i, f)| {
+                        let own = hoist(i, &f.parameters, &mut defs);
+                        defs.insert(format!("tool{i}"), own);
+                        json!({"type": "object",
+                            "properties": {"name": {"const": f.name}, "parameters": {"$ref": format!("#/$defs/tool{i}")}},
                             "required": ["name", "parameters"], "additionalProperties": false})
                     })
                     .collect();
-                Some(Constraint::JsonSchema(
-                    json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}}).to_string(),
-                ))
+                let schema = json!({"type": "array", "minItems": 1, "items": {"anyOf": calls}, "$defs": defs});
+                Some(Constraint::JsonSchema(schema.to_string()))
             }
         }
     }
@@ -165,7 +171,12 @@ impl Tools {
     }
 
     /// The calls in the model's output `text`, and what text is left as the answer's content.
-    pub fn extract(&self, text: &str) -> (Option<String>, Vec<Call>) {
+    /// A forced call cut short (`stopped` false: `max_tokens` ran out) is no call: its text
+    /// is the content.
+    pub fn extract(&self, text: &str, stopped: bool) -> (Option<String>, Vec<Call>) {
+        if !stopped && self.mode != Mode::Auto {
+            return (Some(text.to_string()), Vec::new());
+        }
         match &self.mode {
             Mode::Named(name) => (None, vec![Call { name: name.clone(), arguments: text.to_string() }]),
             Mode::Required => {
@@ -177,6 +188,46 @@ impl Tools {
             Mode::Auto => hermes(text),
         }
     }
+}
+
+/// Function `i`'s `parameters` with its `$defs` / `definitions` moved into `defs` as
+/// `tool{i}.{name}` and every `$ref` rewritten to match (`#` itself, the function's root,
+/// becomes `#/$defs/tool{i}`).
+fn hoist(i: usize, parameters: &Value, defs: &mut serde_json::Map<String, Value>) -> Value {
+    fn rewrite(i: usize, v: &mut Value) {
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o.iter_mut() {
+                    if k == "$ref"
+                        && let Value::String(r) = x
+                    {
+                        let rest = r.strip_prefix("#/$defs/").or_else(|| r.strip_prefix("#/definitions/"));
+                        *r = match (r.as_str(), rest) {
+                            ("#", _) => format!("#/$defs/tool{i}"),
+                            (_, Some(rest)) => format!("#/$defs/tool{i}.{rest}"),
+                            _ => r.clone(),
+                        };
+                    } else {
+                        rewrite(i, x);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| rewrite(i, x)),
+            _ => {}
+        }
+    }
+    let mut own = parameters.clone();
+    rewrite(i, &mut own);
+    if let Value::Object(o) = &mut own {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = o.remove(key) {
+                for (name, def) in d {
+                    defs.insert(format!("tool{i}.{name}"), def);
+                }
+            }
+        }
+    }
+    own
 }
 
 /// Calls in OpenAI's shape: `[{"id", "type": "function", "function": {"name", "arguments"}}]`,
@@ -232,14 +283,15 @@ impl Holdback {
         out
     }
 
-    /// At the end: the content not streamed yet and the calls.
-    pub fn finish(&mut self) -> (Option<String>, Vec<Call>) {
+    /// At the end (`stopped`: the answer ended by itself): the content not streamed yet and
+    /// the calls.
+    pub fn finish(&mut self, stopped: bool) -> (Option<String>, Vec<Call>) {
         match self.tools.mode {
             Mode::Auto => {
                 let (content, calls) = hermes(&self.text[self.sent..]);
                 (content.filter(|c| !c.is_empty()), calls)
             }
-            _ => self.tools.extract(&self.text),
+            _ => self.tools.extract(&self.text, stopped),
         }
     }
 }
@@ -373,8 +425,33 @@ mod tests {
         let t = Tools { mode: Mode::Required, ..parse(Some(&weather()), None).expect("ok").expect("tools") };
         let c = t.constraint().expect("a schema");
         assert!(matches!(&c, Constraint::JsonSchema(s) if s.contains("\"minItems\":1")), "{c:?}");
-        let (content, calls) = t.extract(r#"[{"name": "get_weather", "parameters": {"city": "Oslo"}}]"#);
+        let out = r#"[{"name": "get_weather", "parameters": {"city": "Oslo"}}]"#;
+        let (content, calls) = t.extract(out, true);
         assert_eq!((content, calls.len(), calls[0].arguments.as_str()), (None, 1, r#"{"city":"Oslo"}"#));
+        // Cut short by max_tokens: no call, the text is the content.
+        assert_eq!(t.extract(&out[..20], false), (Some(out[..20].to_string()), vec![]));
+    }
+
+    #[test]
+    fn required_keeps_each_tools_refs_resolvable() {
+        let tools = json!([
+            {"type": "function", "function": {"name": "a", "parameters": {"type": "object",
+                "properties": {"p": {"$ref": "#/$defs/Point"}}, "$defs": {"Point": {"type": "object",
+                "properties": {"x": {"type": "integer"}}}}}}},
+            {"type": "function", "function": {"name": "b", "parameters": {"type": "object",
+                "properties": {"next": {"$ref": "#"}, "p": {"$ref": "#/definitions/Point"}},
+                "definitions": {"Point": {"type": "string"}}}}},
+        ]);
+        let t = Tools { mode: Mode::Required, ..parse(Some(&tools), None).expect("ok").expect("tools") };
+        let Some(Constraint::JsonSchema(s)) = t.constraint() else { panic!("a schema") };
+        let v: Value = serde_json::from_str(&s).expect("JSON");
+        let defs = &v["$defs"];
+        assert_eq!(defs["tool0"]["properties"]["p"]["$ref"], "#/$defs/tool0.Point");
+        assert_eq!(defs["tool0.Point"]["properties"]["x"]["type"], "integer");
+        assert_eq!(defs["tool1"]["properties"]["next"]["$ref"], "#/$defs/tool1");
+        assert_eq!(defs["tool1"]["properties"]["p"]["$ref"], "#/$defs/tool1.Point");
+        assert_eq!(defs["tool1.Point"]["type"], "string");
+        assert!(defs["tool0"].get("$defs").is_none() && defs["tool1"].get("definitions").is_none());
     }
 
     #[test]
@@ -390,12 +467,12 @@ mod tests {
         ];
         let out: Vec<String> = pieces.iter().map(|p| h.push(p)).collect();
         assert_eq!(out, ["Sure", ", let me check ", "", "", ""]);
-        let (content, calls) = h.finish();
+        let (content, calls) = h.finish(true);
         assert_eq!((content, calls.len()), (None, 1));
         let mut h = Holdback::new(parse(Some(&weather()), None).expect("ok").expect("tools"));
         assert_eq!(h.push("a < b"), "a < b");
         assert_eq!(h.push(" <tool"), " ");
-        assert_eq!(h.finish(), (Some("<tool".into()), vec![]));
+        assert_eq!(h.finish(true), (Some("<tool".into()), vec![]));
     }
 
     #[test]
