@@ -46,6 +46,7 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
         top_logprobs: p.top_logprobs,
         ignore_eos: p.ignore_eos,
         constraint: p.constraint.and_then(|c| c.kind).and_then(constraint_from_proto),
+        prompt_logprobs: p.prompt_logprobs,
     }
 }
 
@@ -89,6 +90,7 @@ pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
         top_logprobs: s.top_logprobs,
         ignore_eos: s.ignore_eos,
         constraint: s.constraint.as_ref().map(constraint_to_proto),
+        prompt_logprobs: s.prompt_logprobs,
     }
 }
 
@@ -208,7 +210,33 @@ pub fn token_to_proto(
         finish_reason: finish.map_or(pb::FinishReason::Unspecified, finish_to_proto) as i32,
         cached_tokens: 0,
         phases: Vec::new(),
+        prompt_logprobs: Vec::new(),
+        prompt_top_logprobs: Vec::new(),
     }
+}
+
+/// One prompt position's logprob: the token, its logprob, its alternatives.
+pub type PromptLogprob = (u32, f32, Vec<(u32, f32)>);
+
+/// Prompt logprobs on the wire: the tokens with their logprobs, and (when any were asked
+/// for) each one's alternatives.
+pub fn prompt_to_proto(p: &[PromptLogprob]) -> (Vec<pb::TokenLogprob>, Vec<pb::TopLogprobs>) {
+    let lp = p.iter().map(|&(token_id, logprob, _)| pb::TokenLogprob { token_id, logprob }).collect();
+    let top =
+        if p.iter().any(|x| !x.2.is_empty()) { p.iter().map(|x| top_to_proto(&x.2)).collect() } else { Vec::new() };
+    (lp, top)
+}
+
+/// [`prompt_to_proto`] back.
+pub fn prompt_from_proto(lp: &[pb::TokenLogprob], top: &[pb::TopLogprobs]) -> Vec<PromptLogprob> {
+    lp.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let alts =
+                top.get(i).map(|c| c.candidates.iter().map(|x| (x.token_id, x.logprob)).collect()).unwrap_or_default();
+            (t.token_id, t.logprob, alts)
+        })
+        .collect()
 }
 
 /// A worker's KV cache events on the wire.

@@ -46,6 +46,8 @@ struct Req {
     pages: Option<PageAlloc>,
     computed: usize,
     generated: Vec<u32>,
+    /// Prompt logprobs computed here, sent with the first token (when asked for).
+    prompt_logprobs: Vec<Sampled>,
     /// Generated tokens before the last whose KV is not computed yet: tokens a constraint
     /// forced (jump-forward), computed with the last one as one chunk at the next step.
     behind: usize,
@@ -279,7 +281,8 @@ impl<B: Backend> Engine<B> {
             None if r.generated.len() == 1 => r.clock.laps().to_vec(),
             None => Vec::new(),
         };
-        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases }));
+        let prompt = if r.generated.len() == 1 { std::mem::take(&mut r.prompt_logprobs) } else { Vec::new() };
+        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases, prompt }));
         finish.map(Ok)
     }
 

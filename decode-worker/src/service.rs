@@ -69,6 +69,11 @@ impl pb::decode_server::Decode for DecodeSvc {
                 Ok(e) => {
                     let mut m = wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish);
                     m.phases = wire::phases_to_proto(&e.phases);
+                    if !e.prompt.is_empty() {
+                        let prompt: Vec<wire::PromptLogprob> =
+                            e.prompt.iter().map(|s| (s.token, s.logprob, s.top.clone())).collect();
+                        (m.prompt_logprobs, m.prompt_top_logprobs) = wire::prompt_to_proto(&prompt);
+                    }
                     Ok(m)
                 }
                 Err(r) => Err(r.into_status()),

@@ -25,8 +25,21 @@ impl<B: Backend> Model<B> {
     /// Runs `batch` through the model, writing K/V into `pool`; returns the last-token logits
     /// of each sequence that asked for them, in batch order.
     pub fn forward(&self, pool: &mut PagePool<B>, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.forward_rows(pool, batch, &[])
+    }
+
+    /// [`forward`](Self::forward), with the logits of every token of the sequences whose
+    /// `every` entry is true (in order: a chunk of n tokens gives n rows, the last its last
+    /// token's), for prompt logprobs. Each row is `vocab_size` floats on the host: ask for
+    /// them for what needs them only.
+    pub fn forward_rows(
+        &self,
+        pool: &mut PagePool<B>,
+        batch: &[SeqChunk<'_>],
+        every: &[bool],
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         self.backend.pass(|| {
-            let Some((logits, _)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+            let Some((logits, _)) = self.logits(pool, batch, every)? else { return Ok(Vec::new()) };
             let host = self.backend.download(&logits)?;
             Ok(host.chunks_exact(self.config.vocab_size).map(<[f32]>::to_vec).collect())
         })
@@ -42,13 +55,18 @@ impl<B: Backend> Model<B> {
         batch: &[SeqChunk<'_>],
     ) -> Result<Vec<(u32, f32)>, EngineError> {
         self.backend.pass(|| {
-            let Some((logits, n)) = self.logits(pool, batch)? else { return Ok(Vec::new()) };
+            let Some((logits, n)) = self.logits(pool, batch, &[])? else { return Ok(Vec::new()) };
             Ok(self.backend.greedy_rows(&logits, n, self.config.vocab_size)?)
         })
     }
 
     /// The pass itself: the logits rows (on the backend) and how many there are.
-    fn logits(&self, pool: &mut PagePool<B>, batch: &[SeqChunk<'_>]) -> Result<Option<(B::Buf, usize)>, EngineError> {
+    fn logits(
+        &self,
+        pool: &mut PagePool<B>,
+        batch: &[SeqChunk<'_>],
+        every: &[bool],
+    ) -> Result<Option<(B::Buf, usize)>, EngineError> {
         let cfg = &self.config;
         let be = &self.backend;
         let layout = *pool.layout();
@@ -90,7 +108,9 @@ impl<B: Backend> Model<B> {
                 positions.push(p as u32);
                 slots.push((s.pages[p / layout.page_size], (p % layout.page_size) as u32));
             }
-            if s.logits {
+            if every.get(i).copied().unwrap_or(false) {
+                logit_rows.extend(ids.len() - s.tokens.len()..ids.len());
+            } else if s.logits {
                 logit_rows.push(ids.len() - 1);
             }
         }

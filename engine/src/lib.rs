@@ -38,6 +38,6 @@ pub use generate::{BatchOptions, Output, Request, generate, generate_streaming};
 pub use guide::Guide;
 pub use model::{Model, ModelFormat};
 pub use pool::{PageAlloc, PagePool};
-pub use sampler::{Sampled, Sampler};
+pub use sampler::{Sampled, Sampler, prompt_logprob};
 
 pub use ferry_tokenize::{ChatMessage, ChatTemplate, Constraint, Detokenizer, FinishReason, SamplingParams, Tokenizer};

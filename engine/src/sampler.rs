@@ -137,6 +137,7 @@ impl Sampler {
             && p.presence_penalty == 0.0
             && p.top_logprobs == 0
             && self.guide.is_none()
+            && p.prompt_logprobs.is_none()
     }
 
     /// Records `token` as the next output without sampling it, as if [`sample`](Self::sample)
@@ -191,6 +192,15 @@ impl Sampler {
         }
         cand[probs.len() - 1].0
     }
+}
+
+/// The logprob of `next` under the logits `row` (the model's distribution, no penalty), and
+/// the `k` most likely tokens with theirs: one prompt position's report.
+pub fn prompt_logprob(row: &[f32], next: u32, k: u32) -> Sampled {
+    let lse = log_sum_exp(row);
+    let logprob = row.get(next as usize).map_or(f32::NEG_INFINITY, |l| l - lse);
+    let top = top_n(row, k as usize).into_iter().map(|(t, l)| (t, l - lse)).collect();
+    Sampled { token: next, logprob, top }
 }
 
 /// Index of the largest value (the lowest index among equals).

@@ -119,6 +119,8 @@ struct Waiting {
     arrival: u64,
     matched: usize,
     node: NodeId,
+    /// Computed whole, the cache ignored (a request that reports prompt logprobs).
+    uncached: bool,
 }
 
 struct Prefilling {
@@ -208,7 +210,7 @@ impl Scheduler {
     /// differs from a fresh one (always 0 unless incremental matching is broken; for tests).
     pub fn stale_matches(&mut self, cache: &mut RadixCache) -> usize {
         self.refresh(cache);
-        self.waiting.values().filter(|w| Self::peek(cache, &w.tokens) != (w.matched, w.node)).count()
+        self.waiting.values().filter(|w| Self::peek(cache, &w.tokens, w.uncached) != (w.matched, w.node)).count()
     }
 
     /// Queues a request with priority 0. Prompts must be non-empty (the engine validates
@@ -219,9 +221,15 @@ impl Scheduler {
 
     /// Queues a request; its cached pages are evicted after those of lower priorities.
     pub fn add_with_priority(&mut self, id: ReqId, tokens: Vec<u32>, priority: i32, cache: &RadixCache) {
+        self.add_request(id, tokens, priority, false, cache);
+    }
+
+    /// Queues a request; `uncached`: its whole prompt is computed, whatever the cache holds
+    /// (every position's logits are wanted), though what it computes is cached after.
+    pub fn add_request(&mut self, id: ReqId, tokens: Vec<u32>, priority: i32, uncached: bool, cache: &RadixCache) {
         self.arrivals += 1;
-        let (matched, node) = Self::peek(cache, &tokens);
-        let w = Waiting { tokens, priority, arrival: self.arrivals, matched, node };
+        let (matched, node) = Self::peek(cache, &tokens, uncached);
+        let w = Waiting { tokens, priority, arrival: self.arrivals, matched, node, uncached };
         self.index(id, &w);
         self.waiting.insert(id, w);
     }
@@ -241,7 +249,10 @@ impl Scheduler {
         false
     }
 
-    fn peek(cache: &RadixCache, tokens: &[u32]) -> (usize, NodeId) {
+    fn peek(cache: &RadixCache, tokens: &[u32], uncached: bool) -> (usize, NodeId) {
+        if uncached {
+            return (0, NodeId::ROOT);
+        }
         let m = cache.tree().match_prefix(&tokens[..tokens.len().saturating_sub(1)]);
         (m.tokens, m.last().unwrap_or(NodeId::ROOT))
     }
@@ -294,7 +305,7 @@ impl Scheduler {
             for id in ids {
                 let Some(mut w) = self.waiting.remove(&id) else { continue };
                 self.unindex(id, &w);
-                (w.matched, w.node) = Self::peek(cache, &w.tokens);
+                (w.matched, w.node) = Self::peek(cache, &w.tokens, w.uncached);
                 self.rematched += 1;
                 self.index(id, &w);
                 self.waiting.insert(id, w);
@@ -382,7 +393,7 @@ impl Scheduler {
             let Some(w) = self.waiting.get(&id) else { continue };
             let len = w.tokens.len();
             // In-queue prefix check against prompts being computed.
-            if self.cfg.in_queue_threshold > 0 {
+            if self.cfg.in_queue_threshold > 0 && !w.uncached {
                 let shared = self.computing.match_prefix(&w.tokens).tokens;
                 if shared >= w.matched + self.cfg.in_queue_threshold {
                     continue;
@@ -390,7 +401,7 @@ impl Scheduler {
             }
             let Some(w) = self.waiting.remove(&id) else { continue };
             self.unindex(id, &w);
-            let m = cache.match_prefix(&w.tokens[..len - 1]);
+            let m = cache.match_prefix(if w.uncached { &[] } else { &w.tokens[..len - 1] });
             cache.lock(m.node);
             let ps = cache.page_size();
             let need = len.div_ceil(ps) - m.tokens / ps;
@@ -399,7 +410,7 @@ impl Scheduler {
                 Err(_) => {
                     // No room: put it back and stop admitting (head of line waits).
                     cache.unlock(m.node);
-                    let (matched, node) = Self::peek(cache, &w.tokens);
+                    let (matched, node) = Self::peek(cache, &w.tokens, w.uncached);
                     let w = Waiting { matched, node, ..w };
                     self.index(id, &w);
                     self.waiting.insert(id, w);

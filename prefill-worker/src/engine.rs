@@ -48,6 +48,8 @@ struct Live {
     sent: usize,
     cached: usize,
     first: Option<ferry_engine::Sampled>,
+    /// Prompt logprobs computed so far (when the sampling asks for them).
+    prompt_logprobs: Vec<ferry_engine::Sampled>,
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,

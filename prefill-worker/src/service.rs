@@ -79,12 +79,17 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let done = answer(rx, ROLE).await;
         guard.disarm();
         let done = done?;
+        let prompt: Vec<wire::PromptLogprob> =
+            done.prompt_logprobs.iter().map(|s| (s.token, s.logprob, s.top.clone())).collect();
+        let (prompt_logprobs, prompt_top_logprobs) = wire::prompt_to_proto(&prompt);
         Ok(Response::new(pb::PrefillResponse {
             room: room.get(),
             cached_tokens: done.cached_tokens,
             first_token: Some(pb::TokenLogprob { token_id: done.first_token, logprob: done.logprob }),
             first_top: (!done.top.is_empty()).then(|| wire::top_to_proto(&done.top)),
             phases: wire::phases_to_proto(&done.phases),
+            prompt_logprobs,
+            prompt_top_logprobs,
         }))
     }
 

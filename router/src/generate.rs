@@ -99,6 +99,9 @@ pub struct Piece {
     pub text: String,
     /// New tokens with their logprobs.
     pub tokens: Vec<Scored>,
+    /// On the first piece, when the sampling asked for `prompt_logprobs`: each prompt token
+    /// after the first with its logprob and alternatives.
+    pub prompt: Vec<Scored>,
     /// On the last piece: why it ended and the usage.
     pub end: Option<End>,
 }

@@ -40,17 +40,37 @@ pub fn chat(tok: &Tokenizer, tokens: &[Scored]) -> Value {
 /// A completion choice's `logprobs` for `tokens`; `offset` is the text offset of the first
 /// (advanced past the last, so a stream's chunks continue it).
 pub fn completion(tok: &Tokenizer, tokens: &[Scored], offset: &mut usize) -> Value {
+    completion_entries(tok, tokens.iter().map(|t| (t.id, Some(t))), offset)
+}
+
+/// [`completion`] with the prompt first (`echo`): its first token has no logprob (`null`), the
+/// others those of `prompt` (the prompt tokens after the first, scored by the model).
+pub fn completion_echo(tok: &Tokenizer, first: u32, prompt: &[Scored], tokens: &[Scored], offset: &mut usize) -> Value {
+    let entries = std::iter::once((first, None)).chain(prompt.iter().chain(tokens).map(|t| (t.id, Some(t))));
+    completion_entries(tok, entries, offset)
+}
+
+fn completion_entries<'a>(
+    tok: &Tokenizer,
+    entries: impl Iterator<Item = (u32, Option<&'a Scored>)>,
+    offset: &mut usize,
+) -> Value {
     let (mut texts, mut lps, mut tops, mut offsets) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for t in tokens {
-        let text = token_display(&tok.token_bytes(t.id));
+    for (id, scored) in entries {
+        let text = token_display(&tok.token_bytes(id));
+        offsets.push(*offset);
+        *offset += text.len();
+        texts.push(text);
+        let Some(t) = scored else {
+            lps.push(Value::Null);
+            tops.push(Value::Null);
+            continue;
+        };
         let mut top = serde_json::Map::new();
         for &(id, lp) in t.top.iter().chain(std::iter::once(&(t.id, t.logprob))) {
             top.entry(token_display(&tok.token_bytes(id))).or_insert(json!(finite(lp)));
         }
-        offsets.push(*offset);
-        *offset += text.len();
-        texts.push(text);
-        lps.push(finite(t.logprob));
+        lps.push(json!(finite(t.logprob)));
         tops.push(Value::Object(top));
     }
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})

@@ -4,7 +4,7 @@
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
-//! fields asking for what is not served yet (`echo`, `logit_bias`, ...), bad `tools`, a `response_format` or
+//! fields asking for what is not served yet (`logit_bias`, `suffix`, ...), bad `tools`, a `response_format` or
 //! schema that does not compile, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
 //! `Retry-After` header. A client that disconnects drops the request on both workers. With
@@ -151,6 +151,10 @@ struct Common {
     tools: Option<serde_json::Value>,
     #[serde(default)]
     tool_choice: Option<serde_json::Value>,
+    /// Completions: the prompt comes back before the completion (with its logprobs when
+    /// `logprobs` is set; `max_tokens: 0` then scores the prompt alone).
+    #[serde(default)]
+    echo: bool,
     /// Everything else.
     #[serde(flatten)]
     other: serde_json::Map<String, serde_json::Value>,
@@ -159,7 +163,7 @@ struct Common {
 /// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
 /// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
 /// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
-const UNSERVED: [&str; 4] = ["echo", "logit_bias", "functions", "suffix"];
+const UNSERVED: [&str; 3] = ["logit_bias", "functions", "suffix"];
 
 /// Well-known fields counted under their own name when ignored; any other is counted as
 /// `other` (a label per field a client invents would make the metric unbounded).
@@ -212,6 +216,17 @@ fn other_fields(other: &serde_json::Map<String, serde_json::Value>) -> Result<()
     Ok(())
 }
 
+/// A completion's prompt, put before it (`echo`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Echo {
+    /// The prompt as the client wrote it.
+    pub text: String,
+    /// Its token ids.
+    pub ids: Vec<u32>,
+    /// `max_tokens: 0`: the answer is the prompt alone (one token is generated and left out).
+    pub prompt_only: bool,
+}
+
 /// What a request asked of its response, besides the tokens.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Shape {
@@ -221,6 +236,8 @@ pub struct Shape {
     pub logprobs: bool,
     /// Tool calls to find in the output (chat with tools).
     pub tools: Option<tools::Tools>,
+    /// Completions with `echo`: the prompt to put first.
+    pub echo: Option<Echo>,
 }
 
 /// Whether logprobs were asked for, and how many alternatives per token: chat takes
@@ -420,6 +437,9 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         }
         constraint = Some(tc);
     }
+    if c.echo && kind == Kind::Chat {
+        return Err(bad("unsupported", "`echo` is served on completions, not chat".into()));
+    }
     let tokens = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => {
             ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
@@ -441,6 +461,18 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         }
     };
     let d = SamplingParams::default();
+    let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens);
+    let echo = c.echo.then(|| Echo {
+        text: match &c.prompt {
+            Some(PromptIn::Text(t)) => t.clone(),
+            Some(PromptIn::Texts(ts)) => ts.concat(),
+            _ => ctx.model.tokenizer.decode(&tokens, false).unwrap_or_default(),
+        },
+        ids: tokens.clone(),
+        // `max_tokens: 0` (an evaluation harness scoring the prompt): one token is made and
+        // left out of the answer.
+        prompt_only: max_tokens == 0,
+    });
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
         top_p: c.top_p.unwrap_or(d.top_p),
@@ -450,7 +482,8 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         seed: c.seed,
-        max_new_tokens: c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens),
+        max_new_tokens: if echo.is_some() { max_tokens.max(1) } else { max_tokens },
+        prompt_logprobs: echo.as_ref().filter(|_| logprobs).map(|_| top_logprobs),
         ignore_eos: c.ignore_eos,
         top_logprobs,
         constraint,
@@ -475,7 +508,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
             trace: None,
             clock: None,
         },
-        Shape { stream: c.stream, logprobs, tools },
+        Shape { stream: c.stream, logprobs, tools, echo },
     ))
 }
 
@@ -526,7 +559,16 @@ async fn handle(
         Err(e) => return from_error(&e),
     };
     let phases = headers.get(reply::PHASES).is_some_and(|v| v == "1" || v == "true");
-    let reply = Reply { ctx: Arc::clone(&ctx), id, model, kind, logprobs: shape.logprobs, phases, tools: shape.tools };
+    let reply = Reply {
+        ctx: Arc::clone(&ctx),
+        id,
+        model,
+        kind,
+        logprobs: shape.logprobs,
+        phases,
+        tools: shape.tools,
+        echo: shape.echo,
+    };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
 

@@ -114,6 +114,11 @@ impl pb::router_server::Router for RouterSvc {
                 if p.tokens.iter().any(|t| !t.top.is_empty()) {
                     m.top_logprobs = p.tokens.iter().map(|t| wire::top_to_proto(&t.top)).collect();
                 }
+                if !p.prompt.is_empty() {
+                    let prompt: Vec<wire::PromptLogprob> =
+                        p.prompt.iter().map(|t| (t.id, t.logprob, t.top.clone())).collect();
+                    (m.prompt_logprobs, m.prompt_top_logprobs) = wire::prompt_to_proto(&prompt);
+                }
                 if let Some(e) = p.end {
                     m.finish_reason = wire::finish_to_proto(e.finish) as i32;
                     m.prompt_tokens = e.prompt_tokens;

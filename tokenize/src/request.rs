@@ -30,6 +30,10 @@ pub struct SamplingParams {
     /// What the output must be (JSON, a schema, a regex, one of some strings); `None` is
     /// free text.
     pub constraint: Option<Constraint>,
+    /// Report the logprob of every prompt token after the first under the model, with this
+    /// many alternatives each (`echo` with `logprobs`); `None`: not asked. The prompt is then
+    /// computed whole: a cached prefix has no logits to report.
+    pub prompt_logprobs: Option<u32>,
 }
 
 /// A constraint on the whole output, enforced token by token (structured outputs): every
@@ -74,6 +78,7 @@ impl Default for SamplingParams {
             top_logprobs: 0,
             ignore_eos: false,
             constraint: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -121,6 +126,9 @@ impl SamplingParams {
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return err("top_logprobs", &self.top_logprobs, "must be at most 20");
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            return err("prompt_logprobs", &k, "must be at most 20");
         }
         if let Some(id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return err("stop_token_ids", id, "must be inside the vocabulary");

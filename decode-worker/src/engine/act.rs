@@ -97,6 +97,10 @@ impl<B: Backend> Engine<B> {
         r.pages = None::<PageAlloc>;
         r.computed = 0;
         r.behind = 0;
+        if r.generated.is_empty() {
+            // Its prompt is computed again from the start, its logprobs with it.
+            r.prompt_logprobs.clear();
+        }
         let progress = r.generated.len();
         r.retracted_at.get_or_insert(now);
         r.clock.lap(if progress == 0 { "retracted" } else { "decode" }, now);

@@ -15,6 +15,8 @@ pub struct Emit {
     pub finish: Option<FinishReason>,
     /// On the last token: the request's phases here, in order.
     pub phases: Vec<ferry_cluster::phases::Lap>,
+    /// On the first token of a prompt computed here that asked for them: the prompt logprobs.
+    pub prompt: Vec<Sampled>,
 }
 
 /// A client's stream of tokens (or the error that ended it).

@@ -59,6 +59,7 @@ impl<B: Backend> Engine<B> {
             computed: 0,
             generated: Vec::new(),
             behind: 0,
+            prompt_logprobs: Vec::new(),
             first: None,
             bootstrap,
             retracted_at: None,

@@ -49,9 +49,20 @@ impl<B: Backend> Engine<B> {
             return Ok(());
         }
         let decoding = plan.iter().any(|r| r.samples && self.queues.stage(r.room) == Some(Stage::Running));
+        // Fresh prompts computed here that report prompt logprobs want every row's logits.
+        let every: Vec<bool> = plan
+            .iter()
+            .map(|row| {
+                let r = &self.reqs[&row.room];
+                self.queues.stage(row.room) == Some(Stage::Prefill)
+                    && r.generated.is_empty()
+                    && r.sampler.params().prompt_logprobs.is_some()
+            })
+            .collect();
         // Plain greedy rows only: the backend picks the tokens where the logits are (a GPU
         // then sends back a token and a logprob per row, not a row of logits).
-        let on_backend = plan.iter().all(|row| !row.samples || self.reqs[&row.room].sampler.plain_greedy());
+        let on_backend = !every.contains(&true)
+            && plan.iter().all(|row| !row.samples || self.reqs[&row.room].sampler.plain_greedy());
         // Constrained rows: their next masks are computed on another thread while the forward
         // pass runs (they depend only on the tokens so far).
         let mut guides: Vec<(Room, Box<Guide>)> = plan
@@ -84,7 +95,7 @@ impl<B: Backend> Engine<B> {
             let passed = if on_backend {
                 model.forward_greedy(pool, &batch).map(|p| (Vec::new().into_iter(), p.into_iter()))
             } else {
-                model.forward(pool, &batch).map(|l| (l.into_iter(), Vec::new().into_iter()))
+                model.forward_rows(pool, &batch, &every).map(|l| (l.into_iter(), Vec::new().into_iter()))
             };
             if let Some(Err(e)) = masks.map(|h| h.join()) {
                 std::panic::resume_unwind(e);
@@ -101,8 +112,18 @@ impl<B: Backend> Engine<B> {
         metrics::histogram!(m::STEP_SECONDS, "role" => "decode").record(t0.elapsed().as_secs_f64());
         let running = plan.iter().filter(|r| self.queues.stage(r.room) == Some(Stage::Running)).count();
         metrics::histogram!(m::DECODE_BATCH, "worker" => self.cfg.worker.clone()).record(running as f64);
-        for row in &plan {
+        for (row, &every) in plan.iter().zip(&every) {
             let Some(r) = self.reqs.get_mut(&row.room) else { continue };
+            if every {
+                // Row j predicts the token at row.start + j + 1; a sampling row's last is the
+                // first token's, taken below.
+                let k = r.sampler.params().prompt_logprobs.unwrap_or(0);
+                for j in 0..row.n - usize::from(row.samples) {
+                    let Some(l) = logits.next() else { break };
+                    let next = r.token_at(row.start + j + 1);
+                    r.prompt_logprobs.push(ferry_engine::prompt_logprob(&l, next, k));
+                }
+            }
             if self.queues.stage(row.room) == Some(Stage::Prefill) {
                 r.computed = row.start + row.n;
                 metrics::counter!(m::PREFILL_TOKENS, "role" => "decode").increment(row.n as u64);

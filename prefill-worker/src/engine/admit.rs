@@ -69,7 +69,8 @@ impl<B: Backend> Engine<B> {
             secret,
         };
         self.rt.spawn(task.run(send_room, rx));
-        self.sched.add_with_priority(room.get(), r.tokens.clone(), r.priority, &self.cache);
+        let uncached = r.sampling.prompt_logprobs.is_some();
+        self.sched.add_request(room.get(), r.tokens.clone(), r.priority, uncached, &self.cache);
         let sampler = Sampler::new(r.sampling, &r.tokens).guided(r.guide);
         let live = Live {
             tokens: r.tokens,
@@ -79,6 +80,7 @@ impl<B: Backend> Engine<B> {
             sent: 0,
             cached: 0,
             first: None,
+            prompt_logprobs: Vec::new(),
             prefilled: None,
             aborting: None,
             span: r.span,

@@ -23,6 +23,8 @@ pub struct PrefillDone {
     pub top: Vec<(u32, f32)>,
     /// The room's phases here, in order.
     pub phases: Vec<ferry_cluster::phases::Lap>,
+    /// Each prompt token after the first with its logprob and alternatives, when asked for.
+    pub prompt_logprobs: Vec<ferry_engine::Sampled>,
 }
 
 /// Replies to a Prefill call.

@@ -28,6 +28,7 @@ impl<B: Backend> Engine<B> {
                         logprob: s.logprob,
                         top: s.top,
                         phases: l.clock.laps().to_vec(),
+                        prompt_logprobs: std::mem::take(&mut l.prompt_logprobs),
                     };
                     let _ = tx.send(Ok(done));
                 }

@@ -33,7 +33,12 @@ impl<B: Backend> Engine<B> {
             return Err(ferry_engine::EngineError::InvalidRequest("a scheduled request has no room".into()));
         }
         let computed: usize = chunks.iter().map(|c| c.end - c.start).sum();
-        let mut logits = self.model.forward(&mut self.pool, &batch)?.into_iter();
+        // Requests reporting prompt logprobs want every position's logits.
+        let every: Vec<bool> = chunks
+            .iter()
+            .map(|c| self.rooms.live(room_of(c.id)).is_some_and(|l| l.sampler.params().prompt_logprobs.is_some()))
+            .collect();
+        let mut logits = self.model.forward_rows(&mut self.pool, &batch, &every)?.into_iter();
         drop(batch);
         let took = t0.elapsed();
         metrics::histogram!(m::STEP_SECONDS, "role" => "prefill").record(took.as_secs_f64());
@@ -43,9 +48,18 @@ impl<B: Backend> Engine<B> {
         let ps = self.pool.layout().page_size;
         let now = Instant::now();
         let (mut outgoing, mut computed_rooms) = (Vec::new(), Vec::new());
-        for c in &chunks {
+        for (c, &every) in chunks.iter().zip(&every) {
             let room = room_of(c.id);
             let Some(l) = self.rooms.live_mut(room) else { continue };
+            if every {
+                // Row j predicts the token at c.start + j + 1; the prompt's last row is the
+                // first sampled token's, taken below.
+                let k = l.sampler.params().prompt_logprobs.unwrap_or(0);
+                let n = c.end - c.start - usize::from(c.last);
+                for (j, row) in logits.by_ref().take(n).enumerate() {
+                    l.prompt_logprobs.push(ferry_engine::prompt_logprob(&row, l.tokens[c.start + j + 1], k));
+                }
+            }
             if !l.started {
                 l.started = true;
                 l.clock.lap("prefill_queue", t0);

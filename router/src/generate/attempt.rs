@@ -26,6 +26,8 @@ pub(super) struct Prefilled {
     pub(super) first_top: Vec<(u32, f32)>,
     /// The room's phases on the prefill worker.
     pub(super) phases: Vec<(String, f64)>,
+    /// Prompt logprobs, when asked for.
+    pub(super) prompt: Vec<super::Scored>,
 }
 
 /// The prefill call of one attempt (None: no prefill worker).
@@ -149,7 +151,8 @@ impl Ctx {
                         let r = r.into_inner();
                         let first_top = r.first_top.as_ref().map_or_else(Vec::new, wire::top_from_proto);
                         let phases = wire::phases_from_proto(&r.phases);
-                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top, phases }))
+                        let prompt = super::stream::scored(&r.prompt_logprobs, &r.prompt_top_logprobs);
+                        Ok(Some(Prefilled { cached: r.cached_tokens, first_top, phases, prompt }))
                     }
                     Err(s) => {
                         if s.code() == Code::Unavailable {

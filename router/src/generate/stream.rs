@@ -76,16 +76,24 @@ impl Ctx {
                 decode_phases = wire::phases_from_proto(&msg.phases);
             }
             let mut tops: Vec<Vec<(u32, f32)>> = msg.top_logprobs.iter().map(wire::top_from_proto).collect();
+            // Prompt logprobs come with the first token when the decode worker computed the
+            // prompt, else with the prefill call's answer.
+            let mut prompt = scored(&msg.prompt_logprobs, &msg.prompt_top_logprobs);
+            let want_prompt = req.sampling.prompt_logprobs.is_some() && prompt.is_empty();
             if completion == 0
-                && req.sampling.top_logprobs > 0
-                && tops.is_empty()
+                && (req.sampling.top_logprobs > 0 && tops.is_empty() || want_prompt)
                 && let Some(task) = prefill_task.take()
             {
                 // Prefilled elsewhere: the first token's alternatives come with the prefill
                 // call's answer, which is due about now (the pages have arrived).
                 let r = task.await.unwrap_or_else(|e| Err(Status::internal(e.to_string())));
                 if let Ok(Some(p)) = &r {
-                    tops = vec![p.first_top.clone()];
+                    if req.sampling.top_logprobs > 0 && tops.is_empty() {
+                        tops = vec![p.first_top.clone()];
+                    }
+                    if want_prompt {
+                        prompt = p.prompt.clone();
+                    }
                 }
                 prefilled = Some(r);
             }
@@ -113,7 +121,7 @@ impl Ctx {
                 .collect();
             let (text, stopped) = out.push(&msg.token_ids);
             let end = wire::finish_from_proto(msg.finish_reason()).or(stopped.then_some(FinishReason::Stop));
-            if tx.send(Ok(Piece { text, tokens: lps, end: None })).await.is_err() {
+            if tx.send(Ok(Piece { text, tokens: lps, prompt, end: None })).await.is_err() {
                 abort(&prefill_task);
                 metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
                 return Ok(()); // the client went away: dropping the calls frees both workers
@@ -148,7 +156,12 @@ impl Ctx {
         metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
         metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
-        let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), end: Some(end) })).await;
+        let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), prompt: Vec::new(), end: Some(end) })).await;
         Ok(())
     }
+}
+
+/// Prompt logprobs from the wire.
+pub(super) fn scored(lp: &[ferry_proto::v1::TokenLogprob], top: &[ferry_proto::v1::TopLogprobs]) -> Vec<super::Scored> {
+    wire::prompt_from_proto(lp, top).into_iter().map(|(id, logprob, top)| super::Scored { id, logprob, top }).collect()
 }

@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt};
 use serde_json::json;
 
 use super::tools::{Call, Holdback, Tools, to_json};
-use super::{Kind, from_error, now};
+use super::{Echo, Kind, from_error, now};
 use crate::error::RouterError;
 use crate::generate::{Ctx, End, Piece, Scored};
 
@@ -26,6 +26,8 @@ pub(super) struct Reply {
     pub(super) phases: bool,
     /// Chat with tools: calls are looked for in the output.
     pub(super) tools: Option<Tools>,
+    /// Completions with `echo`.
+    pub(super) echo: Option<Echo>,
 }
 
 /// The request header asking for the phases, and the response header carrying them.
@@ -41,16 +43,25 @@ impl Reply {
     }
 
     /// A choice's `logprobs` for `tokens` (null when not asked for); `offset` carries a
-    /// completion's text offset from chunk to chunk.
-    fn logprobs(&self, tokens: &[Scored], offset: &mut usize) -> serde_json::Value {
+    /// completion's text offset from chunk to chunk. `prompt`: an echoed prompt's logprobs
+    /// go first (the first piece of an `echo`).
+    fn logprobs(&self, tokens: &[Scored], prompt: Option<&[Scored]>, offset: &mut usize) -> serde_json::Value {
         if !self.logprobs {
             return serde_json::Value::Null;
         }
         let tok = &self.ctx.model.tokenizer;
-        match self.kind {
-            Kind::Chat => crate::logprobs::chat(tok, tokens),
-            Kind::Completion => crate::logprobs::completion(tok, tokens, offset),
+        match (self.kind, prompt, &self.echo) {
+            (Kind::Chat, _, _) => crate::logprobs::chat(tok, tokens),
+            (Kind::Completion, Some(p), Some(e)) if !e.ids.is_empty() => {
+                crate::logprobs::completion_echo(tok, e.ids[0], p, tokens, offset)
+            }
+            (Kind::Completion, _, _) => crate::logprobs::completion(tok, tokens, offset),
         }
+    }
+
+    /// Whether the generated tokens are left out (`echo` with `max_tokens: 0`).
+    fn prompt_only(&self) -> bool {
+        self.echo.as_ref().is_some_and(|e| e.prompt_only)
     }
 }
 
@@ -72,6 +83,7 @@ fn usage(e: &End) -> serde_json::Value {
 pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> + Unpin, r: Reply) -> Response {
     let mut text = String::new();
     let mut tokens = Vec::new();
+    let mut prompt = Vec::new();
     let mut end = None;
     while let Some(p) = s.next().await {
         match p {
@@ -79,6 +91,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
                 text.push_str(&p.text);
                 if r.logprobs {
                     tokens.extend(p.tokens);
+                    prompt.extend(p.prompt);
                 }
                 if p.end.is_some() {
                     end = p.end;
@@ -87,10 +100,17 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
             Err(e) => return from_error(&e),
         }
     }
-    let Some(e) = end else {
+    let Some(mut e) = end else {
         return from_error(&RouterError::Internal("the request ended without a finish reason".into()));
     };
-    let logprobs = r.logprobs(&tokens, &mut 0);
+    if r.prompt_only() {
+        (text, tokens) = (String::new(), Vec::new());
+        (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
+    }
+    if let Some(echo) = &r.echo {
+        text.insert_str(0, &echo.text);
+    }
+    let logprobs = r.logprobs(&tokens, Some(&prompt), &mut 0);
     let choice = match r.kind {
         Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
         Kind::Chat => {
@@ -138,9 +158,18 @@ pub(super) fn sse(
     let events = s
         .map(move |p| {
             let data = match p {
-                Ok(p) => {
+                Ok(mut p) => {
+                    if r.prompt_only() {
+                        (p.text, p.tokens) = (String::new(), Vec::new());
+                        if let Some(e) = &mut p.end {
+                            (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
+                        }
+                    }
+                    if first && let Some(echo) = &r.echo {
+                        p.text.insert_str(0, &echo.text);
+                    }
                     let mut finish = p.end.as_ref().map(|e| e.finish.as_str());
-                    let logprobs = r.logprobs(&p.tokens, &mut offset);
+                    let logprobs = r.logprobs(&p.tokens, first.then_some(&p.prompt[..]), &mut offset);
                     let (mut text, mut calls) = (p.text.clone(), Vec::new());
                     if let Some(h) = &mut holdback {
                         text = h.push(&p.text);
