@@ -1,7 +1,7 @@
 //! Compiling constraints, once each: a bounded cache of compiled parsers by constraint.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ferry_tokenize::{Constraint, Tokenizer};
@@ -65,7 +65,7 @@ pub struct GrammarsStats {
 pub struct Grammars {
     tok: Tokenizer,
     factory: OnceLock<Result<ParserFactory, GrammarError>>,
-    cache: Mutex<HashMap<Key, (Matcher, u64)>>,
+    cache: Mutex<HashMap<Key, (Arc<Matcher>, u64)>>,
     capacity: usize,
     clock: AtomicU64,
     compiled: AtomicU64,
@@ -128,8 +128,12 @@ impl Grammars {
         }
         let k = key(c);
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
-        if let Some((m, used)) = self.cache.lock().get_mut(&k) {
+        let hit = self.cache.lock().get_mut(&k).map(|(m, used)| {
             *used = tick;
+            Arc::clone(m)
+        });
+        if let Some(m) = hit {
+            // Copied outside the lock: requests with other schemas do not wait for it.
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(m.deep_clone());
         }
@@ -146,7 +150,7 @@ impl Grammars {
         {
             cache.remove(&oldest);
         }
-        cache.insert(k, (m.deep_clone(), tick));
+        cache.insert(k, (Arc::new(m.deep_clone()), tick));
         Ok(m)
     }
 
@@ -208,3 +212,4 @@ fn layout(mut schema: serde_json::Value) -> serde_json::Value {
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or(s).trim().to_string()
 }
+

@@ -23,8 +23,10 @@ use ferry_kernels::cpu::CpuBackend;
 use ferry_proto::v1 as pb;
 use ferry_tests::{channel, metric_sum, scrape, smollm2};
 
-/// Long free-text values: the mask is computed at every token, little is forced.
-const PROSE: &str = r#"{"type": "object", "properties": {"story": {"type": "string", "maxLength": 2000},
+/// Long free-text values: the mask is computed at every token, little is forced, and (the
+/// story being at least 1,000 characters) every answer runs to `max_tokens` as the free-text
+/// ones do, so both modes interleave the same number of prompts with their decode steps.
+const PROSE: &str = r#"{"type": "object", "properties": {"story": {"type": "string", "minLength": 1000, "maxLength": 2000},
   "moral": {"type": "string", "maxLength": 2000}}, "required": ["story", "moral"], "additionalProperties": false}"#;
 
 /// Long fixed keys around short values: much of the output is forced.

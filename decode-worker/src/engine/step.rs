@@ -13,6 +13,9 @@ use ferry_kernels::Backend;
 use super::Engine;
 use crate::queues::{Event, Stage};
 
+/// Most threads computing a step's token masks beside its forward pass.
+const MASK_THREADS: usize = 4;
+
 /// One sequence of the step's batch.
 struct Row {
     room: Room,
@@ -84,21 +87,28 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         let (model, pool) = (&self.model, &mut self.pool);
+        // Up to MASK_THREADS helpers, each a share of the rows.
+        let per = guides.len().div_ceil(MASK_THREADS).max(1);
         let passed = std::thread::scope(|s| {
-            let masks = (!guides.is_empty()).then(|| {
-                s.spawn(|| {
-                    for (_, g) in &mut guides {
-                        g.prepare();
-                    }
+            let masks: Vec<_> = guides
+                .chunks_mut(per)
+                .map(|share| {
+                    s.spawn(move || {
+                        for (_, g) in share {
+                            g.prepare();
+                        }
+                    })
                 })
-            });
+                .collect();
             let passed = if on_backend {
                 model.forward_greedy(pool, &batch).map(|p| (Vec::new().into_iter(), p.into_iter()))
             } else {
                 model.forward_rows(pool, &batch, &every).map(|l| (l.into_iter(), Vec::new().into_iter()))
             };
-            if let Some(Err(e)) = masks.map(|h| h.join()) {
-                std::panic::resume_unwind(e);
+            for h in masks {
+                if let Err(e) = h.join() {
+                    std::panic::resume_unwind(e);
+                }
             }
             passed
         });
