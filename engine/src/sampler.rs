@@ -137,7 +137,6 @@ impl Sampler {
             && p.presence_penalty == 0.0
             && p.top_logprobs == 0
             && self.guide.is_none()
-            && p.prompt_logprobs.is_none()
     }
 
     /// Records `token` as the next output without sampling it, as if [`sample`](Self::sample)

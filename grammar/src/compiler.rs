@@ -1,8 +1,8 @@
 //! Compiling constraints, once each: a bounded cache of compiled parsers by constraint.
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use ferry_tokenize::{Constraint, Tokenizer};
 use llguidance::api::TopLevelGrammar;
@@ -212,4 +212,3 @@ fn layout(mut schema: serde_json::Value) -> serde_json::Value {
 fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or(s).trim().to_string()
 }
-

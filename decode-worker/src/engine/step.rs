@@ -59,6 +59,7 @@ impl<B: Backend> Engine<B> {
                 let r = &self.reqs[&row.room];
                 self.queues.stage(row.room) == Some(Stage::Prefill)
                     && r.generated.is_empty()
+                    && r.first.is_none()
                     && r.sampler.params().prompt_logprobs.is_some()
             })
             .collect();

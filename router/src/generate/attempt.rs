@@ -16,6 +16,10 @@ use super::{Ctx, Prepared, lock};
 use crate::placement::DecodeState;
 use crate::workers::Worker;
 
+/// The largest answer a worker may send in one message: a prompt's logprobs (`echo`) come in
+/// one, about 230 bytes a token with 20 alternatives (gRPC's default 4 MiB held ~18k tokens).
+const MAX_ANSWER: usize = 256 << 20;
+
 /// What a prefill call answered.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Prefilled {
@@ -132,7 +136,7 @@ impl Ctx {
             token_ids: req.tokens.clone(),
             sampling: sampling.clone(),
         };
-        let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone());
+        let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
         let preq = pb::PrefillRequest {
             request_id: req.request_id.to_string(),
             room,
@@ -144,7 +148,8 @@ impl Ctx {
         let prefill_task = PrefillTask::spawn(
             async move {
                 let Some(pw) = pw else { return Ok(None) };
-                let mut pc = pb::prefill_client::PrefillClient::new(pw.channel.clone());
+                let mut pc =
+                    pb::prefill_client::PrefillClient::new(pw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
                 match pc.prefill(traces::request_with(preq, &trace)).await {
                     Ok(r) => {
                         pw.ok();

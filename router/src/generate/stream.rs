@@ -97,6 +97,16 @@ impl Ctx {
                 }
                 prefilled = Some(r);
             }
+            // Asked for, they must all be there: an answer without them (a failed prefill
+            // call, an older worker) would pair the echoed prompt with the wrong logprobs.
+            if completion == 0 && req.sampling.prompt_logprobs.is_some() && prompt.len() + 1 != req.tokens.len() {
+                abort(&prefill_task);
+                return Err(RouterError::Internal(format!(
+                    "the workers returned {} prompt logprobs for {} prompt tokens",
+                    prompt.len(),
+                    req.tokens.len()
+                )));
+            }
             if !msg.token_ids.is_empty() {
                 let now = Instant::now();
                 match last_piece {
