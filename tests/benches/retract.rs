@@ -18,12 +18,11 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_cluster::RoomKey;
 use ferry_decode::{AdmissionKind, DecodeArgs};
 use ferry_engine::{Model, SamplingParams};
 use ferry_kernels::cpu::CpuBackend;
-use ferry_proto::v1 as pb;
-use ferry_tests::{channel, metric_sum, scrape, smollm2};
+use ferry_tests::closed_loop::{Outcome, client, percentile};
+use ferry_tests::{metric_sum, scrape, smollm2};
 
 const SUBJECTS: [&str; 8] = [
     "a lighthouse keeper",
@@ -37,77 +36,6 @@ const SUBJECTS: [&str; 8] = [
 ];
 const ASKS: [&str; 4] =
     ["Write a story about", "Explain in detail", "Describe, step by step,", "Tell me everything you know about"];
-
-/// One request's outcome: tokens received before the deadline, whether it ended (and how),
-/// token arrival times.
-#[derive(Default)]
-struct Outcome {
-    tokens: usize,
-    ended: bool,
-    stopped: bool,
-    arrivals: Vec<Instant>,
-}
-
-async fn one(
-    d: &mut pb::decode_client::DecodeClient<tonic::transport::Channel>,
-    prompt: Vec<u32>,
-    params: &SamplingParams,
-    deadline: Instant,
-) -> Outcome {
-    let key = RoomKey::random();
-    let req = pb::DecodeRequest {
-        request_id: format!("bench-{}", key.room.get()),
-        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
-        prefill_bootstrap_addr: String::new(),
-        token_ids: prompt,
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
-    };
-    let mut out = Outcome::default();
-    let Ok(s) = d.generate(req).await else { return out };
-    let mut s = s.into_inner();
-    loop {
-        match tokio::time::timeout_at(deadline.into(), s.message()).await {
-            Ok(Ok(Some(m))) => {
-                let now = Instant::now();
-                out.tokens += m.token_ids.len();
-                out.arrivals.extend(std::iter::repeat_n(now, m.token_ids.len()));
-                out.stopped |= m.finish_reason == pb::FinishReason::Stop as i32;
-            }
-            Ok(_) => {
-                out.ended = true;
-                return out;
-            }
-            // The window closed: dropping the stream cancels the request.
-            Err(_) => return out,
-        }
-    }
-}
-
-/// A client: requests back to back until `deadline`, prompts in turn from `first`.
-async fn client(
-    addr: std::net::SocketAddr,
-    prompts: Vec<Vec<u32>>,
-    first: usize,
-    params: SamplingParams,
-    deadline: Instant,
-) -> Vec<Outcome> {
-    let mut d = pb::decode_client::DecodeClient::new(channel(addr).await);
-    let mut outs = Vec::new();
-    let mut i = first;
-    while Instant::now() < deadline {
-        outs.push(one(&mut d, prompts[i % prompts.len()].clone(), &params, deadline).await);
-        i += 1;
-    }
-    outs
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
 
 struct Figures {
     tok_s: f64,

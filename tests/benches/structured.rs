@@ -15,12 +15,12 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_cluster::RoomKey;
 use ferry_decode::DecodeArgs;
 use ferry_engine::Constraint;
 use ferry_engine::{Model, SamplingParams};
 use ferry_kernels::cpu::CpuBackend;
 use ferry_proto::v1 as pb;
+use ferry_tests::closed_loop::{Outcome, client, one, percentile};
 use ferry_tests::{channel, metric_sum, scrape, smollm2};
 
 /// Long free-text values: the mask is computed at every token, little is forced, and (the
@@ -42,59 +42,6 @@ const RECORD: &str = r#"{"type": "object", "properties": {
     "favourite_colour_among_the_primary_colours", "number_of_siblings_including_half_siblings"],
   "additionalProperties": false}"#;
 
-#[derive(Default)]
-struct Outcome {
-    tokens: usize,
-    arrivals: Vec<Instant>,
-}
-
-async fn one(
-    d: &mut pb::decode_client::DecodeClient<tonic::transport::Channel>,
-    prompt: Vec<u32>,
-    params: &SamplingParams,
-    deadline: Instant,
-) -> Outcome {
-    let key = RoomKey::random();
-    let req = pb::DecodeRequest {
-        request_id: format!("bench-{}", key.room.get()),
-        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
-        prefill_bootstrap_addr: String::new(),
-        token_ids: prompt,
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
-    };
-    let mut out = Outcome::default();
-    let Ok(s) = d.generate(req).await else { return out };
-    let mut s = s.into_inner();
-    while let Ok(Ok(Some(m))) = tokio::time::timeout_at(deadline.into(), s.message()).await {
-        let now = Instant::now();
-        out.tokens += m.token_ids.len();
-        out.arrivals.extend(std::iter::repeat_n(now, m.token_ids.len()));
-    }
-    out
-}
-
-async fn client(
-    addr: std::net::SocketAddr,
-    prompt: Vec<u32>,
-    params: SamplingParams,
-    deadline: Instant,
-) -> Vec<Outcome> {
-    let mut d = pb::decode_client::DecodeClient::new(channel(addr).await);
-    let mut outs = Vec::new();
-    while Instant::now() < deadline {
-        outs.push(one(&mut d, prompt.clone(), &params, deadline).await);
-    }
-    outs
-}
-
-fn percentile(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 struct Figures {
     tok_s: f64,
     itl_p50: f64,
@@ -114,7 +61,7 @@ async fn run(prompt: &[u32], params: &SamplingParams, jump_forward: bool, window
     one(&mut c, prompt.to_vec(), &warm, Instant::now() + Duration::from_secs(60)).await;
     let before = metric_sum(&scrape(d.metrics_addr).await, "ferry_decode_jump_forward_tokens_total", "");
     let deadline = Instant::now() + window;
-    let calls = (0..8).map(|_| tokio::spawn(client(d.grpc_addr, prompt.to_vec(), params.clone(), deadline)));
+    let calls = (0..8).map(|_| tokio::spawn(client(d.grpc_addr, vec![prompt.to_vec()], 0, params.clone(), deadline)));
     let outs: Vec<Outcome> =
         futures::future::join_all(calls).await.into_iter().flat_map(|r| r.expect("task")).collect();
     let after = metric_sum(&scrape(d.metrics_addr).await, "ferry_decode_jump_forward_tokens_total", "");

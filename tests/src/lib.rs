@@ -3,6 +3,7 @@
 //! [`Client`] plays the router's part for a request: mint a room, call the decode node's
 //! `Generate` and the prefill node's `Prefill` concurrently, collect the tokens.
 
+pub mod closed_loop;
 pub mod etcd;
 pub mod otlp;
 pub mod pki;
@@ -350,6 +351,18 @@ pub async fn one_of_each(
     let mut a = ferry_decode::DecodeArgs::for_model(m.path());
     a.worker.pool_pages = pages;
     let d = ferry_decode::start(a).await.expect("decode up");
+    let r = router_for(m, &p, &d, edit).await;
+    (p, d, r)
+}
+
+/// A router in front of `p` and `d`, its flags adjusted by `edit`; returns once it sees both
+/// workers healthy.
+pub async fn router_for(
+    m: &TinyModel,
+    p: &ferry_prefill::Running,
+    d: &ferry_decode::Running,
+    edit: impl FnOnce(&mut ferry_router::RouterArgs),
+) -> ferry_router::Running {
     let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
     edit(&mut ra);
     let r = ferry_router::start(ra).await.expect("router up");
@@ -359,7 +372,25 @@ pub async fn one_of_each(
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    (p, d, r)
+    r
+}
+
+/// The model id the router at `addr` serves (`GET /v1/models`).
+pub async fn served_model(addr: std::net::SocketAddr) -> String {
+    let (_, _, models) = http(addr, "GET", "/v1/models", b"").await;
+    let v: serde_json::Value = serde_json::from_str(&models).expect("JSON");
+    v["data"][0]["id"].as_str().expect("a model").to_string()
+}
+
+/// Runs `tests/py/<script>` with `args`; fails the test unless it exits 0 and prints `ok`
+/// (its last line says what passed). Returns what it printed.
+pub async fn python(script: &str, args: &[&str], ok: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py").join(script);
+    let out = tokio::process::Command::new("python3").arg(&path).args(args).output().await.expect("python3");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{script} failed:\n{text}");
+    assert!(text.contains(ok), "{script}: {text}");
+    text
 }
 
 /// Sends the router at `router` a `Router.Generate` of `ids` (greedy, `n` tokens) with

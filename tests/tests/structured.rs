@@ -3,36 +3,17 @@
 //! everything on the decode worker (colocated) — tests/py/structured.py; tool calls through
 //! the first — tests/py/tools.py.
 
-use ferry_tests::{TinyModel, one_of_each, settle};
+use ferry_tests::{TinyModel, one_of_each, python, router_for, served_model, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn structured_outputs_validate_through_prefill_decode_and_colocated() {
     let m = TinyModel::new();
     let (p, d, r) = one_of_each(&m, 2048, |_| ()).await;
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
-    ra.local_prefill_below = usize::MAX;
-    let colocated = ferry_router::start(ra).await.expect("router up");
-    for _ in 0..500 {
-        if colocated.ready(1, 1) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let (_, _, models) = ferry_tests::http(r.http_addr, "GET", "/v1/models", b"").await;
-    let v: serde_json::Value = serde_json::from_str(&models).expect("JSON");
-    let model = v["data"][0]["id"].as_str().expect("a model").to_string();
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/structured.py");
+    let colocated = router_for(&m, &p, &d, |a| a.local_prefill_below = usize::MAX).await;
+    let model = served_model(r.http_addr).await;
     let (pd, co) = (format!("http://{}/v1", r.http_addr), format!("http://{}/v1", colocated.http_addr));
-    let out =
-        tokio::process::Command::new("python3").arg(&script).args([&pd, &co, &model]).output().await.expect("python3");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "structured outputs failed:\n{text}");
-    assert!(text.contains("structured outputs: ok"), "{text}");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/tools.py");
-    let out = tokio::process::Command::new("python3").arg(&script).args([&pd, &model]).output().await.expect("python3");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "tool calls failed:\n{text}");
-    assert!(text.contains("tools: ok"), "{text}");
+    python("structured.py", &[&pd, &co, &model], "structured outputs: ok").await;
+    python("tools.py", &[&pd, &model], "tools: ok").await;
     let metrics = ferry_tests::http(r.http_addr, "GET", "/metrics", b"").await.2;
     assert!(metrics.contains("reason=\"invalid_constraint\""), "bad constraints are counted");
     // Fixed keys and punctuation were appended without sampling them (jump-forward).

@@ -149,18 +149,14 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// The tokenizer's ids for `text` without BOS (special tokens written in it recognised):
-    /// the fast path where there is one.
-    pub fn encode_without_bos(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.ids(text)
-    }
-
     /// The ids of the added tokens HF marks special (control tokens: end of turn, BOS, ...).
     pub fn special_ids(&self) -> Vec<u32> {
         self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect()
     }
 
-    fn ids(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+    /// The tokenizer's ids for `text` without BOS (special tokens written in it recognised):
+    /// the fast path where there is one.
+    pub fn encode_without_bos(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         match &self.fast {
             Some(f) => Ok(f.encode(text)),
             None => self.hf_ids(text),
@@ -197,8 +193,8 @@ impl Tokenizer {
     /// Segments held by the head cache ([`with_head_cache`](Self::with_head_cache)) are reused.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         let ids = match &self.head_cache {
-            Some(c) => c.encode(text, |s| self.ids(s))?,
-            None => self.ids(text)?,
+            Some(c) => c.encode(text, |s| self.encode_without_bos(s))?,
+            None => self.encode_without_bos(text)?,
         };
         Ok(self.with_bos(ids))
     }
