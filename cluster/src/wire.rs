@@ -47,6 +47,7 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
         ignore_eos: p.ignore_eos,
         constraint: p.constraint.and_then(|c| c.kind).and_then(constraint_from_proto),
         prompt_logprobs: p.prompt_logprobs,
+        n: p.n.max(1),
     }
 }
 
@@ -91,6 +92,7 @@ pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
         ignore_eos: s.ignore_eos,
         constraint: s.constraint.as_ref().map(constraint_to_proto),
         prompt_logprobs: s.prompt_logprobs,
+        n: s.n,
     }
 }
 
@@ -212,6 +214,7 @@ pub fn token_to_proto(
         phases: Vec::new(),
         prompt_logprobs: Vec::new(),
         prompt_top_logprobs: Vec::new(),
+        index: 0,
     }
 }
 

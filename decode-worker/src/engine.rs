@@ -32,6 +32,7 @@ use crate::wake::Wake;
 
 mod act;
 mod cmd;
+mod fork;
 mod lifecycle;
 mod step;
 
@@ -60,6 +61,14 @@ struct Req {
     trace: ferry_cluster::TraceContext,
     /// Where its time goes (`ferry_request_phase_seconds{role="decode"}`).
     clock: ferry_cluster::phases::PhaseClock,
+    /// Its sequence of the request (0 .. n-1): sequence 0 has the request's room, the
+    /// others a room of their own, minted here ([`Engine::fork`]).
+    index: u32,
+    /// The request's room (the room of its sequence 0): aborts and a client gone reach every
+    /// sequence through it.
+    family: Room,
+    /// Until the request forks: the samplers of its other sequences.
+    forks: Vec<Sampler>,
 }
 
 impl Req {
@@ -160,22 +169,26 @@ impl<B: Backend> Engine<B> {
                     let _ = accepted.send(Err(why));
                 }
             }
-            Cmd::Abort { room, secret, reason, reply } => {
-                let r = match self.reqs.get(&room) {
-                    None => Ok(false),
-                    Some(r) if r.key.secret != secret => {
-                        Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
+            Cmd::Abort { room, secret, reason, sequence, reply } => {
+                let members = self.family(room, |r| sequence.is_none_or(|s| r.index == s));
+                let r = if members.is_empty() {
+                    Ok(false)
+                } else if members.iter().any(|m| self.reqs.get(m).is_some_and(|r| r.key.secret != secret)) {
+                    Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
+                } else {
+                    let why = Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"));
+                    for (i, m) in members.into_iter().enumerate() {
+                        // One error ends the client's stream; a single sequence ends quietly.
+                        self.close(m, Err(why.clone()), sequence.is_none() && i == 0);
                     }
-                    Some(_) => {
-                        self.end(room, Err(Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"))));
-                        Ok(true)
-                    }
+                    Ok(true)
                 };
                 let _ = reply.send(r);
             }
             Cmd::Gone { room, incarnation } => {
-                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation) {
-                    self.end(room, Err(Refused::new(Code::Cancelled, "client_cancelled", "the client went away")));
+                let why = Refused::new(Code::Cancelled, "client_cancelled", "the client went away");
+                for m in self.family(room, |r| r.incarnation == incarnation) {
+                    self.end(m, Err(why.clone()));
                 }
             }
             Cmd::Transferred { room, incarnation, outcome } => {
@@ -282,8 +295,17 @@ impl<B: Backend> Engine<B> {
             None => Vec::new(),
         };
         let prompt = if r.generated.len() == 1 { std::mem::take(&mut r.prompt_logprobs) } else { Vec::new() };
-        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases, prompt }));
+        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases, prompt, index: r.index }));
         finish.map(Ok)
+    }
+
+    /// The rooms of the live sequences of the request whose room is `room` that `keep` keeps,
+    /// in sequence order.
+    fn family(&self, room: Room, keep: impl Fn(&Req) -> bool) -> Vec<Room> {
+        let mut m: Vec<(u32, Room)> =
+            self.reqs.iter().filter(|(_, r)| r.family == room && keep(r)).map(|(&k, r)| (r.index, k)).collect();
+        m.sort_unstable();
+        m.into_iter().map(|(_, k)| k).collect()
     }
 
     fn publish(&mut self) {

@@ -25,6 +25,14 @@
 //! queue with the context it must recompute (its prompt and all but its last generated
 //! token), prefills locally when admitted again, and resumes where it was.
 //!
+//! **Forks** (`n` > 1): a request for `n` sequences is admitted with the pages of its context
+//! and one more page for each other sequence, and an estimate for `n` decodings. Once its
+//! prompt's KV is complete ([`Event::Fork`]) the other sequences join as requests of their
+//! own, prefilling here only the prompt's last token (into their own copy of its last,
+//! partial page); the prompt's full pages become a *group* the sequences share, returned when
+//! the last of them ends or is retracted (a retracted sequence leaves the group and
+//! recomputes its whole context alone).
+//!
 //! **Waiting for pages** is bounded by progress, not by age: a request in prealloc times out
 //! only when the node has run no forward pass for `prealloc_timeout` ([`Event::Stepped`]).
 //! While the node computes, the requests holding the pool finish within their token limits
@@ -131,6 +139,12 @@ struct Entry {
     grown: usize,
     /// Admission order (larger: newer).
     order: u64,
+    /// Sequences it stands for: `n` until it forks, then 1 (each sequence an entry).
+    n: usize,
+    /// Pages at the front of its context read from its group, not held.
+    shared: usize,
+    /// The fork group whose pages it shares (the room of its first sequence).
+    group: Option<Room>,
 }
 
 impl Entry {
@@ -146,6 +160,14 @@ impl Entry {
     }
 }
 
+/// The pages sequences forked from one prompt share.
+struct Group {
+    /// Pages.
+    pages: usize,
+    /// Sequences still reading them.
+    members: usize,
+}
+
 /// The decode node's requests.
 pub struct Queues {
     entries: HashMap<Room, Entry>,
@@ -157,6 +179,8 @@ pub struct Queues {
     used: usize,
     /// Ended requests whose pages a closed receiver room may still write: their pages.
     draining: HashMap<Room, usize>,
+    /// Fork groups, by the room of their first sequence.
+    groups: HashMap<Room, Group>,
     /// Whether the last [`Event::MakeRoom`] retracted a request.
     retracted: bool,
     /// The adaptive estimate's ratio.
@@ -180,6 +204,7 @@ impl Queues {
             pool,
             used: 0,
             draining: HashMap::new(),
+            groups: HashMap::new(),
             retracted: false,
             ratio,
             admissions: 0,
@@ -190,8 +215,12 @@ impl Queues {
     /// What follows from `ev` at `now`, for the engine to carry out in order.
     pub fn on(&mut self, ev: Event, now: Instant) -> Vec<Action> {
         match ev {
-            Event::Request { room, prompt, limit, local } => {
-                self.push(room, prompt, limit, local, now).err().map(Action::Refuse).into_iter().collect()
+            Event::Request { room, prompt, limit, local, n } => {
+                self.push(room, prompt, limit, local, n.max(1), now).err().map(Action::Refuse).into_iter().collect()
+            }
+            Event::Fork { room, children } => {
+                self.fork(room, &children, now);
+                Vec::new()
             }
             Event::Admit => self.admit(now),
             Event::Transferred(room) => {
@@ -256,6 +285,16 @@ impl Queues {
         self.draining.values().sum()
     }
 
+    /// Whether `room` names a fork group (the room of a request whose sequences live on).
+    pub fn is_grouped(&self, room: Room) -> bool {
+        self.groups.contains_key(&room)
+    }
+
+    /// Pages fork groups share.
+    pub fn shared(&self) -> usize {
+        self.groups.values().map(|g| g.pages).sum()
+    }
+
     /// Whether an ended request of `room` still has pages draining.
     pub fn is_draining(&self, room: Room) -> bool {
         self.draining.contains_key(&room)
@@ -272,9 +311,18 @@ impl Queues {
         tokens.div_ceil(self.limits.page_size.max(1))
     }
 
-    /// A new request with a prompt of `prompt` tokens that may generate `limit` tokens.
-    fn push(&mut self, room: Room, prompt: usize, limit: usize, local: bool, now: Instant) -> Result<(), Refusal> {
-        if self.entries.contains_key(&room) {
+    /// A new request for `n` sequences of a prompt of `prompt` tokens that may each generate
+    /// `limit` tokens.
+    fn push(
+        &mut self,
+        room: Room,
+        prompt: usize,
+        limit: usize,
+        local: bool,
+        n: usize,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        if self.entries.contains_key(&room) || self.groups.contains_key(&room) {
             return Err(Refusal::DuplicateRoom);
         }
         if self.draining.contains_key(&room) {
@@ -293,6 +341,9 @@ impl Queues {
             reserve: 0,
             grown: 0,
             order: 0,
+            n,
+            shared: 0,
+            group: None,
         };
         self.entries.insert(room, e);
         self.prealloc.push_back(room);
@@ -317,11 +368,59 @@ impl Queues {
         self.entries.get(&room).map(|e| e.stage)
     }
 
+    /// `room`'s prompt KV is complete: its other sequences (`children`, one fewer than it
+    /// stands for) join, each holding a page of the pages it was admitted with and reading
+    /// the prompt's full pages with it (see the module). Nothing when it stands for one.
+    fn fork(&mut self, room: Room, children: &[Room], now: Instant) {
+        let Some(e) = self.entries.get(&room) else { return };
+        if e.n != children.len() + 1 || e.n < 2 || matches!(e.stage, Stage::Prealloc | Stage::Transfer) {
+            return;
+        }
+        let taken =
+            |c: &Room| self.entries.contains_key(c) || self.draining.contains_key(c) || self.groups.contains_key(c);
+        if children.iter().any(taken) {
+            return;
+        }
+        let (n, shared) = (e.n, self.pages(e.prompt).saturating_sub(1));
+        let Some(e) = self.entries.get_mut(&room) else { return };
+        let Some(own) = e.held.checked_sub(shared + n - 1) else { return };
+        let reserve = e.reserve / n;
+        *e = Entry { n: 1, shared, group: Some(room), held: own, reserve, grown: 0, ..*e };
+        let child = Entry { stage: Stage::Prefill, since: now, local: true, held: 1, generated: 0, ..*e };
+        for &c in children {
+            self.entries.insert(c, Entry { ..child });
+        }
+        self.groups.insert(room, Group { pages: shared, members: n });
+    }
+
+    /// `room` stops reading its group's pages: the pages that go back with it (the group's,
+    /// when it was the last member).
+    fn leave(&mut self, room: Room) -> usize {
+        let Some(e) = self.entries.get_mut(&room) else { return 0 };
+        let Some(g) = e.group.take() else { return 0 };
+        e.shared = 0;
+        let Some(group) = self.groups.get_mut(&g) else { return 0 };
+        group.members -= 1;
+        if group.members > 0 {
+            return 0;
+        }
+        let pages = group.pages;
+        self.groups.remove(&g);
+        self.used -= pages;
+        pages
+    }
+
     /// Forgets `room`: its pages go back, or aside while a write may land in them.
     fn end(&mut self, room: Room, writing: bool) -> Vec<Action> {
+        // A sequence of a fork is never written by a transfer: its group's pages go now.
+        let group = self.leave(room);
         let Some(e) = self.entries.remove(&room) else { return Vec::new() };
         if e.stage == Stage::Prealloc {
             self.prealloc.retain(|&r| r != room);
+        }
+        if group > 0 {
+            self.used -= e.held;
+            return vec![Action::Free { room, pages: e.held + group }];
         }
         match (e.held, writing) {
             (0, _) => Vec::new(),

@@ -51,6 +51,15 @@ impl pb::decode_server::Decode for DecodeSvc {
         tracing::debug!(parent: &span, prompt_tokens = r.token_ids.len(), "decode request");
         let params = wire::sampling_from_proto(r.sampling);
         let guide = ferry_worker::compile_guide(&self.0.grammars, &params, ROLE).await?;
+        // Each other sequence of a request with n > 1 gets its own (a cache hit).
+        let mut forks = Vec::new();
+        for _ in 1..params.n.max(1) {
+            forks.push(if guide.is_some() {
+                ferry_worker::compile_guide(&self.0.grammars, &params, ROLE).await?
+            } else {
+                None
+            });
+        }
         let bootstrap = (!r.prefill_bootstrap_addr.is_empty()).then_some(r.prefill_bootstrap_addr);
         let (out, rx) = mpsc::unbounded_channel();
         let (accepted, ok) = oneshot::channel();
@@ -58,8 +67,19 @@ impl pb::decode_server::Decode for DecodeSvc {
         // Made before the request goes in: a call dropped while waiting for acceptance ends it
         // too.
         let gone = wake::Gone::new(self.0.engine.clone(), key.room, incarnation);
-        let g =
-            Generate { key, incarnation, bootstrap, prompt: r.token_ids, params, guide, out, accepted, span, trace };
+        let g = Generate {
+            key,
+            incarnation,
+            bootstrap,
+            prompt: r.token_ids,
+            params,
+            guide,
+            forks,
+            out,
+            accepted,
+            span,
+            trace,
+        };
         self.0.engine.send(Cmd::Generate(Box::new(g)))?;
         answer(ok, ROLE).await?;
         let stream = tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |m| {
@@ -69,6 +89,7 @@ impl pb::decode_server::Decode for DecodeSvc {
                 Ok(e) => {
                     let mut m = wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish);
                     m.phases = wire::phases_to_proto(&e.phases);
+                    m.index = e.index;
                     if !e.prompt.is_empty() {
                         let prompt: Vec<wire::PromptLogprob> =
                             e.prompt.iter().map(|s| (s.token, s.logprob, s.top.clone())).collect();
@@ -86,7 +107,8 @@ impl pb::decode_server::Decode for DecodeSvc {
         let r = req.into_inner();
         let key = wire::room_key(r.room).map_err(refused)?;
         let (reply, rx) = oneshot::channel();
-        self.0.engine.send(Cmd::Abort { room: key.room, secret: key.secret, reason: r.reason, reply })?;
+        let sequence = r.sequence;
+        self.0.engine.send(Cmd::Abort { room: key.room, secret: key.secret, reason: r.reason, sequence, reply })?;
         Ok(Response::new(pb::AbortResponse { found: answer(rx, ROLE).await? }))
     }
 }

@@ -2,7 +2,10 @@
 //! page allocations that return their pages when dropped.
 //!
 //! Invariants: a page is either on the free list or owned by exactly one [`PageAlloc`];
-//! `free_pages() + pages held by live allocations == num_pages()` at all times.
+//! `free_pages() + pages held by live allocations == num_pages()` at all times. Sequences
+//! forked from one prompt (`n` > 1) share its full pages: an allocation may begin with a
+//! prefix it shares ([`PageAlloc::share_prefix`], [`PageAlloc::fork`]), itself one
+//! allocation, owned by all of them together and returned when the last goes.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -22,17 +25,45 @@ fn lock(m: &Mutex<FreeList>) -> MutexGuard<'_, FreeList> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Pages owned by one sequence. Dropping it frees them.
+/// Pages owned by one sequence. Dropping it frees them (a shared prefix: once no other
+/// sequence holds it).
 #[derive(Debug)]
 pub struct PageAlloc {
+    /// Every page id in position order, the shared prefix's first.
     pages: Vec<u32>,
+    /// The pages `..prefix.len()`, shared with other sequences (read only: nobody writes a
+    /// full page of a prompt again).
+    prefix: Option<Arc<PageAlloc>>,
     list: Arc<Mutex<FreeList>>,
 }
 
 impl PageAlloc {
-    /// The page ids, in position order.
+    /// The page ids, in position order (the shared prefix's first).
     pub fn pages(&self) -> &[u32] {
         &self.pages
+    }
+
+    /// Pages at the front shared with other sequences (0 when none).
+    pub fn shared(&self) -> usize {
+        self.prefix.as_ref().map_or(0, |p| p.pages.len())
+    }
+
+    /// Makes pages `..at` a prefix that [`fork`](Self::fork)s share; nothing when one is
+    /// shared already.
+    pub fn share_prefix(&mut self, at: usize) {
+        if self.prefix.is_some() {
+            return;
+        }
+        let at = at.min(self.pages.len());
+        let prefix = PageAlloc { pages: self.pages[..at].to_vec(), prefix: None, list: Arc::clone(&self.list) };
+        self.prefix = Some(Arc::new(prefix));
+    }
+
+    /// A new sequence's pages: this one's shared prefix, then the pages of `own` (taken).
+    pub fn fork(&self, mut own: PageAlloc) -> PageAlloc {
+        let mut pages = self.pages[..self.shared()].to_vec();
+        pages.append(&mut own.pages);
+        PageAlloc { pages, prefix: self.prefix.clone(), list: Arc::clone(&self.list) }
     }
 
     /// Number of pages held.
@@ -45,9 +76,11 @@ impl PageAlloc {
         self.pages.is_empty()
     }
 
-    /// Splits off pages `at..` into a new allocation; `self` keeps `..at`.
+    /// Splits off pages `at..` into a new allocation; `self` keeps `..at` (and its shared
+    /// prefix whole: `at` is at least its length).
     pub fn split_off(&mut self, at: usize) -> PageAlloc {
-        PageAlloc { pages: self.pages.split_off(at.min(self.pages.len())), list: Arc::clone(&self.list) }
+        let at = at.clamp(self.shared(), self.pages.len());
+        PageAlloc { pages: self.pages.split_off(at), prefix: None, list: Arc::clone(&self.list) }
     }
 
     /// Appends `n` more pages, or fails without taking any.
@@ -66,7 +99,9 @@ impl PageAlloc {
 
 impl Drop for PageAlloc {
     fn drop(&mut self) {
-        lock(&self.list).free.append(&mut self.pages);
+        // The shared prefix goes back when its `Arc`'s last holder drops it.
+        let own = self.shared();
+        lock(&self.list).free.extend_from_slice(&self.pages[own..]);
     }
 }
 
@@ -115,9 +150,19 @@ impl<B: Backend> PagePool<B> {
 
     /// Takes `n` pages, or none when fewer are free.
     pub fn alloc(&self, n: usize) -> Result<PageAlloc, EngineError> {
-        let mut a = PageAlloc { pages: Vec::with_capacity(n), list: Arc::clone(&self.list) };
+        let mut a = PageAlloc { pages: Vec::with_capacity(n), prefix: None, list: Arc::clone(&self.list) };
         a.grow(n)?;
         Ok(a)
+    }
+
+    /// Copies page `from`'s contents (every layer's K and V) into page `to`: a forked
+    /// sequence's own copy of the prompt's partial last page (copy-on-write). Whoever calls it
+    /// owns `to` and no one writes `from` meanwhile.
+    pub fn copy_page(&self, backend: &B, from: u32, to: u32) -> Result<(), EngineError> {
+        let mut page = vec![0.0f32; self.layout.page_floats()];
+        backend.kv_to_host(&self.storage, &self.layout, from, &mut page)?;
+        backend.kv_from_host(&self.storage, &self.layout, to, &page)?;
+        Ok(())
     }
 
     /// The pool memory (shared: a transfer backend moves pages of it while the forward pass
@@ -148,6 +193,45 @@ mod tests {
         drop(b);
         drop(a);
         assert_eq!(pool.free_pages(), 10);
+        Ok(())
+    }
+
+    #[test]
+    fn a_shared_prefix_goes_back_with_its_last_holder() -> Result<(), EngineError> {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: 4 };
+        let pool = PagePool::new(&CpuBackend::default(), layout, 10)?;
+        // A prompt of 3 pages (the last partial) and a page for each of two more sequences.
+        let mut a = pool.alloc(5)?;
+        let mut extra = a.split_off(3);
+        a.share_prefix(2);
+        assert_eq!(a.shared(), 2);
+        let b = a.fork(extra.split_off(1));
+        let c = a.fork(extra);
+        assert_eq!((b.pages(), c.pages()), (&[0, 1, 4][..], &[0, 1, 3][..]));
+        // The prefix stays whole when an owner splits its own pages.
+        assert_eq!(a.split_off(1).len(), 1);
+        assert_eq!(a.pages(), &[0, 1]);
+        assert_eq!(pool.free_pages(), 6);
+        drop(a);
+        drop(b);
+        assert_eq!(pool.free_pages(), 7, "c still reads the prefix");
+        drop(c);
+        assert_eq!(pool.free_pages(), 10);
+        Ok(())
+    }
+
+    #[test]
+    fn copy_page_copies_every_value() -> Result<(), EngineError> {
+        let backend = CpuBackend::default();
+        let layout = KvLayout { num_layers: 2, num_kv_heads: 1, head_dim: 2, page_size: 4 };
+        let pool = PagePool::new(&backend, layout, 3)?;
+        let n = layout.page_floats();
+        let src: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+        backend.kv_from_host(pool.storage(), &layout, 1, &src)?;
+        pool.copy_page(&backend, 1, 2)?;
+        let mut got = vec![0.0; n];
+        backend.kv_to_host(pool.storage(), &layout, 2, &mut got)?;
+        assert_eq!(got, src);
         Ok(())
     }
 }

@@ -92,9 +92,11 @@ impl Ctx {
     }
 }
 
-/// One piece of output.
+/// One piece of output, of one of the request's sequences.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Piece {
+    /// Its sequence (0 .. n-1; pieces of different sequences interleave).
+    pub index: u32,
     /// New text.
     pub text: String,
     /// New tokens with their logprobs.
@@ -102,7 +104,8 @@ pub struct Piece {
     /// On the first piece, when the sampling asked for `prompt_logprobs`: each prompt token
     /// after the first with its logprob and alternatives.
     pub prompt: Vec<Scored>,
-    /// On the last piece: why it ended and the usage.
+    /// On the last piece of its sequence: why it ended and the usage (the prompt on every
+    /// sequence's, the sequence's own completion tokens).
     pub end: Option<End>,
 }
 
@@ -170,6 +173,15 @@ impl Ctx {
         self.grammars.matcher(c).map(drop).map_err(|e| RouterError::invalid("invalid_constraint", e.to_string()))
     }
 
+    /// KV pages a request needs on its decode worker: its prompt and `max_tokens`, within the
+    /// context, for each of its `n` sequences (which share the prompt's full pages).
+    pub fn pages_needed(&self, prompt: usize, sampling: &SamplingParams) -> u64 {
+        let ps = self.page_size.max(1);
+        let one = (prompt + sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(ps);
+        let shared = prompt.div_ceil(ps).saturating_sub(1).min(one);
+        (shared + sampling.n.max(1) as usize * (one - shared)) as u64
+    }
+
     /// Waits for admission, then places and starts `req`; the stream yields its output.
     pub async fn generate(
         self: &Arc<Self>,
@@ -188,9 +200,8 @@ impl Ctx {
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
         let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| w.decode_state(now, false)).collect();
-        let need =
-            (len + req.sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(self.page_size.max(1));
-        let d = lock(&self.placer).decode(need as u64, &decode_states).map_err(|e| {
+        let need = self.pages_needed(len, &req.sampling);
+        let d = lock(&self.placer).decode(need, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
             match e {
                 NoDecode::NoRoom(r) => RouterError::Busy {

@@ -405,9 +405,6 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
             format!("model {:?} is not served here (try {:?})", c.model, ctx.model.name),
         ));
     }
-    if c.n.is_some_and(|n| n != 1) {
-        return Err(err(StatusCode::BAD_REQUEST, "unsupported", "only n = 1 is supported"));
-    }
     let bad = |reason, m: String| err(StatusCode::BAD_REQUEST, reason, m);
     // Before any work for the request: stop strings are scanned at every token.
     let stop = match &c.stop {
@@ -487,6 +484,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         ignore_eos: c.ignore_eos,
         top_logprobs,
         constraint,
+        n: c.n.unwrap_or(1),
         ..d
     };
     ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
@@ -554,6 +552,7 @@ async fn handle(
     p.clock = Some(clock);
     let id = p.request_id.to_string();
     let model = ctx.model.name.clone();
+    let n = p.sampling.n.max(1);
     let stream = match ctx.generate(p).await {
         Ok(s) => s,
         Err(e) => return from_error(&e),
@@ -568,6 +567,7 @@ async fn handle(
         phases,
         tools: shape.tools,
         echo: shape.echo,
+        n: n as usize,
     };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }

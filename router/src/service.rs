@@ -98,15 +98,22 @@ impl pb::router_server::Router for RouterSvc {
             sampling
         };
         clock.lap("tokenize", std::time::Instant::now());
+        let (ids, phases, n) = (r.return_token_ids, r.return_phases, sampling.n.max(1));
         let prepared = Prepared { request_id: id.clone(), tokens, sampling, stop: r.stop, trace, clock: Some(clock) };
-        let (ids, phases) = (r.return_token_ids, r.return_phases);
+        // Sequences ended: the last to end carries the request's phases.
+        let mut ended = 0;
         // The one mapping of the router's errors to gRPC. The last message is followed, when
         // asked, by the phases as trailing metadata: a stream's trailers go out with its status,
         // and an OK status carrying them ends the stream as its end would.
         let out = self.0.generate(prepared).await.map_err(|e| e.status())?.flat_map(move |p| {
             let mut trailer = None;
             let m = p.map_err(|e| e.status()).map(|p| {
-                let mut m = pb::GenerateResponse { request_id: id.to_string(), text: p.text, ..Default::default() };
+                let mut m = pb::GenerateResponse {
+                    request_id: id.to_string(),
+                    text: p.text,
+                    index: p.index,
+                    ..Default::default()
+                };
                 if ids {
                     m.token_ids = p.tokens.iter().map(|t| t.id).collect();
                 }
@@ -124,7 +131,8 @@ impl pb::router_server::Router for RouterSvc {
                     m.prompt_tokens = e.prompt_tokens;
                     m.completion_tokens = e.completion_tokens;
                     m.cached_tokens = e.cached_tokens;
-                    if phases {
+                    ended += 1;
+                    if phases && ended == n {
                         m.phases = wire::phases_to_proto(&e.phases);
                         trailer = phases_trailer(&e.phases);
                     }

@@ -86,14 +86,14 @@ async fn bad_calls_are_refused_clearly_and_harm_nothing() {
     let thief = RoomKey { room: key.room, secret: ferry_cluster::RoomSecret::random() };
     let e = bootstrap.handshake(handshake(&thief, vec![1], layout.clone())).await.expect_err("secret");
     assert_eq!(e.code(), Code::PermissionDenied);
-    let abort = pb::AbortRequest { room: pk(&thief), reason: "no".into() };
+    let abort = pb::AbortRequest { room: pk(&thief), reason: "no".into(), sequence: None };
     assert_eq!(prefill.abort(abort).await.expect_err("secret").code(), Code::PermissionDenied);
     let e = first.await.expect("join").expect_err("the first times out");
     assert_eq!(e.code(), Code::DeadlineExceeded, "{e:?}");
     assert!(e.message().contains("bootstrap"), "{}", e.message());
 
     // Unknown rooms: an abort finds nothing.
-    let unknown = pb::AbortRequest { room: pk(&RoomKey::random()), reason: "?".into() };
+    let unknown = pb::AbortRequest { room: pk(&RoomKey::random()), reason: "?".into(), sequence: None };
     assert!(!prefill.abort(unknown.clone()).await.expect("ok").into_inner().found);
     assert!(!decode.abort(unknown).await.expect("ok").into_inner().found);
 

@@ -147,3 +147,62 @@ async fn smollm2_under_memory_pressure_completes_every_request_through_the_route
     r.stop().await;
     d.stop().await;
 }
+
+/// Two requests for 4 sequences each (a 40-token prompt, 60 tokens a sequence, seeded
+/// sampling) on a 24-page pool: each fits alone (22 pages: the prompt's 2 full pages shared,
+/// 5 own a sequence), together they need 44, so forked sequences are retracted mid-decode —
+/// leaving their group, recomputing their whole context alone — and resumed. Every sequence
+/// still ends with exactly the tokens of a request for it alone (seed + its index), and every
+/// page, shared ones included, comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forked_sequences_retracted_under_pressure_resume_exactly() {
+    use ferry_proto::v1 as pb;
+    let m = TinyModel::new();
+    let ps = prompts(2, 40, 300);
+    let params = SamplingParams {
+        temperature: 0.9,
+        seed: Some(21),
+        max_new_tokens: 60,
+        ignore_eos: true,
+        n: 4,
+        ..SamplingParams::default()
+    };
+    let mut a = DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 24;
+    a.worker.chunked_prefill_size = 32;
+    a.decode_admission = AdmissionKind::Reserved;
+    a.num_reserved_decode_tokens = 8;
+    let d = ferry_decode::start(a).await.expect("decode up");
+    let dc = pb::decode_client::DecodeClient::new(ferry_tests::channel(d.grpc_addr).await);
+    let runs = ps.iter().map(|p| {
+        let (mut dc, p, params) = (dc.clone(), p.clone(), params.clone());
+        tokio::spawn(async move {
+            let key = ferry_cluster::RoomKey::random();
+            let req = pb::DecodeRequest {
+                request_id: format!("fork-{}", key.room.get()),
+                room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
+                prefill_bootstrap_addr: String::new(),
+                token_ids: p,
+                sampling: Some(ferry_cluster::wire::sampling_to_proto(&params)),
+            };
+            let mut s = dc.generate(req).await.expect("generate").into_inner();
+            let mut out = vec![Vec::new(); params.n as usize];
+            while let Some(msg) = s.message().await.expect("every sequence completes") {
+                out[msg.index as usize].extend(msg.token_ids);
+            }
+            out
+        })
+    });
+    let got: Vec<Vec<Vec<u32>>> = futures::future::join_all(runs).await.into_iter().map(|r| r.expect("task")).collect();
+    let worker = format!("worker=\"{}\"", d.worker_id);
+    let retractions = metric_sum(&scrape(d.metrics_addr).await, "ferry_decode_retractions_total", &worker);
+    ferry_tests::settle_decode(std::slice::from_ref(&d)).await;
+    d.stop().await;
+    assert!(retractions >= 1.0, "the pool was meant to run short ({retractions} retractions)");
+    for (r, (p, seqs)) in ps.iter().zip(&got).enumerate() {
+        for (i, g) in seqs.iter().enumerate() {
+            let want = colocated(&m.path(), std::slice::from_ref(p), &params.sequence(i as u32));
+            assert_eq!(g, &want[0], "request {r}, sequence {i}: differs from a request for it alone");
+        }
+    }
+}

@@ -34,6 +34,10 @@ pub struct SamplingParams {
     /// many alternatives each (`echo` with `logprobs`); `None`: not asked. The prompt is then
     /// computed whole: a cached prefix has no logits to report.
     pub prompt_logprobs: Option<u32>,
+    /// Sequences generated from the prompt (OpenAI's `n`): with more than one, the prompt is
+    /// prefilled once and the decode worker forks it; sequence `i` samples with its own
+    /// random stream (`seed + i` when a seed is set). 1 to [`MAX_N`].
+    pub n: u32,
 }
 
 /// A constraint on the whole output, enforced token by token (structured outputs): every
@@ -79,9 +83,13 @@ impl Default for SamplingParams {
             ignore_eos: false,
             constraint: None,
             prompt_logprobs: None,
+            n: 1,
         }
     }
 }
+
+/// Most sequences one request may ask for (`n`).
+pub const MAX_N: u32 = 64;
 
 /// Most alternatives a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
@@ -99,6 +107,18 @@ pub struct SamplingError {
 }
 
 impl SamplingParams {
+    /// The parameters of sequence `i` of a request with `n` > 1: its own random stream
+    /// (`seed + i`; sequence 0 is the request itself), one sequence, and no prompt logprobs
+    /// (the prompt is reported once, with sequence 0).
+    pub fn sequence(&self, i: u32) -> SamplingParams {
+        SamplingParams {
+            seed: self.seed.map(|s| s.wrapping_add(u64::from(i))),
+            n: 1,
+            prompt_logprobs: if i == 0 { self.prompt_logprobs } else { None },
+            ..self.clone()
+        }
+    }
+
     /// Checks every parameter's range; `vocab` bounds the stop token ids.
     pub fn validate(&self, vocab: usize) -> Result<(), SamplingError> {
         let err =
@@ -129,6 +149,9 @@ impl SamplingParams {
         }
         if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_TOP_LOGPROBS) {
             return err("prompt_logprobs", &k, "must be at most 20");
+        }
+        if !(1..=MAX_N).contains(&self.n) {
+            return err("n", &self.n, "must be in [1, 64]");
         }
         if let Some(id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return err("stop_token_ids", id, "must be inside the vocabulary");

@@ -57,7 +57,9 @@ impl<B: Backend> Engine<B> {
         };
         let Some(r) = self.reqs.get_mut(&room) else { return };
         r.clock.lap("admission", now);
-        let dest = alloc.pages().to_vec();
+        // The prompt's pages (a fork's other sequences' pages follow them, written here).
+        let prompt_pages = self.pool.pages_for(r.prompt.len()).min(alloc.len());
+        let dest = alloc.pages()[..prompt_pages].to_vec();
         r.pages = Some(alloc);
         if local {
             return;

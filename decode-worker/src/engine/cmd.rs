@@ -17,6 +17,8 @@ pub struct Emit {
     pub phases: Vec<ferry_cluster::phases::Lap>,
     /// On the first token of a prompt computed here that asked for them: the prompt logprobs.
     pub prompt: Vec<Sampled>,
+    /// Which of the request's sequences it belongs to (0 .. n-1).
+    pub index: u32,
 }
 
 /// A client's stream of tokens (or the error that ended it).
@@ -36,6 +38,9 @@ pub struct Generate {
     pub params: SamplingParams,
     /// The output constraint, compiled (the service compiles it off this thread).
     pub guide: Option<ferry_engine::Guide>,
+    /// With `n` > 1 sequences: the constraint of each other sequence (one each, `None` when
+    /// unconstrained).
+    pub forks: Vec<Option<ferry_engine::Guide>>,
     /// Where tokens go.
     pub out: Out,
     /// Accepted or refused (before any token).
@@ -58,6 +63,8 @@ pub enum Cmd {
         secret: RoomSecret,
         /// Why.
         reason: String,
+        /// Only this sequence of a request with `n` > 1, quietly (the others go on).
+        sequence: Option<u32>,
         /// Whether it was known.
         reply: oneshot::Sender<Result<bool, Refused>>,
     },

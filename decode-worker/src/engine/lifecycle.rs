@@ -20,7 +20,7 @@ impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
     #[allow(clippy::result_large_err)]
     pub(super) fn accept(&mut self, g: Box<Generate>) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
-        let Generate { key, incarnation, bootstrap, prompt, params, guide, out, accepted, span, trace } = *g;
+        let Generate { key, incarnation, bootstrap, prompt, params, guide, forks, out, accepted, span, trace } = *g;
         if self.stopping {
             return Err((shutting_down(), accepted));
         }
@@ -32,23 +32,37 @@ impl<B: Backend> Engine<B> {
         }
         let ctx = self.model.config().max_position_embeddings;
         let remaining = (params.max_new_tokens as usize).min(ctx - prompt.len());
+        let n = params.n.max(1) as usize;
+        if n > self.cfg.limits.max_running {
+            let why = format!("n = {n} sequences: this decode worker runs at most {}", self.cfg.limits.max_running);
+            return Err((Refused::new(Code::OutOfRange, "n_over_batch", why), accepted));
+        }
         // Whole, never half way: a request whose prompt and max tokens cannot fit the pool
-        // even alone is refused now; any other is admitted in time and never cut.
-        let whole = self.pool.pages_for(prompt.len() + remaining);
+        // even alone is refused now; any other is admitted in time and never cut. Forked
+        // sequences share the prompt's full pages.
+        let one = self.pool.pages_for(prompt.len() + remaining);
+        let shared = self.pool.pages_for(prompt.len()) - 1;
+        let whole = shared + n * (one - shared);
         if !Queues::could_fit(self.pool.num_pages(), whole) {
+            let seqs = if n > 1 { format!(" for {n} sequences") } else { String::new() };
             let why = format!(
-                "the prompt ({} tokens) and max_tokens ({remaining}) need {whole} KV pages; this decode worker has {}: lower max_tokens",
+                "the prompt ({} tokens) and max_tokens ({remaining}){seqs} need {whole} KV pages; this decode worker has {}: lower max_tokens",
                 prompt.len(),
                 self.pool.num_pages()
             );
             return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
         }
+        if forks.len() != n - 1 {
+            let why = format!("{} constraints for {} more sequences", forks.len(), n - 1);
+            return Err((Refused::new(Code::Internal, "fork_constraints", why), accepted));
+        }
         let room = key.room;
-        let ev = Event::Request { room, prompt: prompt.len(), limit: remaining, local: bootstrap.is_none() };
+        let ev = Event::Request { room, prompt: prompt.len(), limit: remaining, local: bootstrap.is_none(), n };
         if let Some(Action::Refuse(why)) = self.queues.on(ev, Instant::now()).into_iter().next() {
             return Err((Refused::new(Code::AlreadyExists, why.label(), why.message(room)), accepted));
         }
-        let sampler = Sampler::new(params, &prompt).guided(guide);
+        let forks = (1..).zip(forks).map(|(i, g)| Sampler::new(params.sequence(i), &prompt).guided(g)).collect();
+        let sampler = Sampler::new(params.sequence(0), &prompt).guided(guide);
         let r = Req {
             key,
             incarnation,
@@ -66,6 +80,9 @@ impl<B: Backend> Engine<B> {
             span,
             trace,
             clock: ferry_cluster::phases::PhaseClock::start("decode", Instant::now()),
+            index: 0,
+            family: room,
+            forks,
         };
         self.reqs.insert(room, r);
         let _ = accepted.send(Ok(()));
@@ -103,6 +120,7 @@ impl<B: Backend> Engine<B> {
         match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
             Ok(()) => {
                 self.queues.on(Event::Transferred(room), now);
+                self.fork(room, now);
             }
             Err(e) => {
                 let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
@@ -121,6 +139,12 @@ impl<B: Backend> Engine<B> {
     /// Ends a request: a last message to the client, its room closed, its pages freed (after
     /// any write still landing in them).
     pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
+        self.close(room, result, true);
+    }
+
+    /// [`end`](Self::end), telling the client of an error only when `tell` (a sequence the
+    /// router no longer wants ends quietly: the request's stream goes on for the others).
+    pub(super) fn close(&mut self, room: Room, result: Result<FinishReason, Refused>, tell: bool) {
         let stage = self.queues.stage(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
         let outcome = match &result {
@@ -138,7 +162,9 @@ impl<B: Backend> Engine<B> {
             } else {
                 tracing::debug!(room = %room, ?stage, reason = why.reason, message = %why.message, "request ended");
             }
-            let _ = r.out.send(Err(why));
+            if tell {
+                let _ = r.out.send(Err(why));
+            }
         }
         let mut released = None;
         if stage == Some(Stage::Transfer) {

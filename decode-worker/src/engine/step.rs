@@ -162,8 +162,13 @@ impl<B: Backend> Engine<B> {
                 let Some(mut l) = logits.next() else { break };
                 r.sampler.sample(&mut l)
             };
-            // A fresh prompt computed here is running from its first token on.
+            // A fresh prompt computed here is running from its first token on; its other
+            // sequences, if any, fork from it now.
+            let fresh = self.queues.stage(row.room) == Some(Stage::Prefill);
             self.queues.on(Event::Computed(row.room), now);
+            if fresh {
+                self.fork(row.room, now);
+            }
             if let Some(f) = self.emit_and_jump(row.room, s) {
                 self.end(row.room, f);
             }

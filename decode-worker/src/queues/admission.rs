@@ -23,13 +23,13 @@ impl Queues {
     pub fn promised(&self) -> usize {
         let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
         match self.limits.admission {
-            Admission::Adaptive { .. } => admitted.map(|e| self.estimate(e.context(), e.remaining())).sum(),
+            Admission::Adaptive { .. } => admitted.map(|e| e.n * self.estimate(e.context(), e.remaining())).sum(),
             Admission::Reserved { .. } => admitted.map(|e| e.reserve.saturating_sub(e.grown)).sum(),
         }
     }
 
     fn admitted(&self) -> usize {
-        self.entries.values().filter(|e| e.stage != Stage::Prealloc).count()
+        self.entries.values().filter(|e| e.stage != Stage::Prealloc).map(|e| e.n).sum()
     }
 
     /// Pages the admission estimate sets aside for decoding `remaining` tokens after `context`.
@@ -57,9 +57,11 @@ impl Queues {
                 self.prealloc.pop_front();
                 continue;
             };
-            let need = self.pages(e.context());
-            let reserve = self.estimate(e.context(), e.remaining());
-            if admitted >= self.limits.max_running || free < promised + need + reserve {
+            // A fork's other sequences each take a page at once: their copy of the prompt's
+            // last page.
+            let need = self.pages(e.context()) + e.n - 1;
+            let reserve = e.n * self.estimate(e.context(), e.remaining());
+            if admitted + e.n > self.limits.max_running || free < promised + need + reserve {
                 break;
             }
             self.prealloc.pop_front();
@@ -75,7 +77,7 @@ impl Queues {
             self.used += need;
             free -= need;
             promised += reserve;
-            admitted += 1;
+            admitted += e.n;
             out.push(Action::Allocate { room, pages: need, local: e.local });
         }
         out
@@ -98,7 +100,7 @@ impl Queues {
                 .entries
                 .values()
                 .filter(|e| e.stage == Stage::Running)
-                .map(|e| self.pages(e.prompt + e.generated).saturating_sub(e.held))
+                .map(|e| self.pages(e.prompt + e.generated).saturating_sub(e.shared + e.held))
                 .sum();
             if short <= self.free_pages() {
                 break;
@@ -115,7 +117,8 @@ impl Queues {
         }
         for room in self.in_stage(Stage::Running) {
             let Some(e) = self.entries.get_mut(&room) else { continue };
-            let more = (e.prompt + e.generated).div_ceil(self.limits.page_size.max(1)).saturating_sub(e.held);
+            let more =
+                (e.prompt + e.generated).div_ceil(self.limits.page_size.max(1)).saturating_sub(e.shared + e.held);
             if more > 0 && more <= self.pool - self.used {
                 e.held += more;
                 e.grown += more;
@@ -126,18 +129,20 @@ impl Queues {
         out
     }
 
-    /// `room` (admitted) is retracted: its pages go back; it waits at the front of the
-    /// prealloc queue and prefills its context here when admitted again. The adaptive
-    /// estimate becomes what the requests still admitted have shown (see the module).
+    /// `room` (admitted) is retracted: its pages go back (with its group's when it was their
+    /// last reader: a forked sequence recomputes its whole context alone); it waits at the
+    /// front of the prealloc queue and prefills its context here when admitted again. The
+    /// adaptive estimate becomes what the requests still admitted have shown (see the module).
     pub(super) fn retract(&mut self, room: Room, now: Instant) -> Option<Action> {
-        let e = self.entries.get_mut(&room)?;
-        if e.stage == Stage::Prealloc {
+        if self.entries.get(&room)?.stage == Stage::Prealloc {
             return None;
         }
-        let (pages, running) = (e.held, e.stage == Stage::Running);
+        let group = self.leave(room);
+        let e = self.entries.get_mut(&room)?;
+        let (pages, running) = (e.held + group, e.stage == Stage::Running);
         *e = Entry { stage: Stage::Prealloc, since: now, local: true, held: 0, reserve: 0, grown: 0, ..*e };
         let context = e.context();
-        self.used -= pages;
+        self.used -= pages - group;
         self.prealloc.push_front(room);
         if let Admission::Adaptive { min, .. } = self.limits.admission {
             let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);

@@ -50,6 +50,17 @@ pub enum Event {
         limit: usize,
         /// Prefilled here.
         local: bool,
+        /// Sequences asked for (`n`): they fork once the prompt's KV is complete.
+        n: usize,
+    },
+    /// Its prompt's KV is complete and it stands for more than one sequence: `children` (its
+    /// other sequences, as rooms of their own) join, prefilling the prompt's last token here,
+    /// and the prompt's full pages become theirs together.
+    Fork {
+        /// Its room.
+        room: Room,
+        /// A room for each other sequence.
+        children: Vec<Room>,
     },
     /// Admit from the head of the prealloc queue what the free pages allow.
     Admit,
@@ -113,7 +124,7 @@ pub enum Action {
         /// More pages.
         pages: usize,
     },
-    /// Drop the request's `pages` pages: it waits at the front of the prealloc queue and
+    /// Drop the request's `pages` pages (with its group's, when it was their last reader): it waits at the front of the prealloc queue and
     /// recomputes `context` tokens (its prompt and all its generated tokens but the last)
     /// when admitted again.
     Retract {

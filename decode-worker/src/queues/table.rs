@@ -48,7 +48,7 @@ fn room() -> Room {
 fn event(name: &str) -> Event {
     let room = room();
     match name {
-        "request" => Event::Request { room, prompt: 4, limit: 8, local: false },
+        "request" => Event::Request { room, prompt: 4, limit: 8, local: false, n: 1 },
         "admit" => Event::Admit,
         "transferred" => Event::Transferred(room),
         "computed" => Event::Computed(room),
@@ -81,7 +81,7 @@ fn in_state(state: State, t0: Instant) -> Queues {
         q.on(ev, t0);
     };
     if state != State::Absent {
-        go(Event::Request { room: room(), prompt: 4, limit: 8, local });
+        go(Event::Request { room: room(), prompt: 4, limit: 8, local, n: 1 });
     }
     if matches!(state, State::Transfer | State::Prefill | State::Waiting | State::Running | State::Draining) {
         go(Event::Admit);
@@ -183,7 +183,7 @@ fn a_short_pool_retracts_the_victim_and_grows_the_rest() {
     let mut q = Queues::new(limits, 10);
     let (a, b) = (Room::new(1).expect("id"), Room::new(2).expect("id"));
     for r in [a, b] {
-        assert!(q.on(Event::Request { room: r, prompt: 4, limit: 8, local: true }, t0).is_empty());
+        assert!(q.on(Event::Request { room: r, prompt: 4, limit: 8, local: true, n: 1 }, t0).is_empty());
     }
     assert_eq!(summary(&q.on(Event::Admit, t0)), "allocate 4 local, allocate 4 local");
     for r in [a, b] {

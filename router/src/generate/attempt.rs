@@ -99,6 +99,8 @@ pub(super) struct Attempt {
     pub(super) first: FirstMessage,
     /// The decode worker it runs on.
     pub(super) decode: Arc<Worker>,
+    /// Its room.
+    pub(super) key: RoomKey,
 }
 
 /// Whether a failure before the first token is worth another attempt elsewhere: not when the
@@ -172,7 +174,7 @@ impl Ctx {
         match dc.generate(traces::request_with(dreq, &trace)).await {
             Ok(s) => {
                 dw.ok();
-                Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw) })
+                Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw), key })
             }
             Err(s) => {
                 if s.code() == Code::Unavailable {
@@ -217,9 +219,7 @@ impl Ctx {
         mut target: Option<Arc<Worker>>,
         mut decode: Arc<Worker>,
     ) -> Result<Attempt, Status> {
-        let need = (req.tokens.len() + req.sampling.max_new_tokens as usize)
-            .min(self.model.context_length)
-            .div_ceil(self.page_size.max(1)) as u64;
+        let need = self.pages_needed(req.tokens.len(), &req.sampling);
         let (mut key, mut tried_prefill, mut tried_decode) = (key, Vec::new(), Vec::new());
         for retry in 0..=MAX_RETRIES {
             let (stage, status) = match self.attempt(req, key, target.clone(), &decode).await {

@@ -29,6 +29,17 @@ fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> R
     s.into()
 }
 
+/// One sequence of a request (`n` > 1 makes several, their messages interleaved).
+struct Seq<'a> {
+    out: Output<'a>,
+    /// Tokens it generated.
+    completion: u32,
+    /// When its last piece with tokens went (inter-token latency).
+    last_piece: Option<Instant>,
+    /// Why it ended, once it has.
+    finish: Option<FinishReason>,
+}
+
 impl Ctx {
     pub(super) async fn run(
         &self,
@@ -40,47 +51,65 @@ impl Ctx {
         tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
     ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
-        let Attempt { mut stream, prefill: prefill_task, first, decode } =
+        let Attempt { stream, prefill: prefill_task, first, decode, key } =
             self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
-        let mut out = Output::new(&self.model, &req.stop);
-        let mut completion = 0u32;
-        // When the last piece with tokens came (for the inter-token latency).
-        let mut last_piece: Option<Instant> = None;
-        let mut finish = None;
+        // Dropped once every sequence has ended (a stop string found here leaves the worker
+        // generating until it hears).
+        let mut stream = Some(stream);
+        let n = req.sampling.n.max(1) as usize;
+        let mut seqs: Vec<Seq<'_>> = (0..n)
+            .map(|_| Seq { out: Output::new(&self.model, &req.stop), completion: 0, last_piece: None, finish: None })
+            .collect();
+        let mut ended = 0;
+        let mut first_token = true;
         let mut pending = first;
-        // The prefill call's answer, when taken before the end (for the first token's top
-        // alternatives).
+        // The prefill call's answer, once taken (for the first token's top alternatives, the
+        // prompt's logprobs, the cached tokens and the phases).
         let mut prefilled = None;
         let mut prefill_task = Some(prefill_task);
-        // The decode worker's phases, from its last message.
+        // The decode worker's phases, from the last message that carried them.
         let mut decode_phases = Vec::new();
         let abort = |t: &Option<PrefillTask>| {
             if let Some(t) = t {
                 t.abort();
             }
         };
-        loop {
-            let msg = match pending.take() {
-                Some(m) => m,
-                None => stream.next().await,
+        while ended < n {
+            let msg = match (pending.take(), stream.as_mut()) {
+                (Some(m), _) => m,
+                (None, Some(s)) => s.next().await,
+                (None, None) => None,
             };
-            let Some(msg) = msg else { break };
+            let Some(msg) = msg else {
+                abort(&prefill_task);
+                return Err(RouterError::Internal("the decode stream ended without a finish reason".into()));
+            };
             let msg = match msg {
                 Ok(m) => m,
                 Err(s) => {
                     abort(&prefill_task);
-                    return Err(mid_stream(s, &req.request_id, &decode.id, completion));
+                    let sent = seqs.iter().map(|s| s.completion).sum();
+                    return Err(mid_stream(s, &req.request_id, &decode.id, sent));
                 }
             };
+            let index = msg.index as usize;
+            let Some(seq) = seqs.get_mut(index) else {
+                abort(&prefill_task);
+                return Err(RouterError::Internal(format!("the decode worker sent sequence {index} of {n}")));
+            };
+            if seq.finish.is_some() {
+                continue; // ended here by a stop string; the worker's abort is on its way
+            }
             if !msg.phases.is_empty() {
                 decode_phases = wire::phases_from_proto(&msg.phases);
             }
             let mut tops: Vec<Vec<(u32, f32)>> = msg.top_logprobs.iter().map(wire::top_from_proto).collect();
-            // Prompt logprobs come with the first token when the decode worker computed the
-            // prompt, else with the prefill call's answer.
+            // Prompt logprobs come with sequence 0's first token when the decode worker
+            // computed the prompt, else with the prefill call's answer.
             let mut prompt = scored(&msg.prompt_logprobs, &msg.prompt_top_logprobs);
+            let opening = seq.completion == 0 && index == 0;
             let want_prompt = req.sampling.prompt_logprobs.is_some() && prompt.is_empty();
-            if completion == 0
+            if opening
                 && (req.sampling.top_logprobs > 0 && tops.is_empty() || want_prompt)
                 && let Some(task) = prefill_task.take()
             {
@@ -99,7 +128,7 @@ impl Ctx {
             }
             // Asked for, they must all be there: an answer without them (a failed prefill
             // call, an older worker) would pair the echoed prompt with the wrong logprobs.
-            if completion == 0 && req.sampling.prompt_logprobs.is_some() && prompt.len() + 1 != req.tokens.len() {
+            if opening && req.sampling.prompt_logprobs.is_some() && prompt.len() + 1 != req.tokens.len() {
                 abort(&prefill_task);
                 return Err(RouterError::Internal(format!(
                     "the workers returned {} prompt logprobs for {} prompt tokens",
@@ -109,16 +138,15 @@ impl Ctx {
             }
             if !msg.token_ids.is_empty() {
                 let now = Instant::now();
-                match last_piece {
-                    None => {
-                        metrics::histogram!(M::ROUTER_TTFT).record(now.duration_since(arrived).as_secs_f64());
-                        clock.lap("first_token", now);
-                    }
-                    Some(t) => metrics::histogram!(M::ROUTER_ITL).record(now.duration_since(t).as_secs_f64()),
+                if std::mem::take(&mut first_token) {
+                    metrics::histogram!(M::ROUTER_TTFT).record(now.duration_since(arrived).as_secs_f64());
+                    clock.lap("first_token", now);
+                } else if let Some(t) = seq.last_piece {
+                    metrics::histogram!(M::ROUTER_ITL).record(now.duration_since(t).as_secs_f64());
                 }
-                last_piece = Some(now);
+                seq.last_piece = Some(now);
             }
-            completion += msg.token_ids.len() as u32;
+            seq.completion += msg.token_ids.len() as u32;
             let lps: Vec<Scored> = msg
                 .logprobs
                 .iter()
@@ -129,46 +157,75 @@ impl Ctx {
                     top: tops.get(i).cloned().unwrap_or_default(),
                 })
                 .collect();
-            let (text, stopped) = out.push(&msg.token_ids);
+            let (text, stopped) = seq.out.push(&msg.token_ids);
             let end = wire::finish_from_proto(msg.finish_reason()).or(stopped.then_some(FinishReason::Stop));
-            if tx.send(Ok(Piece { text, tokens: lps, prompt, end: None })).await.is_err() {
+            let piece = Piece { index: msg.index, text, tokens: lps, prompt, end: None };
+            if tx.send(Ok(piece)).await.is_err() {
                 abort(&prefill_task);
                 metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
                 return Ok(()); // the client went away: dropping the calls frees both workers
             }
-            if end.is_some() {
-                finish = end;
-                break;
+            let Some(finish) = end else { continue };
+            seq.finish = Some(finish);
+            ended += 1;
+            let tail = seq.out.flush();
+            let completion_tokens = seq.completion;
+            let last = ended == n;
+            if last {
+                stream = None;
+            } else if stopped && wire::finish_from_proto(msg.finish_reason()).is_none() {
+                // A stop string ended this sequence; the others go on: the worker stops it.
+                stop_sequence(&decode, key, msg.index);
             }
+            // The prefill call is done by now (the first token needed its pages).
+            if prefilled.is_none() {
+                prefilled = Some(match prefill_task.take() {
+                    Some(t) => t.await.unwrap_or_else(|e| Err(Status::internal(e.to_string()))),
+                    None => Ok(None),
+                });
+            }
+            let (cached, prefill_phases) = match &prefilled {
+                Some(Ok(Some(p))) => (p.cached, p.phases.clone()),
+                Some(Ok(None)) => (0, Vec::new()),
+                // A prefill call that failed once the decode worker had the pages cost nothing.
+                _ => (cached_guess, Vec::new()),
+            };
+            if last {
+                clock.lap("decode", Instant::now());
+                metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
+                metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(req.tokens.len() as u64);
+                metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(cached));
+            }
+            let end = End {
+                finish,
+                prompt_tokens: req.tokens.len() as u32,
+                completion_tokens,
+                cached_tokens: cached,
+                phases: ferry_cluster::phases::breakdown(clock.laps(), &prefill_phases, &decode_phases),
+            };
+            let piece = Piece { index: msg.index, text: tail, tokens: Vec::new(), prompt: Vec::new(), end: Some(end) };
+            let _ = tx.send(Ok(piece)).await;
         }
-        drop(stream);
-        let prefilled = match (prefilled, prefill_task) {
-            (Some(r), _) => Ok(r),
-            (None, Some(t)) => t.await,
-            (None, None) => Ok(Ok(None)),
-        };
-        let (cached, prefill_phases) = match prefilled {
-            Ok(Ok(c)) => c.map_or((0, Vec::new()), |p| (p.cached, p.phases)),
-            Ok(Err(s)) if finish.is_none() => return Err(s.into()),
-            _ => (cached_guess, Vec::new()),
-        };
-        let finish =
-            finish.ok_or_else(|| RouterError::Internal("the decode stream ended without a finish reason".into()))?;
-        let tail = out.flush();
-        clock.lap("decode", Instant::now());
-        let end = End {
-            finish,
-            prompt_tokens: req.tokens.len() as u32,
-            completion_tokens: completion,
-            cached_tokens: cached,
-            phases: ferry_cluster::phases::breakdown(clock.laps(), &prefill_phases, &decode_phases),
-        };
-        metrics::counter!(M::ROUTER_REQUESTS, "outcome" => finish.as_str()).increment(1);
-        metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "prompt").increment(u64::from(end.prompt_tokens));
-        metrics::counter!(M::ROUTER_PROMPT_TOKENS, "kind" => "cached").increment(u64::from(end.cached_tokens));
-        let _ = tx.send(Ok(Piece { text: tail, tokens: Vec::new(), prompt: Vec::new(), end: Some(end) })).await;
         Ok(())
     }
+}
+
+/// Tells the decode worker to stop sequence `index` of the request in `key` (a stop string
+/// ended it here while its other sequences go on). Best effort: a failed call leaves it
+/// generating until its own end, its tokens dropped here.
+fn stop_sequence(decode: &Worker, key: RoomKey, index: u32) {
+    let mut dc = ferry_proto::v1::decode_client::DecodeClient::new(decode.channel.clone());
+    let req = ferry_proto::v1::AbortRequest {
+        room: Some(wire::room_key_to_proto(&key)),
+        reason: "a stop string ended the sequence".into(),
+        sequence: Some(index),
+    };
+    let worker = decode.id.clone();
+    tokio::spawn(async move {
+        if let Err(e) = dc.abort(req).await {
+            tracing::debug!(worker = %worker, sequence = index, error = %e, "stopping a sequence failed");
+        }
+    });
 }
 
 /// Prompt logprobs from the wire.

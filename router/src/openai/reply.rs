@@ -28,6 +28,8 @@ pub(super) struct Reply {
     pub(super) tools: Option<Tools>,
     /// Completions with `echo`.
     pub(super) echo: Option<Echo>,
+    /// Choices (`n`).
+    pub(super) n: usize,
 }
 
 /// The request header asking for the phases, and the response header carrying them.
@@ -71,62 +73,88 @@ fn phases(e: &End) -> serde_json::Value {
     e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
 }
 
-fn usage(e: &End) -> serde_json::Value {
+/// The request's usage: the prompt once, the completion tokens of all its sequences.
+fn usage(e: &End, completion_tokens: u32) -> serde_json::Value {
     json!({
         "prompt_tokens": e.prompt_tokens,
-        "completion_tokens": e.completion_tokens,
-        "total_tokens": e.prompt_tokens + e.completion_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": e.prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
     })
 }
 
+/// One choice of a whole response, as its pieces arrive.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<Scored>,
+    end: Option<End>,
+}
+
 pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> + Unpin, r: Reply) -> Response {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
+    let mut choices: Vec<Choice> = (0..r.n).map(|_| Choice::default()).collect();
+    // The prompt's logprobs (`echo`) come once, with sequence 0; every choice shows them.
     let mut prompt = Vec::new();
-    let mut end = None;
+    // The last sequence to end carries the request's phases.
+    let mut last = None;
     while let Some(p) = s.next().await {
         match p {
             Ok(p) => {
-                text.push_str(&p.text);
+                let Some(c) = choices.get_mut(p.index as usize) else {
+                    return from_error(&RouterError::Internal(format!("a piece of sequence {}", p.index)));
+                };
+                c.text.push_str(&p.text);
                 if r.logprobs {
-                    tokens.extend(p.tokens);
+                    c.tokens.extend(p.tokens);
                     prompt.extend(p.prompt);
                 }
                 if p.end.is_some() {
-                    end = p.end;
+                    c.end = p.end;
+                    last = p.end;
                 }
             }
             Err(e) => return from_error(&e),
         }
     }
-    let Some(mut e) = end else {
+    let (Some(e), true) = (last, choices.iter().all(|c| c.end.is_some())) else {
         return from_error(&RouterError::Internal("the request ended without a finish reason".into()));
     };
-    if r.prompt_only() {
-        (text, tokens) = (String::new(), Vec::new());
-        (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
-    }
-    if let Some(echo) = &r.echo {
-        text.insert_str(0, &echo.text);
-    }
-    let logprobs = r.logprobs(&tokens, Some(&prompt), &mut 0);
-    let choice = match r.kind {
-        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs}),
-        Kind::Chat => {
-            let (content, calls) = match &r.tools {
-                Some(t) => t.extract(&text, e.finish == ferry_tokenize::FinishReason::Stop),
-                None => (Some(text), Vec::new()),
-            };
-            let mut message = json!({"role": "assistant", "content": content});
-            if !calls.is_empty() {
-                message["tool_calls"] = to_json(&calls, false);
+    let mut completion_tokens = 0;
+    let choices: Vec<serde_json::Value> = choices
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, c)| Some((i, c.text, c.tokens, c.end?)))
+        .map(|(i, mut text, mut tokens, mut e)| {
+            if r.prompt_only() {
+                (text, tokens) = (String::new(), Vec::new());
+                (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
             }
-            json!({"index": 0, "message": message, "finish_reason": finish_reason(&e, &calls), "logprobs": logprobs})
-        }
-    };
+            completion_tokens += e.completion_tokens;
+            if let Some(echo) = &r.echo {
+                text.insert_str(0, &echo.text);
+            }
+            let logprobs = r.logprobs(&tokens, Some(&prompt), &mut 0);
+            match r.kind {
+                Kind::Completion => {
+                    json!({"index": i, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs})
+                }
+                Kind::Chat => {
+                    let (content, calls) = match &r.tools {
+                        Some(t) => t.extract(&text, e.finish == ferry_tokenize::FinishReason::Stop),
+                        None => (Some(text), Vec::new()),
+                    };
+                    let mut message = json!({"role": "assistant", "content": content});
+                    if !calls.is_empty() {
+                        message["tool_calls"] = to_json(&calls, false);
+                    }
+                    json!({"index": i, "message": message, "finish_reason": finish_reason(&e, &calls), "logprobs": logprobs})
+                }
+            }
+        })
+        .collect();
     let mut body = json!({
-        "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": [choice], "usage": usage(&e),
+        "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": choices,
+        "usage": usage(&e, completion_tokens),
     });
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], String::new()).into_response();
     if r.phases {
@@ -147,31 +175,53 @@ fn finish_reason(e: &End, calls: &[Call]) -> &'static str {
     }
 }
 
+/// A streamed choice's state.
+struct Streamed {
+    /// Its first chunk is still to go (it carries the role, an echo's prompt).
+    first: bool,
+    /// A completion's text offset, from chunk to chunk.
+    offset: usize,
+    /// Text held back while it may be a tool call.
+    holdback: Option<Holdback>,
+}
+
 pub(super) fn sse(
     s: impl Stream<Item = Result<Piece, RouterError>> + Send + 'static,
     r: Reply,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let created = now();
-    let mut first = true;
-    let mut offset = 0;
-    let mut holdback = r.tools.clone().map(Holdback::new);
+    let mut choices: Vec<Streamed> =
+        (0..r.n).map(|_| Streamed { first: true, offset: 0, holdback: r.tools.clone().map(Holdback::new) }).collect();
+    // The prompt's logprobs (`echo`) come with sequence 0's first piece; every choice's first
+    // chunk shows them.
+    let mut prompt: Vec<Scored> = Vec::new();
+    // Sequences ended, and their completion tokens: the chunk ending the last carries usage.
+    let (mut ended, mut completion_tokens) = (0, 0);
     let events = s
         .map(move |p| {
             let data = match p {
                 Ok(mut p) => {
+                    let Some(c) = choices.get_mut(p.index as usize) else {
+                        let e = RouterError::Internal(format!("a piece of sequence {}", p.index));
+                        return Ok(Event::default().data(error_json(&e).to_string()));
+                    };
                     if r.prompt_only() {
                         (p.text, p.tokens) = (String::new(), Vec::new());
                         if let Some(e) = &mut p.end {
                             (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
                         }
                     }
+                    let first = c.first;
                     if first && let Some(echo) = &r.echo {
                         p.text.insert_str(0, &echo.text);
                     }
+                    if !p.prompt.is_empty() {
+                        prompt = std::mem::take(&mut p.prompt);
+                    }
                     let mut finish = p.end.as_ref().map(|e| e.finish.as_str());
-                    let logprobs = r.logprobs(&p.tokens, first.then_some(&p.prompt[..]), &mut offset);
+                    let logprobs = r.logprobs(&p.tokens, first.then_some(&prompt[..]), &mut c.offset);
                     let (mut text, mut calls) = (p.text.clone(), Vec::new());
-                    if let Some(h) = &mut holdback {
+                    if let Some(h) = &mut c.holdback {
                         text = h.push(&p.text);
                         if let Some(e) = &p.end {
                             let (rest, found) = h.finish(e.finish == ferry_tokenize::FinishReason::Stop);
@@ -180,9 +230,10 @@ pub(super) fn sse(
                             calls = found;
                         }
                     }
+                    let index = p.index;
                     let choice = match r.kind {
                         Kind::Completion => {
-                            json!({"index": 0, "text": p.text, "finish_reason": finish, "logprobs": logprobs})
+                            json!({"index": index, "text": p.text, "finish_reason": finish, "logprobs": logprobs})
                         }
                         Kind::Chat => {
                             let mut delta = if first {
@@ -193,25 +244,34 @@ pub(super) fn sse(
                             if !calls.is_empty() {
                                 delta["tool_calls"] = to_json(&calls, true);
                             }
-                            json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
+                            json!({"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs})
                         }
                     };
-                    first = false;
+                    c.first = false;
                     let mut chunk = json!({
                         "id": r.id, "object": r.object(true), "created": created, "model": r.model, "choices": [choice],
                     });
                     if let Some(e) = p.end {
-                        chunk["usage"] = usage(&e);
-                        if r.phases {
-                            chunk["ferry_phases"] = phases(&e);
+                        ended += 1;
+                        completion_tokens += e.completion_tokens;
+                        if ended == r.n {
+                            chunk["usage"] = usage(&e, completion_tokens);
+                            if r.phases {
+                                chunk["ferry_phases"] = phases(&e);
+                            }
                         }
                     }
                     chunk
                 }
-                Err(e) => json!({"error": {"message": e.to_string(), "type": e.http().1, "code": e.reason()}}),
+                Err(e) => error_json(&e),
             };
             Ok(Event::default().data(data.to_string()))
         })
         .chain(futures::stream::once(async { Ok(Event::default().data("[DONE]")) }));
     Sse::new(events)
+}
+
+/// An error as a streamed event's data.
+fn error_json(e: &RouterError) -> serde_json::Value {
+    json!({"error": {"message": e.to_string(), "type": e.http().1, "code": e.reason()}})
 }
