@@ -151,7 +151,12 @@ pub const ALL: &[Metric] = &[
         "Requests per queue state (bootstrap, waiting, inflight / prealloc, transfer, prefill, waiting, running)",
     ),
     m(PAGES, Kind::Gauge, "role, worker, kind", "KV pages by kind (free, used, evictable, total)"),
-    m(REQUESTS, Kind::Counter, "role, outcome", "Requests a worker finished (stop, length, abort, error)"),
+    m(
+        REQUESTS,
+        Kind::Counter,
+        "role, outcome",
+        "Requests a worker finished (stop, length, abort, error); on decode workers each of a request's n sequences counts",
+    ),
     m(
         BAD_REQUESTS,
         Kind::Counter,

@@ -83,8 +83,14 @@ async fn grpc_sequences(router: std::net::SocketAddr, ids: &[u32], n: u32, max: 
             ended[i] = true;
             assert_eq!(msg.prompt_tokens as usize, ids.len(), "the prompt, once per sequence's usage");
             assert_eq!(msg.completion_tokens as usize, tokens[i].len(), "its own tokens");
-            // The phases come with the last sequence to end.
+            // The phases come with the last sequence to end, and are the request's whole
+            // (whichever sequence that is): its KV came by transfer, none was prefilled on
+            // the decode worker.
             assert_eq!(!msg.phases.is_empty(), ended.iter().all(|&e| e), "{msg:?}");
+            if !msg.phases.is_empty() {
+                let phase = |p: &str| msg.phases.iter().find(|x| x.phase == p).map_or(0.0, |x| x.seconds);
+                assert!(phase("transfer") > 0.0 && phase("local_prefill") == 0.0, "{:?}", msg.phases);
+            }
         }
     }
     assert!(ended.iter().all(|&e| e), "every sequence ends: {ended:?}");

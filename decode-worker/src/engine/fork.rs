@@ -67,11 +67,15 @@ impl<B: Backend> Engine<B> {
                     prompt_logprobs: Vec::new(),
                     behind: 0,
                     first: None,
-                    bootstrap: None,
+                    // Its first token's phase is named as sequence 0's (`first_token` after
+                    // a transfer); a retraction makes it local like any request.
+                    bootstrap: r.bootstrap.clone(),
                     retracted_at: None,
                     span: r.span.clone(),
                     trace: r.trace,
-                    clock: ferry_cluster::phases::PhaseClock::start("decode", now),
+                    // Its time so far is the request's (admission, transfer): the phases it
+                    // reports, should it end last, are the request's whole.
+                    clock: r.clock.clone(),
                     index,
                     family: room,
                     forks: Vec::new(),

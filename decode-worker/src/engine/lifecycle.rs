@@ -114,7 +114,9 @@ impl<B: Backend> Engine<B> {
         r.clock.lap("transfer", now);
         self.receiver.close(room);
         r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
+        // The prompt's pages (a fork's other pages are written here, after).
         let pages = r.pages.as_ref().map_or(&[][..], PageAlloc::pages);
+        let pages = &pages[..self.pool.pages_for(r.prompt.len()).min(pages.len())];
         // SAFETY: the room is complete and closed: every write into its pages has landed and
         // no other is accepted; the request owns the pages.
         match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {

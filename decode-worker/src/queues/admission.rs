@@ -147,7 +147,7 @@ impl Queues {
         if let Admission::Adaptive { min, .. } = self.limits.admission {
             let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
             let (n, generated, limit) =
-                admitted.fold((0, 0, 0), |(n, g, l), e| (n + 1, g + e.generated, l + e.limit.max(1)));
+                admitted.fold((0, 0, 0), |(n, g, l), e| (n + e.n, g + e.generated, l + e.n * e.limit.max(1)));
             let shown = (generated + RETRACT_DECODE_STEPS * n) as f64 / limit.max(1) as f64;
             self.ratio = shown.clamp(min, 1.0);
         }
