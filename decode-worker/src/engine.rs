@@ -363,8 +363,9 @@ impl<B: Backend> EngineThread for Engine<B> {
     }
 
     fn turn(&mut self, now: Instant) {
-        self.expire(now);
+        // Admission before timeouts: a request admissible when its deadline comes runs.
         self.admit(now);
+        self.expire(now);
         if let Err(e) = self.step() {
             tracing::error!(error = %e, "decode step failed; failing its requests");
             let rooms: Vec<Room> = self.reqs.keys().copied().collect();
@@ -372,6 +373,11 @@ impl<B: Backend> EngineThread for Engine<B> {
                 self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
             }
         }
+        // The step may have ended the requests holding the pool: admit who waited for their
+        // pages now. Nothing else would wake this thread before the waiting ones' deadline
+        // when no command comes (a forked request's stream stays open while any of its
+        // sequences waits, so no client-gone command follows its others' ends).
+        self.admit(Instant::now());
         self.publish();
         debug_assert_eq!(
             self.pool.free_pages(),

@@ -172,6 +172,10 @@ async fn forked_sequences_retracted_under_pressure_resume_exactly() {
     a.worker.chunked_prefill_size = 32;
     a.decode_admission = AdmissionKind::Reserved;
     a.num_reserved_decode_tokens = 8;
+    // A node that stops computing while sequences wait for pages fails them after this: a
+    // retracted sequence whose siblings all ended once waited out the whole timeout (its
+    // request's stream stayed open, so nothing woke the engine to admit it).
+    a.prealloc_timeout = 5.0;
     let d = ferry_decode::start(a).await.expect("decode up");
     let dc = pb::decode_client::DecodeClient::new(ferry_tests::channel(d.grpc_addr).await);
     let runs = ps.iter().map(|p| {
