@@ -39,7 +39,7 @@ pub struct Prepared {
     /// The trace: the caller's context (its `traceparent`) when it sent one; once the
     /// request is placed, the router span's own, the parent of the calls to the workers.
     pub trace: Option<TraceContext>,
-    /// The request's clock when a phase ran before [`Ctx::generate`] (the OpenAI API's
+    /// The request's clock when phases ran before [`Ctx::generate`] (admission's `queue`,
     /// `tokenize`); None: it starts there.
     pub clock: Option<PhaseClock>,
 }
@@ -182,14 +182,15 @@ impl Ctx {
         (shared + sampling.n.max(1) as usize * (one - shared)) as u64
     }
 
-    /// Waits for admission, then places and starts `req`; the stream yields its output.
+    /// Places and starts `req`, admitted in `slot` ([`Admission::admit`], taken before the
+    /// request was parsed and tokenized: that work is admission-controlled too); the stream
+    /// yields its output and holds the slot until it ends.
     pub async fn generate(
         self: &Arc<Self>,
         mut req: Prepared,
+        slot: crate::admission::Slot,
     ) -> Result<impl Stream<Item = Result<Piece, RouterError>> + use<>, RouterError> {
         let mut clock = req.clock.take().unwrap_or_else(|| PhaseClock::start("router", Instant::now()));
-        let slot = self.admission.admit().await?;
-        clock.lap("queue", Instant::now());
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let now = Instant::now();

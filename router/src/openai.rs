@@ -7,7 +7,7 @@
 //! fields asking for what is not served yet (`logit_bias`, `suffix`, ...), bad `tools`, a `response_format` or
 //! schema that does not compile, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
-//! `Retry-After` header. A client that disconnects drops the request on both workers. With
+//! `Retry-After` header; so does a full admission queue, before the body is parsed. A client that disconnects drops the request on both workers. With
 //! API keys configured, `/v1/*` needs `Authorization: Bearer <key>` (else 401); `/health` and
 //! `/metrics` stay open.
 
@@ -526,8 +526,14 @@ async fn handle(
         }
         Err(e) => return err(StatusCode::BAD_REQUEST, "bad_body", e.body_text()),
     };
-    // Parsing and tokenizing take CPU in proportion to the body: off the async threads.
+    // Admitted first: parsing and tokenizing take CPU in proportion to the body, and a
+    // request the router cannot run now must not take it (then off the async threads).
     let mut clock = ferry_cluster::phases::PhaseClock::start("router", std::time::Instant::now());
+    let slot = match ctx.admission.admit().await {
+        Ok(s) => s,
+        Err(e) => return from_error(&e),
+    };
+    clock.lap("queue", std::time::Instant::now());
     let parsed = {
         let ctx = Arc::clone(&ctx);
         // The refusal is the finished response, once per request: its size is no concern.
@@ -553,7 +559,7 @@ async fn handle(
     let id = p.request_id.to_string();
     let model = ctx.model.name.clone();
     let n = p.sampling.n.max(1);
-    let stream = match ctx.generate(p).await {
+    let stream = match ctx.generate(p, slot).await {
         Ok(s) => s,
         Err(e) => return from_error(&e),
     };

@@ -73,6 +73,10 @@ impl pb::router_server::Router for RouterSvc {
         // Before any work for the request: the id is echoed and logged, stops scanned per token.
         let id = crate::limits::check_request_id(r.request_id).map_err(|e| bad(e.reason, e.message))?;
         self.0.limits.check_stop(&r.stop).map_err(|e| bad(e.reason, e.message))?;
+        // Admitted before tokenizing or compiling anything: work for a request the router
+        // cannot run now is not done.
+        let slot = self.0.admission.admit().await.map_err(|e| e.status())?;
+        clock.lap("queue", std::time::Instant::now());
         let tokens = match r.prompt {
             Some(pb::generate_request::Prompt::Text(t)) => self.tokens(Input::Text(t)).await?,
             Some(pb::generate_request::Prompt::Chat(c)) => self.tokens(Input::Chat(c.messages)).await?,
@@ -105,7 +109,7 @@ impl pb::router_server::Router for RouterSvc {
         // The one mapping of the router's errors to gRPC. The last message is followed, when
         // asked, by the phases as trailing metadata: a stream's trailers go out with its status,
         // and an OK status carrying them ends the stream as its end would.
-        let out = self.0.generate(prepared).await.map_err(|e| e.status())?.flat_map(move |p| {
+        let out = self.0.generate(prepared, slot).await.map_err(|e| e.status())?.flat_map(move |p| {
             let mut trailer = None;
             let m = p.map_err(|e| e.status()).map(|p| {
                 let mut m = pb::GenerateResponse {
@@ -145,6 +149,8 @@ impl pb::router_server::Router for RouterSvc {
     }
 
     async fn tokenize(&self, req: Request<pb::TokenizeRequest>) -> Result<Response<pb::TokenizeResponse>, Status> {
+        // A slot of the admission queue while it tokenizes, as a request would take.
+        let _slot = self.0.admission.admit().await.map_err(|e| e.status())?;
         let token_ids = match req.into_inner().input {
             Some(pb::tokenize_request::Input::Text(t)) => self.tokens(Input::Text(t)).await?,
             Some(pb::tokenize_request::Input::Chat(c)) => self.tokens(Input::Chat(c.messages)).await?,

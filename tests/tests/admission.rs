@@ -1,7 +1,8 @@
 //! The router's admission queue against real workers: with one running slot and one queue
 //! place, a second request waits and is refused when its wait times out, a third is refused
 //! at once while the queue is full (HTTP 429 with a message and `Retry-After`), and a freed
-//! slot admits the next request. Refusals are counted and leave the workers clean.
+//! slot admits the next request. Refused requests were never tokenized (admission comes before
+//! parsing). Refusals are counted and leave the workers clean.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,12 @@ async fn the_admission_queue_bounds_concurrency_and_waiting() {
     let model = models["data"][0]["id"].as_str().expect("a model").to_string();
     let body = serde_json::json!({"model": model, "prompt": "Once upon a time", "max_tokens": 2, "temperature": 0})
         .to_string();
+    // Requests that never get a slot are never tokenized: admission comes first.
+    let tokenized = || async {
+        let m = scrape(r.metrics_addr).await;
+        ferry_tests::metric_sum(&m, "ferry_request_phase_seconds_count", "phase=\"tokenize\"")
+    };
+    let before = tokenized().await;
     // The second waits its 400 ms in the queue, then is refused.
     let waiting = tokio::spawn(async move {
         let t = Instant::now();
@@ -58,6 +65,7 @@ async fn the_admission_queue_bounds_concurrency_and_waiting() {
     assert_eq!(s, 429, "{text}");
     assert!(text.contains("admission queue"), "{text}");
     assert!(waited >= Duration::from_millis(400), "waited {waited:?}");
+    assert_eq!(tokenized().await, before, "refused requests were tokenized");
 
     // Freeing the slot admits the next request.
     drop(held);
