@@ -39,6 +39,9 @@ pub const DECODE_MAX_RUNNING_REQUESTS: &str = "FERRY_DECODE_MAX_RUNNING_REQUESTS
 /// `--disable-jump-forward` (ferry decode).
 pub const DISABLE_JUMP_FORWARD: &str = "FERRY_DISABLE_JUMP_FORWARD";
 
+/// `--disable-decode-cache` (ferry decode).
+pub const DISABLE_DECODE_CACHE: &str = "FERRY_DISABLE_DECODE_CACHE";
+
 /// `--device` (ferry generate; ferry prefill, ferry decode; ferry up).
 pub const DEVICE: &str = "FERRY_DEVICE";
 
@@ -215,6 +218,7 @@ pub const ALL: &[&str] = &[
     DECODE_ADMISSION,
     DECODE_MAX_RUNNING_REQUESTS,
     DISABLE_JUMP_FORWARD,
+    DISABLE_DECODE_CACHE,
     DEVICE,
     DTYPE,
     ETCD,

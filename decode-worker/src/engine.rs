@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use ferry_cluster::metrics as m;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
-use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, Sampled, Sampler};
+use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, RadixCache, Sampled, Sampler};
 use ferry_kernels::Backend;
 use ferry_transfer::Receiver as KvReceiver;
 use ferry_worker::KvHost;
@@ -31,6 +31,7 @@ use crate::queues::{Event, Limits, Queues, Stage};
 use crate::wake::Wake;
 
 mod act;
+mod cache;
 mod cmd;
 mod fork;
 mod lifecycle;
@@ -69,6 +70,10 @@ struct Req {
     family: Room,
     /// Until the request forks: the samplers of its other sequences.
     forks: Vec<Sampler>,
+    /// The prefix cache's node whose pages lead its own (locked while it holds them).
+    cached: Option<ferry_engine::NodeId>,
+    /// Prompt tokens it found in the prefix cache (reported with its first token).
+    hit: u32,
 }
 
 impl Req {
@@ -103,12 +108,16 @@ pub struct EngineConfig {
     pub backend: &'static str,
     /// Append the tokens an output constraint forces in one step (jump-forward).
     pub jump_forward: bool,
+    /// Keep finished requests' pages in a prefix cache and prefill only what it lacks.
+    pub decode_cache: bool,
 }
 
 /// The engine thread's state.
 pub struct Engine<B: Backend> {
     model: Model<B>,
     pool: PagePool<B>,
+    /// Finished and retracted requests' pages, evictable (`--disable-decode-cache`: empty).
+    cache: RadixCache,
     kv: Arc<KvHost>,
     queues: Queues,
     reqs: HashMap<Room, Req>,
@@ -139,9 +148,14 @@ impl<B: Backend> Engine<B> {
     ) -> Self {
         let eos = model.tokenizer().eos_ids().to_vec();
         let queues = Queues::new(cfg.limits, pool.num_pages());
+        // Events of this cache are not published (yet): the epoch only has to be valid.
+        let epoch =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let cache = RadixCache::new(pool.layout().page_size, epoch);
         Self {
             model,
             pool,
+            cache,
             kv,
             queues,
             reqs: HashMap::new(),
@@ -295,7 +309,8 @@ impl<B: Backend> Engine<B> {
             None => Vec::new(),
         };
         let prompt = if r.generated.len() == 1 { std::mem::take(&mut r.prompt_logprobs) } else { Vec::new() };
-        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases, prompt, index: r.index }));
+        let cached = if r.generated.len() == 1 { r.hit } else { 0 };
+        let _ = r.out.send(Ok(Emit { sampled: s, finish, phases, prompt, index: r.index, cached }));
         finish.map(Ok)
     }
 
@@ -316,16 +331,24 @@ impl<B: Backend> Engine<B> {
         for &(state, n) in &d {
             metrics::gauge!(m::QUEUE_DEPTH, "role" => "decode", "worker" => w.clone(), "state" => state).set(n as f64);
         }
-        let free = self.pool.free_pages();
+        // Not published (yet): kept from growing.
+        self.cache.drain_events();
+        self.cache.drain_dirty();
+        let (free, evictable) = (self.pool.free_pages(), self.cache.evictable_pages());
         let total = self.pool.num_pages();
-        for (kind, n) in [("free", free), ("used", total - free), ("total", total)] {
+        let used = total - free - evictable;
+        for (kind, n) in [("free", free), ("evictable", evictable), ("used", used), ("total", total)] {
             metrics::gauge!(m::PAGES, "role" => "decode", "worker" => w.clone(), "kind" => kind).set(n as f64);
         }
         metrics::gauge!(m::NEW_TOKEN_RATIO, "worker" => w.clone()).set(self.queues.ratio());
+        // The queues count a cached prefix once per request reading it: their free pages
+        // are the safe figure.
+        let available = (free + evictable).min(self.queues.free_pages());
         let load = Load {
             depth: d,
-            free_pages: free,
-            admissible_pages: free.saturating_sub(self.queues.promised()),
+            free_pages: free + evictable,
+            evictable_pages: evictable,
+            admissible_pages: available.saturating_sub(self.queues.promised()),
             total_pages: total,
         };
         if let Ok(mut l) = self.load.lock() {
@@ -379,10 +402,17 @@ impl<B: Backend> EngineThread for Engine<B> {
         // sequences waits, so no client-gone command follows its others' ends).
         self.admit(Instant::now());
         self.publish();
-        debug_assert_eq!(
+        // The queues count a page a request reads from the cache as its own, once per reader:
+        // the pool has at least what they count free, exactly that when no one reads it.
+        let available = self.pool.free_pages() + self.cache.evictable_pages();
+        debug_assert!(
+            available >= self.queues.free_pages()
+                && (self.cache.protected_pages() > 0 || available == self.queues.free_pages()),
+            "the pool ({} free, {} evictable, {} locked) and the queues ({} free) disagree",
             self.pool.free_pages(),
-            self.queues.free_pages(),
-            "the pool and the queues disagree on the free pages"
+            self.cache.evictable_pages(),
+            self.cache.protected_pages(),
+            self.queues.free_pages()
         );
     }
 

@@ -81,6 +81,12 @@ pub struct DecodeArgs {
     /// KV computed as one chunk with the next step's input (jump-forward decoding).
     #[arg(long, env = ferry_cluster::env::DISABLE_JUMP_FORWARD, help_heading = "Decoding")]
     pub disable_jump_forward: bool,
+    /// Keep no prefix cache here. By default the pages of finished (and retracted) requests —
+    /// prompt and generated tokens — stay in a radix cache, evictable whenever a request
+    /// needs pages, and a prompt prefilled here (colocated, short or retracted) computes only
+    /// what the cache lacks.
+    #[arg(long, env = ferry_cluster::env::DISABLE_DECODE_CACHE, help_heading = "Decoding")]
+    pub disable_decode_cache: bool,
 }
 
 /// How decode admission estimates a request's pages (`--decode-admission`).
@@ -131,6 +137,7 @@ impl DecodeArgs {
             admission,
             prealloc_timeout,
             jump_forward: !self.disable_jump_forward,
+            decode_cache: !self.disable_decode_cache,
         })
     }
 }
@@ -148,6 +155,8 @@ pub struct DecodeConfig {
     pub prealloc_timeout: std::time::Duration,
     /// Not `--disable-jump-forward`.
     pub jump_forward: bool,
+    /// Not `--disable-decode-cache`.
+    pub decode_cache: bool,
 }
 
 /// A running decode daemon: a worker ([`ferry_worker::Running`], reached through `Deref`)
@@ -242,6 +251,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         data_endpoint: data_endpoint.clone(),
         backend: backend.as_str(),
         jump_forward: args.jump_forward,
+        decode_cache: args.decode_cache,
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
     let grammars = Arc::clone(model.grammars());

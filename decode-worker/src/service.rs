@@ -90,6 +90,7 @@ impl pb::decode_server::Decode for DecodeSvc {
                     let mut m = wire::token_to_proto(e.sampled.token, e.sampled.logprob, &e.sampled.top, e.finish);
                     m.phases = wire::phases_to_proto(&e.phases);
                     m.index = e.index;
+                    m.cached_tokens = e.cached;
                     if !e.prompt.is_empty() {
                         let prompt: Vec<wire::PromptLogprob> =
                             e.prompt.iter().map(|s| (s.token, s.logprob, s.top.clone())).collect();
@@ -124,8 +125,10 @@ impl pb::load_server::Load for LoadSvc {
         Ok(Response::new(pb::LoadReport {
             worker_id: self.0.worker.to_string(),
             queue_depth: depth,
-            free_pages: l.admissible_pages as u32,
-            evictable_pages: 0,
+            // Admissible pages, the prefix cache's evictable ones apart (as a prefill
+            // worker's: free + evictable is what a request can be given).
+            free_pages: l.admissible_pages.saturating_sub(l.evictable_pages) as u32,
+            evictable_pages: l.evictable_pages.min(l.admissible_pages) as u32,
             total_pages: l.total_pages as u32,
             queued_prefill_tokens: 0,
             prefill_tokens_per_second: 0.0,

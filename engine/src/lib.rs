@@ -33,6 +33,7 @@ pub use cache::{CacheMatch, RadixCache};
 pub use config::{Arch, ModelConfig};
 pub use error::EngineError;
 pub use ferry_grammar::Grammars;
+pub use ferry_radix::NodeId;
 pub use forward::SeqChunk;
 pub use generate::{BatchOptions, Output, Request, generate, generate_streaming};
 pub use guide::Guide;

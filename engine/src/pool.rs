@@ -5,7 +5,10 @@
 //! `free_pages() + pages held by live allocations == num_pages()` at all times. Sequences
 //! forked from one prompt (`n` > 1) share its full pages: an allocation may begin with a
 //! prefix it shares ([`PageAlloc::share_prefix`], [`PageAlloc::fork`]), itself one
-//! allocation, owned by all of them together and returned when the last goes.
+//! allocation, owned by all of them together and returned when the last goes. A decode
+//! node's request may also begin with pages *lent* by its prefix cache ([`PageAlloc::lending`]):
+//! the cache owns them (and keeps them while the request holds its lock); dropping the
+//! request's allocation returns only its own pages.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -34,6 +37,9 @@ pub struct PageAlloc {
     /// The pages `..prefix.len()`, shared with other sequences (read only: nobody writes a
     /// full page of a prompt again).
     prefix: Option<Arc<PageAlloc>>,
+    /// The first `lent` pages belong to someone else (a prefix cache's nodes): read only here,
+    /// never returned by this allocation. Not combined with a shared prefix.
+    lent: usize,
     list: Arc<Mutex<FreeList>>,
 }
 
@@ -48,14 +54,34 @@ impl PageAlloc {
         self.prefix.as_ref().map_or(0, |p| p.pages.len())
     }
 
+    /// Pages at the front lent by their owner (0 when none).
+    pub fn lent(&self) -> usize {
+        self.lent
+    }
+
+    /// Pages at the front this allocation does not own.
+    fn borrowed(&self) -> usize {
+        self.shared() + self.lent
+    }
+
+    /// A sequence's pages: `lent` (owned elsewhere, a prefix cache's, read only), then the
+    /// pages of `own` (taken).
+    pub fn lending(lent: &[u32], mut own: PageAlloc) -> PageAlloc {
+        let mut pages = lent.to_vec();
+        pages.append(&mut own.pages);
+        PageAlloc { pages, prefix: None, lent: lent.len(), list: Arc::clone(&own.list) }
+    }
+
     /// Makes pages `..at` a prefix that [`fork`](Self::fork)s share; nothing when one is
     /// shared already.
     pub fn share_prefix(&mut self, at: usize) {
+        debug_assert_eq!(self.lent, 0, "a fork shares only pages it owns");
         if self.prefix.is_some() {
             return;
         }
         let at = at.min(self.pages.len());
-        let prefix = PageAlloc { pages: self.pages[..at].to_vec(), prefix: None, list: Arc::clone(&self.list) };
+        let prefix =
+            PageAlloc { pages: self.pages[..at].to_vec(), prefix: None, lent: 0, list: Arc::clone(&self.list) };
         self.prefix = Some(Arc::new(prefix));
     }
 
@@ -63,7 +89,7 @@ impl PageAlloc {
     pub fn fork(&self, mut own: PageAlloc) -> PageAlloc {
         let mut pages = self.pages[..self.shared()].to_vec();
         pages.append(&mut own.pages);
-        PageAlloc { pages, prefix: self.prefix.clone(), list: Arc::clone(&self.list) }
+        PageAlloc { pages, prefix: self.prefix.clone(), lent: 0, list: Arc::clone(&self.list) }
     }
 
     /// Number of pages held.
@@ -76,11 +102,11 @@ impl PageAlloc {
         self.pages.is_empty()
     }
 
-    /// Splits off pages `at..` into a new allocation; `self` keeps `..at` (and its shared
-    /// prefix whole: `at` is at least its length).
+    /// Splits off pages `at..` into a new allocation; `self` keeps `..at` (and its shared or
+    /// lent pages whole: `at` is at least their number).
     pub fn split_off(&mut self, at: usize) -> PageAlloc {
-        let at = at.clamp(self.shared(), self.pages.len());
-        PageAlloc { pages: self.pages.split_off(at), prefix: None, list: Arc::clone(&self.list) }
+        let at = at.clamp(self.borrowed(), self.pages.len());
+        PageAlloc { pages: self.pages.split_off(at), prefix: None, lent: 0, list: Arc::clone(&self.list) }
     }
 
     /// Appends `n` more pages, or fails without taking any.
@@ -99,8 +125,9 @@ impl PageAlloc {
 
 impl Drop for PageAlloc {
     fn drop(&mut self) {
-        // The shared prefix goes back when its `Arc`'s last holder drops it.
-        let own = self.shared();
+        // The shared prefix goes back when its `Arc`'s last holder drops it; lent pages are
+        // their owner's.
+        let own = self.borrowed().min(self.pages.len());
         lock(&self.list).free.extend_from_slice(&self.pages[own..]);
     }
 }
@@ -150,7 +177,7 @@ impl<B: Backend> PagePool<B> {
 
     /// Takes `n` pages, or none when fewer are free.
     pub fn alloc(&self, n: usize) -> Result<PageAlloc, EngineError> {
-        let mut a = PageAlloc { pages: Vec::with_capacity(n), prefix: None, list: Arc::clone(&self.list) };
+        let mut a = PageAlloc { pages: Vec::with_capacity(n), prefix: None, lent: 0, list: Arc::clone(&self.list) };
         a.grow(n)?;
         Ok(a)
     }
@@ -216,6 +243,23 @@ mod tests {
         drop(b);
         assert_eq!(pool.free_pages(), 7, "c still reads the prefix");
         drop(c);
+        assert_eq!(pool.free_pages(), 10);
+        Ok(())
+    }
+
+    #[test]
+    fn lent_pages_stay_with_their_owner() -> Result<(), EngineError> {
+        let layout = KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 2, page_size: 4 };
+        let pool = PagePool::new(&CpuBackend::default(), layout, 10)?;
+        let owner = pool.alloc(3)?;
+        let mut seq = PageAlloc::lending(owner.pages(), pool.alloc(4)?);
+        assert_eq!((seq.len(), seq.lent()), (7, 3));
+        assert_eq!(seq.split_off(1).len(), 4, "the lent pages stay whole");
+        seq.grow(2)?;
+        assert_eq!(pool.free_pages(), 5);
+        drop(seq);
+        assert_eq!(pool.free_pages(), 7, "its own pages back, the lent ones not");
+        drop(owner);
         assert_eq!(pool.free_pages(), 10);
         Ok(())
     }

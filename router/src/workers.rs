@@ -134,7 +134,8 @@ impl Worker {
         let load = h.load.as_ref();
         DecodeState {
             healthy: !excluded && h.healthy(now),
-            admissible_pages: load.map_or(0, |l| u64::from(l.free_pages)),
+            // A decode worker's evictable pages are its prefix cache's, given on demand.
+            admissible_pages: load.map_or(0, |l| u64::from(l.free_pages) + u64::from(l.evictable_pages)),
             total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
         }
     }

@@ -22,6 +22,7 @@ impl<B: Backend> Engine<B> {
         match a {
             Action::Allocate { room, pages, local } => self.allocate(room, pages, local, now),
             Action::Grow { room, pages } => {
+                self.make_free(pages);
                 let grown = self.reqs.get_mut(&room).and_then(|r| r.pages.as_mut()).map(|p| p.grow(pages));
                 if let Some(Err(e)) = grown {
                     // A bug, contained: the queues stop counting the pages; the request, short
@@ -48,14 +49,36 @@ impl<B: Backend> Engine<B> {
     /// An admitted request's pages: its receiver room opens and its handshake starts (or it
     /// prefills here).
     fn allocate(&mut self, room: Room, pages: usize, local: bool, now: Instant) {
-        let alloc = match self.pool.alloc(pages) {
+        // Prefilled here: from the longest prefix the cache holds.
+        let hit = if local { self.lookup(room) } else { None };
+        let lent = hit.as_ref().map_or(0, |m| m.pages.len());
+        let alloc = match self.take_pages(pages - lent) {
             Ok(p) => p,
             Err(e) => {
+                if let Some(m) = hit {
+                    self.cache.unlock(m.node);
+                }
                 tracing::error!(room = %room, error = %e, "the pool refused pages the queues counted free");
                 return self.end(room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
             }
         };
-        let Some(r) = self.reqs.get_mut(&room) else { return };
+        let Some(r) = self.reqs.get_mut(&room) else {
+            if let Some(m) = hit {
+                self.cache.unlock(m.node);
+            }
+            return;
+        };
+        let alloc = match hit {
+            Some(m) => {
+                r.computed = m.tokens;
+                r.cached = Some(m.node);
+                if r.generated.is_empty() {
+                    r.hit = m.tokens as u32;
+                }
+                PageAlloc::lending(&m.pages, alloc)
+            }
+            None => alloc,
+        };
         r.clock.lap("admission", now);
         // The prompt's pages (a fork's other sequences' pages follow them, written here).
         let prompt_pages = self.pool.pages_for(r.prompt.len()).min(alloc.len());
@@ -93,10 +116,14 @@ impl<B: Backend> Engine<B> {
     /// (its prompt and all but its last generated token) when admitted again, and its
     /// sampler, and so its random stream, carries on.
     fn retract(&mut self, room: Room, context: usize, running: bool, now: Instant) {
-        let Some(r) = self.reqs.get_mut(&room) else { return };
+        let Some(mut r) = self.reqs.remove(&room) else { return };
         let lost = if running { r.kv_target() - r.behind } else { r.computed };
         debug_assert_eq!(context, r.kv_target(), "the queues and the engine disagree on the context");
-        r.pages = None::<PageAlloc>;
+        // Its pages stay in the prefix cache while no one needs them: readmitted in time, it
+        // recomputes only what was evicted.
+        let pages = r.pages.take();
+        self.keep(&mut r, pages, lost);
+        let r = self.reqs.entry(room).or_insert(r);
         r.computed = 0;
         r.behind = 0;
         if r.generated.is_empty() {

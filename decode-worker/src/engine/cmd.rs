@@ -19,6 +19,8 @@ pub struct Emit {
     pub prompt: Vec<Sampled>,
     /// Which of the request's sequences it belongs to (0 .. n-1).
     pub index: u32,
+    /// On the first token of a prompt prefilled here: its tokens found in the prefix cache.
+    pub cached: u32,
 }
 
 /// A client's stream of tokens (or the error that ended it).
@@ -105,8 +107,10 @@ pub enum Cmd {
 pub struct Load {
     /// Requests per stage.
     pub depth: Vec<(&'static str, usize)>,
-    /// Free pages.
+    /// Pages no request holds: free, or in the prefix cache and evictable.
     pub free_pages: usize,
+    /// Of those, the prefix cache's.
+    pub evictable_pages: usize,
     /// Pages free and not promised to admitted requests.
     pub admissible_pages: usize,
     /// All pages.

@@ -79,6 +79,8 @@ impl<B: Backend> Engine<B> {
                     index,
                     family: room,
                     forks: Vec::new(),
+                    cached: None,
+                    hit: 0,
                 };
                 (child, req)
             })

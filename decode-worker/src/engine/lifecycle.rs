@@ -83,6 +83,8 @@ impl<B: Backend> Engine<B> {
             index: 0,
             family: room,
             forks,
+            cached: None,
+            hit: 0,
         };
         self.reqs.insert(room, r);
         let _ = accepted.send(Ok(()));
@@ -173,7 +175,7 @@ impl<B: Backend> Engine<B> {
             self.receiver.close(room);
             released = self.receiver.inbox().released(room);
         }
-        // Freed when `pages` drops here, unless kept aside until the last write lands.
+        // Kept in the prefix cache, unless kept aside until the last write lands.
         let mut pages = r.pages.take();
         // Pages aside only when it has some (a request whose allocation failed has none).
         let writing = released.is_some() && pages.is_some();
@@ -185,6 +187,14 @@ impl<B: Backend> Engine<B> {
                 self.wake.released(room, released);
             }
         }
+        // The KV its pages hold: a transfer's only once complete.
+        let kv = match stage {
+            Some(Stage::Running) => r.kv_target() - r.behind,
+            Some(Stage::Prefill) => r.computed,
+            Some(Stage::Waiting) => r.prompt.len(),
+            _ => 0,
+        };
+        self.keep(&mut r, pages, kv);
     }
 }
 

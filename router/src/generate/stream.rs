@@ -69,6 +69,8 @@ impl Ctx {
         let mut prefill_task = Some(prefill_task);
         // The decode worker's phases, from the last message that carried them.
         let mut decode_phases = Vec::new();
+        // Prompt tokens the decode worker found cached (a prompt prefilled there).
+        let mut decode_cached = 0;
         let abort = |t: &Option<PrefillTask>| {
             if let Some(t) = t {
                 t.abort();
@@ -108,6 +110,10 @@ impl Ctx {
             // computed the prompt, else with the prefill call's answer.
             let mut prompt = scored(&msg.prompt_logprobs, &msg.prompt_top_logprobs);
             let opening = seq.completion == 0 && index == 0;
+            if opening {
+                // Prefilled on the decode worker: what its prefix cache held.
+                decode_cached = msg.cached_tokens;
+            }
             let want_prompt = req.sampling.prompt_logprobs.is_some() && prompt.is_empty();
             if opening
                 && (req.sampling.top_logprobs > 0 && tops.is_empty() || want_prompt)
@@ -186,7 +192,7 @@ impl Ctx {
             }
             let (cached, prefill_phases) = match &prefilled {
                 Some(Ok(Some(p))) => (p.cached, p.phases.clone()),
-                Some(Ok(None)) => (0, Vec::new()),
+                Some(Ok(None)) => (decode_cached, Vec::new()),
                 // A prefill call that failed once the decode worker had the pages cost nothing.
                 _ => (cached_guess, Vec::new()),
             };

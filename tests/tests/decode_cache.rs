@@ -1,0 +1,114 @@
+//! The decode node's prefix cache (issue 20, first step): prompts prefilled on the decode
+//! worker compute only what its cache lacks — a shared prefix, or a conversation's earlier
+//! turns including the answer the node generated itself — and answer exactly as without the
+//! cache; the cached pages stay evictable (the pool is whole again once requests end); the
+//! router reports the cached tokens in `usage`.
+
+use ferry_decode::DecodeArgs;
+use ferry_engine::SamplingParams;
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, settle_decode};
+
+/// The same tokens, and logprobs within float noise (a cached prefix's KV is the same
+/// numbers, computed in other chunks).
+fn same(got: &[(u32, f32)], want: &[(u32, f32)], what: &str) {
+    let ids = |v: &[(u32, f32)]| v.iter().map(|x| x.0).collect::<Vec<_>>();
+    assert_eq!(ids(got), ids(want), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g.1 - w.1).abs() < 1e-4, "{what}: logprob {} against {}", g.1, w.1);
+    }
+}
+
+/// One request prefilled on the decode worker at `addr`: its tokens with their logprobs, and
+/// the prompt tokens it found cached.
+async fn run(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams) -> (Vec<(u32, f32)>, u32) {
+    let mut dc = pb::decode_client::DecodeClient::new(ferry_tests::channel(addr).await);
+    let key = ferry_cluster::RoomKey::random();
+    let req = pb::DecodeRequest {
+        request_id: format!("cache-{}", key.room.get()),
+        room: Some(ferry_cluster::wire::room_key_to_proto(&key)),
+        prefill_bootstrap_addr: String::new(),
+        token_ids: prompt.to_vec(),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
+    };
+    let mut s = dc.generate(req).await.expect("generate").into_inner();
+    let (mut out, mut cached) = (Vec::new(), None);
+    while let Some(m) = s.message().await.expect("stream") {
+        cached.get_or_insert(m.cached_tokens);
+        out.extend(m.logprobs.iter().map(|l| (l.token_id, l.logprob)));
+    }
+    (out, cached.unwrap_or(0))
+}
+
+async fn decode(m: &TinyModel, cache: bool) -> ferry_decode::Running {
+    let mut a = DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    a.disable_decode_cache = !cache;
+    ferry_decode::start(a).await.expect("decode up")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_prefilled_on_decode_reuse_its_cache_and_answer_the_same() {
+    let m = TinyModel::new();
+    let prefix: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|k| prefix.iter().copied().chain((0..10).map(|i| 3 + (i * 7 + k * 53) % 340)).collect())
+        .collect();
+    let params = greedy(20);
+    let want = colocated_scored(&m.path(), &prompts, &params);
+    let (on, off) = (decode(&m, true).await, decode(&m, false).await);
+    for (i, p) in prompts.iter().enumerate() {
+        let (got, cached) = run(on.grpc_addr, p, &params).await;
+        same(&got, &want[i], &format!("prompt {i} with the cache"));
+        // The first fills the cache; the others find the prefix's 6 whole pages of 16.
+        assert_eq!(cached, if i == 0 { 0 } else { 96 }, "prompt {i}");
+        let (got, cached) = run(off.grpc_addr, p, &params).await;
+        same(&got, &want[i], &format!("prompt {i} without the cache"));
+        assert_eq!(cached, 0);
+    }
+    // A second turn: the first turn's prompt, the answer the node generated, and more. Its
+    // cache holds both (the answer's KV but its last token's, in whole pages).
+    let (answer, _) = run(on.grpc_addr, &prompts[0], &params).await;
+    let mut turn = prompts[0].clone();
+    turn.extend(answer.iter().map(|a| a.0));
+    turn.extend([5, 6, 7, 8, 9]);
+    let want = colocated_scored(&m.path(), std::slice::from_ref(&turn), &params);
+    let (got, cached) = run(on.grpc_addr, &turn, &params).await;
+    same(&got, &want[0], "the second turn with the cache");
+    let held = (prompts[0].len() + answer.len() - 1) / 16 * 16;
+    assert_eq!(cached as usize, held, "the second turn found the first turn and its answer");
+    same(&run(off.grpc_addr, &turn, &params).await.0, &want[0], "the second turn without the cache");
+
+    // Every page back: free or evictable; the cache keeps what it holds.
+    settle_decode(&[on, off]).await;
+}
+
+/// Colocated through the router: the second request for a prompt reports the tokens the
+/// decode worker's cache held in `usage.prompt_tokens_details.cached_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_reports_tokens_the_decode_cache_held() {
+    let m = TinyModel::new();
+    let (p, d, r) = one_of_each(&m, 512, |_| ()).await;
+    let colocated = router_for(&m, &p, &d, |a| a.local_prefill_below = usize::MAX).await;
+    let model = ferry_tests::served_model(colocated.http_addr).await;
+    let prompt: Vec<u32> = (0..70).map(|i| 3 + (i * 13 + 5) % 340).collect();
+    let body = serde_json::json!({"model": model, "prompt": prompt, "max_tokens": 4, "temperature": 0}).to_string();
+    let mut cached = Vec::new();
+    for _ in 0..2 {
+        let (s, _, text) = ferry_tests::http(colocated.http_addr, "POST", "/v1/completions", body.as_bytes()).await;
+        assert_eq!(s, 200, "{text}");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+        cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens"));
+    }
+    assert_eq!(cached, [0, 64], "the second found the prompt's 4 whole pages");
+    settle_decode(std::slice::from_ref(&d)).await;
+    // The cached pages are reported evictable, apart from the free ones, as a prefill
+    // worker's are (the router counts both as room).
+    let mut load = pb::load_client::LoadClient::new(ferry_tests::channel(d.grpc_addr).await);
+    let l = load.report(pb::LoadRequest {}).await.expect("load").into_inner();
+    assert!(l.evictable_pages >= 4 && l.free_pages + l.evictable_pages == l.total_pages, "{l:?}");
+    colocated.stop().await;
+    r.stop().await;
+    p.stop().await;
+    d.stop().await;
+}
