@@ -68,14 +68,16 @@ impl<B: Backend> Engine<B> {
             }
             return;
         };
+        if r.generated.is_empty() {
+            // What its prompt found this time (a readmitted request may find less).
+            r.hit = hit.as_ref().map_or(0, |m| m.tokens as u32);
+        }
         let alloc = match hit {
-            Some(m) => {
-                r.computed = m.tokens;
-                r.cached = Some(m.node);
-                if r.generated.is_empty() {
-                    r.hit = m.tokens as u32;
-                }
-                PageAlloc::lending(&m.pages, alloc)
+            Some(found) => {
+                metrics::counter!(m::PREFIX_HIT_TOKENS, "role" => "decode").increment(found.tokens as u64);
+                r.computed = found.tokens;
+                r.cached = Some(found.node);
+                PageAlloc::lending(&found.pages, alloc)
             }
             None => alloc,
         };

@@ -49,7 +49,6 @@ impl<B: Backend> Engine<B> {
             return None;
         }
         self.cache.lock(m.node);
-        metrics::counter!(ferry_cluster::metrics::PREFIX_HIT_TOKENS, "role" => "decode").increment(m.tokens as u64);
         Some(m)
     }
 

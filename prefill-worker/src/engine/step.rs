@@ -66,7 +66,7 @@ impl<B: Backend> Engine<B> {
             }
             if c.start == c.cached && c.cached > 0 && l.sent == 0 {
                 l.cached = c.cached;
-                metrics::counter!(m::PREFIX_HIT_TOKENS).increment(c.cached as u64);
+                metrics::counter!(m::PREFIX_HIT_TOKENS, "role" => "prefill").increment(c.cached as u64);
             }
             let upto = if c.last { c.end.div_ceil(ps) } else { c.end / ps };
             let mut aux = None;
