@@ -36,8 +36,8 @@ pub use args::WorkerArgs;
 pub use device::{Device, NO_CUDA_BUILD};
 // The shared vocabulary lives in `ferry-core`; re-exported so daemons name it one way.
 pub use ferry_core::{
-    LayoutDescriptor, PageId, RequestId, Room, RoomKey, RoomSecret, TraceContext, WorkerId, env, ids, metrics,
-    secret_eq, trace,
+    LayoutDescriptor, PageId, RequestId, Room, RoomKey, RoomSecret, TraceContext, WorkerId, env, fork_pages,
+    fork_shared_pages, ids, metrics, secret_eq, trace,
 };
 pub use shutdown::{Shutdown, ShutdownTrigger};
 pub use status::Refused;

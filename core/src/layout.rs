@@ -33,3 +33,31 @@ impl LayoutDescriptor {
         (!diffs.is_empty()).then(|| format!("KV layout mismatch: {}", diffs.join(", ")))
     }
 }
+
+/// Pages of a `prompt`-token prompt that the sequences forked from it (`n` > 1) share: its
+/// whole pages but the one holding its last token, which each sequence writes.
+pub fn fork_shared_pages(prompt: usize, page_size: usize) -> usize {
+    prompt.div_ceil(page_size.max(1)).saturating_sub(1)
+}
+
+/// KV pages `n` sequences of a `prompt`-token prompt need when each holds `context` tokens
+/// (prompt included): the shared pages once, the rest `n` times.
+pub fn fork_pages(prompt: usize, context: usize, n: usize, page_size: usize) -> usize {
+    let one = context.div_ceil(page_size.max(1));
+    let shared = fork_shared_pages(prompt, page_size).min(one);
+    shared + n.max(1) * (one - shared)
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::{fork_pages, fork_shared_pages};
+
+    #[test]
+    fn forked_sequences_share_the_prompts_pages_but_the_last() {
+        assert_eq!(fork_shared_pages(400, 16), 24);
+        assert_eq!(fork_shared_pages(32, 16), 1, "a whole last page is written too");
+        assert_eq!(fork_shared_pages(1, 16), 0);
+        assert_eq!(fork_pages(400, 408, 8, 16), 40);
+        assert_eq!(fork_pages(400, 408, 1, 16), 26);
+    }
+}

@@ -16,5 +16,5 @@ pub mod metrics;
 pub mod trace;
 
 pub use ids::{PageId, RequestId, Room, RoomKey, RoomSecret, WorkerId, secret_eq};
-pub use layout::LayoutDescriptor;
+pub use layout::{LayoutDescriptor, fork_pages, fork_shared_pages};
 pub use trace::TraceContext;

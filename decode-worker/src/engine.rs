@@ -83,6 +83,13 @@ impl Req {
         self.prompt.len() + self.generated.len().saturating_sub(1)
     }
 
+    /// The pages its prompt's KV goes into, the prefill node's transfer writes (a fork's
+    /// other sequences' pages follow them, written here).
+    fn prompt_pages(&self, page_size: usize) -> &[u32] {
+        let pages = self.pages.as_ref().map_or(&[][..], PageAlloc::pages);
+        &pages[..self.prompt.len().div_ceil(page_size.max(1)).min(pages.len())]
+    }
+
     /// The token at position `i` of the sequence (prompt, then generated tokens).
     fn token_at(&self, i: usize) -> u32 {
         match i.checked_sub(self.prompt.len()) {

@@ -381,7 +381,7 @@ impl Queues {
         if children.iter().any(taken) {
             return;
         }
-        let (n, shared) = (e.n, self.pages(e.prompt).saturating_sub(1));
+        let (n, shared) = (e.n, ferry_cluster::fork_shared_pages(e.prompt, self.limits.page_size));
         let Some(e) = self.entries.get_mut(&room) else { return };
         let Some(own) = e.held.checked_sub(shared + n - 1) else { return };
         let reserve = e.reserve / n;

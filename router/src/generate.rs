@@ -176,10 +176,8 @@ impl Ctx {
     /// KV pages a request needs on its decode worker: its prompt and `max_tokens`, within the
     /// context, for each of its `n` sequences (which share the prompt's full pages).
     pub fn pages_needed(&self, prompt: usize, sampling: &SamplingParams) -> u64 {
-        let ps = self.page_size.max(1);
-        let one = (prompt + sampling.max_new_tokens as usize).min(self.model.context_length).div_ceil(ps);
-        let shared = prompt.div_ceil(ps).saturating_sub(1).min(one);
-        (shared + sampling.n.max(1) as usize * (one - shared)) as u64
+        let context = (prompt + sampling.max_new_tokens as usize).min(self.model.context_length);
+        ferry_cluster::fork_pages(prompt, context, sampling.n as usize, self.page_size) as u64
     }
 
     /// Places and starts `req`, admitted in `slot` ([`Admission::admit`], taken before the

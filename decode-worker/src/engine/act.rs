@@ -62,12 +62,8 @@ impl<B: Backend> Engine<B> {
                 return self.end(room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
             }
         };
-        let Some(r) = self.reqs.get_mut(&room) else {
-            if let Some(m) = hit {
-                self.cache.unlock(m.node);
-            }
-            return;
-        };
+        // A hit implies the request (`lookup` found it, and nothing since ended it).
+        let Some(r) = self.reqs.get_mut(&room) else { return };
         if r.generated.is_empty() {
             // What its prompt found this time (a readmitted request may find less).
             r.hit = hit.as_ref().map_or(0, |m| m.tokens as u32);
@@ -82,10 +78,8 @@ impl<B: Backend> Engine<B> {
             None => alloc,
         };
         r.clock.lap("admission", now);
-        // The prompt's pages (a fork's other sequences' pages follow them, written here).
-        let prompt_pages = self.pool.pages_for(r.prompt.len()).min(alloc.len());
-        let dest = alloc.pages()[..prompt_pages].to_vec();
         r.pages = Some(alloc);
+        let dest = r.prompt_pages(self.pool.layout().page_size).to_vec();
         if local {
             return;
         }

@@ -25,7 +25,7 @@ impl<B: Backend> Engine<B> {
         }
         let samplers = std::mem::take(&mut r.forks);
         let len = r.prompt.len();
-        let shared = self.pool.pages_for(len) - 1;
+        let shared = ferry_cluster::fork_shared_pages(len, self.pool.layout().page_size);
         let Some(mut pages) = r.pages.take() else { return };
         // Admitted with the prompt's pages and a page for each other sequence.
         let mut extra = pages.split_off(shared + 1);
@@ -35,7 +35,7 @@ impl<B: Backend> Engine<B> {
         }
         pages.share_prefix(shared);
         let last = pages.pages()[shared];
-        let mut children = Vec::with_capacity(samplers.len());
+        let (mut rooms, mut children) = (Vec::with_capacity(samplers.len()), Vec::with_capacity(samplers.len()));
         for sampler in samplers {
             let own = extra.split_off(extra.len() - 1);
             let to = own.pages()[0];
@@ -43,16 +43,16 @@ impl<B: Backend> Engine<B> {
                 let why = Refused::new(Code::Internal, "kv_copy", format!("copying the prompt's last page: {e}"));
                 return self.end(room, Err(why));
             }
-            children.push((self.mint(&children), sampler, pages.fork(own)));
+            rooms.push(self.mint(&rooms));
+            children.push((sampler, pages.fork(own)));
         }
         let Some(r) = self.reqs.get_mut(&room) else { return };
         r.pages = Some(pages);
-        let rooms: Vec<Room> = children.iter().map(|c| c.0).collect();
-        self.queues.on(Event::Fork { room, children: rooms }, now);
+        self.queues.on(Event::Fork { room, children: rooms.clone() }, now);
         let r = &self.reqs[&room];
         let kids: Vec<(Room, Req)> = (1..)
-            .zip(children)
-            .map(|(index, (child, sampler, pages))| {
+            .zip(rooms.into_iter().zip(children))
+            .map(|(index, (child, (sampler, pages)))| {
                 let req = Req {
                     key: RoomKey { room: child, secret: r.key.secret },
                     incarnation: r.incarnation,
@@ -90,14 +90,14 @@ impl<B: Backend> Engine<B> {
     }
 
     /// A room no request, draining room or fork group here has (nor `taken`).
-    fn mint(&self, taken: &[(Room, ferry_engine::Sampler, ferry_engine::PageAlloc)]) -> Room {
+    fn mint(&self, taken: &[Room]) -> Room {
         loop {
             let room = Room::random();
             let used = self.reqs.contains_key(&room)
                 || self.queues.stage(room).is_some()
                 || self.queues.is_draining(room)
                 || self.queues.is_grouped(room)
-                || taken.iter().any(|t| t.0 == room);
+                || taken.contains(&room);
             if !used {
                 return room;
             }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ferry_cluster::metrics as m;
 use ferry_cluster::{Refused, Room};
-use ferry_engine::{FinishReason, PageAlloc, Sampled, Sampler};
+use ferry_engine::{FinishReason, Sampled, Sampler};
 use ferry_kernels::Backend;
 use ferry_transfer::room::FailReason;
 use ferry_transfer::table::Outcome;
@@ -40,9 +40,8 @@ impl<B: Backend> Engine<B> {
         // Whole, never half way: a request whose prompt and max tokens cannot fit the pool
         // even alone is refused now; any other is admitted in time and never cut. Forked
         // sequences share the prompt's full pages.
-        let one = self.pool.pages_for(prompt.len() + remaining);
-        let shared = self.pool.pages_for(prompt.len()) - 1;
-        let whole = shared + n * (one - shared);
+        let ps = self.pool.layout().page_size;
+        let whole = ferry_cluster::fork_pages(prompt.len(), prompt.len() + remaining, n, ps);
         if !Queues::could_fit(self.pool.num_pages(), whole) {
             let seqs = if n > 1 { format!(" for {n} sequences") } else { String::new() };
             let why = format!(
@@ -116,9 +115,7 @@ impl<B: Backend> Engine<B> {
         r.clock.lap("transfer", now);
         self.receiver.close(room);
         r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
-        // The prompt's pages (a fork's other pages are written here, after).
-        let pages = r.pages.as_ref().map_or(&[][..], PageAlloc::pages);
-        let pages = &pages[..self.pool.pages_for(r.prompt.len()).min(pages.len())];
+        let pages = r.prompt_pages(self.pool.layout().page_size);
         // SAFETY: the room is complete and closed: every write into its pages has landed and
         // no other is accepted; the request owns the pages.
         match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {
