@@ -67,12 +67,12 @@ pub struct UpArgs {
     /// Prompts with fewer uncached tokens than this are prefilled on the decode daemon.
     #[arg(long, default_value_t = 0)]
     pub local_prefill_below: usize,
-    /// Plaintext gRPC between the daemons. By default `ferry up` makes a throwaway cluster CA
-    /// and a certificate per daemon, and every gRPC connection between its daemons (router →
-    /// workers, decode → prefill) is mutual TLS: a caller without a cluster certificate cannot
-    /// read cached prompts (KvEvents) or bypass the router (Decode, Prefill). Clients still
-    /// reach the router's HTTP and gRPC addresses in plaintext; the KV data plane is not
-    /// encrypted yet.
+    /// Plaintext between the daemons. By default `ferry up` makes a throwaway cluster CA and a
+    /// certificate per daemon, and every connection between its daemons (router → workers,
+    /// decode → prefill, and the KV data plane prefill → decode) is mutual TLS with roles: a
+    /// caller without a cluster certificate cannot read cached prompts (KvEvents), bypass the
+    /// router (Decode, Prefill) or write KV pages. Clients still reach the router's HTTP and gRPC
+    /// addresses in plaintext.
     #[arg(long)]
     pub insecure_internal: bool,
     /// Where fetched models are cached [default: $HOME/.cache/ferry].
@@ -95,9 +95,9 @@ impl Identity {
     pub fn new(args: &UpArgs) -> anyhow::Result<Self> {
         if args.insecure_internal {
             tracing::warn!(
-                "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
+                "--insecure-internal: gRPC and the KV data plane between the daemons are plaintext; anyone who reaches a worker's port can call it"
             );
-            eprintln!("ferry up: --insecure-internal: gRPC between the daemons is plaintext");
+            eprintln!("ferry up: --insecure-internal: gRPC and the KV data plane between the daemons are plaintext");
             return Ok(Self(None));
         }
         Ok(Self(Some(ferry_cluster::pki::Pki::new("ferry up cluster CA").context("making the cluster CA")?)))

@@ -81,4 +81,15 @@ impl InternalTls {
     pub fn client_config(&self) -> Arc<tokio_rustls::rustls::ClientConfig> {
         Arc::clone(&self.client)
     }
+
+    /// The KV data plane under the same identities: a decode node's receiver serves only
+    /// prefill nodes, a prefill node sends only to decode nodes (`--internal-tls-server-name`,
+    /// when set, is the name checked as for gRPC).
+    pub fn data_plane(&self) -> ferry_transfer::secure::Security {
+        use ferry_transfer::secure::{DataTls, PeerCheck, Security};
+        let prefill: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Prefill));
+        let decode: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Decode));
+        let tls = DataTls::new(self.server_config(), &self.client, self.server_name.clone(), prefill, decode);
+        Security::Tls(Arc::new(tls))
+    }
 }

@@ -2,9 +2,9 @@
 //! events, health) accepts only clients presenting a certificate signed by the cluster's CA,
 //! and the router and decode workers present theirs and check the worker's against the same
 //! CA. Certificates and keys come from PEM files. Failed handshakes are counted as bad input
-//! (`reason="mtls_handshake"`). KV pages on the data plane are guarded by each room's secret,
-//! which is handed out over this channel (on the unencrypted data plane it then travels in
-//! each frame's header).
+//! (`reason="mtls_handshake"`). The KV data plane runs under the same certificates
+//! ([`InternalTls::data_plane`](crate::mtls::InternalTls::data_plane): decode receivers serve
+//! prefill senders only), and each room's secret is handed out over this channel.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -42,10 +42,11 @@ pub struct InternalTlsArgs {
     /// the worker is reached at (its certificate must then name that host or IP).
     #[arg(long, env = ferry_core::env::INTERNAL_TLS_SERVER_NAME, help_heading = "TLS")]
     pub internal_tls_server_name: Option<String>,
-    /// Run the gRPC between the daemons in plaintext, without identities: anyone who reaches a
-    /// worker's port can call it (read cached prompts, skip the router). A daemon refuses to
-    /// start without either this or --internal-tls-cert/-key/-ca. Logged at warn and exported
-    /// as `ferry_insecure_internal` 1.
+    /// Run the gRPC and the KV data plane between the daemons in plaintext, without
+    /// identities: anyone who reaches a worker's port can call it (read cached prompts, skip the
+    /// router), and anyone who watches the data network reads KV pages and room keys. A daemon
+    /// refuses to start without either this or --internal-tls-cert/-key/-ca. Logged at warn and
+    /// exported as `ferry_insecure_internal` 1.
     #[arg(long, env = ferry_core::env::INSECURE_INTERNAL, help_heading = "TLS")]
     pub insecure_internal: bool,
 }
@@ -105,7 +106,7 @@ fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, TlsErro
 pub fn warn_plaintext(tls: Option<&Arc<InternalTls>>) {
     if tls.is_none() {
         tracing::warn!(
-            "--insecure-internal: gRPC between the daemons is plaintext; anyone who reaches a worker's port can call it"
+            "--insecure-internal: gRPC and the KV data plane between the daemons are plaintext; anyone who reaches a worker's port can call it"
         );
     }
 }
@@ -143,6 +144,11 @@ impl InternalTls {
         let server = Arc::new(server_config(&cert, &key, &ca)?);
         let client = Arc::new(client_config(&cert, &key, &ca)?);
         Ok(Some(Arc::new(Self { server_name: args.internal_tls_server_name.clone(), server, client })))
+    }
+
+    /// The rustls server side (client certificates checked against the cluster CA).
+    pub(crate) fn server_config(&self) -> &ServerConfig {
+        &self.server
     }
 
     /// Wraps `listener`: yields connections whose client presented a certificate the CA

@@ -77,6 +77,16 @@ pub fn role_of(cert: &CertificateDer<'_>) -> Result<PeerRole, String> {
     PeerRole::from_common_name(cn).ok_or_else(|| format!("common name {cn:?} names no Ferry role"))
 }
 
+/// Whether `chain` (leaf first) belongs to a daemon of `role`; `Err` says what it is instead.
+pub fn expect_role(chain: &[CertificateDer<'_>], role: PeerRole) -> Result<(), String> {
+    match chain.first().map(role_of) {
+        Some(Ok(r)) if r == role => Ok(()),
+        Some(Ok(r)) => Err(format!("its certificate is for the {r}, not the {role}")),
+        Some(Err(why)) => Err(format!("its certificate has {why}")),
+        None => Err("it presented no certificate".into()),
+    }
+}
+
 /// Serves a call to `service` only when the peer's certificate names one of `allowed`; an
 /// interceptor for a generated server (`XServer::with_interceptor`).
 #[derive(Debug, Clone, Copy)]

@@ -47,7 +47,7 @@ impl RoomTask {
     /// one is evicted).
     async fn abort_anew(&self, room: Room, why: &str) -> std::io::Result<()> {
         let r = &self.reconnect;
-        let fresh = self.senders.get(r.kind, &r.endpoint, &self.mem, r.cfg, (room, &self.secret)).await?;
+        let fresh = self.senders.get(r.kind, &r.endpoint, &self.mem, &r.cfg, (room, &self.secret)).await?;
         fresh.abort(room, self.secret, &format!("the prefill node's connection broke: {why}")).await
     }
 

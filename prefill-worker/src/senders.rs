@@ -51,7 +51,7 @@ impl SenderPool {
         kind: BackendKind,
         endpoint: &str,
         mem: &Arc<HostPages>,
-        cfg: TransferConfig,
+        cfg: &TransferConfig,
         (room, secret): (Room, &RoomSecret),
     ) -> std::io::Result<Arc<Sender>> {
         if let Some(x) = self.connected(endpoint) {
@@ -62,7 +62,7 @@ impl SenderPool {
         if let Some(x) = self.connected(endpoint) {
             return Ok(x);
         }
-        let connect = backend::connect(kind, endpoint, Arc::clone(mem), cfg, room, secret);
+        let connect = backend::connect(kind, endpoint, Arc::clone(mem), cfg.clone(), room, secret);
         let connected = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
             Ok(r) => r,
             Err(_) => {
@@ -119,7 +119,7 @@ mod tests {
         let mem = Arc::new(HostPages::new(256, 8).expect("arena"));
         let cfg = TransferConfig::default();
         let (receiver, good) =
-            backend::bind(BackendKind::Tcp, "127.0.0.1:0".parse().expect("addr"), Arc::clone(&mem), cfg)
+            backend::bind(BackendKind::Tcp, "127.0.0.1:0".parse().expect("addr"), Arc::clone(&mem), cfg.clone())
                 .await
                 .expect("a receiver");
         let pool = Arc::new(SenderPool::default());
@@ -128,14 +128,16 @@ mod tests {
             async move {
                 let t = std::time::Instant::now();
                 let limit = CONNECT_TIMEOUT + Duration::from_secs(2);
-                let r =
-                    tokio::time::timeout(limit, pool.get(BackendKind::Tcp, &hole_addr.to_string(), &mem, cfg, key()))
-                        .await;
+                let r = tokio::time::timeout(
+                    limit,
+                    pool.get(BackendKind::Tcp, &hole_addr.to_string(), &mem, &TransferConfig::default(), key()),
+                )
+                .await;
                 (r.expect("the connect is bounded").map(|_| ()), t.elapsed())
             }
         });
         tokio::time::sleep(Duration::from_millis(200)).await;
-        tokio::time::timeout(Duration::from_secs(2), pool.get(BackendKind::Tcp, &good, &mem, cfg, key()))
+        tokio::time::timeout(Duration::from_secs(2), pool.get(BackendKind::Tcp, &good, &mem, &cfg, key()))
             .await
             .expect("the good endpoint does not wait behind the stuck connect")
             .expect("the good endpoint connects");

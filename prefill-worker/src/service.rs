@@ -148,11 +148,11 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
             return Err(Refused::new(Code::FailedPrecondition, "backend_mismatch", why).status(ROLE));
         }
         let room_key = (key.room, &key.secret);
-        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, s.transfer, room_key).await.map_err(|e| {
+        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, &s.transfer, room_key).await.map_err(|e| {
             Refused::new(Code::Unavailable, "data_plane_unreachable", format!("{}: {e}", r.data_endpoint)).status(ROLE)
         })?;
         let (reply, rx) = oneshot::channel();
-        let reconnect = Reconnect { kind: s.backend, endpoint: r.data_endpoint, cfg: s.transfer };
+        let reconnect = Reconnect { kind: s.backend, endpoint: r.data_endpoint, cfg: s.transfer.clone() };
         let hs = Handshake { dest: r.dest_pages, sender, reconnect };
         s.engine.send(Cmd::Handshake { room: key.room, secret: key.secret, hs, reply })?;
         answer(rx, ROLE).await?;

@@ -9,6 +9,9 @@
 
 use std::time::Duration;
 
+#[path = "mtls/data_plane.rs"]
+mod data_plane;
+
 use ferry_proto::v1 as pb;
 use ferry_tests::pki::{Leaf, PeerRole, Pki};
 use ferry_tests::{TinyModel, colocated, greedy, scrape, settle};

@@ -18,6 +18,7 @@ use crate::rdma::verbs::VerbsError;
 use crate::rdma::{RdmaReceiver, RdmaSender};
 use crate::room::State;
 use crate::runs::PageRun;
+use crate::secure::Security;
 use crate::table::{Outcome, Refusal};
 use crate::tcp::{TcpReceiver, TcpSender};
 
@@ -246,12 +247,14 @@ impl Receiver {
 }
 
 /// Settings shared by the backends.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct TransferConfig {
     /// tcp settings (connections per peer, frame size, receiver room timeouts).
     pub tcp: crate::tcp::TcpConfig,
     /// rdma settings.
     pub rdma: crate::rdma::RdmaConfig,
+    /// Mutual TLS and peer roles on every connection, or plaintext.
+    pub security: Security,
 }
 
 /// Opens the receiving end of `kind` (a chosen backend, not `auto`) on `addr`, writing into
@@ -264,7 +267,7 @@ pub async fn bind(
 ) -> std::io::Result<(Receiver, String)> {
     match kind {
         BackendKind::Tcp => {
-            let r = TcpReceiver::bind(addr, mem, cfg.tcp).await?;
+            let r = TcpReceiver::bind_secure(addr, mem, cfg.tcp, cfg.security).await?;
             let at = r.local_addr().to_string();
             Ok((Receiver::Tcp(r), at))
         }
@@ -274,7 +277,7 @@ pub async fn bind(
             Ok((Receiver::Fake(r), at))
         }
         BackendKind::Rdma => {
-            let r = rdma_receiver(addr, mem, cfg.rdma).await?;
+            let r = rdma_receiver(addr, mem, cfg.rdma, cfg.security).await?;
             let at = r.local_addr().map(|a| a.to_string()).unwrap_or_default();
             Ok((r, at))
         }
@@ -299,14 +302,18 @@ pub async fn connect(
         })
     };
     match kind {
-        BackendKind::Tcp => Ok(Sender::Tcp(TcpSender::connect(addr()?, cfg.tcp).await?)),
+        BackendKind::Tcp => {
+            let faults = Arc::new(crate::tcp::NoFaults);
+            Ok(Sender::Tcp(TcpSender::connect_secure(addr()?, cfg.tcp, &cfg.security, faults).await?))
+        }
         BackendKind::Fake => FakeSender::lookup(endpoint).map(Sender::Fake).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::NotFound, format!("no fake receiver {endpoint:?} in this process"))
         }),
         #[cfg(feature = "rdma")]
         BackendKind::Rdma => {
             let verbs = Arc::new(crate::rdma::IbVerbs::open(None, 0).map_err(std::io::Error::other)?);
-            Ok(Sender::Rdma(Box::new(RdmaSender::connect(addr()?, verbs, mem, cfg.rdma, room, secret).await?)))
+            let s = RdmaSender::connect(addr()?, verbs, mem, cfg.rdma, (room, secret), &cfg.security).await?;
+            Ok(Sender::Rdma(Box::new(s)))
         }
         #[cfg(not(feature = "rdma"))]
         BackendKind::Rdma => {
@@ -323,9 +330,10 @@ pub async fn rdma_receiver(
     addr: SocketAddr,
     mem: Arc<HostPages>,
     cfg: crate::rdma::RdmaConfig,
+    security: Security,
 ) -> Result<Receiver, std::io::Error> {
     let verbs = Arc::new(crate::rdma::IbVerbs::open(None, 0).map_err(std::io::Error::other)?);
-    Ok(Receiver::Rdma(RdmaReceiver::bind(addr, verbs, mem, cfg).await?))
+    Ok(Receiver::Rdma(RdmaReceiver::bind(addr, verbs, mem, cfg, security).await?))
 }
 
 /// Opens an RDMA receiver on real ibverbs, or says why it cannot.
@@ -334,6 +342,7 @@ pub async fn rdma_receiver(
     _addr: SocketAddr,
     _mem: Arc<HostPages>,
     _cfg: crate::rdma::RdmaConfig,
+    _security: Security,
 ) -> Result<Receiver, std::io::Error> {
     Err(std::io::Error::other(VerbsError::NotBuilt))
 }

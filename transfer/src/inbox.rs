@@ -203,22 +203,24 @@ impl Inbox {
 /// (counted, reason `at_cap`). Senders keep a few connections per peer (4 by default).
 pub const MAX_CONNECTIONS: usize = 1024;
 
-/// The tasks every receiver runs: accepting connections (each served by `serve`, at most
-/// [`MAX_CONNECTIONS`] at once) and failing rooms past their timeouts every 50 ms. A failed
+/// The tasks every receiver runs: accepting connections (each shaking hands as `security`
+/// says, then served by `serve`, at most [`MAX_CONNECTIONS`] at once) and failing rooms past their timeouts every 50 ms. A failed
 /// accept (out of file descriptors, say) is counted and retried after 100 ms: it never ends
 /// the loop or the connections being served. Abort the tasks to stop the receiver.
 pub(crate) fn spawn_receiver_tasks<S, F, Fut>(
     listener: tokio::net::TcpListener,
     shared: std::sync::Arc<S>,
     inbox: fn(&S) -> &Inbox,
+    security: crate::secure::Security,
     serve: F,
 ) -> Vec<tokio::task::JoinHandle<()>>
 where
     S: Send + Sync + 'static,
-    F: Fn(std::sync::Arc<S>, tokio::net::TcpStream) -> Fut + Send + 'static,
+    F: Fn(std::sync::Arc<S>, crate::secure::DataStream) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let s = std::sync::Arc::clone(&shared);
+    let serve = std::sync::Arc::new(serve);
     let accept = tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
         loop {
@@ -233,7 +235,14 @@ where
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
                     keepalive(&stream);
-                    conns.spawn(serve(std::sync::Arc::clone(&s), stream));
+                    let (s, serve, security) =
+                        (std::sync::Arc::clone(&s), std::sync::Arc::clone(&serve), security.clone());
+                    // The handshake runs in the connection's own task: a slow peer holds up no other.
+                    conns.spawn(async move {
+                        if let Ok(stream) = security.accept(stream).await {
+                            serve(s, stream).await;
+                        }
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "data-plane accept failed; retrying in 100 ms");

@@ -15,6 +15,8 @@
 //!   with feature `rdma`), [`fake`] (moves nothing);
 //! - [`backend`]: `--transfer tcp | rdma | fake | auto` and the [`Sender`] / [`Receiver`]
 //!   enums over the backends; [`send_room`]: the sender's per-room object;
+//! - [`secure`]: mutual TLS and peer roles on every data-plane connection (or plaintext, asked
+//!   for explicitly);
 //! - [`metrics`]: bytes, runs, chunk latency and throughput per backend, room outcomes by
 //!   reason, refusals.
 
@@ -27,6 +29,7 @@ pub mod metrics;
 pub mod rdma;
 pub mod room;
 pub mod runs;
+pub mod secure;
 pub mod send_room;
 pub mod table;
 pub mod tcp;

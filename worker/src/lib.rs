@@ -83,6 +83,8 @@ impl<B: Backend> Loaded<B> {
         let transfer = TransferConfig {
             tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },
             rdma: ferry_transfer::rdma::RdmaConfig { timeouts, ..Default::default() },
+            // The data plane runs under the daemons' mutual TLS unless --insecure-internal.
+            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| t.data_plane()),
         };
         tracing::info!(device = model.backend().name(), pages, mirrored = host.mirrored(), "KV pool allocated");
         Ok(Self { model, pool, kv: Arc::new(host), pages, layout, backend, timeouts, transfer })

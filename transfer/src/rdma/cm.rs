@@ -9,11 +9,11 @@
 //! learns the other is gone.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use ferry_core::{Room, RoomSecret};
 
 use super::verbs::{ENDPOINT_LEN, QpEndpoint};
+use crate::secure::DataStream;
 
 const MAGIC: [u8; 4] = *b"FRDM";
 const VERSION: u16 = 2;
@@ -64,7 +64,7 @@ fn parse_head(b: &[u8]) -> std::io::Result<QpEndpoint> {
 /// Sender side: sends our endpoint and the key of a room open on the receiver; returns the
 /// receiver's endpoint and region (a receiver that refuses the key closes the connection).
 pub async fn hello(
-    stream: &mut TcpStream,
+    stream: &mut DataStream,
     ours: &QpEndpoint,
     room: Room,
     secret: &RoomSecret,
@@ -73,6 +73,7 @@ pub async fn hello(
     h.extend_from_slice(&room.get().to_le_bytes());
     h.extend_from_slice(secret.as_bytes());
     stream.write_all(&h).await?;
+    stream.flush().await?;
     let mut b = [0u8; REPLY_LEN];
     stream.read_exact(&mut b).await.map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => bad(&format!("the receiver refused the key of {room}")),
@@ -94,7 +95,7 @@ pub async fn hello(
 
 /// Receiver side: reads the sender's endpoint and the room key it shows (the id is not yet
 /// checked to be a room: the caller checks the key against its table).
-pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<(QpEndpoint, Room, RoomSecret)> {
+pub async fn read_hello(stream: &mut DataStream) -> std::io::Result<(QpEndpoint, Room, RoomSecret)> {
     let mut b = [0u8; HELLO_LEN];
     // The head first: a peer of another protocol version learns so at once (its hello may be
     // shorter), instead of waiting for bytes that never come.
@@ -109,12 +110,13 @@ pub async fn read_hello(stream: &mut TcpStream) -> std::io::Result<(QpEndpoint, 
 }
 
 /// Receiver side: answers with our endpoint and region.
-pub async fn reply(stream: &mut TcpStream, ours: &QpEndpoint, region: &RemoteRegion) -> std::io::Result<()> {
+pub async fn reply(stream: &mut DataStream, ours: &QpEndpoint, region: &RemoteRegion) -> std::io::Result<()> {
     let mut b = head(ours);
     b.extend_from_slice(&region.base.to_le_bytes());
     b.extend_from_slice(&region.rkey.to_le_bytes());
     b.extend_from_slice(&region.page_bytes.to_le_bytes());
     b.extend_from_slice(&region.pages.to_le_bytes());
     b.extend_from_slice(&region.msg_bytes.to_le_bytes());
-    stream.write_all(&b).await
+    stream.write_all(&b).await?;
+    stream.flush().await
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -20,6 +20,7 @@ use crate::frame::{HEADER_LEN, Header, Kind, Limits};
 use crate::inbox::Inbox;
 use crate::memory::HostPages;
 use crate::room::{FailReason, State};
+use crate::secure::{DataStream, Security};
 use crate::table::{Outcome, Refusal};
 
 /// How long a peer may take to send its connection exchange.
@@ -66,8 +67,15 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl<V: Verbs> RdmaReceiver<V> {
-    /// Registers `mem` and listens for senders' connection exchanges on `addr`.
-    pub async fn bind(addr: SocketAddr, verbs: Arc<V>, mem: Arc<HostPages>, cfg: RdmaConfig) -> std::io::Result<Self> {
+    /// Registers `mem` and listens for senders' connection exchanges on `addr`, each inside
+    /// the TLS (or not) that `security` says.
+    pub async fn bind(
+        addr: SocketAddr,
+        verbs: Arc<V>,
+        mem: Arc<HostPages>,
+        cfg: RdmaConfig,
+        security: Security,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(io_err)?;
@@ -76,7 +84,7 @@ impl<V: Verbs> RdmaReceiver<V> {
         // remote writes land only in pages the room table hands out, by the senders' protocol.
         let keys = unsafe { verbs.register(mem.base_ptr(), mem.len_bytes()) }.map_err(io_err)?;
         let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "rdma"), mem, keys, verbs, limits, cfg });
-        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, serve);
+        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, security, serve);
         Ok(Self { addr, shared, tasks })
     }
 
@@ -107,7 +115,7 @@ impl<V: Verbs> RdmaReceiver<V> {
 }
 
 /// One sender: its queue pair, RECV buffers and the rooms it carried.
-async fn serve<V: Verbs>(s: Arc<Shared<V>>, mut stream: TcpStream) {
+async fn serve<V: Verbs>(s: Arc<Shared<V>>, mut stream: DataStream) {
     let mut seen = HashSet::new();
     let reason = match serve_qp(&s, &mut stream, &mut seen).await {
         Ok(r) => r,
@@ -119,7 +127,7 @@ async fn serve<V: Verbs>(s: Arc<Shared<V>>, mut stream: TcpStream) {
 
 async fn serve_qp<V: Verbs>(
     s: &Shared<V>,
-    stream: &mut TcpStream,
+    stream: &mut DataStream,
     seen: &mut HashSet<Room>,
 ) -> std::io::Result<FailReason> {
     let (peer, room, secret) = tokio::time::timeout(HELLO_TIMEOUT, cm::read_hello(stream))

@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::net::TcpStream;
-
 use super::RdmaConfig;
 use super::cm::{self, RemoteRegion};
 use super::verbs::{Completion, MemKeys, QueuePair, Sge, Verbs, WcStatus};
 use crate::frame::{Aux, HEADER_LEN, Header, Kind, MAX_SMALL_PAYLOAD};
 use crate::memory::HostPages;
 use crate::runs::PageRun;
+use crate::secure::{DataStream, Security};
 
 struct QpState<Q> {
     qp: Q,
@@ -60,7 +59,7 @@ pub struct RdmaSender<V: Verbs> {
     next_wr: AtomicU64,
     cfg: RdmaConfig,
     /// Kept open for the queue pair's life: closing it tells the receiver we are gone.
-    _cm: TcpStream,
+    _cm: DataStream,
 }
 
 impl<V: Verbs> std::fmt::Debug for RdmaSender<V> {
@@ -87,18 +86,18 @@ fn io_err(e: impl std::fmt::Display) -> std::io::Error {
 impl<V: Verbs> RdmaSender<V> {
     /// Connects to the receiver whose connection exchange listens at `addr`, registering
     /// `mem` (the arena pages are sent from). `room` and `secret` are the key of a room the
-    /// receiver has open for us: it answers no one else.
+    /// receiver has open for us: it answers no one else. The exchange runs inside the TLS
+    /// (or not) that `security` says.
     pub async fn connect(
         addr: SocketAddr,
         verbs: Arc<V>,
         mem: Arc<HostPages>,
         cfg: RdmaConfig,
-        room: Room,
-        secret: &RoomSecret,
+        (room, secret): (Room, &RoomSecret),
+        security: &Security,
     ) -> std::io::Result<Self> {
         let mut qp = verbs.create_qp(cfg.depth.max(2)).map_err(io_err)?;
-        let mut stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
+        let mut stream = security.connect(addr).await?;
         let (peer, region) = cm::hello(&mut stream, &qp.endpoint(), room, secret).await?;
         if region.page_bytes != mem.page_bytes() as u64 {
             return Err(io_err(format!(

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -17,6 +17,7 @@ use crate::frame::{FrameError, HEADER_LEN, Header, Kind, Limits, MAX_SMALL_PAYLO
 use crate::inbox::Inbox;
 use crate::memory::HostPages;
 use crate::room::{FailReason, State};
+use crate::secure::{DataStream, Security};
 use crate::table::{Outcome, Refusal};
 
 struct Shared {
@@ -51,15 +52,26 @@ impl Drop for TcpReceiver {
 }
 
 impl TcpReceiver {
-    /// Listens on `addr` (port 0 for any) and writes arriving pages into `mem`.
+    /// Listens on `addr` (port 0 for any) and writes arriving pages into `mem`; plaintext
+    /// (see [`bind_secure`](Self::bind_secure)).
     pub async fn bind(addr: SocketAddr, mem: Arc<HostPages>, cfg: TcpConfig) -> std::io::Result<Self> {
+        Self::bind_secure(addr, mem, cfg, Security::Plain).await
+    }
+
+    /// Like [`bind`](Self::bind), each connection secured as `security` says.
+    pub async fn bind_secure(
+        addr: SocketAddr,
+        mem: Arc<HostPages>,
+        cfg: TcpConfig,
+        security: Security,
+    ) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(std::io::Error::other)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_frame_pages.max(1)) };
         let progress = cfg.timeouts.transferring;
         let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "tcp"), mem, limits, progress });
-        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, serve);
+        let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, security, serve);
         Ok(Self { addr, shared, tasks })
     }
 
@@ -102,7 +114,7 @@ impl TcpReceiver {
 
 /// Fills `buf`, failing with `TimedOut` when no byte arrives for `progress`, and with
 /// `UnexpectedEof` when the peer closes first.
-async fn read_within(stream: &mut TcpStream, buf: &mut [u8], progress: Duration) -> std::io::Result<()> {
+async fn read_within(stream: &mut DataStream, buf: &mut [u8], progress: Duration) -> std::io::Result<()> {
     let mut off = 0;
     while off < buf.len() {
         match tokio::time::timeout(progress, stream.read(&mut buf[off..])).await {
@@ -120,7 +132,7 @@ async fn read_within(stream: &mut TcpStream, buf: &mut [u8], progress: Duration)
 
 /// Reads a frame header: waits as long as it takes for its first byte (connections idle
 /// between rooms), then for the rest with the progress timeout.
-async fn read_header(stream: &mut TcpStream, hb: &mut [u8; HEADER_LEN], progress: Duration) -> std::io::Result<()> {
+async fn read_header(stream: &mut DataStream, hb: &mut [u8; HEADER_LEN], progress: Duration) -> std::io::Result<()> {
     if stream.read(&mut hb[..1]).await? == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
@@ -128,7 +140,7 @@ async fn read_header(stream: &mut TcpStream, hb: &mut [u8; HEADER_LEN], progress
 }
 
 /// Reads and discards `n` bytes.
-async fn skip(stream: &mut TcpStream, mut n: usize, progress: Duration) -> std::io::Result<()> {
+async fn skip(stream: &mut DataStream, mut n: usize, progress: Duration) -> std::io::Result<()> {
     let mut buf = [0u8; 8192];
     while n > 0 {
         let k = n.min(buf.len());
@@ -143,7 +155,7 @@ const SEEN_PRUNE_AT: usize = 256;
 
 /// One connection: frames until EOF, a framing error or a stall mid-frame. Rooms this
 /// connection carried that have not ended fail when it breaks.
-async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
+async fn serve(s: Arc<Shared>, mut stream: DataStream) {
     let mut seen: HashSet<Room> = HashSet::new();
     let reason = loop {
         if seen.len() >= SEEN_PRUNE_AT {
@@ -180,7 +192,11 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
         };
         // This frame completed the room: tell the sender, whose `send_done` waits for it.
         if whole {
-            let sent = tokio::time::timeout(s.progress, stream.write_all(&super::ack(h.room))).await;
+            let ack = async {
+                stream.write_all(&super::ack(h.room)).await?;
+                stream.flush().await
+            };
+            let sent = tokio::time::timeout(s.progress, ack).await;
             if !matches!(sent, Ok(Ok(()))) {
                 break FailReason::PeerGone("the sender reads no acknowledgement".into());
             }
@@ -190,7 +206,7 @@ async fn serve(s: Arc<Shared>, mut stream: TcpStream) {
 }
 
 /// A `Pages` frame; true when it made its room whole.
-async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
+async fn pages(s: &Shared, stream: &mut DataStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
     let claim = match s.inbox.with_table(|t| t.claim(h, Instant::now())) {
         Ok(c) => c,
         Err(refusal) => {
@@ -217,7 +233,7 @@ async fn pages(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSe
 }
 
 /// A `Done` or `Abort` frame; true when it made its room whole.
-async fn control(s: &Shared, stream: &mut TcpStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
+async fn control(s: &Shared, stream: &mut DataStream, h: &Header, seen: &mut HashSet<Room>) -> std::io::Result<bool> {
     let mut payload = vec![0u8; (h.payload_len).min(MAX_SMALL_PAYLOAD) as usize];
     read_within(stream, &mut payload, s.progress).await?;
     let handled = s.inbox.control(h, &payload);

@@ -7,9 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, oneshot};
 use tokio::task::JoinHandle;
 
@@ -17,12 +15,15 @@ use super::{Fault, FaultFilter, NoFaults, TcpConfig};
 use crate::frame::{Aux, Header, Kind};
 use crate::memory::HostPages;
 use crate::runs::PageRun;
+use crate::secure::{DataStream, Security};
+
+type Writer = WriteHalf<DataStream>;
 
 /// Preferred frame size.
 const TARGET_FRAME_BYTES: usize = 1 << 20;
 
 struct Conn {
-    stream: Option<OwnedWriteHalf>,
+    stream: Option<Writer>,
     /// A frame held back by [`Fault::Reorder`], sent after the next one.
     held: Option<(Header, Vec<u8>)>,
 }
@@ -58,7 +59,7 @@ impl Drop for TcpSender {
 }
 
 /// Reads acknowledgements until the connection ends, waking the room each names.
-async fn read_acks(mut from: OwnedReadHalf, waiting: Waiting) {
+async fn read_acks(mut from: ReadHalf<DataStream>, waiting: Waiting) {
     let mut a = [0u8; super::ACK_LEN];
     while from.read_exact(&mut a).await.is_ok() {
         let mut id = [0u8; 8];
@@ -81,7 +82,8 @@ fn broken() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::BrokenPipe, "connection closed")
 }
 
-async fn write_frame(stream: &mut OwnedWriteHalf, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
+/// Writes one frame and flushes it (TLS may hold the tail of a write until flushed).
+async fn write_frame(stream: &mut Writer, header: &[u8], payload: &[u8]) -> std::io::Result<()> {
     let (mut h, mut p) = (header, payload);
     while !h.is_empty() || !p.is_empty() {
         let n = stream.write_vectored(&[IoSlice::new(h), IoSlice::new(p)]).await?;
@@ -92,7 +94,7 @@ async fn write_frame(stream: &mut OwnedWriteHalf, header: &[u8], payload: &[u8])
         h = &h[from_h..];
         p = &p[n - from_h..];
     }
-    Ok(())
+    stream.flush().await
 }
 
 impl TcpSender {
@@ -103,9 +105,10 @@ impl TcpSender {
         self.readers.iter().any(JoinHandle::is_finished)
     }
 
-    /// Opens `cfg.connections` connections to `addr`.
+    /// Opens `cfg.connections` plaintext connections to `addr` (see
+    /// [`connect_secure`](Self::connect_secure)).
     pub async fn connect(addr: SocketAddr, cfg: TcpConfig) -> std::io::Result<Self> {
-        Self::connect_with_faults(addr, cfg, Arc::new(NoFaults)).await
+        Self::connect_secure(addr, cfg, &Security::Plain, Arc::new(NoFaults)).await
     }
 
     /// Like [`connect`](Self::connect), with a fault filter on every frame (tests).
@@ -114,13 +117,22 @@ impl TcpSender {
         cfg: TcpConfig,
         fault: Arc<dyn FaultFilter>,
     ) -> std::io::Result<Self> {
+        Self::connect_secure(addr, cfg, &Security::Plain, fault).await
+    }
+
+    /// Opens `cfg.connections` connections to `addr`, each secured as `security` says, with a
+    /// fault filter on every frame.
+    pub async fn connect_secure(
+        addr: SocketAddr,
+        cfg: TcpConfig,
+        security: &Security,
+        fault: Arc<dyn FaultFilter>,
+    ) -> std::io::Result<Self> {
         let mut conns = Vec::with_capacity(cfg.connections.max(1));
         let waiting = Waiting::default();
         let mut readers = Vec::with_capacity(cfg.connections.max(1));
         for _ in 0..cfg.connections.max(1) {
-            let stream = TcpStream::connect(addr).await?;
-            stream.set_nodelay(true)?;
-            let (r, w) = stream.into_split();
+            let (r, w) = tokio::io::split(security.connect(addr).await?);
             readers.push(tokio::spawn(read_acks(r, waiting.clone())));
             conns.push(Mutex::new(Conn { stream: Some(w), held: None }));
         }

@@ -11,6 +11,7 @@ use ferry_transfer::memory::HostPages;
 use ferry_transfer::rdma::mem::{MemVerbs, VerbsFault};
 use ferry_transfer::rdma::{RdmaConfig, RdmaReceiver, RdmaSender};
 use ferry_transfer::room::{FailReason, State, Timeouts};
+use ferry_transfer::secure::Security;
 use ferry_transfer::table::Outcome;
 use ferry_transfer::{Receiver, SendRoom, Sender};
 
@@ -39,7 +40,9 @@ async fn pair(verbs: MemVerbs) -> Pair {
     let src = Arc::new(source());
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let verbs = Arc::new(verbs);
-    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), Arc::clone(&rx_mem), rcfg()).await.expect("bind");
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), Arc::clone(&rx_mem), rcfg(), Security::Plain)
+        .await
+        .expect("bind");
     let s = connect_for_a_room(&r, verbs, Arc::clone(&src)).await.expect("connect");
     Pair { src, rx_mem, receiver: Receiver::RdmaMem(r), sender: Arc::new(Sender::RdmaMem(Box::new(s))) }
 }
@@ -53,7 +56,7 @@ async fn connect_for_a_room(
 ) -> std::io::Result<RdmaSender<MemVerbs>> {
     let room = Room::from(999u32);
     let _done = r.open(room, key(999), &[]).expect("open");
-    let s = RdmaSender::connect(r.local_addr(), verbs, src, rcfg(), room, &key(999)).await;
+    let s = RdmaSender::connect(r.local_addr(), verbs, src, rcfg(), (room, &key(999)), &Security::Plain).await;
     r.close(room);
     s
 }
@@ -202,7 +205,7 @@ async fn sender_room_states_and_timeouts() {
 async fn a_page_size_mismatch_is_refused_at_connect() {
     let verbs = Arc::new(MemVerbs::new());
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
-    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg()).await.expect("bind");
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg(), Security::Plain).await.expect("bind");
     let wrong = Arc::new(HostPages::new(PAGE * 2, 4).expect("arena"));
     let e = connect_for_a_room(&r, verbs, wrong).await.expect_err("mismatch");
     assert!(e.to_string().contains("page size mismatch"), "{e}");
@@ -217,10 +220,10 @@ async fn the_connection_exchange_answers_only_a_live_rooms_key() {
     use ferry_transfer::table::Refusal;
     let verbs = Arc::new(MemVerbs::new());
     let (src, rx_mem) = (Arc::new(source()), Arc::new(HostPages::new(PAGE, PAGES).expect("arena")));
-    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg()).await.expect("bind");
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), rx_mem, rcfg(), Security::Plain).await.expect("bind");
     let connect = |room: u32, secret: RoomSecret| {
         let (verbs, src, at) = (Arc::clone(&verbs), Arc::clone(&src), r.local_addr());
-        async move { RdmaSender::connect(at, verbs, src, rcfg(), Room::from(room), &secret).await }
+        async move { RdmaSender::connect(at, verbs, src, rcfg(), (Room::from(room), &secret), &Security::Plain).await }
     };
     let refused = |why: Refusal| r.inbox().refusals(why);
 
@@ -251,7 +254,9 @@ async fn the_connection_exchange_answers_only_a_live_rooms_key() {
 #[tokio::test]
 async fn real_rdma_without_a_device_fails_clearly() {
     let mem = Arc::new(HostPages::new(PAGE, 4).expect("arena"));
-    let e = ferry_transfer::backend::rdma_receiver(any_addr(), mem, rcfg()).await.expect_err("no device here");
+    let e = ferry_transfer::backend::rdma_receiver(any_addr(), mem, rcfg(), Security::Plain)
+        .await
+        .expect_err("no device here");
     let msg = e.to_string();
     assert!(msg.contains("RDMA device") || msg.contains("features rdma"), "{msg}");
 }
