@@ -240,9 +240,15 @@ impl Receiver {
         self.inbox().state(room)
     }
 
-    /// Forgets a room: aborts it when still open, releases its pages, refuses later frames.
+    /// Forgets a room: aborts it when still open, releases its pages, refuses later frames
+    /// (rdma: invalidates its memory windows).
     pub fn close(&self, room: Room) -> Option<State> {
-        self.inbox().close(room)
+        match self {
+            Self::RdmaMem(r) => r.close(room),
+            #[cfg(feature = "rdma")]
+            Self::Rdma(r) => r.close(room),
+            Self::Tcp(_) | Self::Fake(_) => self.inbox().close(room),
+        }
     }
 }
 

@@ -98,6 +98,8 @@ struct RecvRoom {
     room: Room,
     /// A peer already used this room's key for an RDMA connection exchange.
     admitted_peer: bool,
+    /// An RDMA sender was granted windows over this room's pages.
+    granted: bool,
 }
 
 /// Open rooms of one receiver.
@@ -186,7 +188,16 @@ impl RoomTable {
         self.next_incarnation += 1;
         self.rooms.insert(
             room,
-            RecvRoom { incarnation, secret, pages, received: 0, aux: None, room: r, admitted_peer: false },
+            RecvRoom {
+                incarnation,
+                secret,
+                pages,
+                received: 0,
+                aux: None,
+                room: r,
+                admitted_peer: false,
+                granted: false,
+            },
         );
         Ok(())
     }
@@ -208,6 +219,22 @@ impl RoomTable {
             r.admitted_peer = true;
         }
         Ok(())
+    }
+
+    /// An RDMA sender asks to write `room`'s pages, showing its key: once per room, before
+    /// its first frame. Returns the room's destination pages, sorted (the windows to bind).
+    pub fn grant(&mut self, room: RoomId, secret: &RoomSecret) -> Result<Vec<u32>, Refusal> {
+        let Some(r) = self.rooms.get_mut(&room) else { return self.refuse(Refusal::UnknownRoom) };
+        if r.secret != *secret {
+            return self.refuse(Refusal::WrongSecret);
+        }
+        if r.room.state() != State::WaitingForInput || r.granted {
+            return self.refuse(Refusal::Closed);
+        }
+        r.granted = true;
+        let mut pages: Vec<u32> = r.pages.keys().copied().collect();
+        pages.sort_unstable();
+        Ok(pages)
     }
 
     /// Checks a frame header and claims its pages (for `Pages` frames).

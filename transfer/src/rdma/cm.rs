@@ -1,12 +1,16 @@
-//! Connection management over a small TCP exchange (what `rdma_cm` would do): the sender
-//! sends its queue pair endpoint and the key of a room the receiver has open for it (the room
-//! id and its secret, handed out over the daemons' mutual TLS), the receiver checks the key
-//! and only then answers with its own endpoint and the registered page region. A peer without
-//! a live room's key gets no queue pair, no address and no remote key, and one key opens one
-//! exchange. The data plane is not encrypted: someone who can observe it learns the keys that
-//! cross it (here and in every frame header). The TCP
-//! connection then stays open for the life of the queue pair: its closing is how each side
-//! learns the other is gone.
+//! Connection management over a small exchange on a data-plane connection (what `rdma_cm`
+//! would do), inside the data plane's mutual TLS (`crate::secure`): the sender sends its queue
+//! pair endpoint and the key of a room the receiver has open for it (the room id and its
+//! secret, handed out over the daemons' mutual TLS), the receiver checks the key and only then
+//! answers with its own endpoint and the page arena's address and shape. A peer without a live
+//! room's key gets no queue pair, and one key opens one exchange.
+//!
+//! The arena's own remote key grants nothing: a sender asks, on the same connection, for each
+//! room's **grant** ([`ask_grant`]) — with the room's key, once per room — and the receiver
+//! binds a memory window over each run of the room's pages on that queue pair and answers with
+//! their keys ([`Window`]). A write outside them fails the queue pair; the windows are
+//! invalidated when the room ends or closes. The connection stays open for the life of the
+//! queue pair: its closing is how each side learns the other is gone.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -16,15 +20,13 @@ use super::verbs::{ENDPOINT_LEN, QpEndpoint};
 use crate::secure::DataStream;
 
 const MAGIC: [u8; 4] = *b"FRDM";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
 
 /// The receiver's page region, as its peers write into it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteRegion {
     /// Address of page 0.
     pub base: u64,
-    /// Remote key.
-    pub rkey: u32,
     /// Bytes per page.
     pub page_bytes: u64,
     /// Pages.
@@ -35,7 +37,7 @@ pub struct RemoteRegion {
 
 const HEAD_LEN: usize = 4 + 2 + ENDPOINT_LEN;
 const HELLO_LEN: usize = HEAD_LEN + 8 + 16;
-const REPLY_LEN: usize = HEAD_LEN + 8 + 4 + 8 + 8 + 4;
+const REPLY_LEN: usize = HEAD_LEN + 8 + 8 + 8 + 4;
 
 fn bad(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("rdma connection setup: {what}"))
@@ -85,10 +87,9 @@ pub async fn hello(
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap_or([0; 4]));
     let region = RemoteRegion {
         base: u64_at(at),
-        rkey: u32_at(at + 8),
-        page_bytes: u64_at(at + 12),
-        pages: u64_at(at + 20),
-        msg_bytes: u32_at(at + 28),
+        page_bytes: u64_at(at + 8),
+        pages: u64_at(at + 16),
+        msg_bytes: u32_at(at + 24),
     };
     Ok((peer, region))
 }
@@ -113,10 +114,109 @@ pub async fn read_hello(stream: &mut DataStream) -> std::io::Result<(QpEndpoint,
 pub async fn reply(stream: &mut DataStream, ours: &QpEndpoint, region: &RemoteRegion) -> std::io::Result<()> {
     let mut b = head(ours);
     b.extend_from_slice(&region.base.to_le_bytes());
-    b.extend_from_slice(&region.rkey.to_le_bytes());
     b.extend_from_slice(&region.page_bytes.to_le_bytes());
     b.extend_from_slice(&region.pages.to_le_bytes());
     b.extend_from_slice(&region.msg_bytes.to_le_bytes());
     stream.write_all(&b).await?;
     stream.flush().await
+}
+
+/// A memory window over consecutive pages of one room, writable by one queue pair's peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Its first page.
+    pub first: u32,
+    /// Pages it covers.
+    pub pages: u32,
+    /// Its remote key.
+    pub rkey: u32,
+}
+
+impl Window {
+    /// Whether pages `dst..dst + n` lie inside it.
+    pub fn covers(&self, dst: u32, n: u32) -> bool {
+        dst >= self.first && u64::from(dst) + u64::from(n) <= u64::from(self.first) + u64::from(self.pages)
+    }
+}
+
+/// Bytes of a grant request: the room id and its secret.
+pub const GRANT_REQUEST_LEN: usize = 8 + 16;
+/// Most windows one grant carries (a room of that many separate runs is refused).
+pub const MAX_WINDOWS: usize = 4096;
+
+/// The maximal runs of consecutive pages in `pages` (sorted, distinct): `(first, len)`.
+pub fn page_runs(pages: &[u32]) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &p in pages {
+        match runs.last_mut() {
+            Some((first, len)) if u64::from(*first) + u64::from(*len) == u64::from(p) => *len += 1,
+            _ => runs.push((p, 1)),
+        }
+    }
+    runs
+}
+
+/// Sender side: asks for `room`'s windows on this queue pair (showing the room's key); the
+/// receiver answers with them, or refuses (an unknown room, a wrong secret, a room already
+/// granted or under way).
+pub async fn ask_grant(stream: &mut DataStream, room: Room, secret: &RoomSecret) -> std::io::Result<Vec<Window>> {
+    let mut q = [0u8; GRANT_REQUEST_LEN];
+    q[..8].copy_from_slice(&room.get().to_le_bytes());
+    q[8..].copy_from_slice(secret.as_bytes());
+    stream.write_all(&q).await?;
+    stream.flush().await?;
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).await?;
+    let n = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if head[0] != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the receiver refused to grant {room}'s pages"),
+        ));
+    }
+    if n > MAX_WINDOWS {
+        return Err(bad("too many windows in a grant"));
+    }
+    let mut b = vec![0u8; n * 12];
+    stream.read_exact(&mut b).await?;
+    let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    Ok((0..n).map(|i| Window { first: u32_at(i * 12), pages: u32_at(i * 12 + 4), rkey: u32_at(i * 12 + 8) }).collect())
+}
+
+/// Receiver side: the room and key of a grant request.
+pub fn parse_grant_request(q: &[u8; GRANT_REQUEST_LEN]) -> std::io::Result<(Room, RoomSecret)> {
+    let id = u64::from_le_bytes(q[..8].try_into().unwrap_or([0; 8]));
+    let room = Room::new(id).ok_or_else(|| bad("room id out of range"))?;
+    let mut secret = [0u8; 16];
+    secret.copy_from_slice(&q[8..]);
+    Ok((room, RoomSecret::from_bytes(secret)))
+}
+
+/// Receiver side: answers a grant request with `windows`, or with a refusal (None).
+pub async fn grant(stream: &mut DataStream, windows: Option<&[Window]>) -> std::io::Result<()> {
+    let ws = windows.unwrap_or(&[]);
+    let mut b = Vec::with_capacity(5 + ws.len() * 12);
+    b.push(u8::from(windows.is_none()));
+    b.extend_from_slice(&(ws.len() as u32).to_le_bytes());
+    for w in ws {
+        b.extend_from_slice(&w.first.to_le_bytes());
+        b.extend_from_slice(&w.pages.to_le_bytes());
+        b.extend_from_slice(&w.rkey.to_le_bytes());
+    }
+    stream.write_all(&b).await?;
+    stream.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_runs_are_maximal() {
+        assert_eq!(page_runs(&[]), vec![]);
+        assert_eq!(page_runs(&[3, 4, 5, 9, 11, 12]), vec![(3, 3), (9, 1), (11, 2)]);
+        assert_eq!(page_runs(&[u32::MAX - 1, u32::MAX]), vec![(u32::MAX - 1, 2)]);
+        let w = Window { first: 3, pages: 3, rkey: 1 };
+        assert!(w.covers(3, 3) && w.covers(4, 2) && !w.covers(2, 1) && !w.covers(5, 2) && !w.covers(u32::MAX, 2));
+    }
 }

@@ -41,7 +41,15 @@ pub struct IbVerbs {
     lid: u16,
     gid: [u8; 16],
     gid_index: u8,
-    mrs: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    /// Registered regions by remote key (their `ibv_mr` pointers), shared with the queue pairs
+    /// that bind windows on them.
+    mrs: Regions,
+}
+
+type Regions = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>;
+
+fn regions(r: &Regions) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
+    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 // SAFETY: libibverbs contexts and protection domains are thread-safe.
@@ -116,7 +124,8 @@ impl Verbs for IbVerbs {
     type Qp = IbQp;
 
     unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<MemKeys, VerbsError> {
-        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        // No remote access through the region itself: peers write through windows bound on it.
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_MW_BIND;
         // SAFETY: the caller keeps the memory alive while registered (trait contract).
         let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr.cast(), len, access.0 as i32) };
         if mr.is_null() {
@@ -124,12 +133,12 @@ impl Verbs for IbVerbs {
         }
         // SAFETY: a registered region.
         let keys = unsafe { MemKeys { lkey: (*mr).lkey, rkey: (*mr).rkey } };
-        self.mrs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(keys.rkey, mr as usize);
+        regions(&self.mrs).insert(keys.rkey, mr as usize);
         Ok(keys)
     }
 
     fn deregister(&self, keys: MemKeys) {
-        if let Some(mr) = self.mrs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&keys.rkey) {
+        if let Some(mr) = regions(&self.mrs).remove(&keys.rkey) {
             // SAFETY: registered by `register` and not yet deregistered.
             unsafe { ffi::ibv_dereg_mr(mr as *mut ffi::ibv_mr) };
         }
@@ -164,7 +173,18 @@ impl Verbs for IbVerbs {
             return Err(last_err("ibv_create_qp"));
         }
         let psn = rand_psn();
-        Ok(IbQp { qp, cq, lid: self.lid, gid: self.gid, gid_index: self.gid_index, psn })
+        Ok(IbQp {
+            qp,
+            cq,
+            pd: self.pd,
+            lid: self.lid,
+            gid: self.gid,
+            gid_index: self.gid_index,
+            psn,
+            mrs: std::sync::Arc::clone(&self.mrs),
+            bound: Default::default(),
+            spare: Vec::new(),
+        })
     }
 }
 
@@ -177,10 +197,16 @@ fn rand_psn() -> u32 {
 pub struct IbQp {
     qp: *mut ffi::ibv_qp,
     cq: *mut ffi::ibv_cq,
+    pd: *mut ffi::ibv_pd,
     lid: u16,
     gid: [u8; 16],
     gid_index: u8,
     psn: u32,
+    mrs: Regions,
+    /// Windows bound on this queue pair, by remote key.
+    bound: std::collections::HashMap<u32, usize>,
+    /// Windows allocated and invalidated, bound again before new ones are allocated.
+    spare: Vec<usize>,
 }
 
 // SAFETY: a queue pair may be used from any thread; callers serialise access (`&mut self`).
@@ -188,10 +214,17 @@ unsafe impl Send for IbQp {}
 
 impl Drop for IbQp {
     fn drop(&mut self) {
-        // SAFETY: created in `create_qp`, destroyed once.
+        // SAFETY: created in `create_qp`, destroyed once; the windows after the queue pair
+        // they were bound on.
         unsafe {
             ffi::ibv_destroy_qp(self.qp);
             ffi::ibv_destroy_cq(self.cq);
+            for mw in self.bound.values().chain(&self.spare) {
+                let mw = *mw as *mut ffi::ibv_mw;
+                if let Some(f) = (*(*mw).context).ops.dealloc_mw {
+                    f(mw);
+                }
+            }
         }
     }
 }
@@ -338,6 +371,75 @@ impl QueuePair for IbQp {
         Ok(())
     }
 
+    fn bind_window(&mut self, wr_id: u64, mr: MemKeys, addr: u64, len: u64) -> Result<u32, VerbsError> {
+        let region = regions(&self.mrs).get(&mr.rkey).copied();
+        let region = region.ok_or(VerbsError::Call { call: "ibv_bind_mw", detail: "unknown memory region".into() })?;
+        let mw = match self.spare.pop() {
+            Some(mw) => mw as *mut ffi::ibv_mw,
+            None => {
+                // SAFETY: ibv_alloc_mw is an inline dispatch through the context's ops table.
+                let mw = unsafe {
+                    match (*(*self.pd).context).ops.alloc_mw {
+                        Some(f) => f(self.pd, ffi::IBV_MW_TYPE_2),
+                        None => ptr::null_mut(),
+                    }
+                };
+                if mw.is_null() {
+                    return Err(last_err("ibv_alloc_mw"));
+                }
+                mw
+            }
+        };
+        // ibv_inc_rkey: a new tag each bind, so a key from an earlier binding stops working.
+        // SAFETY: an allocated window.
+        let old = unsafe { (*mw).rkey };
+        let rkey = (old & 0xffff_ff00) | (old.wrapping_add(1) & 0xff);
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_BIND_MW,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.__bindgen_anon_2.bind_mw = ffi::ibv_send_wr__bindgen_ty_4__bindgen_ty_1 {
+            mw,
+            rkey,
+            bind_info: ffi::ibv_mw_bind_info {
+                mr: region as *mut ffi::ibv_mr,
+                addr,
+                length: len,
+                mw_access_flags: ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            },
+        };
+        if let Err(e) = self.post(&mut wr) {
+            self.spare.push(mw as usize);
+            return Err(e);
+        }
+        self.bound.insert(rkey, mw as usize);
+        Ok(rkey)
+    }
+
+    fn invalidate_window(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError> {
+        let Some(mw) = self.bound.remove(&rkey) else { return Ok(()) };
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.__bindgen_anon_1.invalidate_rkey = rkey;
+        match self.post(&mut wr) {
+            Ok(()) => {
+                // Bound again only by a later work request, which the send queue runs after this.
+                self.spare.push(mw);
+                Ok(())
+            }
+            Err(e) => {
+                self.bound.insert(rkey, mw);
+                Err(e)
+            }
+        }
+    }
+
     fn poll(&mut self, max: usize, out: &mut Vec<Completion>) -> Result<usize, VerbsError> {
         let mut wcs = vec![ffi::ibv_wc::default(); max.clamp(1, 64)];
         // SAFETY: ibv_poll_cq is an inline dispatch through the context's ops table; `wcs`
@@ -365,6 +467,7 @@ impl QueuePair for IbQp {
             let op = match wc.opcode() {
                 ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOp::Write,
                 ffi::ibv_wc_opcode::IBV_WC_SEND => WcOp::Send,
+                ffi::ibv_wc_opcode::IBV_WC_BIND_MW | ffi::ibv_wc_opcode::IBV_WC_LOCAL_INV => WcOp::Window,
                 _ => WcOp::Recv,
             };
             let imm = wc.imm_data().map(u32::from_be);

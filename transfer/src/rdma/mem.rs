@@ -1,5 +1,6 @@
 //! Verbs in memory: queue pairs of one process connected through a shared fabric. RDMA WRITEs
-//! copy bytes into the target region after the same key and bounds checks a NIC makes; SENDs
+//! copy bytes into the target memory window after the checks a NIC makes (the key names a
+//! window in force, bound to the queue pair the write arrives at, and the bytes lie inside it); SENDs
 //! land in the peer's posted RECVs in order (waiting for one, as RC with infinite RNR retry
 //! does). Faults can be injected by operation count: a failed or corrupted write, a
 //! disconnect, a stall. Used by the RDMA protocol tests; needs no hardware.
@@ -33,9 +34,17 @@ struct Slot {
     error: bool,
 }
 
+/// A memory window in force: bound on queue pair `qpn` over `addr..addr + len`.
+struct Window {
+    qpn: u32,
+    addr: u64,
+    len: u64,
+}
+
 #[derive(Default)]
 struct Fabric {
     regions: HashMap<u32, (u64, usize)>,
+    windows: HashMap<u32, Window>,
     next_key: u32,
     next_qpn: u32,
     qps: HashMap<u32, Slot>,
@@ -57,6 +66,14 @@ impl Fabric {
         let &(base, size) = self.regions.get(&key)?;
         let end = addr.checked_add(len as u64)?;
         (addr >= base && end <= base + size as u64).then_some(addr as *mut u8)
+    }
+
+    /// Where a remote write of `len` bytes at `addr` under `rkey` lands, when it arrives at
+    /// queue pair `at`: inside a window in force, bound on `at`.
+    fn window(&self, rkey: u32, at: u32, addr: u64, len: usize) -> Option<*mut u8> {
+        let w = self.windows.get(&rkey)?;
+        let end = addr.checked_add(len as u64)?;
+        (w.qpn == at && addr >= w.addr && end <= w.addr + w.len).then_some(addr as *mut u8)
     }
 
     /// Puts `qpn` and its peer in the error state, flushing the peer's RECVs.
@@ -151,6 +168,11 @@ impl MemVerbs {
     pub fn ops(&self) -> u64 {
         lock(&self.fabric).ops
     }
+
+    /// Memory windows in force.
+    pub fn windows(&self) -> usize {
+        lock(&self.fabric).windows.len()
+    }
 }
 
 impl Verbs for MemVerbs {
@@ -185,7 +207,10 @@ pub struct MemQp {
 
 impl Drop for MemQp {
     fn drop(&mut self) {
-        lock(&self.fabric).qps.remove(&self.qpn);
+        let mut f = lock(&self.fabric);
+        f.qps.remove(&self.qpn);
+        // Windows die with the queue pair they were bound on.
+        f.windows.retain(|_, w| w.qpn != self.qpn);
     }
 }
 
@@ -239,19 +264,20 @@ impl QueuePair for MemQp {
 
     unsafe fn post_write(&mut self, wr_id: u64, local: Sge, remote_addr: u64, rkey: u32) -> Result<(), VerbsError> {
         let mut f = lock(&self.fabric);
-        let Some((_, fault)) = self.begin(&mut f, wr_id, WcOp::Write) else { return Ok(()) };
-        let (Some(src), Some(dst)) =
-            (f.region(local.lkey, local.addr, local.len as usize), f.region(rkey, remote_addr, local.len as usize))
-        else {
+        let Some((peer, fault)) = self.begin(&mut f, wr_id, WcOp::Write) else { return Ok(()) };
+        let (Some(src), Some(dst)) = (
+            f.region(local.lkey, local.addr, local.len as usize),
+            f.window(rkey, peer, remote_addr, local.len as usize),
+        ) else {
             if let Some(s) = f.qps.get_mut(&self.qpn) {
                 s.cq.push_back(done(wr_id, WcStatus::RemoteAccess, WcOp::Write));
             }
             f.break_pair(self.qpn);
             return Ok(());
         };
-        // SAFETY: both ranges lie inside registered regions (checked above); the source stays
-        // valid until this completion is polled (post_write's contract), and a remote write
-        // into a registered region is what registration allowed.
+        // SAFETY: the source lies inside a registered region and the target inside a window in
+        // force (checked above); the source stays valid until this completion is polled
+        // (post_write's contract), and a remote write into a window is what binding it allowed.
         unsafe {
             std::ptr::copy(src, dst, local.len as usize);
             if let (Some(VerbsFault::CorruptAt(_)), true) = (fault, local.len > 0) {
@@ -292,6 +318,31 @@ impl QueuePair for MemQp {
         slot.recvs.push_back((wr_id, local));
         if !f.stalled {
             f.deliver(self.qpn);
+        }
+        Ok(())
+    }
+
+    fn bind_window(&mut self, wr_id: u64, mr: MemKeys, addr: u64, len: u64) -> Result<u32, VerbsError> {
+        let mut f = lock(&self.fabric);
+        if f.region(mr.lkey, addr, len as usize).is_none() {
+            return Err(VerbsError::Call { call: "bind_mw", detail: "outside the memory region".into() });
+        }
+        f.next_key += 1;
+        let rkey = f.next_key;
+        f.windows.insert(rkey, Window { qpn: self.qpn, addr, len });
+        if let Some(s) = f.qps.get_mut(&self.qpn) {
+            s.cq.push_back(done(wr_id, WcStatus::Success, WcOp::Window));
+        }
+        Ok(rkey)
+    }
+
+    fn invalidate_window(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError> {
+        let mut f = lock(&self.fabric);
+        if f.windows.get(&rkey).is_some_and(|w| w.qpn == self.qpn) {
+            f.windows.remove(&rkey);
+        }
+        if let Some(s) = f.qps.get_mut(&self.qpn) {
+            s.cq.push_back(done(wr_id, WcStatus::Success, WcOp::Window));
         }
         Ok(())
     }

@@ -9,12 +9,14 @@
 //! memory, with failure injection, for tests on any machine; `IbVerbs` (feature `rdma`)
 //! implements it on libibverbs and fails with a clear error when no device is present.
 //!
-//! What the receiver CPU cannot do with RDMA: refuse a WRITE. A peer holding the region's key
-//! can write anywhere in the arena, so the key goes only to peers that completed the
-//! connection exchange, which asks for the key of a room open on the receiver (handed out over
-//! the daemons' mutual TLS; one key, one exchange); a run that fails its room's checks or
-//! checksum fails the room. The data plane itself is not encrypted. Per-room memory regions, which would bound a peer to its rooms' pages, are
-//! not built yet.
+//! What the receiver CPU cannot do with RDMA: refuse a WRITE. So nothing in the arena is
+//! writable from the network but through memory windows ([`windows`]): a sender first shows a
+//! live room's key in the connection exchange ([`cm`], inside the data plane's mutual TLS,
+//! `crate::secure`), then asks for each room's grant with that room's key, once; the receiver
+//! binds one window per run of the room's pages on that sender's queue pair and invalidates
+//! them when the room ends or closes. A write anywhere else fails the queue pair and the rooms
+//! it carried. The WRITEs and SENDs themselves are not encrypted (RDMA NICs carry them below
+//! TLS): keep the RDMA fabric to the workers.
 
 pub mod cm;
 #[cfg(feature = "rdma")]
@@ -23,6 +25,7 @@ pub mod mem;
 mod receiver;
 mod sender;
 pub mod verbs;
+mod windows;
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
 //! The receiving side: registers the page arena, accepts senders' connection exchanges (only
-//! from a peer showing a live room's key), keeps RECVs posted on each queue pair and checks
-//! every run a SEND reports against the room table and its checksum.
+//! from a peer showing a live room's key), binds each granted room's memory windows on the
+//! asking sender's queue pair ([`super::windows`]), keeps RECVs posted on each queue pair and
+//! checks every run a SEND reports against the room table and its checksum.
 
 use ferry_core::{Room, RoomSecret};
 use std::collections::HashSet;
@@ -14,8 +15,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::RdmaConfig;
-use super::cm::{self, RemoteRegion};
-use super::verbs::{MemKeys, QueuePair, Sge, Verbs, WcOp, WcStatus};
+use super::cm::{self, RemoteRegion, Window};
+use super::verbs::{Completion, MemKeys, QueuePair, Sge, Verbs, WcOp, WcStatus};
+use super::windows::{Grants, Link, SharedLink, lock};
 use crate::frame::{HEADER_LEN, Header, Kind, Limits};
 use crate::inbox::Inbox;
 use crate::memory::HostPages;
@@ -33,6 +35,7 @@ struct Shared<V: Verbs> {
     verbs: Arc<V>,
     limits: Limits,
     cfg: RdmaConfig,
+    grants: Grants<V::Qp>,
 }
 
 /// Receives rooms' pages by RDMA into a registered page arena.
@@ -81,9 +84,10 @@ impl<V: Verbs> RdmaReceiver<V> {
         let page_bytes = u32::try_from(mem.page_bytes()).map_err(io_err)?;
         let limits = Limits { page_bytes, max_payload: page_bytes.saturating_mul(cfg.max_write_pages.max(1)) };
         // SAFETY: the arena outlives the registration (held in `Shared`, deregistered on drop);
-        // remote writes land only in pages the room table hands out, by the senders' protocol.
+        // remote writes land only through the windows of granted rooms.
         let keys = unsafe { verbs.register(mem.base_ptr(), mem.len_bytes()) }.map_err(io_err)?;
-        let shared = Arc::new(Shared { inbox: Inbox::new(cfg.timeouts, "rdma"), mem, keys, verbs, limits, cfg });
+        let inbox = Inbox::new(cfg.timeouts, "rdma");
+        let shared = Arc::new(Shared { inbox, mem, keys, verbs, limits, cfg, grants: Grants::default() });
         let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, security, serve);
         Ok(Self { addr, shared, tasks })
     }
@@ -103,9 +107,17 @@ impl<V: Verbs> RdmaReceiver<V> {
         self.shared.inbox.open_in(self.shared.mem.pages(), room, secret, dest)
     }
 
-    /// Forgets a room; its pages may be reused and later messages for it are refused.
+    /// Forgets a room; its pages may be reused and later messages for it are refused. Its
+    /// memory windows are invalidated before this returns.
     pub fn close(&self, room: Room) -> Option<State> {
-        self.shared.inbox.close(room)
+        let state = self.shared.inbox.close(room);
+        self.shared.grants.revoke(room);
+        state
+    }
+
+    /// Rooms whose pages a sender may write now (memory windows in force).
+    pub fn granted_rooms(&self) -> usize {
+        self.shared.grants.rooms()
     }
 
     /// The rooms and their counters.
@@ -125,6 +137,136 @@ async fn serve<V: Verbs>(s: Arc<Shared<V>>, mut stream: DataStream) {
     s.inbox.fail_all(seen, &reason);
 }
 
+/// A connection's queue pair and receive buffers.
+struct Conn<'a, V: Verbs> {
+    s: &'a Shared<V>,
+    link: SharedLink<V::Qp>,
+    bufs: HostPages,
+    keys: MemKeys,
+    msg_bytes: usize,
+    got: Vec<Completion>,
+}
+
+impl<V: Verbs> Conn<'_, V> {
+    fn sge(&self, i: u32) -> Sge {
+        Sge {
+            addr: self.bufs.base_ptr() as u64 + u64::from(i) * self.msg_bytes as u64,
+            len: self.msg_bytes as u32,
+            lkey: self.keys.lkey,
+        }
+    }
+
+    /// Polls the queue pair once, handling what arrived; how many completions there were, or
+    /// why the connection ends.
+    fn round(&mut self, seen: &mut HashSet<Room>) -> std::io::Result<Result<usize, FailReason>> {
+        self.got.clear();
+        {
+            let mut l = lock(&self.link);
+            if l.poisoned {
+                return Ok(Err(FailReason::PeerGone("a memory window could not be invalidated".into())));
+            }
+            l.qp.poll(64, &mut self.got).map_err(io_err)?;
+        }
+        let mut ended = Vec::new();
+        for c in std::mem::take(&mut self.got) {
+            if c.op == WcOp::Window {
+                lock(&self.link).in_flight -= 1;
+                if c.status != WcStatus::Success {
+                    return Ok(Err(FailReason::PeerGone(format!("a memory window operation failed: {:?}", c.status))));
+                }
+                continue;
+            }
+            if c.op != WcOp::Recv {
+                continue;
+            }
+            if c.status != WcStatus::Success {
+                return Ok(Err(FailReason::PeerGone(format!("queue pair failed: {:?}", c.status))));
+            }
+            let slot = c.wr_id as u32;
+            // SAFETY: the RECV completed: the NIC is done with this slot until we repost it.
+            let msg = unsafe { self.bufs.read(slot, 1) }.map_err(io_err)?;
+            handle(self.s, &msg[..(c.byte_len as usize).min(self.msg_bytes)], c.imm.unwrap_or(0), seen, &mut ended);
+            let sge = self.sge(slot);
+            // SAFETY: as above; the slot is handed back to the NIC.
+            unsafe { lock(&self.link).qp.post_recv(c.wr_id, sge) }.map_err(io_err)?;
+            self.got.push(c);
+        }
+        // A room that ended on this connection needs its windows no more.
+        for room in ended {
+            self.s.grants.revoke(room);
+        }
+        Ok(Ok(self.got.len()))
+    }
+
+    /// Polls (handling what arrives) until `ready` holds for the link.
+    async fn until(
+        &mut self,
+        seen: &mut HashSet<Room>,
+        ready: impl Fn(&Link<V::Qp>) -> bool,
+    ) -> std::io::Result<Result<(), FailReason>> {
+        let deadline = tokio::time::Instant::now() + self.s.cfg.op_timeout;
+        loop {
+            if let Err(why) = self.round(seen)? {
+                return Ok(Err(why));
+            }
+            if ready(&lock(&self.link)) {
+                return Ok(Ok(()));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(Err(FailReason::PeerGone("memory window operations did not complete".into())));
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A sender asks for a room's windows: binds one per run of the room's pages on this queue
+    /// pair and answers with their keys once they are in force, or refuses.
+    async fn grant(
+        &mut self,
+        stream: &mut DataStream,
+        q: &[u8; cm::GRANT_REQUEST_LEN],
+        seen: &mut HashSet<Room>,
+    ) -> std::io::Result<Result<(), FailReason>> {
+        let (room, secret) = cm::parse_grant_request(q)?;
+        let runs = match self.s.inbox.with_table(|t| t.grant(room, &secret)) {
+            Ok(pages) => cm::page_runs(&pages),
+            Err(r) => {
+                tracing::warn!(%room, reason = r.label(), "rdma grant refused");
+                return cm::grant(stream, None).await.map(Ok);
+            }
+        };
+        if runs.len() > cm::MAX_WINDOWS {
+            tracing::warn!(%room, runs = runs.len(), "rdma grant refused: too many separate page runs");
+            return cm::grant(stream, None).await.map(Ok);
+        }
+        let (base, pb) = (self.s.mem.base_ptr() as u64, self.s.mem.page_bytes() as u64);
+        let depth = self.s.cfg.depth.max(2);
+        let mut windows = Vec::with_capacity(runs.len());
+        for (first, pages) in runs {
+            if let Err(why) = self.until(seen, |l| l.in_flight < depth).await? {
+                return Ok(Err(why));
+            }
+            let rkey = lock(&self.link)
+                .bind(self.s.keys, base + u64::from(first) * pb, u64::from(pages) * pb)
+                .map_err(io_err)?;
+            windows.push(Window { first, pages, rkey });
+        }
+        self.s.grants.insert(room, &self.link, windows.iter().map(|w| w.rkey).collect());
+        // This connection now carries the room: it fails with it.
+        seen.insert(room);
+        // Closed while its windows were being bound: `close` may have missed them.
+        if self.s.inbox.state(room).is_none() {
+            self.s.grants.revoke(room);
+            return cm::grant(stream, None).await.map(Ok);
+        }
+        // In force before the sender may write.
+        if let Err(why) = self.until(seen, |l| l.in_flight == 0).await? {
+            return Ok(Err(why));
+        }
+        cm::grant(stream, Some(&windows)).await.map(Ok)
+    }
+}
+
 async fn serve_qp<V: Verbs>(
     s: &Shared<V>,
     stream: &mut DataStream,
@@ -133,83 +275,78 @@ async fn serve_qp<V: Verbs>(
     let (peer, room, secret) = tokio::time::timeout(HELLO_TIMEOUT, cm::read_hello(stream))
         .await
         .map_err(|_| io_err(format!("no connection exchange within {HELLO_TIMEOUT:?}")))??;
-    // Nothing (no queue pair, no region key) for a peer without a live room's key.
+    // Nothing (no queue pair, no address) for a peer without a live room's key.
     if let Err(r) = s.inbox.with_table(|t| t.admit_peer(room, &secret)) {
         tracing::warn!(%room, reason = r.label(), "rdma connection exchange refused");
         return Ok(FailReason::PeerGone(format!("connection exchange refused: {}", r.label())));
     }
     let slots = s.cfg.recv_slots.max(1);
     let msg_bytes = s.cfg.msg_bytes.max(HEADER_LEN as u32 * 2) as usize;
-    let mut qp = s.verbs.create_qp(slots.max(s.cfg.depth)).map_err(io_err)?;
+    let qp = s.verbs.create_qp(slots.max(s.cfg.depth)).map_err(io_err)?;
     let bufs = HostPages::new(msg_bytes, slots as usize).ok_or_else(|| io_err("cannot allocate receive buffers"))?;
     // SAFETY: the buffers live until the end of this function, after the queue pair is gone.
     let keys = unsafe { s.verbs.register(bufs.base_ptr(), bufs.len_bytes()) }.map_err(io_err)?;
+    let mut conn = Conn { s, link: Link::new(qp), bufs, keys, msg_bytes, got: Vec::new() };
     let result = async {
-        let sge = |i: u32| Sge {
-            addr: bufs.base_ptr() as u64 + u64::from(i) * msg_bytes as u64,
-            len: msg_bytes as u32,
-            lkey: keys.lkey,
-        };
         for i in 0..slots {
+            let sge = conn.sge(i);
             // SAFETY: slot i is not read until its completion is polled.
-            unsafe { qp.post_recv(u64::from(i), sge(i)) }.map_err(io_err)?;
+            unsafe { lock(&conn.link).qp.post_recv(u64::from(i), sge) }.map_err(io_err)?;
         }
-        qp.connect(&peer).map_err(io_err)?;
+        lock(&conn.link).qp.connect(&peer).map_err(io_err)?;
         let region = RemoteRegion {
             base: s.mem.base_ptr() as u64,
-            rkey: s.keys.rkey,
             page_bytes: s.mem.page_bytes() as u64,
             pages: s.mem.pages() as u64,
             msg_bytes: msg_bytes as u32,
         };
-        cm::reply(stream, &qp.endpoint(), &region).await?;
-        let mut got = Vec::new();
-        let mut probe = [0u8; 1];
+        let ours = lock(&conn.link).qp.endpoint();
+        cm::reply(stream, &ours, &region).await?;
+        let mut q = [0u8; cm::GRANT_REQUEST_LEN];
+        let mut filled = 0;
         let mut gone: Option<FailReason> = None;
         loop {
-            got.clear();
-            qp.poll(64, &mut got).map_err(io_err)?;
-            for c in &got {
-                if c.op != WcOp::Recv {
-                    continue;
-                }
-                if c.status != WcStatus::Success {
-                    return Ok(FailReason::PeerGone(format!("queue pair failed: {:?}", c.status)));
-                }
-                let slot = c.wr_id as u32;
-                // SAFETY: the RECV completed: the NIC is done with this slot until we repost it.
-                let msg = unsafe { bufs.read(slot, 1) }.map_err(io_err)?;
-                handle(s, &msg[..(c.byte_len as usize).min(msg_bytes)], c.imm.unwrap_or(0), seen);
-                // SAFETY: as above; the slot is handed back to the NIC.
-                unsafe { qp.post_recv(c.wr_id, sge(slot)) }.map_err(io_err)?;
-            }
-            if !got.is_empty() {
+            let n = match conn.round(seen)? {
+                Ok(n) => n,
+                Err(why) => return Ok(why),
+            };
+            if n > 0 {
                 tokio::task::yield_now().await;
                 continue;
             }
             // Nothing left to read: if the peer has gone, what it sent before going is handled.
-            if let Some(reason) = gone {
+            if let Some(reason) = gone.take() {
                 return Ok(reason);
             }
             tokio::select! {
-                r = stream.read(&mut probe) => {
-                    gone = Some(FailReason::PeerGone(match r {
-                        Ok(_) => "connection exchange socket closed".into(),
-                        Err(e) => e.to_string(),
-                    }));
-                }
+                r = stream.read(&mut q[filled..]) => match r {
+                    Ok(0) => gone = Some(FailReason::PeerGone("connection exchange socket closed".into())),
+                    Err(e) => gone = Some(FailReason::PeerGone(e.to_string())),
+                    Ok(k) => {
+                        filled += k;
+                        if filled == q.len() {
+                            filled = 0;
+                            if let Err(why) = conn.grant(stream, &q, seen).await? {
+                                return Ok(why);
+                            }
+                        }
+                    }
+                },
                 () = tokio::time::sleep(Duration::from_micros(200)) => {}
             }
         }
     }
     .await;
-    drop(qp);
+    // The queue pair goes, and its windows with it.
+    s.grants.forget(&conn.link);
+    drop(conn.link);
     s.verbs.deregister(keys);
     result
 }
 
-/// One control message: headers of runs already written, or a `Done` / `Abort` with payload.
-fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room>) {
+/// One control message: headers of runs already written, or a `Done` / `Abort` with payload
+/// (its room goes in `ended`).
+fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room>, ended: &mut Vec<Room>) {
     let mut at = 0;
     while at + HEADER_LEN <= msg.len() {
         let mut hb = [0u8; HEADER_LEN];
@@ -244,6 +381,7 @@ fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room
                 let end = (at + h.payload_len as usize).min(msg.len());
                 if s.inbox.control(&h, &msg[at..end]).is_some() {
                     seen.insert(h.room);
+                    ended.push(h.room);
                 }
                 at = end;
             }

@@ -1,20 +1,24 @@
 //! The sending side: one RC queue pair to one receiver; page runs go out as RDMA WRITEs from
-//! the registered arena, each chunk's headers follow in SENDs with immediate data.
+//! the registered arena into the memory windows the receiver granted for their room, each
+//! chunk's headers follow in SENDs with immediate data.
 
 use ferry_core::{Room, RoomSecret};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::RdmaConfig;
-use super::cm::{self, RemoteRegion};
+use super::cm::{self, RemoteRegion, Window};
 use super::verbs::{Completion, MemKeys, QueuePair, Sge, Verbs, WcStatus};
 use crate::frame::{Aux, HEADER_LEN, Header, Kind, MAX_SMALL_PAYLOAD};
 use crate::memory::HostPages;
 use crate::runs::PageRun;
 use crate::secure::{DataStream, Security};
+
+/// A room's windows on the receiver, and when they were granted.
+type Granted = (Arc<[Window]>, Instant);
 
 struct QpState<Q> {
     qp: Q,
@@ -58,8 +62,11 @@ pub struct RdmaSender<V: Verbs> {
     msg_bytes: usize,
     next_wr: AtomicU64,
     cfg: RdmaConfig,
-    /// Kept open for the queue pair's life: closing it tells the receiver we are gone.
-    _cm: DataStream,
+    /// Kept open for the queue pair's life (closing it tells the receiver we are gone); rooms'
+    /// grants are asked for on it.
+    cm: tokio::sync::Mutex<DataStream>,
+    /// Rooms' windows on the receiver, and when they were granted.
+    grants: Mutex<HashMap<Room, Granted>>,
 }
 
 impl<V: Verbs> std::fmt::Debug for RdmaSender<V> {
@@ -140,7 +147,8 @@ impl<V: Verbs> RdmaSender<V> {
             msg_bytes,
             next_wr: AtomicU64::new(1),
             cfg,
-            _cm: stream,
+            cm: tokio::sync::Mutex::new(stream),
+            grants: Mutex::new(HashMap::new()),
         })
     }
 
@@ -229,8 +237,30 @@ impl<V: Verbs> RdmaSender<V> {
         Ok(())
     }
 
+    /// `room`'s windows: asked for (within `op_timeout`) on its first send.
+    async fn windows(&self, room: Room, secret: &RoomSecret) -> std::io::Result<Arc<[Window]>> {
+        if let Some((w, _)) = lock(&self.grants).get(&room) {
+            return Ok(Arc::clone(w));
+        }
+        let ask = async { cm::ask_grant(&mut *self.cm.lock().await, room, secret).await };
+        let windows: Arc<[Window]> = tokio::time::timeout(self.cfg.op_timeout, ask)
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no grant for {room} in time")))??
+            .into();
+        let now = Instant::now();
+        // A room lives no longer than its timeouts: grants of rooms that ended without a `Done`
+        // or an `Abort` from here are forgotten after that.
+        let t = self.cfg.timeouts;
+        let life = t.bootstrap + t.waiting + t.transferring;
+        let mut grants = lock(&self.grants);
+        grants.retain(|_, (_, at)| now.duration_since(*at) < life);
+        grants.insert(room, (Arc::clone(&windows), now));
+        Ok(windows)
+    }
+
     /// Sends the pages of `runs` (source pages in `mem`, which must be the registered arena)
-    /// for `room`: one WRITE per run piece, then the pieces' headers in SENDs.
+    /// for `room`: one WRITE per run piece into the room's windows, then the pieces' headers
+    /// in SENDs.
     pub async fn send_pages(
         &self,
         room: Room,
@@ -243,6 +273,7 @@ impl<V: Verbs> RdmaSender<V> {
         }
         let pb = self.region.page_bytes;
         let max = self.cfg.max_write_pages.max(1);
+        let windows = self.windows(room, &secret).await?;
         let mut ids = Vec::new();
         let mut headers = Vec::new();
         for r in runs {
@@ -255,10 +286,13 @@ impl<V: Verbs> RdmaSender<V> {
                 // SAFETY: the request owns its computed pages until the transfer ends.
                 let payload = unsafe { self.mem.read(r.src + off, n) }.map_err(io_err)?;
                 let dst = r.dst + off;
+                let Some(w) = windows.iter().find(|w| w.covers(dst, n)) else {
+                    return Err(io_err(format!("destination pages {dst}..+{n} are not {room}'s")));
+                };
                 headers.push(Header::pages(room, secret, dst, n, payload));
                 let sge = Sge { addr: payload.as_ptr() as u64, len: payload.len() as u32, lkey: self.mem_keys.lkey };
                 let remote = self.region.base + u64::from(dst) * pb;
-                let rkey = self.region.rkey;
+                let rkey = w.rkey;
                 // SAFETY: the pages stay unchanged until the completion (the request owns them).
                 ids.push(self.post(|qp, id| unsafe { qp.post_write(id, sge, remote, rkey) }).await?);
                 off += n;
@@ -280,13 +314,15 @@ impl<V: Verbs> RdmaSender<V> {
         self.wait_all(&[id]).await
     }
 
-    /// Sends the room's last message: the aux data.
+    /// Sends the room's last message: the aux data (its windows end with it).
     pub async fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> std::io::Result<()> {
+        lock(&self.grants).remove(&room);
         self.control(Kind::Done, room, secret, &aux.encode()).await
     }
 
     /// Tells the receiver the room is abandoned.
     pub async fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
+        lock(&self.grants).remove(&room);
         self.control(Kind::Abort, room, secret, reason.as_bytes()).await
     }
 }

@@ -1,6 +1,6 @@
 //! The narrow verbs interface the RDMA protocol is written against: register memory, create
-//! and connect an RC queue pair, post RDMA WRITE / SEND / RECV work requests and poll their
-//! completions. Two implementations: [`super::mem::MemVerbs`] (in memory, with failure
+//! and connect an RC queue pair, bind and invalidate memory windows, post RDMA WRITE / SEND /
+//! RECV work requests and poll their completions. Two implementations: [`super::mem::MemVerbs`] (in memory, with failure
 //! injection, always built) and `IbVerbs` (real ibverbs, feature `rdma`).
 
 /// A verbs call failed.
@@ -106,6 +106,8 @@ pub enum WcOp {
     Send,
     /// A RECV we posted received a SEND.
     Recv,
+    /// A memory window we bound or invalidated.
+    Window,
 }
 
 /// One work completion.
@@ -128,11 +130,12 @@ pub trait Verbs: Send + Sync + 'static {
     /// This implementation's queue pair.
     type Qp: QueuePair;
 
-    /// Registers `len` bytes at `addr` for local access and remote writes.
+    /// Registers `len` bytes at `addr` for local access and for binding memory windows. The
+    /// region's own remote key grants no remote access: a peer writes only through a window
+    /// ([`QueuePair::bind_window`]).
     ///
     /// # Safety
-    /// The memory must stay allocated until the registration is dropped with the context, and
-    /// remote writes into it must be acceptable to the caller (it is a page arena).
+    /// The memory must stay allocated until the registration is dropped with the context.
     unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<MemKeys, VerbsError>;
 
     /// Drops a registration made by [`register`](Self::register).
@@ -167,6 +170,16 @@ pub trait QueuePair: Send + 'static {
     /// # Safety
     /// `local` must stay valid, and not be read, until the request's completion is polled.
     unsafe fn post_recv(&mut self, wr_id: u64, local: Sge) -> Result<(), VerbsError>;
+
+    /// Binds a fresh memory window over `len` bytes at `addr` of the region `mr` for remote
+    /// writes by this queue pair's peer only (a type 2 window: no other queue pair can use its
+    /// key); returns the window's remote key. Signalled: its completion (`WcOp::Window`) says the
+    /// window is in force.
+    fn bind_window(&mut self, wr_id: u64, mr: MemKeys, addr: u64, len: u64) -> Result<u32, VerbsError>;
+
+    /// Invalidates the window with remote key `rkey` (bound on this queue pair): writes under it
+    /// fail from then on. Signalled, completing as `WcOp::Window`.
+    fn invalidate_window(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError>;
 
     /// Appends up to `max` completions to `out`; returns how many.
     fn poll(&mut self, max: usize, out: &mut Vec<Completion>) -> Result<usize, VerbsError>;

@@ -260,3 +260,123 @@ async fn real_rdma_without_a_device_fails_clearly() {
     let msg = e.to_string();
     assert!(msg.contains("RDMA device") || msg.contains("features rdma"), "{msg}");
 }
+
+/// A peer speaking the protocol by hand, as a compromised prefill node would: it shows a
+/// room's key, then posts its own WRITEs wherever it likes.
+struct Rogue {
+    qp: ferry_transfer::rdma::mem::MemQp,
+    stream: ferry_transfer::secure::DataStream,
+    region: ferry_transfer::rdma::cm::RemoteRegion,
+    src: Arc<HostPages>,
+    lkey: u32,
+    next: u64,
+}
+
+impl Rogue {
+    async fn connect(r: &RdmaReceiver<MemVerbs>, verbs: &Arc<MemVerbs>, room: u64) -> Self {
+        use ferry_transfer::rdma::verbs::{QueuePair, Verbs};
+        let mut qp = verbs.create_qp(8).expect("qp");
+        let mut stream = Security::Plain.connect(r.local_addr()).await.expect("tcp");
+        let id = Room::new(room).expect("63 bits");
+        let (peer, region) =
+            ferry_transfer::rdma::cm::hello(&mut stream, &qp.endpoint(), id, &key(room)).await.expect("exchange");
+        qp.connect(&peer).expect("connect");
+        let src = Arc::new(source());
+        // SAFETY: the arena lives as long as the rogue (the test's fabric outlives both).
+        let lkey = unsafe { verbs.register(src.base_ptr(), src.len_bytes()) }.expect("register").lkey;
+        Self { qp, stream, region, src, lkey, next: 0 }
+    }
+
+    async fn grant(&mut self, room: u64) -> std::io::Result<Vec<ferry_transfer::rdma::cm::Window>> {
+        ferry_transfer::rdma::cm::ask_grant(&mut self.stream, Room::new(room).expect("63 bits"), &key(room)).await
+    }
+
+    /// Writes its source page `from` over destination page `dst` under `rkey`; how it ended.
+    async fn write(&mut self, from: u32, dst: u32, rkey: u32) -> ferry_transfer::rdma::verbs::WcStatus {
+        use ferry_transfer::rdma::verbs::{QueuePair, Sge};
+        self.next += 1;
+        let sge =
+            Sge { addr: self.src.base_ptr() as u64 + u64::from(from) * PAGE as u64, len: PAGE as u32, lkey: self.lkey };
+        let remote = self.region.base + u64::from(dst) * self.region.page_bytes;
+        // SAFETY: the source page stays unchanged until the completion below.
+        unsafe { self.qp.post_write(self.next, sge, remote, rkey) }.expect("post");
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            self.qp.poll(8, &mut got).expect("poll");
+            if let Some(c) = got.iter().find(|c| c.wr_id == self.next) {
+                return c.status;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("write {} never completed", self.next);
+    }
+}
+
+/// Per-room memory windows: a sender writes only the pages of the rooms it was granted, on its
+/// own queue pair, while they are open. Tested by a peer posting its own WRITEs: into its
+/// room (lands), into another room's pages with its window's key (fails, lands nothing, fails
+/// its room), with another connection's key (fails), after the room closed (fails); a grant is
+/// given once per room; windows are gone when rooms end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_outside_its_rooms_pages_fails_and_never_lands() {
+    use ferry_transfer::rdma::verbs::WcStatus;
+    let verbs = Arc::new(MemVerbs::new());
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let r = RdmaReceiver::bind(any_addr(), Arc::clone(&verbs), Arc::clone(&rx_mem), rcfg(), Security::Plain)
+        .await
+        .expect("bind");
+    let open = |room: u64, pages: &[u32]| r.open(Room::new(room).expect("63 bits"), key(room), pages).expect("open");
+    let (a, b, c, d) = (open(1, &[1, 2, 3, 7]), open(2, &[10, 11]), open(3, &[20]), open(4, &[30, 31]));
+    let zero = vec![0u8; PAGE];
+
+    let mut ra = Rogue::connect(&r, &verbs, 1).await;
+    let wa = ra.grant(1).await.expect("room 1's grant");
+    assert_eq!(wa.iter().map(|w| (w.first, w.pages)).collect::<Vec<_>>(), vec![(1, 3), (7, 1)], "a window per run");
+    assert_eq!(ra.write(0, 2, wa[0].rkey).await, WcStatus::Success, "into its own room");
+    assert_eq!(page(&rx_mem, 2), page(&ra.src, 0));
+    assert_eq!(ra.write(0, 4, wa[0].rkey).await, WcStatus::RemoteAccess, "page 4 lies between its runs");
+    assert_eq!(page(&rx_mem, 4), zero);
+    assert!(matches!(outcome(a).await, Outcome::Failed(FailReason::PeerGone(_))), "a bad write fails its room");
+
+    // Another connection, holding room 3's key: room 1's grant is not given twice, and room
+    // 1's window key does not work from another queue pair.
+    let mut rc = Rogue::connect(&r, &verbs, 3).await;
+    rc.grant(1).await.expect_err("a room is granted once");
+    let wc = rc.grant(3).await.expect("room 3's grant");
+    assert_eq!(rc.write(5, 2, wa[0].rkey).await, WcStatus::RemoteAccess, "another queue pair's window");
+    assert_eq!(page(&rx_mem, 2), page(&ra.src, 0), "unchanged");
+    assert!(matches!(outcome(c).await, Outcome::Failed(FailReason::PeerGone(_))));
+    drop(wc);
+
+    // Room 4's window into room 2's pages: refused, nothing lands, room 2 goes on.
+    let mut rd = Rogue::connect(&r, &verbs, 4).await;
+    let wd = rd.grant(4).await.expect("room 4's grant");
+    assert_eq!(rd.write(1, 10, wd[0].rkey).await, WcStatus::RemoteAccess, "another room's pages");
+    assert_eq!(page(&rx_mem, 10), zero);
+    assert!(matches!(outcome(d).await, Outcome::Failed(FailReason::PeerGone(_))));
+    assert_eq!(r.inbox().state(Room::from(2u32)), Some(State::WaitingForInput), "room 2 is untouched");
+
+    // A closed room's window is invalidated before `close` returns.
+    let mut rb = Rogue::connect(&r, &verbs, 2).await;
+    let wb = rb.grant(2).await.expect("room 2's grant");
+    r.close(Room::from(2u32));
+    assert_eq!(rb.write(1, 10, wb[0].rkey).await, WcStatus::RemoteAccess, "a closed room's window");
+    assert_eq!(page(&rx_mem, 10), zero);
+    drop(b);
+    for room in [1u32, 3, 4] {
+        r.close(Room::from(room));
+    }
+    eventually("every window invalidated", || verbs.windows() == 0 && r.granted_rooms() == 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rooms_windows_end_with_the_room() {
+    let verbs = MemVerbs::new();
+    let p = pair(verbs.clone()).await;
+    let (src, dst): (Vec<u32>, Vec<u32>) = ((0..6).collect(), vec![40, 41, 42, 50, 51, 60]);
+    let done = p.receiver.open(Room::from(9u32), key(9), &dst).expect("open");
+    send_room(&p, 9, &src, &dst, 2).await.expect("sent");
+    assert!(matches!(outcome(done).await, Outcome::Success(_)));
+    eventually("the room's three windows invalidated at its Done", || verbs.windows() == 0).await;
+    p.receiver.close(Room::from(9u32));
+}
