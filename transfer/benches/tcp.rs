@@ -2,7 +2,8 @@
 //!
 //! 1. Baseline: plain loopback TCP, one connection, 1 MiB writes (what iperf3 measures).
 //! 2. Ferry's tcp backend moving a 256 MiB KV cache (SmolLM2 pages: 720 KiB for 16 tokens)
-//!    from one arena into another, in page runs, over 1 and 4 connections; ratio to 1.
+//!    from one arena into another, in page runs, over 1 and 4 connections, plaintext and
+//!    under mutual TLS (the daemons' default); ratio to 1 and TLS against plaintext.
 //! 3. Streaming: the same KV in 32 chunks sent as a simulated prefill produces them; how long
 //!    after the last chunk is produced the receiver completes, relative to one chunk's
 //!    transfer time alone.
@@ -18,6 +19,7 @@ use ferry_transfer::frame::Aux;
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::room::Timeouts;
 use ferry_transfer::runs::PageRun;
+use ferry_transfer::secure::{DataTls, PeerCheck, Security};
 use ferry_transfer::table::Outcome;
 use ferry_transfer::tcp::{TcpConfig, TcpReceiver, TcpSender};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -66,19 +68,57 @@ async fn baseline(bytes: usize, arena: bool) -> std::io::Result<f64> {
     Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
+/// Mutual TLS as the daemons run it (a throwaway CA, one certificate for both ends, roles not
+/// checked: the cost is the handshake and the record layer).
+fn tls() -> Security {
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    use tokio_rustls::rustls::server::WebPkiClientVerifier;
+    use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_der = ca.self_signed(&ca_key).expect("ca").der().clone();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let leaf = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("params");
+    let leaf = leaf.signed_by(&key, &issuer).expect("leaf").der().clone();
+    let pk = || PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+    let mut roots = RootCertStore::empty();
+    roots.add(CertificateDer::from(ca_der.to_vec())).expect("root");
+    let provider = ferry_transfer::secure::crypto_provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots.clone()), Arc::clone(&provider))
+        .build()
+        .expect("verifier");
+    let server = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![leaf.clone()], pk())
+        .expect("server");
+    let client = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![leaf], pk())
+        .expect("client");
+    let any: PeerCheck = Arc::new(|_| Ok(()));
+    Security::Tls(Arc::new(DataTls::new(&server, &client, None, Arc::clone(&any), any)))
+}
+
 struct Setup {
     src: HostPages,
     receiver: TcpReceiver,
     sender: TcpSender,
 }
 
-async fn setup(pages: usize, connections: usize) -> std::io::Result<Setup> {
+async fn setup(pages: usize, connections: usize, security: &Security) -> std::io::Result<Setup> {
     let src = HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?;
     let dst = Arc::new(HostPages::new(PAGE, pages).ok_or_else(|| std::io::Error::other("alloc"))?);
     let frame_pages = std::env::var("FERRY_BENCH_FRAME_PAGES").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
     let cfg = TcpConfig { connections, max_frame_pages: frame_pages, timeouts: Timeouts::default() };
-    let receiver = TcpReceiver::bind(addr(), dst, cfg).await?;
-    let sender = TcpSender::connect(receiver.local_addr(), cfg).await?;
+    let receiver = TcpReceiver::bind_secure(addr(), dst, cfg, security.clone()).await?;
+    let faults = Arc::new(ferry_transfer::tcp::NoFaults);
+    let sender = TcpSender::connect_secure(receiver.local_addr(), cfg, security, faults).await?;
     Ok(Setup { src, receiver, sender })
 }
 
@@ -148,18 +188,29 @@ async fn run(quick: bool) -> std::io::Result<()> {
     println!("{:<44} {:>8.2} {:>10}", "plain TCP, 1 MiB writes (baseline)", base, "1.00");
     println!("{:<44} {:>8.2} {:>10.2}", "plain TCP, 1 MiB writes, 256 MiB buffers", base_arena, base_arena / base);
     let whole = [PageRun { src: 0, dst: 0, len: pages as u32 }];
+    let tls = tls();
+    let mut by_mode = [0.0f64; 2];
     for conns in [1usize, 4] {
-        let s = setup(pages, conns).await?;
-        let mut v = Vec::new();
-        for r in 0..reps {
-            let (t, _) = send_room(&s, r as u64 + 1, &whole, None).await?;
-            v.push(kv as f64 / t / 1e9);
+        for (i, (security, mode)) in [(&Security::Plain, "plaintext"), (&tls, "mutual TLS")].into_iter().enumerate() {
+            let s = setup(pages, conns, security).await?;
+            let mut v = Vec::new();
+            for r in 0..reps {
+                let (t, _) = send_room(&s, r as u64 + 1, &whole, None).await?;
+                v.push(kv as f64 / t / 1e9);
+            }
+            let g = median(v);
+            by_mode[i] = g;
+            println!("{:<44} {:>8.2} {:>10.2}", format!("ferry tcp, {conns} connection(s), {mode}"), g, g / base);
         }
-        let g = median(v);
-        println!("{:<44} {:>8.2} {:>10.2}", format!("ferry tcp, {conns} connection(s), page runs"), g, g / base);
+        println!(
+            "{:<44} {:>8} {:>10.2}",
+            format!("  mutual TLS / plaintext, {conns} connection(s)"),
+            "",
+            by_mode[1] / by_mode[0]
+        );
     }
     // Streaming: 32 chunks produced one after another.
-    let s = setup(pages, 4).await?;
+    let s = setup(pages, 4, &Security::Plain).await?;
     let bound = |i: usize| (i * pages / 32) as u32;
     let chunks: Vec<PageRun> =
         (0..32).map(|i| PageRun { src: bound(i), dst: bound(i), len: bound(i + 1) - bound(i) }).collect();
