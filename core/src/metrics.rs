@@ -23,6 +23,8 @@ pub const OPENAI_IGNORED_FIELDS: &str = "ferry_openai_ignored_fields_total";
 pub const TRANSFER_CONNECTIONS: &str = "ferry_transfer_connections";
 /// Data-plane connections a receiver dropped or failed to accept, by `reason` (counter).
 pub const TRANSFER_CONNECTIONS_REFUSED: &str = "ferry_transfer_connections_refused_total";
+/// Prompt pages a decode node's prefix cache held, so that no transfer sent them (counter).
+pub const TRANSFER_PAGES_HELD: &str = "ferry_transfer_pages_held_total";
 /// The transfer backend in use: 1 for the `backend` chosen, with the `requested` one (gauge).
 pub const TRANSFER_BACKEND: &str = "ferry_transfer_backend";
 /// Bytes of KV pages copied between a device pool and its host mirror, by `role` and
@@ -222,7 +224,13 @@ pub const ALL: &[Metric] = &[
         TRANSFER_CONNECTIONS_REFUSED,
         Kind::Counter,
         "reason",
-        "Data-plane connections dropped at the cap (at_cap) or failed accepts (accept_error, retried after 100 ms)",
+        "Data-plane connections dropped at the cap (at_cap), failed accepts (accept_error, retried after 100 ms), failed TLS handshakes (tls_handshake) or peers of the wrong role (wrong_role)",
+    ),
+    m(
+        TRANSFER_PAGES_HELD,
+        Kind::Counter,
+        "",
+        "Prompt pages the decode node's prefix cache held, so no transfer sent them (delta transfer)",
     ),
     m(TRANSFER_BACKEND, Kind::Gauge, "backend, requested", "Transfer backend in use (1), with the one requested"),
     m(

@@ -74,6 +74,9 @@ struct Req {
     cached: Option<ferry_engine::NodeId>,
     /// Prompt tokens it found in the prefix cache (reported with its first token).
     hit: u32,
+    /// Leading prompt pages of a transferred prompt that the prefix cache supplied: neither
+    /// sent by the prefill node nor copied in.
+    held: usize,
 }
 
 impl Req {

@@ -26,8 +26,10 @@ pub struct HandshakeJob {
     pub key: RoomKey,
     /// The prefill node's bootstrap address.
     pub bootstrap: String,
-    /// Preallocated destination pages, in prompt order.
+    /// Preallocated destination pages, in prompt order, after the held ones.
     pub dest: Vec<u32>,
+    /// Leading prompt pages this node's prefix cache holds: not sent (delta transfer).
+    pub held: u32,
     /// Where pages are to be sent.
     pub data_endpoint: String,
     /// Our transfer backend.
@@ -115,6 +117,7 @@ impl Handshakes {
             transfer_backend: job.backend.to_string(),
             layout: Some(ferry_cluster::wire::layout_to_proto(&job.layout)),
             registration: Vec::new(),
+            held_pages: job.held,
         };
         let req = ferry_cluster::traces::request_with(req, &job.trace);
         match pb::bootstrap_client::BootstrapClient::new(ch).handshake(req).await {

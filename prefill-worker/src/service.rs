@@ -153,7 +153,7 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
         })?;
         let (reply, rx) = oneshot::channel();
         let reconnect = Reconnect { kind: s.backend, endpoint: r.data_endpoint, cfg: s.transfer.clone() };
-        let hs = Handshake { dest: r.dest_pages, sender, reconnect };
+        let hs = Handshake { dest: r.dest_pages, held: r.held_pages as usize, sender, reconnect };
         s.engine.send(Cmd::Handshake { room: key.room, secret: key.secret, hs, reply })?;
         answer(rx, ROLE).await?;
         Ok(Response::new(pb::HandshakeResponse { room: key.room.get() }))

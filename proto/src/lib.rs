@@ -41,6 +41,7 @@ mod tests {
             transfer_backend: "tcp".into(),
             layout: None,
             registration: vec![],
+            held_pages: 2,
         };
         let back = super::v1::HandshakeRequest::decode(req.encode_to_vec().as_slice())?;
         assert_eq!(back, req);

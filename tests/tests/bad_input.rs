@@ -40,6 +40,7 @@ async fn bad_calls_are_refused_clearly_and_harm_nothing() {
         transfer_backend: "tcp".into(),
         layout: Some(layout),
         registration: Vec::new(),
+        held_pages: 0,
     };
 
     // A malformed room key.
@@ -72,6 +73,21 @@ async fn bad_calls_are_refused_clearly_and_harm_nothing() {
     assert!(e.message().contains("page_size 16 vs 32"), "{}", e.message());
     let e = bootstrap.handshake(handshake(&key, (0..201).collect(), layout.clone())).await.expect_err("oversize");
     assert_eq!(e.code(), Code::InvalidArgument);
+    // A handshake whose held pages (delta transfer) and destination pages do not add up to
+    // the prompt's: the request fails, naming both.
+    let other_key = RoomKey::random();
+    let pending = tokio::spawn({
+        let mut prefill = prefill.clone();
+        let r = prefill_req(&other_key, vec![5, 6, 7]);
+        async move { prefill.prefill(r).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut h = handshake(&other_key, vec![1], layout.clone());
+    h.held_pages = 5;
+    let _ = bootstrap.handshake(h).await;
+    let e = pending.await.expect("join").expect_err("held pages past the prompt");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("1 destination pages after 5 held"), "{}", e.message());
 
     // A duplicate room and a wrong secret: the first request stays (and times out: no
     // decode node ever shakes hands for it).

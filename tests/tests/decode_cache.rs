@@ -112,3 +112,54 @@ async fn the_router_reports_tokens_the_decode_cache_held() {
     p.stop().await;
     d.stop().await;
 }
+
+/// Delta transfer: a prompt prefilled on a prefill node, whose first pages the decode node's
+/// cache holds (a conversation's first turn and the answer the decode node generated, which
+/// the prefill node never saw), is answered as without the cache, and the prefill node sends
+/// only the pages after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let (on, off) = (decode(&m, true).await, decode(&m, false).await);
+    let (pd_on, pd_off) = (
+        ferry_tests::Client::new(on.grpc_addr, Some(p.grpc_addr)).await,
+        ferry_tests::Client::new(off.grpc_addr, Some(p.grpc_addr)).await,
+    );
+    let params = greedy(20);
+    // Every daemon here shares the process's metrics: read around one request at a time.
+    let counted = || async {
+        let body = ferry_tests::scrape(on.metrics_addr).await;
+        let sum = |name: &str| ferry_tests::metric_sum(&body, name, "");
+        (sum("ferry_transfer_bytes_total"), sum("ferry_transfer_pages_held_total"))
+    };
+    let prompt: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
+    let (bytes0, held0) = counted().await;
+    let answer = pd_on.generate(&prompt, &params).await.expect("first turn");
+    let (bytes1, held1) = counted().await;
+    assert_eq!(held1, held0, "nothing cached yet");
+    let mut turn = prompt.clone();
+    turn.extend(&answer);
+    turn.extend([5, 6, 7, 8, 9]);
+    let want = colocated_scored(&m.path(), std::slice::from_ref(&turn), &params);
+    let got = pd_on.generate_scored(&turn, &params).await.expect("second turn, with the cache");
+    same(&got, &want[0], "the second turn, its first pages held by the decode node");
+    let (bytes2, held2) = counted().await;
+    // The first turn and its answer but the answer's last token: 119 tokens, 7 whole pages of
+    // the second turn's 8.
+    assert_eq!(held2 - held1, 7.0, "pages the decode cache held");
+    let got = pd_off.generate_scored(&turn, &params).await.expect("second turn, without the cache");
+    same(&got, &want[0], "the second turn without the cache");
+    let (bytes3, _) = counted().await;
+    let page = (bytes1 - bytes0) / 7.0;
+    assert_eq!(bytes2 - bytes1, page, "one page sent of 8");
+    assert_eq!(bytes3 - bytes2, 8.0 * page, "all 8 pages sent without the cache");
+    for d in [&on, &off] {
+        settle_decode(std::slice::from_ref(d)).await;
+    }
+    on.stop().await;
+    off.stop().await;
+    p.stop().await;
+}

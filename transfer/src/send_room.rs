@@ -23,6 +23,9 @@ pub struct SendRoom {
     room: Room,
     sender: Option<Arc<Sender>>,
     dest: Vec<u32>,
+    /// Leading slots the receiver already holds (delta transfer): `dest[i]` is slot
+    /// `held + i`, and chunks' slots below `held` are not sent.
+    held: usize,
     /// Destination slots already sent (by position in `dest`).
     sent: Vec<bool>,
     reported: bool,
@@ -37,6 +40,7 @@ impl SendRoom {
             room: Room::new(now, timeouts),
             sender: None,
             dest: Vec::new(),
+            held: 0,
             sent: Vec::new(),
             reported: false,
         }
@@ -49,11 +53,25 @@ impl SendRoom {
 
     /// The decode node's handshake arrived: where pages go and how.
     pub fn handshake(&mut self, sender: Arc<Sender>, dest: Vec<u32>, now: Instant) -> Result<(), FailReason> {
+        self.handshake_held(sender, dest, 0, now)
+    }
+
+    /// [`handshake`](Self::handshake) from a receiver that already holds the room's first
+    /// `held` slots (its prefix cache): `dest` lists the slots after them, and chunks' slots
+    /// below `held` are skipped.
+    pub fn handshake_held(
+        &mut self,
+        sender: Arc<Sender>,
+        dest: Vec<u32>,
+        held: usize,
+        now: Instant,
+    ) -> Result<(), FailReason> {
         self.room
             .advance(State::WaitingForInput, now)
             .map_err(|e| FailReason::Refused(format!("handshake in the wrong state: {e}")))?;
         self.sent = vec![false; dest.len()];
         self.dest = dest;
+        self.held = held;
         self.sender = Some(sender);
         Ok(())
     }
@@ -63,8 +81,10 @@ impl SendRoom {
         &self.dest
     }
 
-    /// Sends a chunk: `src[i]` (a page of `mem`) goes to destination slot `first + i`. With
-    /// `last`, the room's aux data follows and the room succeeds once it is sent.
+    /// Sends a chunk: `src[i]` (a page of `mem`) goes to destination slot `first + i` (slots
+    /// the receiver holds are skipped). With `last`, the room's aux data follows (its page
+    /// count is the room's slots; the held ones are taken off) and the room succeeds once it
+    /// is sent.
     pub async fn send(
         &mut self,
         first: usize,
@@ -78,11 +98,26 @@ impl SendRoom {
         let Some(sender) = self.sender.clone() else {
             return Err(self.fail(FailReason::Refused("send before the handshake".into())));
         };
+        // Slots the receiver holds: not sent; the rest index `dest` from `held` on.
+        let skip = self.held.saturating_sub(first).min(src.len());
+        let src = &src[skip..];
+        // The aux data counts the room's slots; the receiver expects the pages it is sent.
+        let last = last.map(|mut a| {
+            a.total_pages = a.total_pages.saturating_sub(self.held as u32);
+            a
+        });
+        if src.is_empty() && last.is_none() {
+            return Ok(());
+        }
+        let first = (first + skip).saturating_sub(self.held);
         let end = first + src.len();
         if end > self.dest.len() || self.sent[first..end].iter().any(|&s| s) {
             return Err(self.fail(FailReason::Refused(format!(
-                "chunk slots {first}..{end} outside the {} destination pages or already sent",
-                self.dest.len()
+                "chunk slots {}..{} outside the {} destination pages after {} held, or already sent",
+                first + self.held,
+                end + self.held,
+                self.dest.len(),
+                self.held
             ))));
         }
         let now = Instant::now();

@@ -47,10 +47,11 @@ impl<B: Backend> Engine<B> {
     }
 
     /// An admitted request's pages: its receiver room opens and its handshake starts (or it
-    /// prefills here).
+    /// prefills here). The longest prefix the cache holds leads its pages: prefilled here,
+    /// it computes the rest; prefilled elsewhere, the prefill node sends only the rest
+    /// (delta transfer).
     fn allocate(&mut self, room: Room, pages: usize, local: bool, now: Instant) {
-        // Prefilled here: from the longest prefix the cache holds.
-        let hit = if local { self.lookup(room) } else { None };
+        let hit = self.lookup(room);
         let lent = hit.as_ref().map_or(0, |m| m.pages.len());
         let alloc = match self.take_pages(pages - lent) {
             Ok(p) => p,
@@ -71,7 +72,12 @@ impl<B: Backend> Engine<B> {
         let alloc = match hit {
             Some(found) => {
                 metrics::counter!(m::PREFIX_HIT_TOKENS, "role" => "decode").increment(found.tokens as u64);
-                r.computed = found.tokens;
+                if local {
+                    r.computed = found.tokens;
+                } else {
+                    r.held = found.pages.len();
+                    metrics::counter!(m::TRANSFER_PAGES_HELD).increment(found.pages.len() as u64);
+                }
                 r.cached = Some(found.node);
                 PageAlloc::lending(&found.pages, alloc)
             }
@@ -79,10 +85,10 @@ impl<B: Backend> Engine<B> {
         };
         r.clock.lap("admission", now);
         r.pages = Some(alloc);
-        let dest = r.prompt_pages(self.pool.layout().page_size).to_vec();
         if local {
             return;
         }
+        let dest = r.prompt_pages(self.pool.layout().page_size)[r.held..].to_vec();
         match self.receiver.open(room, r.key.secret, &dest) {
             Ok(outcome) => self.wake.outcome(room, r.incarnation, outcome),
             Err(refusal) => {
@@ -99,6 +105,7 @@ impl<B: Backend> Engine<B> {
             key: r.key,
             bootstrap: r.bootstrap.clone().unwrap_or_default(),
             dest,
+            held: r.held as u32,
             data_endpoint: self.cfg.data_endpoint.clone(),
             backend: self.cfg.backend,
             layout: self.cfg.layout.clone(),
@@ -122,6 +129,7 @@ impl<B: Backend> Engine<B> {
         let r = self.reqs.entry(room).or_insert(r);
         r.computed = 0;
         r.behind = 0;
+        r.held = 0;
         if r.generated.is_empty() {
             // Its prompt is computed again from the start, its logprobs with it.
             r.prompt_logprobs.clear();

@@ -10,7 +10,9 @@
 //! and a request's cached prefix counts among the pages it holds. Two requests reading one
 //! cached prefix are counted as holding it twice, so the queues' free pages never exceed
 //! what the pool can give (free plus evictable; exactly that when no request reads the cache).
-//! Not yet: transfers that skip what the decode node holds, the router seeing this cache.
+//! A prompt prefilled on a prefill node finds its prefix here too: the handshake tells that
+//! node how many leading pages the decode node holds, and it sends only the rest (delta
+//! transfer). Not yet: the router seeing this cache.
 
 use ferry_cluster::Room;
 use ferry_engine::{CacheMatch, EngineError, PageAlloc, RadixCache};

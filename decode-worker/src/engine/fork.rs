@@ -80,6 +80,7 @@ impl<B: Backend> Engine<B> {
                     family: room,
                     forks: Vec::new(),
                     cached: None,
+                    held: 0,
                     hit: 0,
                 };
                 (child, req)

@@ -83,6 +83,7 @@ impl<B: Backend> Engine<B> {
             family: room,
             forks,
             cached: None,
+            held: 0,
             hit: 0,
         };
         self.reqs.insert(room, r);
@@ -115,7 +116,8 @@ impl<B: Backend> Engine<B> {
         r.clock.lap("transfer", now);
         self.receiver.close(room);
         r.first = Some(Sampled { token: aux.first_token, logprob: aux.logprob, top: Vec::new() });
-        let pages = r.prompt_pages(self.pool.layout().page_size);
+        // The pages the prefill node sent (the held ones are the cache's, on the device).
+        let pages = &r.prompt_pages(self.pool.layout().page_size)[r.held..];
         // SAFETY: the room is complete and closed: every write into its pages has landed and
         // no other is accepted; the request owns the pages.
         match unsafe { self.kv.to_device(self.model.backend(), &self.pool, pages) } {

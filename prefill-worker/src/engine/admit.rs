@@ -41,8 +41,12 @@ impl<B: Backend> Engine<B> {
     /// Both halves are here: check the handshake against the prompt, start the room task, queue.
     pub(super) fn admit(&mut self, room: Room, secret: RoomSecret, r: NewRequest, h: Handshake) {
         let need = self.pool.pages_for(r.tokens.len());
-        if h.dest.len() != need {
-            let why = format!("the handshake names {} destination pages; the prompt needs {need}", h.dest.len());
+        if h.held.checked_add(h.dest.len()) != Some(need) {
+            let why = format!(
+                "the handshake names {} destination pages after {} held; the prompt needs {need}",
+                h.dest.len(),
+                h.held
+            );
             let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
             self.rooms.on(Event::Finished(room), Instant::now());
             let sender = h.sender;
@@ -53,7 +57,7 @@ impl<B: Backend> Engine<B> {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
-        if let Err(e) = send_room.handshake(Arc::clone(&h.sender), h.dest.clone(), Instant::now()) {
+        if let Err(e) = send_room.handshake_held(Arc::clone(&h.sender), h.dest.clone(), h.held, Instant::now()) {
             let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
             self.rooms.on(Event::Finished(room), Instant::now());
             return;

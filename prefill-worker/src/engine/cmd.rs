@@ -48,8 +48,10 @@ pub struct NewRequest {
 
 /// A decode node's handshake, its sender already connected.
 pub struct Handshake {
-    /// Destination pages, in prompt order.
+    /// Destination pages, in prompt order, after the held ones.
     pub dest: Vec<u32>,
+    /// Leading prompt pages the decode node holds already: not sent (delta transfer).
+    pub held: usize,
     /// The data-plane sender to that decode node.
     pub sender: Arc<Sender>,
     /// How to reach that decode node anew, to abort the room there when the sender's

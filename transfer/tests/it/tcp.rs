@@ -248,3 +248,37 @@ async fn a_sender_stalled_mid_frame_releases_the_rooms_pages_within_the_progress
     let _ = raw.write_all(&payload[PAGE / 2..]).await;
     drop(raw);
 }
+
+/// Delta transfer through `SendRoom`: the receiver holds the room's first slots already, its
+/// destination list starts after them, and chunks' slots below them are skipped — a chunk all
+/// inside them sends nothing; the rest land where the list says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_whose_first_slots_the_receiver_holds_sends_only_the_rest() {
+    use ferry_transfer::room::State;
+    use ferry_transfer::{SendRoom, Sender};
+    use std::time::Instant;
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver = TcpReceiver::bind(any_addr(), Arc::clone(&rx_mem), cfg()).await.expect("bind");
+    let sender = Arc::new(Sender::Tcp(TcpSender::connect(receiver.local_addr(), cfg()).await.expect("connect")));
+    let (room, secret) = (Room::from(77u32), RoomSecret::from([77; 16]));
+    // Slots 0..3 held; slots 3..6 go to pages 40, 41, 50.
+    let dest = vec![40, 41, 50];
+    let done = receiver.open(room, secret, &dest).expect("open");
+    let mut r = SendRoom::new(room, secret, cfg().timeouts, Instant::now());
+    r.handshake_held(Arc::clone(&sender), dest, 3, Instant::now()).expect("handshake");
+    r.send(0, &[1, 2], &src, None).await.expect("a chunk of held slots: nothing to send");
+    r.send(2, &[3, 4, 5], &src, None).await.expect("slot 2 held, 3 and 4 sent");
+    // The room's 6 slots, as a prefill node counts them; the receiver was sent 3.
+    let aux = Aux { first_token: 9, logprob: 0.0, room_echo: 77, total_pages: 6 };
+    r.send(5, &[6], &src, Some(aux)).await.expect("the last slot");
+    assert_eq!(r.poll(Instant::now()), State::Success);
+    assert!(matches!(outcome(done).await, Outcome::Success(_)));
+    for (s, d) in [(4, 40), (5, 41), (6, 50)] {
+        assert_eq!(page(&rx_mem, d), page(&src, s), "source page {s} -> {d}");
+    }
+    receiver.close(room);
+    let mut r = SendRoom::new(Room::from(78u32), RoomSecret::from([78; 16]), cfg().timeouts, Instant::now());
+    r.handshake_held(Arc::clone(&sender), vec![60], 1, Instant::now()).expect("handshake");
+    assert!(r.send(1, &[1, 2], &src, None).await.is_err(), "slots past the room are refused");
+}
