@@ -154,6 +154,57 @@ fn bench_reports_are_consistent() {
     check(&r, Some(4));
     assert_eq!(f(&r, &["sent"]), 6.0, "every trace line was sent");
     assert!(f(&r, &["prefix_cache", "cached_tokens"]) > 0.0, "trace blocks 1 and 2 are shared");
+
+    // Multi-turn conversations: each turn carries the conversation so far, the model's answers
+    // (6 tokens each) included, and finds its earlier turns cached.
+    let url = format!("http://{}", up.http);
+    let r = bench(
+        &[
+            "--url",
+            &url,
+            "--workload",
+            "multi-turn",
+            "--turns",
+            "3",
+            "--requests",
+            "6",
+            "--concurrency",
+            "2",
+            "--think-time",
+            "0.1",
+            "--output-len",
+            "6",
+            "--prefix-words",
+            "40",
+            "--duration",
+            "60",
+        ],
+        dir.path(),
+        "multi-turn",
+    );
+    check(&r, Some(6));
+    assert_eq!(r["workload"], "multi-turn");
+    assert_eq!((f(&r, &["turns", "first", "requests"]), f(&r, &["turns", "later", "requests"])), (2.0, 4.0));
+    let mut turns: Vec<(u64, u64, f64, f64)> = r["turns"]["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .map(|s| {
+            (
+                s["conversation"].as_u64().unwrap_or(99),
+                s["turn"].as_u64().unwrap_or(99),
+                f(s, &["prompt_tokens"]),
+                f(s, &["cached_tokens"]),
+            )
+        })
+        .collect();
+    turns.sort_by_key(|t| (t.0, t.1));
+    for w in turns.windows(2).filter(|w| w[0].0 == w[1].0) {
+        assert_eq!(w[1].1, w[0].1 + 1, "turns in order: {turns:?}");
+        // The earlier prompt, its 6-token answer and a new question of 12 words at least.
+        assert!(w[1].2 >= w[0].2 + 6.0 + 12.0, "a turn carries the conversation so far: {turns:?}");
+        assert!(w[1].3 >= 16.0, "and finds its earlier turns cached: {turns:?}");
+    }
     assert!(up.interrupt());
 }
 

@@ -34,6 +34,13 @@ pub struct Sample {
     /// Where its time went, as the router reported it (`ferry-phases`): each phase of its
     /// critical path and seconds, in order.
     pub phases: Vec<(String, f64)>,
+    /// Its `multi-turn` conversation (other workloads: 0).
+    pub conversation: u32,
+    /// Its turn in a `multi-turn` conversation (0: the first; other workloads: 0).
+    pub turn: u32,
+    /// The answer's text (what `multi-turn` puts in the conversation's next turn).
+    #[serde(skip)]
+    pub text: String,
 }
 
 /// Where requests go.
@@ -177,6 +184,10 @@ async fn http(
                 if let Some(p) = v["ferry_phases"].as_object() {
                     s.phases = p.iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0))).collect();
                 }
+                let choice = &v["choices"][0];
+                if let Some(t) = choice["delta"]["content"].as_str().or_else(|| choice["text"].as_str()) {
+                    s.text.push_str(t);
+                }
                 match v.get("usage") {
                     Some(u) => {
                         s.prompt_tokens = u["prompt_tokens"].as_u64().unwrap_or(0) as u32;
@@ -232,6 +243,7 @@ async fn grpc(
     while let Some(m) = stream.message().await.map_err(|st| format!("{:?}: {}", st.code(), st.message()))? {
         let now = clock.elapsed().as_secs_f64();
         s.token_times.extend(std::iter::repeat_n(now, m.token_ids.len()));
+        s.text.push_str(&m.text);
         if m.finish_reason != 0 || m.completion_tokens > 0 {
             s.prompt_tokens = m.prompt_tokens;
             s.completion_tokens = m.completion_tokens;

@@ -1,8 +1,10 @@
 //! `ferry bench`: a load generator against a router's OpenAI HTTP API or gRPC endpoint.
 //!
-//! - [`workload`]: what to send (`shared-prefix`, `few-shot`, `random`, a Mooncake `trace`);
+//! - [`workload`]: what to send (`shared-prefix`, `multi-turn`, `few-shot`, `random`, a
+//!   Mooncake `trace`); [`conversation`]: the `multi-turn` loop;
 //! - [`client`]: sending one request and timing its tokens;
-//! - [`report`]: the figures (table, JSON); [`chart`]: the PNG;
+//! - [`report`]: the figures (table, JSON), [`turns`] by turn of a conversation; [`chart`]:
+//!   the PNG;
 //! - [`watch`]: daemons' memory and workers' free pages over the run (the soak record).
 //!
 //! Pacing: closed loop (`--concurrency N` requests in flight), open loop (`--rate R`
@@ -12,7 +14,9 @@
 
 pub mod chart;
 pub mod client;
+pub mod conversation;
 pub mod report;
+pub mod turns;
 pub mod watch;
 pub mod workload;
 
@@ -33,6 +37,9 @@ use workload::{Item, Synth, TraceShape};
 pub enum Workload {
     /// Chat turns that share system prompts and conversation history.
     SharedPrefix,
+    /// Conversations driven turn by turn (closed loop): each turn carries the model's actual
+    /// earlier answers, with --think-time between turns.
+    MultiTurn,
     /// Few-shot prompts: a long shared block of examples, then a short question.
     FewShot,
     /// Prompts of random words, no shared prefixes.
@@ -48,7 +55,7 @@ pub struct BenchArgs {
     /// (the `ferry.v1.Router` service).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub url: String,
-    /// Workload: `shared-prefix`, `few-shot`, `random` or `trace`.
+    /// Workload: `shared-prefix`, `multi-turn`, `few-shot`, `random` or `trace`.
     #[arg(long, value_enum, default_value_t = Workload::SharedPrefix)]
     pub workload: Workload,
     /// A Mooncake trace (JSON lines of timestamp, input_length, output_length, hash_ids) for
@@ -86,9 +93,12 @@ pub struct BenchArgs {
     /// `shared-prefix`: conversations.
     #[arg(long, default_value_t = 16)]
     pub conversations: usize,
-    /// `shared-prefix`: turns per conversation.
+    /// `shared-prefix`, `multi-turn`: turns per conversation.
     #[arg(long, default_value_t = 3)]
     pub turns: usize,
+    /// `multi-turn`: seconds between an answer and the conversation's next turn.
+    #[arg(long, default_value_t = 0.5)]
+    pub think_time: f64,
     /// Tokens to generate per request (synthetic workloads).
     #[arg(long, default_value_t = 32)]
     pub output_len: u32,
@@ -179,6 +189,8 @@ impl Source {
     fn item(&self, i: usize) -> Option<Item> {
         match self.kind {
             Workload::SharedPrefix => Some(workload::shared_prefix(&self.synth, i)),
+            // Driven by `conversation::slot`, which needs each answer first.
+            Workload::MultiTurn => None,
             Workload::FewShot => Some(workload::few_shot(&self.synth, i)),
             Workload::Random => Some(workload::random(&self.synth, i)),
             Workload::Trace => self.trace.get(i).cloned(),
@@ -228,7 +240,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
     let mut cut = 0;
     let mut trace = Vec::new();
     match args.workload {
-        Workload::SharedPrefix | Workload::FewShot | Workload::Random => {}
+        Workload::SharedPrefix | Workload::MultiTurn | Workload::FewShot | Workload::Random => {}
         Workload::Trace => {
             let path = args.trace.as_ref().context("--workload trace needs --trace FILE")?;
             let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
@@ -249,6 +261,13 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
         (None, Some(c), _) => Pace::Closed(c.max(1)),
         (None, None, "trace") => Pace::Trace,
         (None, None, _) => Pace::Closed(4),
+    };
+    if args.workload == Workload::MultiTurn && !matches!(pace, Pace::Closed(_)) {
+        bail!("--workload multi-turn runs conversations in a closed loop: use --concurrency, not --rate");
+    }
+    let think = match args.think_time {
+        0.0 => Duration::ZERO,
+        t => ferry_cluster::args::seconds("think-time", t).map_err(anyhow::Error::msg)?,
     };
     let mode = match pace {
         Pace::Closed(c) => format!("closed loop, concurrency {c}"),
@@ -334,6 +353,24 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
 
     let mut samples: Vec<Sample> = Vec::new();
     match pace {
+        Pace::Closed(c) if args.workload == Workload::MultiTurn => {
+            let shared = Arc::new(conversation::Shared {
+                next: AtomicUsize::new(0),
+                sent: AtomicUsize::new(0),
+                limit,
+                stop_sending,
+                turns: args.turns.max(1),
+                think,
+            });
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..c {
+                let (shared, source, one) = (Arc::clone(&shared), Arc::clone(&source), one.clone());
+                tasks.spawn(async move { conversation::slot(&source.synth, &shared, one).await });
+            }
+            while let Some(r) = tasks.join_next().await {
+                samples.extend(r.context("a bench task panicked")?);
+            }
+        }
         Pace::Closed(c) => {
             let next = Arc::new(AtomicUsize::new(0));
             let mut tasks = tokio::task::JoinSet::new();

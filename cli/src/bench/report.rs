@@ -187,6 +187,9 @@ pub struct Report {
     pub errors: BTreeMap<String, usize>,
     /// Where the requests' time went.
     pub phases: Phases,
+    /// A `multi-turn` run by turn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<super::turns::Turns>,
 }
 
 impl Report {
@@ -259,6 +262,7 @@ impl Report {
             timeline,
             errors,
             phases: Phases::of(&ok),
+            turns: super::turns::Turns::of(&ok),
             ..Self::default()
         }
     }
@@ -296,6 +300,9 @@ impl Report {
             self.prefix_cache.prompt_tokens,
             self.prefix_cache.hit_rate * 100.0
         );
+        if let Some(t) = &self.turns {
+            s += &t.table();
+        }
         let p = &self.phases;
         if p.requests > 0 {
             s += &format!(
@@ -336,7 +343,7 @@ mod tests {
             completion_tokens: tokens.len() as u32,
             cached_tokens: 4,
             error: error.then(|| "boom".to_string()),
-            phases: Vec::new(),
+            ..Sample::default()
         }
     }
 

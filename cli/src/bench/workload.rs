@@ -3,6 +3,9 @@
 //!
 //! - `shared-prefix`: multi-turn chat conversations, each opening with one of a few long
 //!   system prompts; turn t of a conversation repeats its first t − 1 turns.
+//! - `multi-turn`: conversations driven turn by turn: each next turn carries the model's
+//!   actual previous answers (`multi_turn_opening`, `multi_turn_question`; the loop is in
+//!   `bench::conversation`).
 //! - `few-shot`: one long block of worked examples, then a different question each time.
 //! - `random`: prompts of random words, nothing shared.
 //! - `trace`: a Mooncake trace (JSON lines `{"timestamp": ms, "input_length": n,
@@ -81,6 +84,19 @@ pub fn shared_prefix(s: &Synth, i: usize) -> Item {
         }
     }
     Item { prompt: Prompt::Chat(msgs), max_tokens: s.output_len, at: None }
+}
+
+/// The opening of `multi-turn` conversation `c`: its own system prompt (shared with no other
+/// conversation, so that what one turn reuses is its own conversation's).
+pub fn multi_turn_opening(s: &Synth, c: usize) -> (String, String) {
+    let mut rng = StdRng::seed_from_u64(s.seed ^ 0x6d75_6c74_6900_0000 ^ c as u64);
+    ("system".into(), format!("You are assistant number {c}. {}", words(&mut rng, s.prefix_words)))
+}
+
+/// The user's question in turn `t` of `multi-turn` conversation `c`.
+pub fn multi_turn_question(s: &Synth, c: usize, t: usize) -> (String, String) {
+    let mut rng = StdRng::seed_from_u64(s.seed.wrapping_add(1 + c as u64 * 7919 + t as u64 * 104_729));
+    ("user".into(), format!("Question {t}: {}?", words(&mut rng, s.question_words)))
 }
 
 /// Request `i` of `few-shot`.
