@@ -118,12 +118,15 @@ pub enum Sender {
 }
 
 impl Sender {
-    /// Whether its connection is known to have ended (tcp; the other backends find out when
-    /// they next send).
+    /// Whether its connection is known to have ended (tcp) or to be out of step (rdma: a grant
+    /// exchange broke off); the other cases are found out at the next send.
     pub fn closed(&self) -> bool {
         match self {
             Self::Tcp(s) => s.closed(),
-            _ => false,
+            Self::RdmaMem(s) => s.broken(),
+            #[cfg(feature = "rdma")]
+            Self::Rdma(s) => s.broken(),
+            Self::Fake(_) => false,
         }
     }
 

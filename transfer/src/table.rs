@@ -86,6 +86,8 @@ struct Closing {
     incarnation: u64,
     pages: Vec<u32>,
     claimed: usize,
+    /// An RDMA sender still holds windows over the pages ([`RoomTable::end_lease`]).
+    leased: bool,
 }
 
 struct RecvRoom {
@@ -100,6 +102,9 @@ struct RecvRoom {
     admitted_peer: bool,
     /// An RDMA sender was granted windows over this room's pages.
     granted: bool,
+    /// ... and has ended the room since (its `Done` or `Abort`, its connection gone), or its
+    /// windows were revoked: nothing of it can write the pages any more.
+    lease_ended: bool,
 }
 
 /// Open rooms of one receiver.
@@ -197,6 +202,7 @@ impl RoomTable {
                 room: r,
                 admitted_peer: false,
                 granted: false,
+                lease_ended: false,
             },
         );
         Ok(())
@@ -302,18 +308,42 @@ impl RoomTable {
     fn settle_closing(&mut self, c: Claim) -> bool {
         let Some(z) = self.closing.get_mut(&c.room).filter(|z| z.incarnation == c.incarnation) else { return false };
         z.claimed = z.claimed.saturating_sub(c.n as usize);
-        if z.claimed == 0
-            && let Some(z) = self.closing.remove(&c.room)
+        self.release_if_settled(c.room);
+        true
+    }
+
+    /// Releases a closing room's pages once no run is being written and no sender holds
+    /// windows over them.
+    fn release_if_settled(&mut self, room: RoomId) {
+        if self.closing.get(&room).is_some_and(|z| z.claimed == 0 && !z.leased)
+            && let Some(z) = self.closing.remove(&room)
         {
             for p in z.pages {
                 self.owners.remove(&PageId(p));
             }
-            self.released.push(c.room);
+            self.released.push(room);
         }
-        true
     }
 
-    /// Whether a closed room still has runs being written (its pages are not free yet).
+    /// The RDMA sender granted `room` can write its pages no more (it ended the room, its
+    /// queue pair is gone, or its windows were revoked): a closed room's pages are released
+    /// (when no run is being written either).
+    pub fn end_lease(&mut self, room: RoomId) {
+        if let Some(r) = self.rooms.get_mut(&room) {
+            r.lease_ended = true;
+        } else if let Some(z) = self.closing.get_mut(&room) {
+            z.leased = false;
+            self.release_if_settled(room);
+        }
+    }
+
+    /// Whether `room` is closed but an RDMA sender may still write its pages.
+    pub fn leased_closing(&self, room: RoomId) -> bool {
+        self.closing.get(&room).is_some_and(|z| z.leased)
+    }
+
+    /// Whether a closed room still has runs being written, or an RDMA sender's windows over
+    /// its pages (its pages are not free yet).
     pub fn writing(&self, room: RoomId) -> bool {
         self.closing.contains_key(&room)
     }
@@ -392,14 +422,17 @@ impl RoomTable {
     }
 
     /// Forgets a room; later frames for it are refused. Its pages are released at once, or,
-    /// when runs are still being written into them, as the last of those settles (see
-    /// [`writing`](Self::writing)). Returns its state, or None when it was not open.
+    /// when runs are still being written into them or an RDMA sender still holds windows over
+    /// them, once the last of those settles and the sender's lease ends (see
+    /// [`writing`](Self::writing), [`end_lease`](Self::end_lease)). Returns its state, or None
+    /// when it was not open.
     pub fn close(&mut self, room: RoomId) -> Option<State> {
         let r = self.rooms.remove(&room)?;
         let claimed = r.pages.values().filter(|&&s| s == PageState::Claimed).count();
-        if claimed > 0 {
+        let leased = r.granted && !r.lease_ended;
+        if claimed > 0 || leased {
             let pages = r.pages.keys().copied().collect();
-            self.closing.insert(room, Closing { incarnation: r.incarnation, pages, claimed });
+            self.closing.insert(room, Closing { incarnation: r.incarnation, pages, claimed, leased });
         } else {
             for p in r.pages.keys() {
                 self.owners.remove(&PageId(*p));

@@ -7,8 +7,8 @@
 //!
 //! The arena's own remote key grants nothing: a sender asks, on the same connection, for each
 //! room's **grant** ([`ask_grant`]) — with the room's key, once per room — and the receiver
-//! binds a memory window over each run of the room's pages on that queue pair and answers with
-//! their keys ([`Window`]). A write outside them fails the queue pair; the windows are
+//! binds a memory window over each run of the room's pages on that queue pair and answers,
+//! naming the room, with their keys ([`Window`]). A write outside them fails the queue pair; the windows are
 //! invalidated when the room ends or closes. The connection stays open for the life of the
 //! queue pair: its closing is how each side learns the other is gone.
 
@@ -165,9 +165,13 @@ pub async fn ask_grant(stream: &mut DataStream, room: Room, secret: &RoomSecret)
     q[8..].copy_from_slice(secret.as_bytes());
     stream.write_all(&q).await?;
     stream.flush().await?;
-    let mut head = [0u8; 5];
+    let mut head = [0u8; 13];
     stream.read_exact(&mut head).await?;
-    let n = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let echo = u64::from_le_bytes(head[1..9].try_into().unwrap_or([0; 8]));
+    if echo != room.get() {
+        return Err(bad(&format!("a grant for {echo:#x} answered the request for {room}")));
+    }
+    let n = u32::from_le_bytes([head[9], head[10], head[11], head[12]]) as usize;
     if head[0] != 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::PermissionDenied,
@@ -192,11 +196,13 @@ pub fn parse_grant_request(q: &[u8; GRANT_REQUEST_LEN]) -> std::io::Result<(Room
     Ok((room, RoomSecret::from_bytes(secret)))
 }
 
-/// Receiver side: answers a grant request with `windows`, or with a refusal (None).
-pub async fn grant(stream: &mut DataStream, windows: Option<&[Window]>) -> std::io::Result<()> {
+/// Receiver side: answers the grant request for `room` with `windows`, or with a refusal
+/// (None). The answer names the room, so a sender never takes one room's keys for another's.
+pub async fn grant(stream: &mut DataStream, room: Room, windows: Option<&[Window]>) -> std::io::Result<()> {
     let ws = windows.unwrap_or(&[]);
-    let mut b = Vec::with_capacity(5 + ws.len() * 12);
+    let mut b = Vec::with_capacity(13 + ws.len() * 12);
     b.push(u8::from(windows.is_none()));
+    b.extend_from_slice(&room.get().to_le_bytes());
     b.extend_from_slice(&(ws.len() as u32).to_le_bytes());
     for w in ws {
         b.extend_from_slice(&w.first.to_le_bytes());

@@ -414,12 +414,21 @@ impl QueuePair for IbQp {
             self.spare.push(mw as usize);
             return Err(e);
         }
+        // Posted binds leave `ibv_mw.rkey` as it was (only `ibv_bind_mw` updates it): keep the
+        // tag moving, so that a spare window's next key differs from every earlier one.
+        // SAFETY: an allocated window, ours alone.
+        unsafe { (*mw).rkey = rkey };
         self.bound.insert(rkey, mw as usize);
         Ok(rkey)
     }
 
     fn invalidate_window(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError> {
-        let Some(mw) = self.bound.remove(&rkey) else { return Ok(()) };
+        let Some(mw) = self.bound.remove(&rkey) else {
+            return Err(VerbsError::Call {
+                call: "ibv_post_send",
+                detail: format!("no window {rkey:#x} to invalidate"),
+            });
+        };
         let mut wr = ffi::ibv_send_wr {
             wr_id,
             opcode: ffi::ibv_wr_opcode::IBV_WR_LOCAL_INV,

@@ -36,6 +36,17 @@ struct Shared<V: Verbs> {
     limits: Limits,
     cfg: RdmaConfig,
     grants: Grants<V::Qp>,
+    /// Where lease timeouts run (`close` is called from the engine's thread).
+    rt: tokio::runtime::Handle,
+}
+
+impl<V: Verbs> Shared<V> {
+    /// `room`'s sender can write no more: its windows are invalidated, and a closed room's
+    /// pages released.
+    fn end_lease(&self, room: Room) {
+        self.grants.revoke(room);
+        self.inbox.with_table(|t| t.end_lease(room));
+    }
 }
 
 /// Receives rooms' pages by RDMA into a registered page arena.
@@ -87,7 +98,8 @@ impl<V: Verbs> RdmaReceiver<V> {
         // remote writes land only through the windows of granted rooms.
         let keys = unsafe { verbs.register(mem.base_ptr(), mem.len_bytes()) }.map_err(io_err)?;
         let inbox = Inbox::new(cfg.timeouts, "rdma");
-        let shared = Arc::new(Shared { inbox, mem, keys, verbs, limits, cfg, grants: Grants::default() });
+        let rt = tokio::runtime::Handle::current();
+        let shared = Arc::new(Shared { inbox, mem, keys, verbs, limits, cfg, grants: Grants::default(), rt });
         let tasks = crate::inbox::spawn_receiver_tasks(listener, Arc::clone(&shared), |s| &s.inbox, security, serve);
         Ok(Self { addr, shared, tasks })
     }
@@ -107,11 +119,21 @@ impl<V: Verbs> RdmaReceiver<V> {
         self.shared.inbox.open_in(self.shared.mem.pages(), room, secret, dest)
     }
 
-    /// Forgets a room; its pages may be reused and later messages for it are refused. Its
-    /// memory windows are invalidated before this returns.
+    /// Forgets a room; later messages for it are refused. A room whose sender may still be
+    /// writing (granted, not ended by it) keeps its windows and its pages (`inbox().released`
+    /// says when they are free) until the sender ends it or the transferring timeout passes;
+    /// otherwise its windows are invalidated before this returns.
     pub fn close(&self, room: Room) -> Option<State> {
         let state = self.shared.inbox.close(room);
-        self.shared.grants.revoke(room);
+        if self.shared.inbox.with_table(|t| t.leased_closing(room)) {
+            let (s, after) = (Arc::clone(&self.shared), self.shared.cfg.timeouts.transferring);
+            self.shared.rt.spawn(async move {
+                tokio::time::sleep(after).await;
+                s.end_lease(room);
+            });
+        } else {
+            self.shared.grants.revoke(room);
+        }
         state
     }
 
@@ -170,7 +192,7 @@ impl<V: Verbs> Conn<'_, V> {
         let mut ended = Vec::new();
         for c in std::mem::take(&mut self.got) {
             if c.op == WcOp::Window {
-                lock(&self.link).in_flight -= 1;
+                lock(&self.link).window_done();
                 if c.status != WcStatus::Success {
                     return Ok(Err(FailReason::PeerGone(format!("a memory window operation failed: {:?}", c.status))));
                 }
@@ -193,7 +215,7 @@ impl<V: Verbs> Conn<'_, V> {
         }
         // A room that ended on this connection needs its windows no more.
         for room in ended {
-            self.s.grants.revoke(room);
+            self.s.end_lease(room);
         }
         Ok(Ok(self.got.len()))
     }
@@ -232,18 +254,21 @@ impl<V: Verbs> Conn<'_, V> {
             Ok(pages) => cm::page_runs(&pages),
             Err(r) => {
                 tracing::warn!(%room, reason = r.label(), "rdma grant refused");
-                return cm::grant(stream, None).await.map(Ok);
+                return cm::grant(stream, room, None).await.map(Ok);
             }
         };
+        // This connection carries the room from now on: it fails with it.
+        seen.insert(room);
         if runs.len() > cm::MAX_WINDOWS {
             tracing::warn!(%room, runs = runs.len(), "rdma grant refused: too many separate page runs");
-            return cm::grant(stream, None).await.map(Ok);
+            self.s.end_lease(room);
+            return cm::grant(stream, room, None).await.map(Ok);
         }
         let (base, pb) = (self.s.mem.base_ptr() as u64, self.s.mem.page_bytes() as u64);
         let depth = self.s.cfg.depth.max(2);
         let mut windows = Vec::with_capacity(runs.len());
         for (first, pages) in runs {
-            if let Err(why) = self.until(seen, |l| l.in_flight < depth).await? {
+            if let Err(why) = self.until(seen, |l| l.in_flight < depth && !l.waiting()).await? {
                 return Ok(Err(why));
             }
             let rkey = lock(&self.link)
@@ -252,18 +277,16 @@ impl<V: Verbs> Conn<'_, V> {
             windows.push(Window { first, pages, rkey });
         }
         self.s.grants.insert(room, &self.link, windows.iter().map(|w| w.rkey).collect());
-        // This connection now carries the room: it fails with it.
-        seen.insert(room);
-        // Closed while its windows were being bound: `close` may have missed them.
-        if self.s.inbox.state(room).is_none() {
-            self.s.grants.revoke(room);
-            return cm::grant(stream, None).await.map(Ok);
-        }
         // In force before the sender may write.
         if let Err(why) = self.until(seen, |l| l.in_flight == 0).await? {
             return Ok(Err(why));
         }
-        cm::grant(stream, Some(&windows)).await.map(Ok)
+        // Closed meanwhile: the sender gets no keys, and the lease ends here.
+        if self.s.inbox.state(room).is_none() {
+            self.s.end_lease(room);
+            return cm::grant(stream, room, None).await.map(Ok);
+        }
+        cm::grant(stream, room, Some(&windows)).await.map(Ok)
     }
 }
 
@@ -286,7 +309,7 @@ async fn serve_qp<V: Verbs>(
     let bufs = HostPages::new(msg_bytes, slots as usize).ok_or_else(|| io_err("cannot allocate receive buffers"))?;
     // SAFETY: the buffers live until the end of this function, after the queue pair is gone.
     let keys = unsafe { s.verbs.register(bufs.base_ptr(), bufs.len_bytes()) }.map_err(io_err)?;
-    let mut conn = Conn { s, link: Link::new(qp), bufs, keys, msg_bytes, got: Vec::new() };
+    let mut conn = Conn { s, link: Link::new(qp, slots.max(s.cfg.depth)), bufs, keys, msg_bytes, got: Vec::new() };
     let result = async {
         for i in 0..slots {
             let sge = conn.sge(i);
@@ -337,9 +360,12 @@ async fn serve_qp<V: Verbs>(
         }
     }
     .await;
-    // The queue pair goes, and its windows with it.
-    s.grants.forget(&conn.link);
+    // The queue pair goes, and its windows with it: the leases end.
+    let granted = s.grants.forget(&conn.link);
     drop(conn.link);
+    for room in granted {
+        s.inbox.with_table(|t| t.end_lease(room));
+    }
     s.verbs.deregister(keys);
     result
 }
@@ -379,9 +405,18 @@ fn handle<V: Verbs>(s: &Shared<V>, msg: &[u8], imm: u32, seen: &mut HashSet<Room
             }
             Kind::Done | Kind::Abort => {
                 let end = (at + h.payload_len as usize).min(msg.len());
+                // Its sender is done with a room this connection carries (granted, or closed
+                // here since): its windows go and its lease ends before the outcome is known,
+                // so a closing room's pages are free at once and no window outlives the room.
+                let mine = seen.contains(&h.room);
+                if mine {
+                    s.end_lease(h.room);
+                }
                 if s.inbox.control(&h, &msg[at..end]).is_some() {
                     seen.insert(h.room);
-                    ended.push(h.room);
+                    if !mine {
+                        ended.push(h.room);
+                    }
                 }
                 at = end;
             }

@@ -67,6 +67,21 @@ pub struct RdmaSender<V: Verbs> {
     cm: tokio::sync::Mutex<DataStream>,
     /// Rooms' windows on the receiver, and when they were granted.
     grants: Mutex<HashMap<Room, Granted>>,
+    /// A grant exchange broke off (an error, a timeout, a cancelled send): the stream may hold
+    /// an answer no request will read, so this sender asks for no more grants.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+/// Marks the sender broken unless disarmed: dropped mid-exchange (a cancelled future) or on
+/// an error, the exchange leaves the stream out of step.
+struct Exchange<'a>(&'a std::sync::atomic::AtomicBool, bool);
+
+impl Drop for Exchange<'_> {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<V: Verbs> std::fmt::Debug for RdmaSender<V> {
@@ -149,6 +164,7 @@ impl<V: Verbs> RdmaSender<V> {
             cfg,
             cm: tokio::sync::Mutex::new(stream),
             grants: Mutex::new(HashMap::new()),
+            broken: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -237,12 +253,30 @@ impl<V: Verbs> RdmaSender<V> {
         Ok(())
     }
 
+    /// Whether a grant exchange broke off: a pool should connect anew.
+    pub fn broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
     /// `room`'s windows: asked for (within `op_timeout`) on its first send.
     async fn windows(&self, room: Room, secret: &RoomSecret) -> std::io::Result<Arc<[Window]>> {
         if let Some((w, _)) = lock(&self.grants).get(&room) {
             return Ok(Arc::clone(w));
         }
-        let ask = async { cm::ask_grant(&mut *self.cm.lock().await, room, secret).await };
+        let ask = async {
+            let mut cm = self.cm.lock().await;
+            if self.broken() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "an earlier grant exchange broke off: connect anew",
+                ));
+            }
+            let mut exchange = Exchange(&self.broken, false);
+            let got = cm::ask_grant(&mut cm, room, secret).await;
+            // A refusal is an answer read whole; anything else leaves the stream out of step.
+            exchange.1 = got.is_ok() || got.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+            got
+        };
         let windows: Arc<[Window]> = tokio::time::timeout(self.cfg.op_timeout, ask)
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no grant for {room} in time")))??

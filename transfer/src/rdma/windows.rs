@@ -1,10 +1,15 @@
 //! The receiver's memory windows: which pages each sender's queue pair may write. A room's
 //! grant binds one window per run of its pages on the queue pair of the sender that asked
-//! (with the room's key, once); nothing else in the arena is writable from the network. The
-//! windows are invalidated when the room ends on that connection (its `Done` or `Abort`) or
-//! when the receiver closes the room, whichever comes first — before `close` returns, so no
-//! later owner of those pages can be written by the old sender — and they die with the queue
-//! pair. A window that cannot be invalidated takes its queue pair down with it.
+//! (with the room's key, once); nothing else in the arena is writable from the network.
+//!
+//! The grant is a **lease** on the room's pages: they are not reused while it lasts. It ends
+//! when the sender ends the room on that connection (its `Done` or `Abort`), when the queue
+//! pair goes, or — for a room the receiver closed while its sender may still be writing (a
+//! cancelled request) — after the transferring timeout. Only then are the windows
+//! invalidated and the pages released. So a closing room never breaks the queue pair that
+//! other rooms share (a write into an invalidated window would), and no later owner of the
+//! pages can be written by the old sender. A window that cannot be invalidated takes its queue
+//! pair down with it.
 //!
 //! On a NIC an invalidation runs in the queue pair's send-queue order: a write already past the
 //! NIC when it is posted may still land; none posted by the peer after the room's end can.
@@ -29,6 +34,10 @@ pub(super) struct Link<Q> {
     pub qp: Q,
     /// Window binds and invalidations posted and not yet completed.
     pub in_flight: u32,
+    /// Work requests the send queue holds: invalidations past it wait in `pending`.
+    pub cap: u32,
+    /// Invalidations waiting for room in the send queue (posted as completions free it).
+    pending: std::collections::VecDeque<u32>,
     /// A window could not be invalidated: the connection ends and the queue pair goes with it.
     pub poisoned: bool,
     next: u64,
@@ -37,8 +46,9 @@ pub(super) struct Link<Q> {
 pub(super) type SharedLink<Q> = Arc<Mutex<Link<Q>>>;
 
 impl<Q: QueuePair> Link<Q> {
-    pub fn new(qp: Q) -> SharedLink<Q> {
-        Arc::new(Mutex::new(Self { qp, in_flight: 0, poisoned: false, next: 0 }))
+    pub fn new(qp: Q, cap: u32) -> SharedLink<Q> {
+        let cap = cap.max(1);
+        Arc::new(Mutex::new(Self { qp, in_flight: 0, cap, pending: Default::default(), poisoned: false, next: 0 }))
     }
 
     fn next_id(&mut self) -> u64 {
@@ -54,15 +64,36 @@ impl<Q: QueuePair> Link<Q> {
         Ok(rkey)
     }
 
+    /// Invalidates the window `rkey` now, or as soon as the send queue has room.
     fn invalidate(&mut self, rkey: u32) {
-        let id = self.next_id();
-        match self.qp.invalidate_window(id, rkey) {
-            Ok(()) => self.in_flight += 1,
-            Err(e) => {
-                tracing::warn!(error = %e, "a memory window could not be invalidated: dropping its queue pair");
-                self.poisoned = true;
+        self.pending.push_back(rkey);
+        self.post_pending();
+    }
+
+    /// A window operation completed: its send-queue slot is free again.
+    pub fn window_done(&mut self) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.post_pending();
+    }
+
+    /// Posts waiting invalidations while the send queue has room.
+    fn post_pending(&mut self) {
+        while self.in_flight < self.cap {
+            let Some(rkey) = self.pending.pop_front() else { return };
+            let id = self.next_id();
+            match self.qp.invalidate_window(id, rkey) {
+                Ok(()) => self.in_flight += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "a memory window could not be invalidated: dropping its queue pair");
+                    self.poisoned = true;
+                }
             }
         }
+    }
+
+    /// Whether invalidations wait for the send queue (binds must not take their room).
+    pub fn waiting(&self) -> bool {
+        !self.pending.is_empty()
     }
 }
 
@@ -97,10 +128,18 @@ impl<Q: QueuePair> Grants<Q> {
         }
     }
 
-    /// Forgets the grants of `link`, whose queue pair is going away.
-    pub fn forget(&self, link: &SharedLink<Q>) {
+    /// Forgets the grants of `link`, whose queue pair is going away; their rooms.
+    pub fn forget(&self, link: &SharedLink<Q>) -> Vec<Room> {
         let me = Arc::downgrade(link);
-        lock(&self.0).retain(|_, g| !Weak::ptr_eq(&g.link, &me));
+        let mut gone = Vec::new();
+        lock(&self.0).retain(|&room, g| {
+            let mine = Weak::ptr_eq(&g.link, &me);
+            if mine {
+                gone.push(room);
+            }
+            !mine
+        });
+        gone
     }
 
     /// Rooms with windows in force.

@@ -12,6 +12,30 @@ fn pages_header(room: RoomId, secret: RoomSecret, first: u32, n: u32) -> Header 
     Header { kind: Kind::Pages, room, secret, dst_page: first, n_pages: n, payload_len: 0, payload_crc: 0 }
 }
 
+/// An RDMA grant is a lease on the room's pages: a room closed while its sender holds
+/// windows keeps its pages until the lease ends; a lease ended first releases at once.
+#[test]
+fn a_granted_room_keeps_its_pages_until_its_lease_ends() {
+    let now = Instant::now();
+    let mut t = RoomTable::new(Timeouts::default());
+    let (a, b) = (RoomId::from(1u32), RoomId::from(2u32));
+    t.open(a, RoomSecret::from([1; 16]), &[12, 10, 11], now).expect("open");
+    assert_eq!(t.grant(a, &RoomSecret::from([9; 16])), Err(Refusal::WrongSecret));
+    assert_eq!(t.grant(a, &RoomSecret::from([1; 16])), Ok(vec![10, 11, 12]), "sorted");
+    assert_eq!(t.grant(a, &RoomSecret::from([1; 16])), Err(Refusal::Closed), "once");
+    t.close(a);
+    assert!(t.writing(a) && t.leased_closing(a), "held while its sender may write");
+    assert_eq!(t.open(b, RoomSecret::from([2; 16]), &[11], now), Err(Refusal::PagesInUse));
+    t.end_lease(a);
+    assert!(!t.writing(a));
+    assert_eq!(t.drain_released(), vec![a]);
+    t.open(b, RoomSecret::from([2; 16]), &[11], now).expect("free again");
+    assert_eq!(t.grant(b, &RoomSecret::from([2; 16])), Ok(vec![11]));
+    t.end_lease(b);
+    t.close(b);
+    assert!(!t.writing(b), "a lease ended before the close holds nothing");
+}
+
 #[test]
 fn frames_are_checked_against_the_room() {
     let now = Instant::now();

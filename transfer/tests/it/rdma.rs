@@ -356,12 +356,18 @@ async fn a_write_outside_its_rooms_pages_fails_and_never_lands() {
     assert!(matches!(outcome(d).await, Outcome::Failed(FailReason::PeerGone(_))));
     assert_eq!(r.inbox().state(Room::from(2u32)), Some(State::WaitingForInput), "room 2 is untouched");
 
-    // A closed room's window is invalidated before `close` returns.
+    // A room closed while its sender may still write (a cancelled request): its pages stay
+    // held and its windows open, so a late write lands where no one reads and breaks nothing;
+    // after the transferring timeout (2 s here) the windows go and the pages are free.
     let mut rb = Rogue::connect(&r, &verbs, 2).await;
     let wb = rb.grant(2).await.expect("room 2's grant");
     r.close(Room::from(2u32));
-    assert_eq!(rb.write(1, 10, wb[0].rkey).await, WcStatus::RemoteAccess, "a closed room's window");
-    assert_eq!(page(&rx_mem, 10), zero);
+    assert!(r.inbox().writing(Room::from(2u32)), "room 2's pages are held while its sender may write");
+    assert_eq!(rb.write(1, 10, wb[0].rkey).await, WcStatus::Success, "a late write breaks nothing");
+    let released = r.inbox().released(Room::from(2u32)).expect("a release to wait for");
+    tokio::time::timeout(Duration::from_secs(10), released).await.expect("released after the timeout").expect("sent");
+    assert_eq!(rb.write(1, 11, wb[0].rkey).await, WcStatus::RemoteAccess, "the windows went with the lease");
+    assert_eq!(page(&rx_mem, 11), zero);
     drop(b);
     for room in [1u32, 3, 4] {
         r.close(Room::from(room));
@@ -379,4 +385,30 @@ async fn a_rooms_windows_end_with_the_room() {
     assert!(matches!(outcome(done).await, Outcome::Success(_)));
     eventually("the room's three windows invalidated at its Done", || verbs.windows() == 0).await;
     p.receiver.close(Room::from(9u32));
+}
+
+/// A request cancelled on the decode node while its prefill node is still sending: the room
+/// closes, its pages stay held until the sender ends it, and the queue pair that other rooms
+/// share is not broken (a write into an invalidated window would break it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_closed_mid_transfer_breaks_no_other_room() {
+    let verbs = MemVerbs::new();
+    let p = pair(verbs.clone()).await;
+    let (x, y) = (Room::from(20u32), Room::from(21u32));
+    let dx = p.receiver.open(x, key(20), &[1, 2, 3, 4]).expect("open");
+    let dy = p.receiver.open(y, key(21), &[10, 11]).expect("open");
+    let mut sx = SendRoom::new(x, key(20), rcfg().timeouts, Instant::now());
+    sx.handshake(Arc::clone(&p.sender), vec![1, 2, 3, 4], Instant::now()).expect("handshake");
+    sx.send(0, &[5, 6], &p.src, None).await.expect("the first chunk");
+    // The decode node gives up on x while the prefill node goes on.
+    p.receiver.close(x);
+    assert!(matches!(outcome(dx).await, Outcome::Failed(_)));
+    let released = p.receiver.inbox().released(x).expect("x's pages are held while its sender may write");
+    sx.send(2, &[7, 8], &p.src, Some(aux(20, 4))).await.expect("its writes land in held pages");
+    tokio::time::timeout(Duration::from_secs(10), released).await.expect("x's pages released").expect("sent");
+    // y, on the same queue pair, is unharmed.
+    send_room(&p, 21, &[9, 10], &[10, 11], 2).await.expect("y sent");
+    assert!(matches!(outcome(dy).await, Outcome::Success(_)));
+    p.receiver.close(y);
+    eventually("every window invalidated", || verbs.windows() == 0).await;
 }
