@@ -145,6 +145,10 @@ impl Pool {
                     self.free += pages;
                 }
                 Action::Drain { room, pages } => {
+                    // A forked sequence leaves its group whatever it ends with (the queues free
+                    // the group's pages with its last member, never aside).
+                    let group = self.leave(room);
+                    assert_eq!(group, 0, "{room}: the last member of a group frees its pages, never drains them");
                     assert_eq!(self.held.remove(&room), Some(pages), "{room} drained");
                     self.draining.insert(room, pages);
                 }
