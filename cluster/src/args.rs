@@ -169,8 +169,9 @@ pub struct WorkerArgs {
     /// Decode nodes: the data-plane listen address for incoming KV pages (port 0: any).
     #[arg(long, env = ferry_core::env::TRANSFER_ADDR, default_value = "127.0.0.1:0", help_heading = "Transfer")]
     pub transfer_addr: SocketAddr,
-    /// tcp backend: connections per peer.
-    #[arg(long, env = ferry_core::env::TRANSFER_CONNECTIONS, default_value_t = 4, help_heading = "Transfer")]
+    /// tcp backend: connections per peer (1 to 64).
+    #[arg(long, env = ferry_core::env::TRANSFER_CONNECTIONS, default_value_t = 4, help_heading = "Transfer",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub transfer_connections: usize,
     /// Seconds a room may wait for its other half (the request or the handshake).
     #[arg(long, env = ferry_core::env::BOOTSTRAP_TIMEOUT, default_value_t = 30.0, help_heading = "Timeouts")]

@@ -7,7 +7,8 @@
 //! The receiver acknowledges each room it received whole ([`ACK_LEN`] bytes back on the
 //! connection that completed it), and the sender's `send_done` waits for that: a room whose
 //! frames were lost with a connection (behind a frame that stalled, say) fails on the sender
-//! within the transferring timeout, instead of counting as sent while the receiver waits.
+//! within the transferring timeout, instead of counting as sent while the receiver waits. A
+//! connection's end fails the rooms it carried at once, on both sides.
 
 mod fault;
 mod receiver;
@@ -15,7 +16,7 @@ mod sender;
 
 pub use fault::{Fault, FaultFilter, NoFaults};
 pub use receiver::TcpReceiver;
-pub use sender::TcpSender;
+pub use sender::{MAX_CONNECTIONS, TcpSender};
 
 use crate::room::Timeouts;
 
@@ -31,7 +32,7 @@ fn ack(room: ferry_core::Room) -> [u8; ACK_LEN] {
 /// Settings of the tcp backend.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpConfig {
-    /// Connections per peer.
+    /// Connections per peer (1 to [`MAX_CONNECTIONS`]; clamped).
     pub connections: usize,
     /// Most pages in one frame (bounds each write and the receiver's frame size).
     pub max_frame_pages: u32,

@@ -22,20 +22,89 @@ type Writer = WriteHalf<DataStream>;
 /// Preferred frame size.
 const TARGET_FRAME_BYTES: usize = 1 << 20;
 
+/// Most connections one sender opens (a room's connections are tracked in a 64-bit mask).
+pub const MAX_CONNECTIONS: usize = 64;
+
 struct Conn {
     stream: Option<Writer>,
     /// A frame held back by [`Fault::Reorder`], sent after the next one.
     held: Option<(Header, Vec<u8>)>,
 }
 
-/// Rooms whose `Done` went out, waiting for the receiver's acknowledgement.
+/// A room between its first frame and the receiver's acknowledgement (or its abort).
+#[derive(Default)]
+struct Pending {
+    /// The connections that carried its frames (bit `c`: connection `c`).
+    conns: u64,
+    /// Set once its `Done` went out: woken by the acknowledgement, dropped (an error for the
+    /// waiter) when a connection it used ends first.
+    ack: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Default)]
+struct Rooms {
+    pending: HashMap<Room, Pending>,
+    /// Connections that have ended.
+    dead: u64,
+}
+
+/// The rooms under way and the connections that ended. A connection's end fails the rooms it
+/// carried at once (the receiver fails them too, so no acknowledgement will come), instead of
+/// leaving their `send_done` to wait out the transferring timeout.
 #[derive(Default, Clone)]
-struct Waiting(Arc<std::sync::Mutex<HashMap<Room, oneshot::Sender<()>>>>);
+struct Waiting(Arc<std::sync::Mutex<Rooms>>);
 
 impl Waiting {
-    fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<Room, oneshot::Sender<()>>> {
+    fn rooms(&self) -> std::sync::MutexGuard<'_, Rooms> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Notes that `room`'s frames go out on `conns`; fails when one of them has ended.
+    fn carry(&self, room: Room, conns: u64) -> std::io::Result<()> {
+        let mut r = self.rooms();
+        if r.dead & conns != 0 {
+            r.pending.remove(&room);
+            return Err(ended());
+        }
+        r.pending.entry(room).or_default().conns |= conns;
+        Ok(())
+    }
+
+    /// Arms `room`'s acknowledgement; fails when a connection it used has ended.
+    fn arm(&self, room: Room, conn: u64, ack: oneshot::Sender<()>) -> std::io::Result<()> {
+        let mut r = self.rooms();
+        let conns = r.pending.get(&room).map_or(0, |p| p.conns) | conn;
+        if r.dead & conns != 0 {
+            r.pending.remove(&room);
+            return Err(ended());
+        }
+        r.pending.insert(room, Pending { conns, ack: Some(ack) });
+        Ok(())
+    }
+
+    fn forget(&self, room: Room) {
+        self.rooms().pending.remove(&room);
+    }
+
+    /// The receiver holds `room` whole.
+    fn acknowledged(&self, room: Room) {
+        let woken = self.rooms().pending.remove(&room).and_then(|p| p.ack);
+        if let Some(w) = woken {
+            let _ = w.send(());
+        }
+    }
+
+    /// Connection `c` ended: every room it carried fails now.
+    fn connection_ended(&self, c: usize) {
+        let bit = 1u64 << c;
+        let mut r = self.rooms();
+        r.dead |= bit;
+        r.pending.retain(|_, p| p.conns & bit == 0);
+    }
+}
+
+fn ended() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "a connection that carried the room ended")
 }
 
 /// Sends rooms' pages to one receiver.
@@ -58,18 +127,18 @@ impl Drop for TcpSender {
     }
 }
 
-/// Reads acknowledgements until the connection ends, waking the room each names.
-async fn read_acks(mut from: ReadHalf<DataStream>, waiting: Waiting) {
+/// Reads acknowledgements on connection `c` until it ends, waking the room each names; then
+/// fails the rooms it carried.
+async fn read_acks(mut from: ReadHalf<DataStream>, c: usize, waiting: Waiting) {
     let mut a = [0u8; super::ACK_LEN];
     while from.read_exact(&mut a).await.is_ok() {
         let mut id = [0u8; 8];
         id.copy_from_slice(&a[..8]);
-        let Some(room) = Room::new(u64::from_le_bytes(id)) else { continue };
-        let woken = waiting.rooms().remove(&room);
-        if let Some(w) = woken {
-            let _ = w.send(());
+        if let Some(room) = Room::new(u64::from_le_bytes(id)) {
+            waiting.acknowledged(room);
         }
     }
+    waiting.connection_ended(c);
 }
 
 impl std::fmt::Debug for TcpSender {
@@ -102,7 +171,7 @@ impl TcpSender {
     /// sender that cannot deliver whole rooms any more. Seen by the connection's reader as
     /// soon as the end arrives, so a pool can replace the sender before a room meets it.
     pub fn closed(&self) -> bool {
-        self.readers.iter().any(JoinHandle::is_finished)
+        self.waiting.rooms().dead != 0
     }
 
     /// Opens `cfg.connections` plaintext connections to `addr` (see
@@ -128,12 +197,12 @@ impl TcpSender {
         security: &Security,
         fault: Arc<dyn FaultFilter>,
     ) -> std::io::Result<Self> {
-        let mut conns = Vec::with_capacity(cfg.connections.max(1));
+        let n = cfg.connections.clamp(1, MAX_CONNECTIONS);
+        let (mut conns, mut readers) = (Vec::with_capacity(n), Vec::with_capacity(n));
         let waiting = Waiting::default();
-        let mut readers = Vec::with_capacity(cfg.connections.max(1));
-        for _ in 0..cfg.connections.max(1) {
+        for c in 0..cfg.connections.clamp(1, MAX_CONNECTIONS) {
             let (r, w) = tokio::io::split(security.connect(addr).await?);
-            readers.push(tokio::spawn(read_acks(r, waiting.clone())));
+            readers.push(tokio::spawn(read_acks(r, c, waiting.clone())));
             conns.push(Mutex::new(Conn { stream: Some(w), held: None }));
         }
         Ok(Self { conns, next: AtomicUsize::new(0), frames: AtomicU64::new(0), cfg, fault, waiting, readers })
@@ -208,6 +277,8 @@ impl TcpSender {
                 done += len;
             }
         }
+        let used = per_conn.iter().enumerate().filter(|(_, p)| !p.is_empty()).fold(0u64, |m, (c, _)| m | 1 << c);
+        self.waiting.carry(room, used)?;
         let sends = per_conn.into_iter().enumerate().map(|(c, pieces)| async move {
             for p in pieces {
                 // SAFETY: the sender reads pages its request computed and owns until the
@@ -228,17 +299,17 @@ impl TcpSender {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = aux.encode();
         let (tx, acked) = oneshot::channel();
-        let forget = || self.waiting.rooms().remove(&room);
-        self.waiting.rooms().insert(room, tx);
+        self.waiting.arm(room, 1 << c, tx)?;
         if let Err(e) = self.send(c, Header::with(Kind::Done, room, secret, 0, 0, &payload), &payload).await {
-            forget();
+            self.waiting.forget(room);
             return Err(e);
         }
         let within = self.cfg.timeouts.transferring;
         match tokio::time::timeout(within, acked).await {
             Ok(Ok(())) => Ok(()),
-            _ => {
-                forget();
+            Ok(Err(_)) => Err(ended()),
+            Err(_) => {
+                self.waiting.forget(room);
                 let why = format!("room {room}: the receiver did not acknowledge it whole within {within:?}");
                 Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
             }
@@ -249,6 +320,7 @@ impl TcpSender {
     pub async fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
         let c = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
         let payload = &reason.as_bytes()[..reason.len().min(crate::frame::MAX_SMALL_PAYLOAD as usize)];
+        self.waiting.forget(room);
         self.send(c, Header::with(Kind::Abort, room, secret, 0, 0, payload), payload).await
     }
 }

@@ -177,6 +177,47 @@ async fn send_done_waits_for_the_receivers_acknowledgement() {
     assert!(t.elapsed() >= cfg().timeouts.transferring, "waited for the acknowledgement: {:?}", t.elapsed());
 }
 
+/// A connection that ends after the room's last frame, unacknowledged (a partition cut it),
+/// fails `send_done` at once, not after the transferring timeout: the receiver fails the rooms a
+/// closed connection carried, so no acknowledgement can come. A chaos run had the router see
+/// such rooms only when their 10 s timeouts ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_ends_unacknowledged_fails_send_done_at_once() {
+    let src = source();
+    let listener = tokio::net::TcpListener::bind(any_addr()).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    // Reads what comes for a moment, then closes: no acknowledgement ever.
+    let peer = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        let mut buf = vec![0u8; 1 << 16];
+        let until = tokio::time::Instant::now() + Duration::from_millis(300);
+        while let Ok(Ok(n)) = tokio::time::timeout_at(until, tokio::io::AsyncReadExt::read(&mut s, &mut buf)).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let s = Duration::from_secs(120);
+    let slow = TcpConfig {
+        connections: 1,
+        timeouts: ferry_transfer::room::Timeouts { transferring: s, ..cfg().timeouts },
+        ..cfg()
+    };
+    let sender = TcpSender::connect(addr, slow).await.expect("connect");
+    let (room, secret) = (Room::from(21u32), RoomSecret::from([4; 16]));
+    let srcp: Vec<u32> = (0..4).collect();
+    sender.send_pages(room, secret, &coalesce(&srcp, &[8, 9, 10, 11]), &src).await.expect("written");
+    let aux = Aux { first_token: 1, logprob: 0.0, room_echo: 21, total_pages: 4 };
+    let done = tokio::time::timeout(Duration::from_secs(60), sender.send_done(room, secret, aux)).await;
+    let e = done.expect("send_done ends with the connection, not the 120 s timeout").expect_err("never acknowledged");
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe, "{e}");
+    peer.await.expect("peer");
+    assert!(sender.closed(), "the sender knows its connection ended");
+    // A later room on the broken sender fails at its first send.
+    let e = sender.send_pages(Room::from(22u32), secret, &coalesce(&srcp, &[8, 9, 10, 11]), &src).await;
+    assert_eq!(e.expect_err("a dead connection").kind(), std::io::ErrorKind::BrokenPipe);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_truncated_cut_and_dropped_frames_fail_the_room_with_a_reason() {
     let (o, _) = faulty_room(Fault::Corrupt(17), 1).await;
