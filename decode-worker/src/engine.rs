@@ -21,9 +21,11 @@ use ferry_cluster::metrics as m;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
 use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, RadixCache, Sampled, Sampler};
 use ferry_kernels::Backend;
+use ferry_radix::events::KvEvent;
 use ferry_transfer::Receiver as KvReceiver;
 use ferry_worker::KvHost;
 use ferry_worker::engine_loop::EngineThread;
+use tokio::sync::broadcast;
 use tonic::Code;
 
 use crate::handshake::Handshakes;
@@ -120,6 +122,9 @@ pub struct EngineConfig {
     pub jump_forward: bool,
     /// Keep finished requests' pages in a prefix cache and prefill only what it lacks.
     pub decode_cache: bool,
+    /// The cache's KV events, published for the router (which places a conversation's next
+    /// turn where its history is).
+    pub events: broadcast::Sender<Vec<KvEvent>>,
 }
 
 /// The engine thread's state.
@@ -158,7 +163,7 @@ impl<B: Backend> Engine<B> {
     ) -> Self {
         let eos = model.tokenizer().eos_ids().to_vec();
         let queues = Queues::new(cfg.limits, pool.num_pages());
-        // Events of this cache are not published (yet): the epoch only has to be valid.
+        // A new epoch per start: a router that followed an earlier incarnation resyncs.
         let epoch =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
         let cache = RadixCache::new(pool.layout().page_size, epoch);
@@ -231,6 +236,9 @@ impl<B: Backend> Engine<B> {
                 if self.queues.stage(room) == Some(Stage::Transfer) {
                     self.end(room, Err(why));
                 }
+            }
+            Cmd::Snapshot { reply } => {
+                let _ = reply.send(self.cache.snapshot());
             }
             Cmd::Shutdown => {
                 self.stopping = true;
@@ -341,8 +349,11 @@ impl<B: Backend> Engine<B> {
         for &(state, n) in &d {
             metrics::gauge!(m::QUEUE_DEPTH, "role" => "decode", "worker" => w.clone(), "state" => state).set(n as f64);
         }
-        // Not published (yet): kept from growing.
-        self.cache.drain_events();
+        let events = self.cache.drain_events();
+        if !events.is_empty() {
+            let _ = self.cfg.events.send(events);
+        }
+        // Device mirroring is a prefill node's concern: kept from growing.
         self.cache.drain_dirty();
         let (free, evictable) = (self.pool.free_pages(), self.cache.evictable_pages());
         let total = self.pool.num_pages();

@@ -9,7 +9,8 @@
 //!   opens the room on the transfer receiver (which writes arriving pages straight into them),
 //!   starts the handshake with the prefill node, and decodes with continuous batching; a
 //!   request whose `prefill_bootstrap_addr` is empty is prefilled here (colocated mode);
-//! - gRPC `Decode` (Generate stream, Abort), `Load`, and gRPC health.
+//! - gRPC `Decode` (Generate stream, Abort), `Load`, `KvEvents` (its prefix cache, which the
+//!   router follows to place a conversation's turns where its history is), and gRPC health.
 //!
 //! [`start`] brings a daemon up (port 0 works); [`run`] is `start`, wait, graceful stop.
 
@@ -234,6 +235,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     }));
     let (tx, rx) = std::sync::mpsc::channel();
     let link = ferry_worker::EngineLink::new(tx, "decode");
+    let (events, _) = tokio::sync::broadcast::channel(1024);
     let handshakes =
         Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap, internal_tls.clone());
     let limits = Limits {
@@ -252,6 +254,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         backend: backend.as_str(),
         jump_forward: args.jump_forward,
         decode_cache: args.decode_cache,
+        events: events.clone(),
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
     let grammars = Arc::clone(model.grammars());
@@ -260,6 +263,19 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     let shared =
         Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load), grammars });
     let (trigger, shutdown) = Shutdown::new();
+    let kv_events = ferry_worker::kv_events::KvEventsSvc {
+        events,
+        snapshot: Arc::new({
+            let link = link.clone();
+            move || {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                link.send(Cmd::Snapshot { reply })?;
+                Ok(rx)
+            }
+        }),
+        worker: worker_id.clone(),
+        shutdown: shutdown.clone(),
+    };
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;
     // Under mutual TLS only the router may call (ferry_cluster::roles).
@@ -267,7 +283,8 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     let services = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(pb::decode_server::DecodeServer::with_interceptor(DecodeSvc(Arc::clone(&shared)), only("Decode")))
-        .add_service(pb::load_server::LoadServer::with_interceptor(LoadSvc(Arc::clone(&shared)), only("Load")));
+        .add_service(pb::load_server::LoadServer::with_interceptor(LoadSvc(Arc::clone(&shared)), only("Load")))
+        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(kv_events, only("KvEvents")));
     let serve = ferry_worker::Serve {
         role: Role::Decode,
         listener,

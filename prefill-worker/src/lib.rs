@@ -35,7 +35,7 @@ use ferry_engine::scheduler::{Policy, Scheduler, SchedulerConfig};
 use ferry_proto::v1 as pb;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
-use crate::service::{BootstrapSvc, KvEventsSvc, LoadSvc, PrefillSvc, SenderPool, Shared};
+use crate::service::{BootstrapSvc, LoadSvc, PrefillSvc, SenderPool, Shared};
 
 /// The prefill daemon's flags.
 #[derive(Debug, Clone, clap::Parser)]
@@ -151,11 +151,22 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         mem: Arc::clone(kv.mem()),
         senders,
         max_dest_pages: args.max_dest_pages,
-        events,
         load: Arc::clone(&load),
         grammars,
-        shutdown: shutdown.clone(),
     });
+    let kv_events = ferry_worker::kv_events::KvEventsSvc {
+        events,
+        snapshot: Arc::new({
+            let link = link.clone();
+            move || {
+                let (reply, rx) = tokio::sync::oneshot::channel();
+                link.send(Cmd::Snapshot { reply })?;
+                Ok(rx)
+            }
+        }),
+        worker: worker_id.clone(),
+        shutdown: shutdown.clone(),
+    };
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::prefill_server::PrefillServer<PrefillSvc>>().await;
     health.set_serving::<pb::bootstrap_server::BootstrapServer<BootstrapSvc>>().await;
@@ -173,10 +184,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
             BootstrapSvc(Arc::clone(&shared)),
             only("Bootstrap", decode_only),
         ))
-        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(
-            KvEventsSvc(Arc::clone(&shared)),
-            only("KvEvents", router_only),
-        ))
+        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(kv_events, only("KvEvents", router_only)))
         .add_service(pb::load_server::LoadServer::with_interceptor(
             LoadSvc(Arc::clone(&shared)),
             only("Load", router_only),

@@ -3,18 +3,15 @@
 //! engine thread a command and awaits its answer.
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
 use ferry_cluster::{LayoutDescriptor, Refused, RequestId, Room, RoomSecret, wire};
 use ferry_proto::v1 as pb;
-use ferry_radix::events::KvEvent;
 use ferry_transfer::BackendKind;
 use ferry_transfer::backend::TransferConfig;
 use ferry_transfer::memory::HostPages;
 use ferry_worker::EngineLink;
-use futures::Stream;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::oneshot;
 use tonic::{Code, Request, Response, Status};
 
 use crate::engine::{Cmd, Handshake, Load, NewRequest, Reconnect};
@@ -40,12 +37,8 @@ pub struct Shared {
     pub senders: Arc<SenderPool>,
     /// Longest destination page list a handshake may carry.
     pub max_dest_pages: usize,
-    /// KV events as the engine publishes them.
-    pub events: broadcast::Sender<Vec<KvEvent>>,
     /// The latest load figures.
     pub load: Arc<Mutex<Load>>,
-    /// Ends event streams when the daemon stops.
-    pub shutdown: ferry_cluster::Shutdown,
     /// The model's constraint compiler (the first token obeys the request's constraint).
     pub grammars: Arc<ferry_engine::Grammars>,
 }
@@ -182,71 +175,4 @@ impl pb::load_server::Load for LoadSvc {
             prefill_tokens_per_second: l.tokens_per_second,
         }))
     }
-}
-
-/// `ferry.v1.KvEvents`.
-pub struct KvEventsSvc(pub Arc<Shared>);
-
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::KvEventBatch, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl pb::kv_events_server::KvEvents for KvEventsSvc {
-    type SubscribeStream = EventStream;
-
-    async fn subscribe(&self, req: Request<pb::SubscribeRequest>) -> Result<Response<EventStream>, Status> {
-        let r = req.into_inner();
-        let s = Arc::clone(&self.0);
-        // Subscribe before the snapshot, so nothing falls between them.
-        let mut live = s.events.subscribe();
-        let (reply, rx) = oneshot::channel();
-        s.engine.send(Cmd::Snapshot { reply })?;
-        let snapshot = rx.await.map_err(|_| Status::unavailable("the prefill engine has stopped"))?;
-        let epoch = snapshot.epoch;
-        let worker = s.worker.clone();
-        let stop = s.shutdown.clone();
-        let out = async_stream(move |tx: tokio::sync::mpsc::Sender<Result<pb::KvEventBatch, Status>>| async move {
-            // A subscriber that asks for a snapshot, or knows another epoch, or is behind what
-            // we can replay (we keep no history), starts from the snapshot.
-            let resync = r.want_snapshot || r.epoch != epoch || r.after_sequence < snapshot.sequence;
-            let mut after = snapshot.sequence;
-            if resync && tx.send(Ok(wire::kv_events_to_proto(&worker, epoch, &[snapshot]))).await.is_err() {
-                return;
-            }
-            let stop = stop.wait();
-            tokio::pin!(stop);
-            loop {
-                let next = tokio::select! {
-                    () = &mut stop => return,
-                    n = live.recv() => n,
-                };
-                match next {
-                    Ok(events) => {
-                        let fresh: Vec<KvEvent> = events.into_iter().filter(|e| e.sequence > after).collect();
-                        let Some(last) = fresh.last() else { continue };
-                        after = last.sequence;
-                        if tx.send(Ok(wire::kv_events_to_proto(&worker, epoch, &fresh))).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        let _ = tx.send(Err(Status::data_loss(format!("{n} event batches lost; resubscribe")))).await;
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
-        Ok(Response::new(out))
-    }
-}
-
-/// A stream fed by a task writing into a channel.
-fn async_stream<F, Fut>(f: F) -> EventStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::KvEventBatch, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(f(tx));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }

@@ -128,7 +128,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
             refused += 1;
         }
     }
-    assert_eq!(refused, 8 * 3, "8 RPCs, each refused to 3 of the 4 callers");
+    assert_eq!(refused, 9 * 3, "9 RPCs, each refused to 3 of the 4 callers");
     let after = wrong_role(p.metrics_addr).await;
     assert_eq!(after - before, refused as f64, "every wrong-role call is counted");
 
@@ -325,6 +325,7 @@ async fn worker_calls(
     let mut k = pb::kv_events_client::KvEventsClient::new(prefill.clone());
     let mut pl = pb::load_client::LoadClient::new(prefill);
     let mut d = pb::decode_client::DecodeClient::new(decode.clone());
+    let mut dk = pb::kv_events_client::KvEventsClient::new(decode.clone());
     let mut dl = pb::load_client::LoadClient::new(decode);
     vec![
         ("Prefill.Prefill", Router, ok(p.prefill(pb::PrefillRequest::default()).await)),
@@ -334,6 +335,7 @@ async fn worker_calls(
         ("Load.Report (prefill)", Router, ok(pl.report(pb::LoadRequest::default()).await)),
         ("Decode.Generate", Router, ok(d.generate(pb::DecodeRequest::default()).await)),
         ("Decode.Abort", Router, ok(d.abort(pb::AbortRequest::default()).await)),
+        ("KvEvents.Subscribe (decode)", Router, ok(dk.subscribe(pb::SubscribeRequest::default()).await)),
         ("Load.Report (decode)", Router, ok(dl.report(pb::LoadRequest::default()).await)),
     ]
 }

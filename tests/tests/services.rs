@@ -1,4 +1,4 @@
-//! The workers' other services: KV events stream the prefill cache's changes, Load reports
+//! The workers' other services: KV events stream the prefix caches' changes, Load reports
 //! queues and pages, and gRPC health says SERVING.
 
 use std::time::Duration;
@@ -31,6 +31,11 @@ async fn kv_events_load_reports_and_health() {
     let mut stream = events.subscribe(sub).await.expect("subscribe").into_inner();
     let first = stream.message().await.expect("stream").expect("a snapshot first");
     assert!(matches!(first.events[0].kind, Some(pb::kv_event::Kind::Snapshot(ref s)) if s.pages.is_empty()));
+    // The decode worker's cache too (what its finished requests computed).
+    let mut decode_events = pb::kv_events_client::KvEventsClient::new(channel(d.grpc_addr).await);
+    let mut decode_stream = decode_events.subscribe(sub).await.expect("subscribe").into_inner();
+    let decode_first = decode_stream.message().await.expect("stream").expect("a snapshot first");
+    assert!(matches!(decode_first.events[0].kind, Some(pb::kv_event::Kind::Snapshot(ref s)) if s.pages.is_empty()));
 
     let prompt: Vec<u32> = (0..70).map(|i| (i * 5 % 300) as u32).collect();
     let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
@@ -52,6 +57,23 @@ async fn kv_events_load_reports_and_health() {
     assert_eq!(stored, prompt[..64], "the prompt's 4 whole pages were cached");
     assert_eq!(batch.epoch, first.epoch);
     assert!(batch.events[0].sequence > first.events[0].sequence);
+    let batch = tokio::time::timeout(Duration::from_secs(5), decode_stream.message())
+        .await
+        .expect("an event from the decode worker")
+        .expect("ok")
+        .expect("open");
+    let stored: Vec<u32> = batch
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            Some(pb::kv_event::Kind::Stored(s)) => Some(s.token_ids.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    // 70 prompt tokens and 2 generated, the last of which has no KV yet: 4 whole pages.
+    assert_eq!(stored, prompt[..64], "the decode worker cached the request's whole pages");
+    assert_eq!(batch.epoch, decode_first.epoch);
 
     settle(&p, std::slice::from_ref(&d)).await;
     let mut load = pb::load_client::LoadClient::new(channel(p.grpc_addr).await);

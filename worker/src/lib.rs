@@ -9,9 +9,11 @@
 //! - [`engine_loop`]: the engine thread's loop (block until a command or a deadline, one turn,
 //!   exit once stopped and empty);
 //! - [`serve`] / [`Running`]: the last step of a start (engine thread, etcd, `/metrics`, gRPC)
-//!   and the daemon it gives, with its load figures and its graceful stop.
+//!   and the daemon it gives, with its load figures and its graceful stop;
+//! - [`kv_events`]: `KvEvents`, a prefix cache's snapshot and events, which both daemons serve.
 
 pub mod engine_loop;
+pub mod kv_events;
 mod kv_host;
 mod running;
 

@@ -12,7 +12,8 @@
 //! what the pool can give (free plus evictable; exactly that when no request reads the cache).
 //! A prompt prefilled on a prefill node finds its prefix here too: the handshake tells that
 //! node how many leading pages the decode node holds, and it sends only the rest (delta
-//! transfer). Not yet: the router seeing this cache.
+//! transfer). The cache's KV events are published (`KvEvents`): the router places a
+//! conversation's next turn where its history is.
 
 use ferry_cluster::Room;
 use ferry_engine::{CacheMatch, EngineError, PageAlloc, RadixCache};

@@ -100,6 +100,11 @@ pub enum Cmd {
     },
     /// Stop admitting, abort everything, free every page, exit.
     Shutdown,
+    /// A snapshot of the prefix cache, for a `KvEvents` subscriber.
+    Snapshot {
+        /// Where it goes.
+        reply: oneshot::Sender<ferry_radix::events::KvEvent>,
+    },
 }
 
 /// What the Load service and the metrics report.
