@@ -64,9 +64,14 @@ pub struct UpArgs {
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
     #[arg(long, value_enum, default_value_t = Policy::CacheAware)]
     pub policy: Policy,
-    /// Prompts with fewer uncached tokens than this are prefilled on the decode daemon.
+    /// Prompts that the chosen decode daemon lacks fewer tokens of than this (its prefix
+    /// cache counted) are prefilled on it.
     #[arg(long, default_value_t = 0)]
     pub local_prefill_below: usize,
+    /// Prompts whose decode daemon holds a prefix of them and lacks at most this many tokens
+    /// are prefilled on it when that is estimated sooner (0: never by estimate).
+    #[arg(long, default_value_t = 512)]
+    pub local_prefill_max: usize,
     /// Plaintext between the daemons. By default `ferry up` makes a throwaway cluster CA and a
     /// certificate per daemon, and every connection between its daemons (router → workers,
     /// decode → prefill, and the KV data plane prefill → decode) is mutual TLS with roles: a
@@ -203,6 +208,7 @@ pub fn router_args(
     r.http_addr = args.http_addr;
     r.policy = args.policy;
     r.local_prefill_below = args.local_prefill_below;
+    r.local_prefill_max = args.local_prefill_max;
     r.page_size = args.page_size;
     if !Path::new(&args.model).exists() {
         r.served_model_name = Some(args.model.clone()); // a known name: clients use it

@@ -104,6 +104,8 @@ pub const LOAD_POLL: &str = "FERRY_LOAD_POLL";
 
 /// `--local-prefill-below` (ferry router).
 pub const LOCAL_PREFILL_BELOW: &str = "FERRY_LOCAL_PREFILL_BELOW";
+/// `--local-prefill-max` (ferry router).
+pub const LOCAL_PREFILL_MAX: &str = "FERRY_LOCAL_PREFILL_MAX";
 
 /// `--max-dest-pages` (ferry prefill).
 pub const MAX_DEST_PAGES: &str = "FERRY_MAX_DEST_PAGES";
@@ -240,6 +242,7 @@ pub const ALL: &[&str] = &[
     KV_HOST_MIRROR,
     LOAD_POLL,
     LOCAL_PREFILL_BELOW,
+    LOCAL_PREFILL_MAX,
     MAX_DEST_PAGES,
     MAX_INDEX_PAGES,
     MAX_QUEUED_REQUESTS,

@@ -74,6 +74,11 @@ pub const NEW_TOKEN_RATIO: &str = "ferry_decode_new_token_ratio";
 /// Requests the router placed, by `target` (prefill | local: the decode worker prefills) and
 /// `worker` (the prefill worker, or the decode worker for local) (counter).
 pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
+/// Requests placed on a decode worker whose cache holds more of the prompt than the prefill
+/// worker's, by `choice`: `local` (the decode worker prefills only what it lacks) or
+/// `prefill` (a prefill worker computes the prompt; only the pages the decode worker lacks
+/// are sent) (counter).
+pub const ROUTER_DECODE_PREFIX: &str = "ferry_router_decode_prefix_total";
 /// Requests retried elsewhere after a worker failed before the first token, by `stage`
 /// (prefill | decode) (counter).
 pub const ROUTER_RETRIES: &str = "ferry_router_retries_total";
@@ -92,13 +97,15 @@ pub const REQUEST_PHASE: &str = "ferry_request_phase_seconds";
 pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
 /// Workers the router knows, by `role` and `state` (healthy | unhealthy) (gauge).
 pub const ROUTER_WORKERS: &str = "ferry_router_workers";
-/// Pages in the router's prefix index, by `state` (confirmed by a worker's KV events |
-/// provisional: placed by the router, not confirmed yet) (gauge).
+/// Pages in the router's prefix indexes, by `role` (prefill | decode: whose caches) and
+/// `state` (confirmed by a worker's KV events | provisional: placed by the router, not
+/// confirmed yet) (gauge).
 pub const ROUTER_INDEX_PAGES: &str = "ferry_router_index_pages";
-/// Pages the router's prefix index evicted, least recently used first, to make room (counter).
+/// Pages a router's prefix index (`role`) evicted, least recently used first, to make room
+/// (counter).
 pub const ROUTER_INDEX_EVICTED: &str = "ferry_router_index_evicted_pages_total";
-/// New pages the router's prefix index dropped because it was full of pages it could not
-/// evict (counter).
+/// New pages a router's prefix index (`role`) dropped because it was full of pages it could
+/// not evict (counter).
 pub const ROUTER_INDEX_DROPPED: &str = "ferry_router_index_dropped_pages_total";
 /// Prompt tokens the router's tokenizer took from its head cache (`kind` = hit) or
 /// tokenized (`kind` = miss) (counter).
@@ -241,6 +248,12 @@ pub const ALL: &[Metric] = &[
     ),
     m(KV_MIRROR_SECONDS, Kind::Histogram, "role, direction", "Time of one batch of mirror copies, seconds"),
     m(
+        ROUTER_DECODE_PREFIX,
+        Kind::Counter,
+        "choice",
+        "Requests whose decode worker holds more of the prompt than the prefill worker (choice: local, prefill)",
+    ),
+    m(
         ROUTER_PLACEMENTS,
         Kind::Counter,
         "target, worker",
@@ -268,9 +281,14 @@ pub const ALL: &[Metric] = &[
     m(ROUTER_ITL, Kind::Histogram, "", "Time between two streamed pieces of one answer (inter-token latency), seconds"),
     m(ROUTER_PROMPT_TOKENS, Kind::Counter, "kind", "Prompt tokens of finished requests (prompt, cached)"),
     m(ROUTER_WORKERS, Kind::Gauge, "role, state", "Workers known to the router (healthy, unhealthy)"),
-    m(ROUTER_INDEX_PAGES, Kind::Gauge, "state", "Pages in the router's prefix index (confirmed, provisional)"),
-    m(ROUTER_INDEX_EVICTED, Kind::Counter, "", "Pages the router's prefix index evicted to make room"),
-    m(ROUTER_INDEX_DROPPED, Kind::Counter, "", "New pages the router's prefix index dropped, full"),
+    m(
+        ROUTER_INDEX_PAGES,
+        Kind::Gauge,
+        "role, state",
+        "Pages in the router's prefix indexes (role: whose caches; state: confirmed, provisional)",
+    ),
+    m(ROUTER_INDEX_EVICTED, Kind::Counter, "role", "Pages a router's prefix index evicted to make room"),
+    m(ROUTER_INDEX_DROPPED, Kind::Counter, "role", "New pages a router's prefix index dropped, full"),
     m(
         ROUTER_TOKENIZER_CACHE_TOKENS,
         Kind::Counter,

@@ -21,7 +21,7 @@ mod stream;
 use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
-use crate::placement::{DecodeState, NoDecode, Placer, PrefillState, disaggregate};
+use crate::placement::{DecodeState, NoDecode, Path, Placer, PrefillState};
 use crate::workers::Registry;
 
 /// A decode worker as placement sees it.
@@ -59,6 +59,8 @@ pub struct Ctx {
     pub placer: Mutex<Placer>,
     /// Prompts with fewer uncached tokens are prefilled on the decode worker.
     pub local_prefill_below: usize,
+    /// `--local-prefill-max`.
+    pub local_prefill_max: usize,
     /// Tokens per KV page (for the decode worker's room estimate).
     pub page_size: usize,
     /// Keys accepted as `Authorization: Bearer <key>`; empty: no key needed.
@@ -198,7 +200,12 @@ impl Ctx {
         let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());
         let jitter = rand_jitter();
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
-        let decode_states: Vec<DecodeState> = snap.decode.iter().map(|w| w.decode_state(now, false)).collect();
+        // What each decode worker's cache holds of the prompt (its KV events: finished
+        // requests, a conversation's earlier turns and answers among them).
+        let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
+        let decode_cached = self.workers.decode_index().lock().matched(&req.tokens[..len - 1], decode_slots);
+        let decode_states: Vec<DecodeState> =
+            snap.decode.iter().map(|w| w.decode_state(now, false, decode_cached[w.slot])).collect();
         let need = self.pages_needed(len, &req.sampling);
         let d = lock(&self.placer).decode(need, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
@@ -211,9 +218,22 @@ impl Ctx {
                 NoDecode::TooLarge { .. } => RouterError::TooLarge { message: e.to_string() },
             }
         })?;
-        let prefill = choice
-            .filter(|c| disaggregate(len - c.cached_tokens, self.local_prefill_below, true))
-            .and_then(|c| Some((c.worker, Arc::clone(snap.prefill[c.worker].as_ref()?), c.cached_tokens)));
+        let held = decode_states[d].cached_tokens;
+        let path = lock(&self.placer).path(
+            len,
+            choice.map(|c| (c, prefill_states[c.worker])),
+            held,
+            self.local_prefill_below,
+            self.local_prefill_max,
+        );
+        if held > choice.map_or(0, |c| c.cached_tokens) && choice.is_some() {
+            let label = if matches!(path, Path::Local(_)) { "local" } else { "prefill" };
+            metrics::counter!(M::ROUTER_DECODE_PREFIX, "choice" => label).increment(1);
+        }
+        let prefill = match path {
+            Path::Prefill(c) => snap.prefill[c.worker].as_ref().map(|w| (c.worker, Arc::clone(w), c.cached_tokens)),
+            Path::Local(_) => None,
+        };
         let decode = Arc::clone(&snap.decode[d]);
         match &prefill {
             Some((_, w, _)) => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "prefill", "worker" => w.id.clone()),

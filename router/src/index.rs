@@ -61,6 +61,11 @@ impl PrefixIndex {
         self.page_size
     }
 
+    /// Most pages it holds, over all shards.
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
     /// Pages indexed (a page held in several shards counts once per shard).
     pub fn pages(&self) -> usize {
         self.shards.iter().map(Shard::pages).sum()

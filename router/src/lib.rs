@@ -90,14 +90,21 @@ pub struct RouterArgs {
     /// Prefill placement: `cache-aware`, `round-robin` or `least-load`.
     #[arg(long, env = ferry_cluster::env::POLICY, value_enum, default_value_t = Policy::CacheAware, help_heading = "Placement")]
     pub policy: Policy,
-    /// Prompts with fewer uncached tokens than this are prefilled on the decode worker
-    /// (0: always on a prefill worker when one is healthy).
+    /// Prompts that the chosen decode worker lacks fewer tokens of than this (its prefix cache
+    /// counted) are prefilled on it (0: never for their length alone).
     #[arg(long, env = ferry_cluster::env::LOCAL_PREFILL_BELOW, default_value_t = 0, help_heading = "Placement")]
     pub local_prefill_below: usize,
+    /// Prompts whose decode worker holds a prefix of them (a conversation's earlier turns and
+    /// answers) and lacks at most this many tokens are prefilled on it when that is estimated
+    /// sooner than a prefill worker's queue, compute and transfer (0: never by estimate). It
+    /// bounds the prompt work a decode worker takes between its decode steps.
+    #[arg(long, env = ferry_cluster::env::LOCAL_PREFILL_MAX, default_value_t = 512, help_heading = "Placement")]
+    pub local_prefill_max: usize,
     /// Tokens per KV page; must match the workers' `--page-size`.
     #[arg(long, env = ferry_cluster::env::PAGE_SIZE, default_value_t = 16, help_heading = "Placement")]
     pub page_size: usize,
-    /// Most pages the prefix index holds (memory bound).
+    /// Most pages a prefix index holds (memory bound; the router keeps one for prefill
+    /// workers' caches and one for decode workers').
     #[arg(long, env = ferry_cluster::env::MAX_INDEX_PAGES, default_value_t = 1 << 20, help_heading = "Placement")]
     pub max_index_pages: usize,
     /// API keys the public endpoints accept (`Authorization: Bearer <key>` over HTTP, the
@@ -246,6 +253,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         index: Arc::clone(&index),
         placer: Mutex::new(placer),
         local_prefill_below: args.local_prefill_below,
+        local_prefill_max: args.local_prefill_max,
         page_size: args.page_size,
         api_keys: args.api_keys.clone(),
         limits: crate::limits::Limits {

@@ -1,6 +1,8 @@
 //! Where a request goes: the prefill worker with the least estimated time to first token, the
-//! decode worker with the most admissible room. Pure: the caller supplies the index's matches,
-//! the workers' load reports and a random source.
+//! decode worker holding most of the prompt (a conversation's history) while it has room, else
+//! the one with the most admissible room; and where the prompt is computed — on the prefill
+//! worker, or on the decode worker from what it holds. Pure: the caller supplies the indexes'
+//! matches, the workers' load reports and a random source.
 //!
 //! Estimated TTFT on prefill worker `w` = (its queued prefill tokens + this prompt's tokens not
 //! cached on `w`) / `w`'s measured prefill rate + the transfer of the prompt's pages. The
@@ -53,6 +55,45 @@ pub struct DecodeState {
     pub admissible_pages: u64,
     /// Pages in its pool (`u64::MAX` while unknown).
     pub total_pages: u64,
+    /// Prompt tokens its prefix cache holds (its KV events say).
+    pub cached_tokens: usize,
+}
+
+/// A decode worker holding part of the prompt keeps it while its admissible pages are at
+/// least this share of the roomiest worker's (and cover the request): past that imbalance
+/// the roomiest takes it, history or not.
+pub const STICKY_MIN_SHARE: f64 = 0.5;
+
+/// Where a prompt is computed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Path {
+    /// On this prefill worker, which sends the decode worker the pages it lacks.
+    Prefill(PrefillChoice),
+    /// On the decode worker, from what it holds.
+    Local(LocalWhy),
+}
+
+/// Why a prompt is computed on the decode worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalWhy {
+    /// No healthy prefill worker.
+    NoPrefill,
+    /// Fewer uncached tokens (on the decode worker) than `--local-prefill-below`.
+    Short,
+    /// The decode worker holds the prompt's history: what it lacks is at most
+    /// `--local-prefill-max` tokens and is sooner computed there than on a prefill worker.
+    DecodeCache,
+}
+
+impl LocalWhy {
+    /// Its metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::NoPrefill => "no_prefill",
+            Self::Short => "short",
+            Self::DecodeCache => "decode_cache",
+        }
+    }
 }
 
 /// A prefill choice.
@@ -154,32 +195,61 @@ impl Placer {
     }
 
     /// Picks, among the healthy decode workers whose pool can hold the request's `need`
-    /// pages at all, the one with the most admissible pages. A worker short of free pages
-    /// queues the request and retracts running ones to make room (never cutting one), so
-    /// free pages rank workers but do not refuse requests; a request larger than every
-    /// pool is refused at once.
+    /// pages at all, the one whose cache holds most of the prompt — a conversation's next
+    /// turn goes where its history is — as long as it can admit the request now and has at
+    /// least [`STICKY_MIN_SHARE`] of the roomiest worker's admissible pages; otherwise the
+    /// roomiest. A worker short of free pages queues the request and retracts running ones to
+    /// make room (never cutting one), so free pages rank workers but do not refuse requests;
+    /// a request larger than every pool is refused at once.
     pub fn decode(&self, need: u64, states: &[DecodeState]) -> Result<usize, NoDecode> {
         let healthy: Vec<usize> = (0..states.len()).filter(|&w| states[w].healthy).collect();
         if healthy.is_empty() {
             return Err(NoRoom { retry_after_ms: 500 }.into());
         }
-        healthy
-            .iter()
-            .copied()
-            .filter(|&w| states[w].total_pages >= need)
-            .max_by_key(|&w| (states[w].admissible_pages, std::cmp::Reverse(w)))
-            .ok_or_else(|| NoDecode::TooLarge {
-                need,
-                largest: healthy.iter().map(|&w| states[w].total_pages).max().unwrap_or(0),
-            })
+        let fits = || healthy.iter().copied().filter(|&w| states[w].total_pages >= need);
+        let Some(roomiest) = fits().max_by_key(|&w| (states[w].admissible_pages, std::cmp::Reverse(w))) else {
+            let largest = healthy.iter().map(|&w| states[w].total_pages).max().unwrap_or(0);
+            return Err(NoDecode::TooLarge { need, largest });
+        };
+        let room = |w: usize| states[w].admissible_pages;
+        let sticky = fits()
+            .filter(|&w| states[w].cached_tokens > 0)
+            .max_by_key(|&w| (states[w].cached_tokens, room(w), std::cmp::Reverse(w)))
+            .filter(|&w| room(w) >= need && room(w) as f64 >= STICKY_MIN_SHARE * room(roomiest) as f64);
+        Ok(sticky.unwrap_or(roomiest))
     }
-}
 
-/// Whether to prefill on a prefill worker (true) or on the decode worker itself: prompts with
-/// fewer uncached tokens than `threshold` are prefilled locally (0: always disaggregate), and
-/// with no healthy prefill worker everything is.
-pub fn disaggregate(uncached_tokens: usize, threshold: usize, prefill_available: bool) -> bool {
-    prefill_available && uncached_tokens >= threshold
+    /// Where a prompt of `len` tokens is computed, given the prefill choice (None: no healthy
+    /// prefill worker), what the chosen decode worker holds of it (`decode_cached` tokens),
+    /// `--local-prefill-below` (`below`) and `--local-prefill-max` (`local_max`).
+    ///
+    /// On the decode worker when no prefill worker can take it, or when it lacks fewer than
+    /// `below` tokens, or when it lacks at most `local_max` and computing them there is
+    /// estimated sooner than on the prefill worker (its queue, what it lacks, and the transfer
+    /// of the pages the decode worker lacks), at the prefill worker's rate. A tie goes to the
+    /// prefill worker: a decode worker's prompt work delays its running requests.
+    pub fn path(
+        &self,
+        len: usize,
+        choice: Option<(PrefillChoice, PrefillState)>,
+        decode_cached: usize,
+        below: usize,
+        local_max: usize,
+    ) -> Path {
+        let Some((c, p)) = choice else { return Path::Local(LocalWhy::NoPrefill) };
+        let lacks = len - decode_cached.min(len.saturating_sub(1));
+        if lacks < below {
+            return Path::Local(LocalWhy::Short);
+        }
+        if decode_cached > 0 && lacks <= local_max {
+            let rate = if p.tokens_per_second > 0.0 { p.tokens_per_second } else { self.default_rate.max(1.0) };
+            let remote = c.ttft - self.transfer_seconds(len) + self.transfer_seconds(lacks);
+            if (lacks as f64) / rate < remote {
+                return Path::Local(LocalWhy::DecodeCache);
+            }
+        }
+        Path::Prefill(c)
+    }
 }
 
 #[cfg(test)]
@@ -229,18 +299,67 @@ mod tests {
     #[test]
     fn decode_takes_the_roomiest_and_says_when_none_fits() {
         let p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
-        let d = |h, pages| DecodeState { healthy: h, admissible_pages: pages, total_pages: 100 };
+        let d = |h, pages| DecodeState { healthy: h, admissible_pages: pages, total_pages: 100, cached_tokens: 0 };
         assert_eq!(p.decode(10, &[d(true, 20), d(true, 50), d(false, 500)]), Ok(1));
         // Short of free pages everywhere: the roomiest still takes it (it queues there).
         assert_eq!(p.decode(60, &[d(true, 20), d(true, 50)]), Ok(1));
         assert_eq!(p.decode(60, &[d(false, 20)]), Err(NoRoom { retry_after_ms: 500 }.into()));
         // Larger than every healthy pool: refused for good, naming the largest.
-        let big = DecodeState { healthy: true, admissible_pages: 0, total_pages: 400 };
+        let big = DecodeState { healthy: true, admissible_pages: 0, total_pages: 400, cached_tokens: 0 };
         assert_eq!(p.decode(101, &[d(true, 20), d(false, 0)]), Err(NoDecode::TooLarge { need: 101, largest: 100 }));
         assert_eq!(p.decode(101, &[d(true, 20), big]), Ok(1));
-        assert!(disaggregate(100, 64, true) && !disaggregate(10, 64, true) && !disaggregate(100, 64, false));
-        assert!(disaggregate(0, 0, true), "threshold 0: always disaggregate");
         let t = Placer::new(Policy::CacheAware, 1.0, 1000.0, 1e6).transfer_seconds(2000);
         assert!((t - 2.0).abs() < 1e-9);
+    }
+
+    /// Issue 20: a conversation's next turn goes to the decode worker holding its history,
+    /// unless that worker is short of room; and there it is computed from what it holds when
+    /// that is sooner than a prefill worker's queue, compute and transfer.
+    #[test]
+    fn a_turn_follows_its_history_while_room_allows_and_is_computed_where_it_is() {
+        let p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e6);
+        let d = |pages, cached| DecodeState {
+            healthy: true,
+            admissible_pages: pages,
+            total_pages: 100,
+            cached_tokens: cached,
+        };
+        // Worker 0 holds 300 tokens of the prompt, worker 1 is roomier: the history wins.
+        assert_eq!(p.decode(10, &[d(60, 300), d(90, 0)]), Ok(0));
+        // The longest history wins among holders.
+        assert_eq!(p.decode(10, &[d(60, 300), d(60, 500)]), Ok(1));
+        // Under half the roomiest's room, or short of the request: the roomiest.
+        assert_eq!(p.decode(10, &[d(40, 300), d(90, 0)]), Ok(1));
+        assert_eq!(p.decode(50, &[d(45, 300), d(50, 0)]), Ok(1));
+        // Nothing cached anywhere: the roomiest, as before.
+        assert_eq!(p.decode(10, &[d(60, 0), d(90, 0)]), Ok(1));
+
+        let st = PrefillState { healthy: true, queued_tokens: 0, tokens_per_second: 1000.0 };
+        // 1000 tokens' pages move in 1 ms.
+        let mut p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e9);
+        let c = p.prefill(1000, &[0], &[st], |_| 0.0).expect("one");
+        // The decode worker holds 900 of 1000 tokens: 100 there (0.1 s) beats 1000 on the
+        // prefill worker (1 s) and the transfer of 100 tokens' pages.
+        assert_eq!(p.path(1000, Some((c, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
+        // What it lacks is past --local-prefill-max: the prefill worker, whatever the estimate.
+        assert_eq!(p.path(1000, Some((c, st)), 400, 0, 512), Path::Prefill(c));
+        // --local-prefill-max 0 turns the estimate off; --local-prefill-below still counts
+        // what the decode worker holds.
+        assert_eq!(p.path(1000, Some((c, st)), 900, 0, 0), Path::Prefill(c));
+        assert_eq!(p.path(1000, Some((c, st)), 900, 101, 0), Path::Local(LocalWhy::Short));
+        assert_eq!(p.path(1000, Some((c, st)), 0, 101, 0), Path::Prefill(c));
+        // The prefill worker holds as much and is idle: the decode worker saves only the
+        // transfer; with no transfer cost, a tie, which the prefill worker takes.
+        let same = p.prefill(1000, &[900], &[st], |_| 0.0).expect("one");
+        assert_eq!(p.path(1000, Some((same, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
+        let mut free = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
+        let same = free.prefill(1000, &[900], &[st], |_| 0.0).expect("one");
+        assert_eq!(free.path(1000, Some((same, st)), 900, 0, 512), Path::Prefill(same));
+        // The prefill worker holds more and is idle: it is sooner.
+        let warm = p.prefill(1000, &[990], &[st], |_| 0.0).expect("one");
+        assert_eq!(p.path(1000, Some((warm, st)), 500, 0, 512), Path::Prefill(warm));
+        assert_eq!(p.path(1000, None, 0, 0, 512), Path::Local(LocalWhy::NoPrefill));
+        // A whole prompt held still computes its last token.
+        assert_eq!(p.path(1000, Some((c, st)), 1000, 2, 0), Path::Local(LocalWhy::Short));
     }
 }

@@ -1,9 +1,10 @@
 //! The workers a router knows — static or discovered through etcd, joining and leaving at any
 //! time — with their gRPC channels, health (a circuit breaker fed by active checks and by
 //! calls) and last load report; and the tasks that keep them current: an active check every
-//! poll interval (gRPC health and the load report) and, for each prefill worker, a KV event
-//! subscription feeding the prefix index (resubscribing with a snapshot after any gap, epoch
-//! change or error).
+//! poll interval (gRPC health and the load report) and, for each worker, a KV event
+//! subscription feeding its role's prefix index (resubscribing with a snapshot after any gap,
+//! epoch change or error): prefill workers' caches feed the prefill placement, decode
+//! workers' (finished conversations, answers included) the decode placement.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -103,6 +104,9 @@ pub struct Worker {
     pub addr: String,
     /// A lazily connected channel.
     pub channel: Channel,
+    /// Its slot in its role's prefix index (a prefill worker's is also its position in
+    /// [`Snapshot::prefill`]).
+    pub slot: usize,
     health: Mutex<Health>,
     /// Still a member of the registry (events for its slot are applied only while it is).
     member: std::sync::atomic::AtomicBool,
@@ -129,7 +133,8 @@ impl Worker {
     }
 
     /// What placement reads of a decode worker (unhealthy as well when `excluded`).
-    pub fn decode_state(&self, now: Instant, excluded: bool) -> DecodeState {
+    /// What placement reads of a decode worker holding `cached_tokens` of the prompt.
+    pub fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
         let h = lock(&self.health);
         let load = h.load.as_ref();
         DecodeState {
@@ -137,6 +142,7 @@ impl Worker {
             // A decode worker's evictable pages are its prefix cache's, given on demand.
             admissible_pages: load.map_or(0, |l| u64::from(l.free_pages) + u64::from(l.evictable_pages)),
             total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
+            cached_tokens,
         }
     }
 
@@ -169,15 +175,16 @@ impl Snapshot {
 
 struct Member {
     worker: Arc<Worker>,
-    /// Prefill workers: the task following its KV events.
-    events: Option<tokio::task::JoinHandle<()>>,
+    /// The task following its KV events.
+    events: tokio::task::JoinHandle<()>,
 }
 
-/// The workers a router knows, which discovery may change at any time. A prefill worker
-/// holds a prefix-index slot while it is a member; leaving frees the slot and the index
+/// The workers a router knows, which discovery may change at any time. A worker holds a
+/// slot in its role's prefix index while it is a member; leaving frees the slot and the index
 /// entries in it.
 pub struct Registry {
     index: SharedIndex,
+    decode_index: SharedIndex,
     tls: Option<Arc<InternalTls>>,
     members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
 }
@@ -205,9 +212,27 @@ fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<Channel,
 }
 
 impl Registry {
-    /// No workers yet; prefill workers' KV events will feed `index`.
+    /// No workers yet; prefill workers' KV events will feed `index`, decode workers' an
+    /// index of the same page size and budget ([`Self::decode_index`]).
     pub fn new(index: SharedIndex) -> Self {
-        Self { index, tls: None, members: Mutex::new((Vec::new(), Vec::new())) }
+        let decode_index = {
+            let ix = index.lock();
+            crate::index::shared(crate::index::PrefixIndex::new(ix.page_size(), ix.max_pages()))
+        };
+        Self { index, decode_index, tls: None, members: Mutex::new((Vec::new(), Vec::new())) }
+    }
+
+    /// What decode workers' caches hold, by their [`Worker::slot`].
+    pub fn decode_index(&self) -> &SharedIndex {
+        &self.decode_index
+    }
+
+    /// The index of `role`'s workers.
+    fn index_of(&self, role: Role) -> &SharedIndex {
+        match role {
+            Role::Prefill => &self.index,
+            Role::Decode => &self.decode_index,
+        }
     }
 
     /// Calls workers over mutual TLS.
@@ -237,30 +262,35 @@ impl Registry {
         if existing.as_deref() == Some(w.addr.as_str()) {
             return Ok(());
         }
+        let channel = channel(&w.addr, w.role, self.tls.as_deref())?;
+        if existing.is_some() {
+            self.remove_locked(&mut m, w.role, &w.id);
+        }
+        let slot = match w.role {
+            Role::Prefill => match m.0.iter().position(Option::is_none) {
+                Some(s) => s,
+                None => {
+                    m.0.push(None);
+                    m.0.len() - 1
+                }
+            },
+            // The lowest slot no decode member holds.
+            Role::Decode => (0..).find(|s| !m.1.iter().any(|x| x.worker.slot == *s)).unwrap_or(0),
+        };
         let worker = Arc::new(Worker {
             id: w.id.clone(),
             role: w.role,
             addr: w.addr.clone(),
-            channel: channel(&w.addr, w.role, self.tls.as_deref())?,
+            channel,
+            slot,
             health: Mutex::new(Health::default()),
             member: std::sync::atomic::AtomicBool::new(true),
         });
-        if existing.is_some() {
-            self.remove_locked(&mut m, w.role, &w.id);
-        }
+        let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(self.index_of(w.role))));
+        let member = Member { worker, events };
         match w.role {
-            Role::Decode => m.1.push(Member { worker, events: None }),
-            Role::Prefill => {
-                let slot = match m.0.iter().position(Option::is_none) {
-                    Some(s) => s,
-                    None => {
-                        m.0.push(None);
-                        m.0.len() - 1
-                    }
-                };
-                let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(&self.index)));
-                m.0[slot] = Some(Member { worker, events: Some(events) });
-            }
+            Role::Decode => m.1.push(member),
+            Role::Prefill => m.0[slot] = Some(member),
         }
         tracing::info!(worker = %w.id, role = w.role.as_str(), addr = %w.addr, "worker joined");
         Ok(())
@@ -274,21 +304,15 @@ impl Registry {
 
     fn remove_locked(&self, m: &mut (Vec<Option<Member>>, Vec<Member>), role: Role, id: &WorkerId) -> bool {
         let gone = match role {
-            Role::Decode => m.1.iter().position(|x| x.worker.id == *id).map(|i| (m.1.remove(i), None)),
+            Role::Decode => m.1.iter().position(|x| x.worker.id == *id).map(|i| m.1.remove(i)),
             Role::Prefill => {
-                m.0.iter()
-                    .position(|x| x.as_ref().is_some_and(|x| x.worker.id == *id))
-                    .and_then(|s| m.0[s].take().map(|x| (x, Some(s))))
+                m.0.iter().position(|x| x.as_ref().is_some_and(|x| x.worker.id == *id)).and_then(|s| m.0[s].take())
             }
         };
-        let Some((member, slot)) = gone else { return false };
+        let Some(member) = gone else { return false };
         member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = member.events {
-            t.abort();
-        }
-        if let Some(slot) = slot {
-            let _ = self.index.lock().clear_worker(slot);
-        }
+        member.events.abort();
+        let _ = self.index_of(role).lock().clear_worker(member.worker.slot);
         tracing::info!(worker = %id, role = role.as_str(), "worker left");
         true
     }
@@ -329,27 +353,23 @@ impl Registry {
     }
 
     /// Actively checks every worker every `every`, forever: its gRPC health must say SERVING
-    /// and its load report must come back, within a second. A prefill worker whose circuit
-    /// opens loses its entries in the index (its event stream resyncs them when it is back).
+    /// and its load report must come back, within a second. A worker whose circuit opens
+    /// loses its entries in its role's index (its event stream resyncs them when it is back).
     pub async fn poll_loads(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             let snap = self.snapshot();
-            let slots = snap.prefill.iter().enumerate().filter_map(|(s, w)| w.clone().map(|w| (w, Some(s))));
-            let all = slots.chain(snap.decode.iter().map(|w| (Arc::clone(w), None)));
-            let polls = all.map(|(w, slot)| {
-                let index = Arc::clone(&self.index);
+            let polls = snap.all().map(|w| {
+                let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
                         Ok(Ok(r)) => lock(&w.health).check_ok(r),
                         _ => {
                             if lock(&w.health).check_failed(Instant::now()) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
-                                if let Some(slot) = slot
-                                    && w.member.load(std::sync::atomic::Ordering::SeqCst)
-                                {
-                                    let _ = index.lock().clear_worker(slot);
+                                if w.member.load(std::sync::atomic::Ordering::SeqCst) {
+                                    let _ = index.lock().clear_worker(w.slot);
                                 }
                             }
                         }
@@ -370,17 +390,19 @@ impl Registry {
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
                 metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
             }
-            let (pages, confirmed, evicted, dropped) = {
-                // An idle router forgets lapsed placements too.
-                let mut ix = self.index.lock();
-                ix.expire(Instant::now());
-                (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
-            };
-            metrics::gauge!(M::ROUTER_INDEX_PAGES, "state" => "confirmed").set(confirmed as f64);
-            metrics::gauge!(M::ROUTER_INDEX_PAGES, "state" => "provisional")
-                .set(pages.saturating_sub(confirmed) as f64);
-            metrics::counter!(M::ROUTER_INDEX_EVICTED).absolute(evicted);
-            metrics::counter!(M::ROUTER_INDEX_DROPPED).absolute(dropped);
+            for (role, index) in [("prefill", &self.index), ("decode", &self.decode_index)] {
+                let (pages, confirmed, evicted, dropped) = {
+                    // An idle router forgets lapsed placements too.
+                    let mut ix = index.lock();
+                    ix.expire(Instant::now());
+                    (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
+                };
+                metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "confirmed").set(confirmed as f64);
+                metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional")
+                    .set(pages.saturating_sub(confirmed) as f64);
+                metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(evicted);
+                metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(dropped);
+            }
         }
     }
 }

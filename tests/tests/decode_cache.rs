@@ -163,3 +163,109 @@ async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
     off.stop().await;
     p.stop().await;
 }
+
+/// A greedy `Router.Generate` of `prompt` (`n` tokens) through the router at `addr`: the
+/// tokens and the prompt tokens the serving workers found cached.
+async fn routed(addr: std::net::SocketAddr, prompt: &[u32], n: u32) -> (Vec<u32>, u32) {
+    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(addr).await);
+    let req = pb::GenerateRequest {
+        request_id: String::new(),
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.to_vec() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
+        stop: Vec::new(),
+        return_token_ids: true,
+        return_phases: false,
+    };
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    let (mut out, mut cached) = (Vec::new(), 0);
+    while let Some(m) = s.message().await.expect("stream") {
+        out.extend(m.token_ids);
+        cached = cached.max(m.cached_tokens);
+    }
+    (out, cached)
+}
+
+/// Issue 20: the router follows the decode workers' caches (their KV events). A
+/// conversation's second turn goes to the decode worker holding the first turn and its
+/// answer, and is prefilled there, from what it holds — or, with `--local-prefill-max 0`, on
+/// the prefill worker, which sends only the pages the decode worker lacks — answering as the
+/// colocated reference does either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let ds = [decode(&m, true).await, decode(&m, true).await];
+    let router = |local_max: usize| {
+        let mut ra = ferry_router::RouterArgs::new(
+            m.path(),
+            vec![p.grpc_addr.to_string()],
+            ds.iter().map(|d| d.grpc_addr.to_string()).collect(),
+        );
+        ra.local_prefill_max = local_max;
+        async {
+            let r = ferry_router::start(ra).await.expect("router up");
+            while !r.ready(1, 2) {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            r
+        }
+    };
+    let (estimate, prefill_always) = (router(512).await, router(0).await);
+    let prompt: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
+    let (answer, _) = routed(estimate.grpc_addr, &prompt, 20).await;
+    settle_decode(&ds).await;
+    let holder = ds.iter().position(|d| d.load().evictable_pages > 0).expect("a decode worker keeps the first turn");
+    let mut turn = prompt.clone();
+    turn.extend(&answer);
+    turn.extend([5, 6, 7, 8, 9]);
+    let want: Vec<u32> =
+        colocated_scored(&m.path(), std::slice::from_ref(&turn), &greedy(20))[0].iter().map(|x| x.0).collect();
+    // The first turn and its answer but the answer's last token: 119 tokens, 7 whole pages.
+    let held = 7 * 16;
+    // The routers and workers here share the process's metrics.
+    let metrics = estimate.metrics_addr;
+    let scrape = || async move { ferry_tests::scrape(metrics).await };
+    // Both routers follow the decode workers' events; wait until they hold the first turn.
+    for _ in 0..500 {
+        let body = scrape().await;
+        if ferry_tests::metric_sum(&body, "ferry_router_index_pages", "role=\"decode\",state=\"confirmed\"") >= 14.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let sums = |body: String| {
+        let s = |name: &str, label: &str| ferry_tests::metric_sum(&body, name, label);
+        (
+            s("ferry_router_decode_prefix_total", "choice=\"local\""),
+            s("ferry_router_decode_prefix_total", "choice=\"prefill\""),
+            s("ferry_router_placements_total", "target=\"local\""),
+            s("ferry_transfer_pages_held_total", ""),
+        )
+    };
+    let before = sums(scrape().await);
+    let (got, cached) = routed(estimate.grpc_addr, &turn, 20).await;
+    assert_eq!(got, want, "the second turn, prefilled on the decode worker from its history");
+    assert_eq!(cached, held, "it found the first turn and the answer");
+    let after = sums(scrape().await);
+    assert_eq!((after.0 - before.0, after.1 - before.1, after.2 - before.2), (1.0, 0.0, 1.0), "prefilled locally");
+    assert_eq!(after.3, before.3, "nothing transferred");
+    settle_decode(&ds).await;
+    assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");
+
+    // Never by estimate: the prefill worker computes it, the holder receives the rest.
+    let (got, _) = routed(prefill_always.grpc_addr, &turn, 20).await;
+    assert_eq!(got, want, "the second turn, prefilled on the prefill worker");
+    let last = sums(scrape().await);
+    assert_eq!((last.0 - after.0, last.1 - after.1), (0.0, 1.0), "the prefill worker chosen");
+    assert_eq!(last.3 - after.3, 7.0, "the holder kept its 7 pages; only the 8th was sent");
+    settle_decode(&ds).await;
+    assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");
+    estimate.stop().await;
+    prefill_always.stop().await;
+    p.stop().await;
+    for d in ds {
+        d.stop().await;
+    }
+}

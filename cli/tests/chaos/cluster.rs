@@ -182,6 +182,10 @@ impl Cluster {
         let (router_grpc, router_metrics, router_http) = (ports.take(), ports.take(), ports.take());
         let mut ra = strings(&["router", "--model", &model, "--grpc-addr", &router_grpc, "--http-addr", &router_http]);
         ra.extend(strings(&["--page-size", "8", "--insecure-internal"]));
+        // Every prompt through a prefill node and the data plane, which the faults are aimed
+        // at: the load repeats a few prompts, which the decode nodes' caches would otherwise
+        // soon hold, and prefill locally.
+        ra.extend(strings(&["--local-prefill-max", "0"]));
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
         let router = Daemon::new("router", ra, router_grpc.clone());
         let mut c =

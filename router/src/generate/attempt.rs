@@ -202,7 +202,7 @@ impl Ctx {
     fn other_decode(&self, need: u64, tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
-            snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id))).collect();
+            snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id), 0)).collect();
         let d = lock(&self.placer).decode(need, &states).ok()?;
         Some(Arc::clone(&snap.decode[d]))
     }
