@@ -39,6 +39,9 @@ async fn run(m: &TinyModel, policy: ferry_router::placement::Policy) -> (u64, u6
         vec![d.grpc_addr.to_string()],
     );
     args.policy = policy;
+    // Every turn on a prefill worker: the decode worker holds each conversation's history
+    // (answers included) and would otherwise prefill later turns itself, under either policy.
+    args.local_prefill_max = 0;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {

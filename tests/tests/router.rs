@@ -144,6 +144,9 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     // stream breaks, and the repeat then went to either worker (retried or not).
     args.load_poll = 60.0;
     args.policy = ferry_router::placement::Policy::LeastLoad;
+    // The repeat on a prefill worker: the decode worker's cache holds the prompt too, and the
+    // router would otherwise prefill its last page there.
+    args.local_prefill_max = 0;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {
