@@ -218,7 +218,11 @@ impl Ctx {
                 NoDecode::TooLarge { .. } => RouterError::TooLarge { message: e.to_string() },
             }
         })?;
-        let held = decode_states[d].cached_tokens;
+        // A decode worker computes the whole prompt of a request with several sequences
+        // (they must own the pages they share) or asking for prompt logprobs: its cache
+        // saves such a request nothing there.
+        let reads_cache = req.sampling.n <= 1 && req.sampling.prompt_logprobs.is_none();
+        let held = if reads_cache { decode_states[d].cached_tokens } else { 0 };
         let path = lock(&self.placer).path(
             len,
             choice.map(|c| (c, prefill_states[c.worker])),

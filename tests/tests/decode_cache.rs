@@ -164,14 +164,14 @@ async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
     p.stop().await;
 }
 
-/// A greedy `Router.Generate` of `prompt` (`n` tokens) through the router at `addr`: the
+/// A `Router.Generate` of `prompt` through the router at `addr`: the
 /// tokens and the prompt tokens the serving workers found cached.
-async fn routed(addr: std::net::SocketAddr, prompt: &[u32], n: u32) -> (Vec<u32>, u32) {
+async fn routed(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams) -> (Vec<u32>, u32) {
     let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(addr).await);
     let req = pb::GenerateRequest {
         request_id: String::new(),
         prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.to_vec() })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(n))),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
         stop: Vec::new(),
         return_token_ids: true,
         return_phases: false,
@@ -214,7 +214,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     };
     let (estimate, prefill_always) = (router(512).await, router(0).await);
     let prompt: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
-    let (answer, _) = routed(estimate.grpc_addr, &prompt, 20).await;
+    let (answer, _) = routed(estimate.grpc_addr, &prompt, &greedy(20)).await;
     settle_decode(&ds).await;
     let holder = ds.iter().position(|d| d.load().evictable_pages > 0).expect("a decode worker keeps the first turn");
     let mut turn = prompt.clone();
@@ -245,7 +245,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
         )
     };
     let before = sums(scrape().await);
-    let (got, cached) = routed(estimate.grpc_addr, &turn, 20).await;
+    let (got, cached) = routed(estimate.grpc_addr, &turn, &greedy(20)).await;
     assert_eq!(got, want, "the second turn, prefilled on the decode worker from its history");
     assert_eq!(cached, held, "it found the first turn and the answer");
     let after = sums(scrape().await);
@@ -255,13 +255,39 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");
 
     // Never by estimate: the prefill worker computes it, the holder receives the rest.
-    let (got, _) = routed(prefill_always.grpc_addr, &turn, 20).await;
+    let (got, _) = routed(prefill_always.grpc_addr, &turn, &greedy(20)).await;
     assert_eq!(got, want, "the second turn, prefilled on the prefill worker");
     let last = sums(scrape().await);
     assert_eq!((last.0 - after.0, last.1 - after.1), (0.0, 1.0), "the prefill worker chosen");
     assert_eq!(last.3 - after.3, 7.0, "the holder kept its 7 pages; only the 8th was sent");
     settle_decode(&ds).await;
     assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");
+
+    // Asking for prompt logprobs, a turn would compute its whole prompt on the decode worker:
+    // the prefill worker takes it, even through the router that estimates.
+    let other: Vec<u32> = (0..100).map(|i| 3 + (i * 29 + 7) % 340).collect();
+    let (answer, _) = routed(estimate.grpc_addr, &other, &greedy(20)).await;
+    settle_decode(&ds).await;
+    let mut turn = other;
+    turn.extend(&answer);
+    turn.extend([9, 8, 7]);
+    for _ in 0..500 {
+        if ferry_tests::metric_sum(&scrape().await, "ferry_router_index_pages", "role=\"decode\",state=\"confirmed\"")
+            >= 28.0
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let mut scored = greedy(20);
+    scored.prompt_logprobs = Some(0);
+    let want: Vec<u32> =
+        colocated_scored(&m.path(), std::slice::from_ref(&turn), &greedy(20))[0].iter().map(|x| x.0).collect();
+    let (got, _) = routed(estimate.grpc_addr, &turn, &scored).await;
+    assert_eq!(got, want, "a second turn with prompt logprobs");
+    let end = sums(scrape().await);
+    assert_eq!((end.0 - last.0, end.2 - last.2), (0.0, 0.0), "prefilled on the prefill worker");
+    settle_decode(&ds).await;
     estimate.stop().await;
     prefill_always.stop().await;
     p.stop().await;
