@@ -29,6 +29,7 @@ fn ctx() -> &'static Ctx {
             index,
             placer: Mutex::new(Placer::new("cache-aware".parse().expect("policy"), 1000.0, 0.0, 2.5e9)),
             local_prefill_below: 0,
+            local_prefill_max: 0,
             page_size: 16,
             api_keys: Vec::new(),
             limits: ferry_router::limits::Limits::default(),

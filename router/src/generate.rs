@@ -22,7 +22,7 @@ use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
 use crate::placement::{DecodeState, NoDecode, Path, Placer, PrefillState};
-use crate::workers::Registry;
+use crate::workers::{Registry, Worker};
 
 /// A decode worker as placement sees it.
 /// A validated request.
@@ -204,8 +204,13 @@ impl Ctx {
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
         let decode_cached = self.workers.decode_index().lock().matched(&req.tokens[..len - 1], decode_slots);
+        // A decode worker computes the whole prompt of a request with several sequences
+        // (they must own the pages they share) or asking for prompt logprobs: its cache
+        // saves such a request nothing there, and draws it nowhere.
+        let reads_cache = req.sampling.n <= 1 && req.sampling.prompt_logprobs.is_none();
+        let held_on = |w: &Worker| if reads_cache { decode_cached[w.slot] } else { 0 };
         let decode_states: Vec<DecodeState> =
-            snap.decode.iter().map(|w| w.decode_state(now, false, decode_cached[w.slot])).collect();
+            snap.decode.iter().map(|w| w.decode_state(now, false, held_on(w))).collect();
         let need = self.pages_needed(len, &req.sampling);
         let d = lock(&self.placer).decode(need, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
@@ -218,11 +223,7 @@ impl Ctx {
                 NoDecode::TooLarge { .. } => RouterError::TooLarge { message: e.to_string() },
             }
         })?;
-        // A decode worker computes the whole prompt of a request with several sequences
-        // (they must own the pages they share) or asking for prompt logprobs: its cache
-        // saves such a request nothing there.
-        let reads_cache = req.sampling.n <= 1 && req.sampling.prompt_logprobs.is_none();
-        let held = if reads_cache { decode_states[d].cached_tokens } else { 0 };
+        let held = decode_states[d].cached_tokens;
         let path = lock(&self.placer).path(
             len,
             choice.map(|c| (c, prefill_states[c.worker])),

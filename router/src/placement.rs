@@ -85,17 +85,6 @@ pub enum LocalWhy {
     DecodeCache,
 }
 
-impl LocalWhy {
-    /// Its metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::NoPrefill => "no_prefill",
-            Self::Short => "short",
-            Self::DecodeCache => "decode_cache",
-        }
-    }
-}
-
 /// A prefill choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefillChoice {

@@ -251,7 +251,7 @@ impl Registry {
     }
 
     /// Adds `w`, or replaces the worker of the same role and id when its address changed.
-    /// Needs a Tokio runtime (a prefill worker's event subscription starts here).
+    /// Needs a Tokio runtime (the worker's KV event subscription starts here).
     pub fn upsert(&self, w: &discovery::Worker) -> Result<(), String> {
         let mut m = lock(&self.members);
         let same = |x: &Member| x.worker.id == w.id;
@@ -368,8 +368,11 @@ impl Registry {
                         _ => {
                             if lock(&w.health).check_failed(Instant::now()) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
+                                // Checked under the lock, as event ingestion does: a worker that
+                                // left meanwhile may have handed its slot to a newcomer.
+                                let mut ix = index.lock();
                                 if w.member.load(std::sync::atomic::Ordering::SeqCst) {
-                                    let _ = index.lock().clear_worker(w.slot);
+                                    let _ = ix.clear_worker(w.slot);
                                 }
                             }
                         }

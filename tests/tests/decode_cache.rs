@@ -185,6 +185,22 @@ async fn routed(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingPar
     (out, cached)
 }
 
+/// Waits until every router's decode index holds `tokens` on some decode worker (their KV
+/// events reached it).
+async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
+    for _ in 0..500 {
+        let known = |r: &&ferry_router::Running| {
+            let slots = r.workers().snapshot().decode.len();
+            r.workers().decode_index().lock().matched(tokens, slots).contains(&tokens.len())
+        };
+        if routers.iter().all(known) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the routers never saw the decode workers' cache events");
+}
+
 /// Issue 20: the router follows the decode workers' caches (their KV events). A
 /// conversation's second turn goes to the decode worker holding the first turn and its
 /// answer, and is prefilled there, from what it holds — or, with `--local-prefill-max 0`, on
@@ -227,14 +243,8 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     // The routers and workers here share the process's metrics.
     let metrics = estimate.metrics_addr;
     let scrape = || async move { ferry_tests::scrape(metrics).await };
-    // Both routers follow the decode workers' events; wait until they hold the first turn.
-    for _ in 0..500 {
-        let body = scrape().await;
-        if ferry_tests::metric_sum(&body, "ferry_router_index_pages", "role=\"decode\",state=\"confirmed\"") >= 14.0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // Both routers follow the decode workers' events; wait until they know the first turn.
+    seen(&[&estimate, &prefill_always], &turn[..held]).await;
     let sums = |body: String| {
         let s = |name: &str, label: &str| ferry_tests::metric_sum(&body, name, label);
         (
@@ -247,7 +257,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     let before = sums(scrape().await);
     let (got, cached) = routed(estimate.grpc_addr, &turn, &greedy(20)).await;
     assert_eq!(got, want, "the second turn, prefilled on the decode worker from its history");
-    assert_eq!(cached, held, "it found the first turn and the answer");
+    assert_eq!(cached as usize, held, "it found the first turn and the answer");
     let after = sums(scrape().await);
     assert_eq!((after.0 - before.0, after.1 - before.1, after.2 - before.2), (1.0, 0.0, 1.0), "prefilled locally");
     assert_eq!(after.3, before.3, "nothing transferred");
@@ -271,14 +281,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     let mut turn = other;
     turn.extend(&answer);
     turn.extend([9, 8, 7]);
-    for _ in 0..500 {
-        if ferry_tests::metric_sum(&scrape().await, "ferry_router_index_pages", "role=\"decode\",state=\"confirmed\"")
-            >= 28.0
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    seen(&[&estimate], &turn[..held]).await;
     let mut scored = greedy(20);
     scored.prompt_logprobs = Some(0);
     let want: Vec<u32> =

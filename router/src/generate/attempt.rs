@@ -268,6 +268,12 @@ impl Ctx {
                     if let Some(d) = self.other_decode(need, &tried_decode) {
                         decode = d;
                     }
+                    // A prompt prefilled on the failed worker for the history it held would be
+                    // computed whole on the next one: a prefill worker takes it instead (a
+                    // short prompt stays local).
+                    if target.is_none() && req.tokens.len() >= self.local_prefill_below {
+                        target = self.fallback(&req.tokens, &tried_prefill);
+                    }
                 }
             }
             key = RoomKey::random();

@@ -1,4 +1,4 @@
-//! Following a prefill worker's KV events into the prefix index: subscribe with a snapshot,
+//! Following a worker's KV events into its role's prefix index: subscribe with a snapshot,
 //! apply batches in sequence, resubscribe after any gap, epoch change or error.
 //!
 //! The index is shared with every placement, so events are applied one lock hold at a time
@@ -22,7 +22,7 @@ pub const MAX_EVENT_BATCH_BYTES: usize = 1 << 30;
 /// Snapshot pages applied per hold of the index lock (~0.1 ms of work).
 pub const SNAPSHOT_PAGES_PER_LOCK: usize = 1024;
 
-/// Keeps `index` fed with prefill worker `slot`'s KV events, forever: subscribes with a
+/// Keeps `index` fed with worker `slot`'s KV events, forever: subscribes with a
 /// snapshot, applies batches in sequence, and on any gap, epoch change or error forgets the
 /// worker's entries and resubscribes.
 pub async fn follow_events(w: Arc<Worker>, slot: usize, index: SharedIndex) {
