@@ -5,6 +5,7 @@
 
 pub mod closed_loop;
 pub mod etcd;
+pub mod failing_holder;
 pub mod otlp;
 pub mod pki;
 pub mod proxy;

@@ -7,7 +7,7 @@
 use ferry_decode::DecodeArgs;
 use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, settle_decode};
+use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, settle, settle_decode};
 
 /// The same tokens, and logprobs within float noise (a cached prefix's KV is the same
 /// numbers, computed in other chunks).
@@ -297,4 +297,50 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     for d in ds {
         d.stop().await;
     }
+}
+
+/// A request placed on a decode worker to prefill from the history it holds, whose worker
+/// fails before the first token, is retried with a prefill worker: the next decode worker
+/// holds none of it and would compute the whole prompt between its decode steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_whose_holder_fails_is_retried_through_a_prefill_worker() {
+    let m = TinyModel::new();
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    let p = ferry_prefill::start(a).await.expect("prefill up");
+    let d = decode(&m, true).await;
+    let prompt: Vec<u32> = (0..120).map(|i| 3 + (i * 41 + 3) % 340).collect();
+    let holder = ferry_tests::failing_holder::serve(prompt[..112].to_vec(), 16).await;
+    let ra = ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        vec![holder.to_string(), d.grpc_addr.to_string()],
+    );
+    let r = ferry_router::start(ra).await.expect("router up");
+    while !r.ready(1, 2) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    seen(&[&r], &prompt[..112]).await;
+    let want = ferry_tests::colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(8));
+    let sums = || async {
+        let body = ferry_tests::scrape(r.metrics_addr).await;
+        let s = |name: &str, label: &str| ferry_tests::metric_sum(&body, name, label);
+        (
+            s("ferry_router_decode_prefix_total", "choice=\"local\""),
+            s("ferry_router_retries_total", "stage=\"decode\""),
+            s("ferry_prefill_tokens_total", "role=\"prefill\""),
+            s("ferry_prefill_tokens_total", "role=\"decode\""),
+        )
+    };
+    let before = sums().await;
+    let (got, _) = routed(r.grpc_addr, &prompt, &greedy(8)).await;
+    assert_eq!(got, want[0], "answered after the retry");
+    let after = sums().await;
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1.0, 1.0), "placed on the holder, retried once");
+    assert_eq!(after.2 - before.2, 120.0, "the prefill worker computed the prompt");
+    assert_eq!(after.3, before.3, "the decode worker computed none of it");
+    settle(&p, std::slice::from_ref(&d)).await;
+    r.stop().await;
+    p.stop().await;
+    d.stop().await;
 }
