@@ -9,6 +9,10 @@ use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, settle, settle_decode};
 
+/// The tests here read counters every daemon in this process shares (bytes sent, pages held,
+/// placements): one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The same tokens, and logprobs within float noise (a cached prefix's KV is the same
 /// numbers, computed in other chunks).
 fn same(got: &[(u32, f32)], want: &[(u32, f32)], what: &str) {
@@ -49,6 +53,7 @@ async fn decode(m: &TinyModel, cache: bool) -> ferry_decode::Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_prefilled_on_decode_reuse_its_cache_and_answer_the_same() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let prefix: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
     let prompts: Vec<Vec<u32>> = (0..4u32)
@@ -87,6 +92,7 @@ async fn prompts_prefilled_on_decode_reuse_its_cache_and_answer_the_same() {
 /// decode worker's cache held in `usage.prompt_tokens_details.cached_tokens`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_reports_tokens_the_decode_cache_held() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let (p, d, r) = one_of_each(&m, 512, |_| ()).await;
     let colocated = router_for(&m, &p, &d, |a| a.local_prefill_below = usize::MAX).await;
@@ -119,6 +125,7 @@ async fn the_router_reports_tokens_the_decode_cache_held() {
 /// only the pages after them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 256;
@@ -208,6 +215,7 @@ async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
 /// colocated reference does either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 256;
@@ -304,6 +312,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
 /// holds none of it and would compute the whole prompt between its decode steps.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_holder_fails_is_retried_through_a_prefill_worker() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
     a.worker.pool_pages = 256;
