@@ -263,19 +263,13 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     let shared =
         Arc::new(Shared { engine: link.clone(), worker: worker_id.clone(), load: Arc::clone(&load), grammars });
     let (trigger, shutdown) = Shutdown::new();
-    let kv_events = ferry_worker::kv_events::KvEventsSvc {
+    let kv_events = ferry_worker::kv_events::KvEventsSvc::new(
         events,
-        snapshot: Arc::new({
-            let link = link.clone();
-            move || {
-                let (reply, rx) = tokio::sync::oneshot::channel();
-                link.send(Cmd::Snapshot { reply })?;
-                Ok(rx)
-            }
-        }),
-        worker: worker_id.clone(),
-        shutdown: shutdown.clone(),
-    };
+        link.clone(),
+        |reply| Cmd::Snapshot { reply },
+        worker_id.clone(),
+        shutdown.clone(),
+    );
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::decode_server::DecodeServer<DecodeSvc>>().await;
     // Under mutual TLS only the router may call (ferry_cluster::roles).

@@ -154,19 +154,13 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         load: Arc::clone(&load),
         grammars,
     });
-    let kv_events = ferry_worker::kv_events::KvEventsSvc {
+    let kv_events = ferry_worker::kv_events::KvEventsSvc::new(
         events,
-        snapshot: Arc::new({
-            let link = link.clone();
-            move || {
-                let (reply, rx) = tokio::sync::oneshot::channel();
-                link.send(Cmd::Snapshot { reply })?;
-                Ok(rx)
-            }
-        }),
-        worker: worker_id.clone(),
-        shutdown: shutdown.clone(),
-    };
+        link.clone(),
+        |reply| Cmd::Snapshot { reply },
+        worker_id.clone(),
+        shutdown.clone(),
+    );
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<pb::prefill_server::PrefillServer<PrefillSvc>>().await;
     health.set_serving::<pb::bootstrap_server::BootstrapServer<BootstrapSvc>>().await;

@@ -364,11 +364,22 @@ pub async fn router_for(
     d: &ferry_decode::Running,
     edit: impl FnOnce(&mut ferry_router::RouterArgs),
 ) -> ferry_router::Running {
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![d.grpc_addr.to_string()]);
+    router_over(m, &[p.grpc_addr.to_string()], &[d.grpc_addr.to_string()], edit).await
+}
+
+/// A router in front of the workers at `prefill` and `decode` (gRPC addresses), its flags
+/// adjusted by `edit`; returns once it sees them all healthy (5 s at most).
+pub async fn router_over(
+    m: &TinyModel,
+    prefill: &[String],
+    decode: &[String],
+    edit: impl FnOnce(&mut ferry_router::RouterArgs),
+) -> ferry_router::Running {
+    let mut ra = ferry_router::RouterArgs::new(m.path(), prefill.to_vec(), decode.to_vec());
     edit(&mut ra);
     let r = ferry_router::start(ra).await.expect("router up");
     for _ in 0..500 {
-        if r.ready(1, 1) {
+        if r.ready(prefill.len(), decode.len()) {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;

@@ -7,7 +7,7 @@
 use ferry_decode::DecodeArgs;
 use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, settle, settle_decode};
+use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, router_over, settle, settle_decode};
 
 /// The tests here read counters every daemon in this process shares (bytes sent, pages held,
 /// placements): one at a time.
@@ -221,21 +221,9 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     a.worker.pool_pages = 256;
     let p = ferry_prefill::start(a).await.expect("prefill up");
     let ds = [decode(&m, true).await, decode(&m, true).await];
-    let router = |local_max: usize| {
-        let mut ra = ferry_router::RouterArgs::new(
-            m.path(),
-            vec![p.grpc_addr.to_string()],
-            ds.iter().map(|d| d.grpc_addr.to_string()).collect(),
-        );
-        ra.local_prefill_max = local_max;
-        async {
-            let r = ferry_router::start(ra).await.expect("router up");
-            while !r.ready(1, 2) {
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            r
-        }
-    };
+    let (prefill, decode) =
+        (vec![p.grpc_addr.to_string()], ds.iter().map(|d| d.grpc_addr.to_string()).collect::<Vec<_>>());
+    let router = |local_max: usize| router_over(&m, &prefill, &decode, move |a| a.local_prefill_max = local_max);
     let (estimate, prefill_always) = (router(512).await, router(0).await);
     let prompt: Vec<u32> = (0..100).map(|i| 3 + (i * 37 + 11) % 340).collect();
     let (answer, _) = routed(estimate.grpc_addr, &prompt, &greedy(20)).await;
@@ -320,15 +308,7 @@ async fn a_turn_whose_holder_fails_is_retried_through_a_prefill_worker() {
     let d = decode(&m, true).await;
     let prompt: Vec<u32> = (0..120).map(|i| 3 + (i * 41 + 3) % 340).collect();
     let holder = ferry_tests::failing_holder::serve(prompt[..112].to_vec(), 16).await;
-    let ra = ferry_router::RouterArgs::new(
-        m.path(),
-        vec![p.grpc_addr.to_string()],
-        vec![holder.to_string(), d.grpc_addr.to_string()],
-    );
-    let r = ferry_router::start(ra).await.expect("router up");
-    while !r.ready(1, 2) {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let r = router_over(&m, &[p.grpc_addr.to_string()], &[holder.to_string(), d.grpc_addr.to_string()], |_| ()).await;
     seen(&[&r], &prompt[..112]).await;
     let want = ferry_tests::colocated(&m.path(), std::slice::from_ref(&prompt), &greedy(8));
     let sums = || async {

@@ -8,6 +8,15 @@ use ferry_tests::{Client, TinyModel, channel, greedy, settle};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
+/// The tokens of a batch's stored runs, in order.
+fn stored_tokens(batch: &pb::KvEventBatch) -> Vec<u32> {
+    let runs = batch.events.iter().filter_map(|e| match &e.kind {
+        Some(pb::kv_event::Kind::Stored(s)) => Some(s.token_ids.clone()),
+        _ => None,
+    });
+    runs.flatten().collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_events_load_reports_and_health() {
     let m = TinyModel::new();
@@ -45,15 +54,7 @@ async fn kv_events_load_reports_and_health() {
         .expect("an event")
         .expect("ok")
         .expect("open");
-    let stored: Vec<u32> = batch
-        .events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            Some(pb::kv_event::Kind::Stored(s)) => Some(s.token_ids.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let stored = stored_tokens(&batch);
     assert_eq!(stored, prompt[..64], "the prompt's 4 whole pages were cached");
     assert_eq!(batch.epoch, first.epoch);
     assert!(batch.events[0].sequence > first.events[0].sequence);
@@ -62,15 +63,7 @@ async fn kv_events_load_reports_and_health() {
         .expect("an event from the decode worker")
         .expect("ok")
         .expect("open");
-    let stored: Vec<u32> = batch
-        .events
-        .iter()
-        .filter_map(|e| match &e.kind {
-            Some(pb::kv_event::Kind::Stored(s)) => Some(s.token_ids.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let stored = stored_tokens(&batch);
     // 70 prompt tokens and 2 generated, the last of which has no KV yet: 4 whole pages.
     assert_eq!(stored, prompt[..64], "the decode worker cached the request's whole pages");
     assert_eq!(batch.epoch, decode_first.epoch);

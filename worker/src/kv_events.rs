@@ -28,6 +28,25 @@ pub struct KvEventsSvc {
     pub shutdown: Shutdown,
 }
 
+impl KvEventsSvc {
+    /// The service of a daemon whose engine, reached through `link`, answers the command
+    /// `snapshot` makes with a snapshot of its cache.
+    pub fn new<C: Send + 'static>(
+        events: broadcast::Sender<Vec<KvEvent>>,
+        link: crate::EngineLink<C>,
+        snapshot: fn(oneshot::Sender<KvEvent>) -> C,
+        worker: WorkerId,
+        shutdown: Shutdown,
+    ) -> Self {
+        let snapshot = Arc::new(move || {
+            let (reply, rx) = oneshot::channel();
+            link.send(snapshot(reply))?;
+            Ok(rx)
+        });
+        Self { events, snapshot, worker, shutdown }
+    }
+}
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::KvEventBatch, Status>> + Send>>;
 
 #[tonic::async_trait]

@@ -97,11 +97,8 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
-    /// Each turn sends the conversation so far with the answers exactly as they came back; a
-    /// failed turn ends its conversation; the request limit holds.
-    #[tokio::test]
-    async fn a_turn_carries_the_answers_as_they_came() {
-        let synth = Synth {
+    fn synth() -> Synth {
+        Synth {
             prefix_words: 5,
             question_words: 3,
             system_prompts: 1,
@@ -109,15 +106,27 @@ mod tests {
             turns: 3,
             output_len: 4,
             seed: 1,
-        };
-        let shared = Shared {
+        }
+    }
+
+    /// Conversations of 3 turns, at most `limit` requests, no thinking.
+    fn shared(limit: usize) -> Shared {
+        Shared {
             next: AtomicUsize::new(0),
             sent: AtomicUsize::new(0),
-            limit: 5,
+            limit,
             stop_sending: Instant::now() + Duration::from_secs(60),
             turns: 3,
             think: Duration::ZERO,
-        };
+        }
+    }
+
+    /// Each turn sends the conversation so far with the answers exactly as they came back; a
+    /// failed turn ends its conversation; the request limit holds.
+    #[tokio::test]
+    async fn a_turn_carries_the_answers_as_they_came() {
+        let synth = synth();
+        let shared = shared(5);
         let seen = Mutex::new(Vec::new());
         let one = |item: Item| {
             let n = seen.lock().map(|mut v| {
@@ -154,23 +163,8 @@ mod tests {
     /// whole now: two slots, one fast and one slow, send two whole conversations.
     #[tokio::test]
     async fn a_fast_slot_does_not_cut_a_slow_slots_conversation_short() {
-        let synth = Synth {
-            prefix_words: 5,
-            question_words: 3,
-            system_prompts: 1,
-            conversations: 1,
-            turns: 3,
-            output_len: 4,
-            seed: 1,
-        };
-        let shared = Shared {
-            next: AtomicUsize::new(0),
-            sent: AtomicUsize::new(0),
-            limit: 6,
-            stop_sending: Instant::now() + Duration::from_secs(60),
-            turns: 3,
-            think: Duration::ZERO,
-        };
+        let synth = synth();
+        let shared = shared(6);
         let answer = |delay: u64| {
             move |_: Item| async move {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
