@@ -6,7 +6,10 @@
 //!    `FERRY_BENCH_SHAPES=smollm2,llama3-8b`, a random model shaped like Llama-3-8B (4096
 //!    wide, 32 layers, 32 query and 8 KV heads, MLP 14336, Q4_1 weights; a small vocabulary,
 //!    so its LM head is cheap).
-//! 2. Copying page runs out of the KV pool into a send buffer, page-major (Ferry's layout:
+//! 2. Sampling one token from a 49,152-token vocabulary (SmolLM2's) in each of the sampler's
+//!    modes, against a sort of the whole vocabulary (what temperature draws did before they
+//!    selected partially), median µs per token.
+//! 3. Copying page runs out of the KV pool into a send buffer, page-major (Ferry's layout:
 //!    one copy per run) against layer-major (one copy per layer, K/V and run), same pages.
 //!
 //! Decode steps pick greedily on the backend (`Model::forward_greedy`, the decode daemon's
@@ -24,7 +27,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ferry_engine::tiny::{TinySpec, write_gguf};
-use ferry_engine::{Model, PagePool, SeqChunk};
+use ferry_engine::{Model, PagePool, Sampler, SamplingParams, SeqChunk};
 use ferry_kernels::cpu::CpuBackend;
 use ferry_kernels::{Backend, KvLayout};
 
@@ -356,5 +359,58 @@ fn main() {
         eprintln!("throughput benchmark failed: {e} (SmolLM2 comes from `ferry model fetch smollm2-135m`)");
         std::process::exit(1);
     }
+    sampling(quick);
     page_copy(quick);
+}
+
+/// Median µs per sampled token in each mode, and the full sort of the vocabulary beside them.
+fn sampling(quick: bool) {
+    let vocab = 49_152;
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    // Logits shaped like a model's: most tokens far below a few likely ones.
+    let logits: Vec<f32> = (0..vocab)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+            -12.0 * u * u + if u < 0.001 { 14.0 } else { 0.0 }
+        })
+        .collect();
+    let runs = if quick { 30 } else { 300 };
+    let time = |f: &mut dyn FnMut()| {
+        let v: Vec<f64> = (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        median(v)
+    };
+    let sort = time(&mut || {
+        let mut c: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        c.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        std::hint::black_box(&c);
+    });
+    println!("\nsampling one token of {vocab} (median µs; the full sort is what draws did before)");
+    println!("{:<34} {:>9} {:>12}", "mode", "µs", "vs sort");
+    println!("{:<34} {sort:>9.1} {:>12}", "sort of the vocabulary (baseline)", "1.00");
+    type Set = fn(&mut SamplingParams);
+    let modes: [(&str, Set); 5] = [
+        ("greedy", |_| {}),
+        ("temperature 0.8", |p| p.temperature = 0.8),
+        ("temperature 0.8, top-p 0.95", |p| (p.temperature, p.top_p) = (0.8, 0.95)),
+        ("temperature 0.8, top-k 50", |p| (p.temperature, p.top_k) = (0.8, 50)),
+        ("temperature 0.8, min-p 0.05", |p| (p.temperature, p.min_p) = (0.8, 0.05)),
+    ];
+    for (name, set) in modes {
+        let mut p = SamplingParams { seed: Some(1), ..Default::default() };
+        set(&mut p);
+        let mut s = Sampler::new(p, &[]);
+        let us = time(&mut || {
+            std::hint::black_box(s.sample(&mut logits.clone()));
+        });
+        println!("{name:<34} {us:>9.1} {:>11.2}×", us / sort);
+    }
 }

@@ -156,41 +156,85 @@ impl Sampler {
     }
 
     fn draw(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        let mut cand: Vec<(u32, f32)> =
-            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 {
-            cand.truncate(p.top_k as usize);
-        }
-        let max = cand[0].1;
-        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|q| *q /= sum);
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let keep = probs.iter().position(|&q| {
-                acc += q;
-                acc >= p.top_p
-            });
-            let keep = keep.map_or(probs.len(), |i| i + 1);
-            probs.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p;
-            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
-            probs.truncate(keep);
-        }
-        let total: f32 = probs.iter().sum();
-        let mut r = self.rng.random::<f32>() * total;
-        for (i, q) in probs.iter().enumerate() {
-            r -= q;
-            if r <= 0.0 {
-                return cand[i].0;
-            }
-        }
-        cand[probs.len() - 1].0
+        let kept = candidates(&self.params, logits);
+        pick(&kept, self.rng.random::<f32>())
     }
+}
+
+/// The candidate at fraction `u` ∈ [0, 1) of their total probability. Tokens of probability
+/// 0 (masked, or underflowed) are never picked, not even by `u = 0`.
+fn pick(kept: &[(u32, f32)], u: f32) -> u32 {
+    let total: f32 = kept.iter().map(|c| c.1).sum();
+    let mut r = u * total;
+    for &(token, q) in kept {
+        r -= q;
+        if r <= 0.0 && q > 0.0 {
+            return token;
+        }
+    }
+    kept.iter().rev().find(|c| c.1 > 0.0).unwrap_or(&kept[0]).0
+}
+
+/// The tokens a draw at `params`' temperature may pick, with their probabilities (normalised
+/// after top-k, before top-p and min-p): top-k, then the fewest most likely tokens whose mass
+/// reaches top-p, then those at least min-p times as likely as the most likely. In O(vocab)
+/// expected time (partial selection, no sort of the vocabulary); the order is deterministic
+/// (a function of the logits), not sorted.
+fn candidates(p: &SamplingParams, logits: &[f32]) -> Vec<(u32, f32)> {
+    let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+    if p.top_k > 0 && (p.top_k as usize) < cand.len() {
+        let k = p.top_k as usize;
+        cand.select_nth_unstable_by(k - 1, likelier);
+        cand.truncate(k);
+    }
+    let max = cand.iter().fold(f32::NEG_INFINITY, |a, c| a.max(c.1));
+    cand.iter_mut().for_each(|c| c.1 = (c.1 - max).exp());
+    let sum: f32 = cand.iter().map(|c| c.1).sum();
+    cand.iter_mut().for_each(|c| c.1 /= sum);
+    if p.top_p < 1.0 {
+        let n = nucleus(&mut cand, p.top_p);
+        cand.truncate(n);
+    }
+    if p.min_p > 0.0 {
+        // At most the top's own probability: the most likely token always stays.
+        let floor = cand.iter().fold(0.0f32, |a, c| a.max(c.1)) * p.min_p.min(1.0);
+        cand.retain(|c| c.1 >= floor);
+    }
+    cand
+}
+
+/// Higher probability (or logit) first, then the lower token id.
+fn likelier(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Reorders `items` (token, probability) so that its first `n` are the fewest most likely
+/// whose mass reaches `target`, and returns `n` (all of them if rounding keeps the mass short
+/// of it). Quickselect on mass: each round selects the likelier half of what is undecided and
+/// keeps it whole or recurses into it, so the work halves each time: O(len) expected.
+fn nucleus(items: &mut [(u32, f32)], target: f32) -> usize {
+    // items[..lo] are kept and likelier than everything after; the answer is in lo + 1..=hi.
+    let (mut lo, mut hi, mut need) = (0, items.len(), target);
+    while hi - lo > 64 {
+        let mid = lo + (hi - lo) / 2;
+        items[lo..hi].select_nth_unstable_by(mid - lo, likelier);
+        let upper: f32 = items[lo..=mid].iter().map(|c| c.1).sum();
+        if upper >= need {
+            hi = mid + 1;
+        } else {
+            need -= upper;
+            lo = mid + 1;
+        }
+    }
+    items[lo..hi].sort_unstable_by(likelier);
+    let mut acc = 0.0;
+    for (i, c) in items[lo..hi].iter().enumerate() {
+        acc += c.1;
+        if acc >= need {
+            return lo + i + 1;
+        }
+    }
+    hi
 }
 
 /// The logprob of `next` under the logits `row` (the model's distribution, no penalty), and
@@ -274,6 +318,83 @@ mod tests {
             p.min_p = 1.0;
         }));
         assert!(min_p.iter().all(|&t| logits[t as usize] == logits[argmax(&logits) as usize]));
+    }
+
+    /// What the sampler did before partial selection: sort the whole vocabulary, cut top-k,
+    /// normalise, cut the top-p prefix, then min-p. `candidates` must keep the same tokens
+    /// with the same probabilities.
+    fn sorted_reference(p: &SamplingParams, logits: &[f32]) -> Vec<(u32, f32)> {
+        let mut cand: Vec<(u32, f32)> =
+            logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)).collect();
+        cand.sort_unstable_by(likelier);
+        if p.top_k > 0 {
+            cand.truncate(p.top_k as usize);
+        }
+        let max = cand[0].1;
+        let mut probs: Vec<f32> = cand.iter().map(|&(_, l)| (l - max).exp()).collect();
+        let sum: f32 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= sum);
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let keep = probs.iter().position(|&q| {
+                acc += q;
+                acc >= p.top_p
+            });
+            probs.truncate(keep.map_or(probs.len(), |i| i + 1));
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p;
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            probs.truncate(keep);
+        }
+        cand.iter().zip(probs).map(|(&(t, _), q)| (t, q)).collect()
+    }
+
+    #[test]
+    fn partial_selection_keeps_what_a_full_sort_keeps() {
+        let mut rng = StdRng::seed_from_u64(11);
+        for trial in 0..400 {
+            let vocab = rng.random_range(1..3000);
+            let spread = [0.5f32, 3.0, 12.0][trial % 3];
+            let logits: Vec<f32> = (0..vocab).map(|_| (rng.random::<f32>() - 0.5) * spread).collect();
+            let p = params(|p| {
+                p.temperature = [0.3, 1.0, 2.0][rng.random_range(0..3)];
+                p.top_k = [0, 1, 5, 50, vocab as u32 + 3][rng.random_range(0..5)];
+                p.top_p = [1.0, 0.95, 0.5, 0.01][rng.random_range(0..4)];
+                p.min_p = [0.0, 0.05, 0.5][rng.random_range(0..3)];
+            });
+            let mut got = candidates(&p, &logits);
+            let mut want = sorted_reference(&p, &logits);
+            got.sort_by_key(|c| c.0);
+            want.sort_by_key(|c| c.0);
+            let ids = |v: &[(u32, f32)]| v.iter().map(|c| c.0).collect::<Vec<_>>();
+            assert_eq!(ids(&got), ids(&want), "trial {trial}: vocab {vocab}, {p:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert!((g.1 - w.1).abs() <= 1e-6 + 1e-4 * w.1, "trial {trial}: token {} p {} vs {}", g.0, g.1, w.1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_zero_probability_token_is_never_drawn() {
+        // Token 0 masked (a constraint's −∞) and first in line: neither the lowest random
+        // number nor rounding past the end picks it.
+        let kept = candidates(&params(|p| p.temperature = 1.0), &[f32::NEG_INFINITY, 0.0, 0.0, f32::NEG_INFINITY]);
+        assert_eq!(kept.len(), 4);
+        assert_eq!(pick(&kept, 0.0), 1);
+        assert_eq!(pick(&kept, 0.999_999_9), 2);
+        assert_eq!(pick(&kept, 2.0), 2);
+        assert!(
+            candidates(
+                &params(|p| {
+                    p.temperature = 1.0;
+                    p.min_p = 3.0
+                }),
+                &[1.0, 0.0]
+            )
+            .iter()
+            .any(|c| c.0 == 0)
+        );
     }
 
     #[test]

@@ -34,6 +34,26 @@ impl Tensor {
         }
     }
 
+    /// Every `step`th value from the first (`step` ≥ 1), dequantizing only the blocks they
+    /// lie in: a sample of a large quantized tensor without its f32 copy.
+    pub fn strided(&self, step: usize) -> Vec<f32> {
+        match &self.blocks {
+            Some((f, b)) if self.data.is_empty() => {
+                let n: usize = self.shape.iter().product();
+                let (bb, mut block) = (f.block_bytes(), [0.0f32; ferry_kernels::quant::BLOCK]);
+                (0..n)
+                    .step_by(step.max(1))
+                    .map(|i| {
+                        let (bi, j) = (i / block.len(), i % block.len());
+                        f.dequantize_block(&b[bi * bb..(bi + 1) * bb], &mut block);
+                        block[j]
+                    })
+                    .collect()
+            }
+            _ => self.data.iter().step_by(step.max(1)).copied().collect(),
+        }
+    }
+
     /// The values in f32, borrowed when the tensor holds them so.
     pub fn values(&self) -> std::borrow::Cow<'_, [f32]> {
         match &self.blocks {
@@ -229,6 +249,8 @@ impl TensorSource for GgufSource {
             data = vec![0.0; n];
             dequantize(dtype, raw, &mut data);
         }
+        // Copied out: the file's pages need not stay resident beside the copy.
+        self.file.release(start, bytes);
         let is_llama = matches!(self.cfg.arch, Arch::Llama | Arch::Mistral);
         if is_llama && (gname.ends_with("attn_q.weight") || gname.ends_with("attn_k.weight")) {
             let heads = if gname.ends_with("attn_q.weight") { self.cfg.num_heads } else { self.cfg.num_kv_heads };
@@ -281,4 +303,30 @@ fn reorder_rows<T: Copy + Default>(data: &[T], heads: usize, cols: usize, to_ggu
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_strided_sample_of_blocks_is_the_dequantized_values_strided() {
+        let f = BlockFormat::Q8_0;
+        let (rows, cols) = (3, 64);
+        // Q8_0 blocks: an f16 scale (0.5), then 32 signed bytes.
+        let blocks: Vec<u8> = (0..rows * cols / 32)
+            .flat_map(|b| {
+                let mut blk = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+                blk.extend((0..32).map(|j| (b * 32 + j) as u8 ^ 0x5a));
+                blk
+            })
+            .collect();
+        let t = Tensor { shape: vec![rows, cols], data: Vec::new(), blocks: Some((f, blocks)) };
+        let all = t.values().into_owned();
+        for step in [1, 5, 32, 33, 200] {
+            assert_eq!(t.strided(step), all.iter().step_by(step).copied().collect::<Vec<_>>(), "step {step}");
+        }
+        let plain = Tensor { shape: vec![4], data: vec![1.0, 2.0, 3.0, 4.0], blocks: None };
+        assert_eq!(plain.strided(3), vec![1.0, 4.0]);
+    }
 }

@@ -39,7 +39,7 @@ impl<B: Backend> Weights<B> {
         let get = |name: &str, shape: &[usize]| -> Result<Tensor, EngineError> {
             let t = src.tensor(name)?.ok_or_else(|| EngineError::MissingTensor(name.to_string()))?;
             if FINGERPRINT_TENSORS.contains(&name) {
-                fp.sample(&t.values());
+                fp.sample(&t);
             }
             if t.shape != shape {
                 return Err(EngineError::Unsupported(format!(
@@ -130,8 +130,10 @@ impl Fingerprint {
         self.0.set(h);
     }
 
-    fn sample(&self, data: &[f32]) {
-        for v in data.iter().step_by((data.len() / 4096).max(1)) {
+    /// About 4,096 of `t`'s values, evenly strided (the embedding is not dequantized whole).
+    fn sample(&self, t: &Tensor) {
+        let n: usize = t.shape.iter().product();
+        for v in t.strided((n / 4096).max(1)) {
             self.eat(&v.to_le_bytes());
         }
     }

@@ -134,6 +134,18 @@ impl GgufFile {
         &self.map
     }
 
+    /// Drops the mapping's pages of `start..start + len` from this process's resident memory
+    /// (the page cache keeps them; touching them again reads them back): a loader that has
+    /// copied a tensor out calls it, so the file and its copy are not both resident. Best
+    /// effort: an error (an unsupported kernel) changes nothing but the memory.
+    pub fn release(&self, start: usize, len: usize) {
+        if start.saturating_add(len) <= self.map.len() {
+            // SAFETY: the map is a read-only file mapping: dropped pages read back as the
+            // file's bytes, so no slice handed out sees a change.
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len) };
+        }
+    }
+
     /// A metadata value.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.header.metadata.get(key)
