@@ -43,11 +43,23 @@ fn chunk_and_page_sizes_do_not_change_logits_or_tokens() {
 fn chunks_and_pages(name: &str, model: &Model<ferry_kernels::cpu::CpuBackend>) {
     let p = prompt(150, 1, model.config().vocab_size);
     let whole = chunked_logits(model, &p, p.len(), 16);
+    let fast = name.ends_with("fast");
     for chunk in [1, 7, 64] {
         for page in [1, 16, 64] {
             let got = chunked_logits(model, &p, chunk, page);
             let d = rel_diff(&got, &whole);
-            assert!(d < 1e-4, "{name}: chunk {chunk} page {page}: relative difference {d}");
+            // Fast mode: chunks change nothing, to the bit. Another page size changes the
+            // order of attention's online softmax (a page at a time), so its output may differ
+            // in the last bit, and fast mode's 8-bit rounding of the next product can turn
+            // that into ~0.2 % (nodes of one cluster share their page size: the layout check).
+            let bound = if fast && page != 16 {
+                1e-2
+            } else if fast {
+                0.0
+            } else {
+                1e-4
+            };
+            assert!(d <= bound, "{name}: chunk {chunk} page {page}: relative difference {d}");
         }
     }
     let greedy = |chunk: usize, page: usize| {

@@ -116,6 +116,12 @@ impl Row<'_> {
         q
     }
 
+    /// How many mins the row must have: one per block for Q4_1, none otherwise.
+    #[inline]
+    pub(crate) fn min_blocks(&self) -> usize {
+        if self.fmt == BlockFormat::Q4_1 { self.scales.len() } else { 0 }
+    }
+
     /// Block `b`'s offset `c` (its weights are `q·d + c`).
     #[inline]
     pub(crate) fn offset(&self, b: usize) -> f32 {

@@ -12,7 +12,7 @@
 //! The SIMD kernel is chosen once per product ([`kernel`]); each mode has a portable twin.
 
 use super::CpuMath;
-use super::packed::Row;
+use super::packed::{Packed, Row};
 use crate::quant::{BLOCK, BlockFormat};
 
 /// One activation row prepared for a mode's kernel.
@@ -81,6 +81,46 @@ impl Prepared {
 /// A dot product of one prepared row with one weight row. Unsafe to call only in that the
 /// SIMD kernels need their CPU features: [`kernel`] returns one only where they exist.
 pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
+
+/// Rows `first..first + out.len()` of a matrix dotted with one prepared row, into `out`.
+/// Unsafe to call only as [`Kernel`] is. Each cell equals what the mode's [`kernel`] gives
+/// for it, bit for bit.
+pub(super) type RowsKernel = unsafe fn(&Prep<'_>, &Packed, usize, &mut [f32]);
+
+/// The rows kernel of `math` for this CPU: AVX-512's, which shares its loads across a group
+/// of rows, else a loop over [`kernel`].
+pub(super) fn rows_kernel(math: CpuMath) -> RowsKernel {
+    static CHOSEN: std::sync::OnceLock<[RowsKernel; 2]> = std::sync::OnceLock::new();
+    let chosen = |math| -> RowsKernel {
+        #[cfg(target_arch = "x86_64")]
+        match kernels(math)[0].0 {
+            "avx512" => return super::qdot512::exact_rows,
+            "avx512-vnni" => return super::qdot512::fast_rows,
+            _ => {}
+        }
+        match math {
+            CpuMath::Exact => rows_by_kernel::<false>,
+            CpuMath::Fast => rows_by_kernel::<true>,
+        }
+    };
+    let [exact, fast] = *CHOSEN.get_or_init(|| [chosen(CpuMath::Exact), chosen(CpuMath::Fast)]);
+    match math {
+        CpuMath::Exact => exact,
+        CpuMath::Fast => fast,
+    }
+}
+
+/// [`RowsKernel`] as a loop over the mode's [`kernel`].
+///
+/// # Safety
+/// None: `unsafe` only to be a [`RowsKernel`].
+unsafe fn rows_by_kernel<const FAST: bool>(p: &Prep<'_>, w: &Packed, first: usize, out: &mut [f32]) {
+    let dot = kernel(if FAST { CpuMath::Fast } else { CpuMath::Exact });
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: `kernel` picked a dot product this CPU runs.
+        *o = unsafe { dot(p, &w.row(first + i)) };
+    }
+}
 
 /// The kernel of `math` for this CPU, the widest it runs (a plain function pointer: no shim
 /// per call; the CPU's features are read once, not per product).
@@ -337,6 +377,31 @@ mod tests {
                                 "{fmt:?} {math:?} {name} row {r} col {col}: {got} vs {want} (bound {bound})"
                             );
                         }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rows kernel (groups of rows and the tail after them, from any first row) gives
+    /// each cell exactly the per-row kernel's bits, in both modes: a product's columns do not
+    /// change with how its tasks group them.
+    #[test]
+    fn the_rows_kernel_gives_the_per_row_kernels_bits() {
+        for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            for k in [32, 64, 96, 352, 576] {
+                let n = 23;
+                let p = Packed::new(fmt, n, k, &blocks(fmt, n, k, 7));
+                let x = floats(k, 29);
+                for math in [CpuMath::Exact, CpuMath::Fast] {
+                    let prep = Prepared::new(math, &x, 1, k);
+                    let row = prep.row(&x, 0);
+                    // SAFETY: both kernels were picked for this CPU.
+                    let one: Vec<f32> = (0..n).map(|c| unsafe { kernel(math)(&row, &p.row(c)) }).collect();
+                    for (first, len) in [(0, n), (3, 9), (5, 4), (22, 1)] {
+                        let mut got = vec![0.0; len];
+                        unsafe { rows_kernel(math)(&row, &p, first, &mut got) };
+                        assert_eq!(got, one[first..first + len], "{fmt:?} {math:?} k {k} rows {first}+{len}");
                     }
                 }
             }

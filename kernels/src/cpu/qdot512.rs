@@ -1,102 +1,259 @@
-//! The [`qdot`](super::qdot) kernels with AVX-512: exact with 16-lane f32 (AVX-512F), fast
-//! with VNNI (`vpdpbusd`: 64 byte products summed into 16 lanes per instruction, two blocks
-//! at a time). Same formulas and results as the AVX2 kernels up to summation order.
+//! The [`qdot`](super::qdot) products with AVX-512 (exact: 16-lane f32, AVX-512F; fast: VNNI), `R` weight rows against one activation row
+//! per call: the activations' loads, the call and the block loop are shared by the rows, each
+//! row keeps its own accumulator, and the blocks' offsets (`Σ_b c_b·sums_b`) are summed 16
+//! blocks to a vector instead of by a second dot product per row. A row's arithmetic is the
+//! same whatever `R` is, so a matrix product gives the same bits however its columns are
+//! grouped (fast mode's results stay independent of the batch).
 
 use std::arch::x86_64::*;
 
 use super::packed::{Packed, Row};
-use super::qdot::{Prep, offsets};
+use super::qdot::Prep;
 use crate::quant::{BLOCK, BlockFormat};
 
-/// Exact: `Σ_b d_b·(Σ_j x_j·q_j) + c_b·Σ_j x_j`, a block's 32 products in two 16-lane halves.
+/// Rows per call in a matrix product.
+pub(super) const GROUP: usize = 4;
+
+/// `R` consecutive rows of a [`Packed`] matrix as raw parts: the first row's values, scales
+/// and mins (Q4_1), rows `blocks` blocks apart.
+#[derive(Clone, Copy)]
+struct Rows {
+    fmt: BlockFormat,
+    blocks: usize,
+    quants: *const u8,
+    scales: *const f32,
+    mins: *const f32,
+}
+
+impl Rows {
+    fn of_row(w: &Row<'_>) -> Self {
+        Self {
+            fmt: w.fmt,
+            blocks: w.scales.len(),
+            quants: w.quants.as_ptr(),
+            scales: w.scales.as_ptr(),
+            mins: w.mins.as_ptr(),
+        }
+    }
+
+    /// Rows `first..first + r` of `w`. Panics unless they exist.
+    fn of_packed(w: &Packed, first: usize, r: usize) -> Self {
+        let nb = w.blocks;
+        assert!((first + r) * nb <= w.scales.len(), "rows {first}..{} of {}", first + r, w.scales.len() / nb.max(1));
+        let qb = Packed::quant_bytes(w.fmt);
+        // SAFETY (of the pointer offsets): within the vectors, checked just above.
+        Self {
+            fmt: w.fmt,
+            blocks: nb,
+            quants: unsafe { w.quants.as_ptr().add(first * nb * qb) },
+            scales: unsafe { w.scales.as_ptr().add(first * nb) },
+            mins: if w.mins.is_empty() { w.mins.as_ptr() } else { unsafe { w.mins.as_ptr().add(first * nb) } },
+        }
+    }
+}
+
+/// `Σ_b c_b·sums_b` of row `r` in 16 lanes: `c_b` is Q4_1's min, Q4_0's `−8·d` (the factor
+/// applied once, after: exact, a power of two), nothing for Q8_0.
+///
+/// # Safety
+/// AVX-512F; `w` holds row `r` and `sums` its `w.blocks` values.
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+unsafe fn offsets(w: Rows, r: usize, sums: &[f32]) -> __m512 {
+    let nb = w.blocks;
+    let (c, factor) = match w.fmt {
+        BlockFormat::Q4_1 => (w.mins, 1.0),
+        BlockFormat::Q4_0 => (w.scales, -8.0),
+        BlockFormat::Q8_0 => return _mm512_setzero_ps(),
+    };
+    let mut acc = _mm512_setzero_ps();
+    for c0 in (0..nb).step_by(16) {
+        let m: __mmask16 = if nb - c0 >= 16 { 0xFFFF } else { (1u16 << (nb - c0)) - 1 };
+        // SAFETY: the masked lanes read blocks c0..nb of row r and of `sums` only.
+        unsafe {
+            let cv = _mm512_maskz_loadu_ps(m, c.add(r * nb + c0));
+            acc = _mm512_fmadd_ps(cv, _mm512_maskz_loadu_ps(m, sums.as_ptr().add(c0)), acc);
+        }
+    }
+    _mm512_mul_ps(acc, _mm512_set1_ps(factor))
+}
+
+/// Exact mode, `R` rows: per row `Σ_b d_b·(Σ_j x_j·q_j)` in one 16-lane accumulator, plus its
+/// offsets.
+///
+/// # Safety
+/// AVX-512F and FMA; `w` holds `R` rows; `p` has `w.blocks` blocks.
+#[target_feature(enable = "avx512f,fma")]
+#[inline]
+unsafe fn exact<const R: usize>(p: &Prep<'_>, w: Rows) -> [f32; R] {
+    let nb = w.blocks;
+    assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
+    let x = p.x.as_ptr();
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mask = _mm_set1_epi8(0x0F);
+    // SAFETY (every load below): block b of each of the R rows and of the activations exists
+    // (the caller's promise and the assertion above).
+    match w.fmt {
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+            for b in 0..nb {
+                let (x0, x1) = unsafe { (_mm512_loadu_ps(x.add(b * BLOCK)), _mm512_loadu_ps(x.add(b * BLOCK + 16))) };
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let (raw, d) =
+                        unsafe { (_mm_loadu_si128(w.quants.add((r * nb + b) * 16).cast()), *w.scales.add(r * nb + b)) };
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, mask)));
+                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)));
+                    let s = _mm512_fmadd_ps(x1, hi, _mm512_mul_ps(x0, lo));
+                    *acc = _mm512_fmadd_ps(s, _mm512_set1_ps(d), *acc);
+                }
+            }
+        }
+        BlockFormat::Q8_0 => {
+            for b in 0..nb {
+                let (x0, x1) = unsafe { (_mm512_loadu_ps(x.add(b * BLOCK)), _mm512_loadu_ps(x.add(b * BLOCK + 16))) };
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let (q, d) = unsafe { (w.quants.add((r * nb + b) * 32), *w.scales.add(r * nb + b)) };
+                    let (lo, hi) = unsafe { (_mm_loadu_si128(q.cast()), _mm_loadu_si128(q.add(16).cast())) };
+                    let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+                    let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+                    let s = _mm512_fmadd_ps(x1, hi, _mm512_mul_ps(x0, lo));
+                    *acc = _mm512_fmadd_ps(s, _mm512_set1_ps(d), *acc);
+                }
+            }
+        }
+    }
+    let mut out = [0.0; R];
+    for (r, o) in out.iter_mut().enumerate() {
+        // SAFETY: row r exists; `p.sums` has nb values (asserted).
+        *o = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], unsafe { offsets(w, r, p.sums) }));
+    }
+    out
+}
+
+/// Fast mode, `R` rows: two blocks per `vpdpbusd` (weights as unsigned bytes, activations
+/// signed), each block's 8 lanes scaled by its `d·δ`; an odd last block in plain arithmetic.
+///
+/// # Safety
+/// AVX-512F, BW, VNNI and FMA; `w` holds `R` rows; `p` has `w.blocks` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+#[inline]
+unsafe fn fast<const R: usize>(p: &Prep<'_>, w: Rows) -> [f32; R] {
+    let nb = w.blocks;
+    assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mask = _mm256_set1_epi8(0x0F);
+    // 64-bit lanes [lo_b, lo_b+1, hi_b, hi_b+1] (two each) → [lo_b, hi_b, lo_b+1, hi_b+1].
+    let order = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
+    // Lanes 0..8 take element 0 of a pair, lanes 8..16 element 1.
+    let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    let pair = |v: *const f32| {
+        // SAFETY: the caller reads a pair of floats that exists.
+        _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(unsafe { _mm_loadl_epi64(v.cast()) })))
+    };
+    let ld = |r: usize, b: usize| match w.fmt {
+        // SAFETY: blocks b and b + 1 of row r exist (the caller's promise).
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 => unsafe {
+            let raw = _mm256_loadu_si256(w.quants.add((r * nb + b) * 16).cast());
+            let lo = _mm256_and_si256(raw, mask);
+            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+            (_mm512_permutexvar_epi64(order, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)), None)
+        },
+        BlockFormat::Q8_0 => unsafe {
+            let qw = _mm512_loadu_si512(w.quants.add((r * nb + b) * 32).cast());
+            (_mm512_abs_epi8(qw), Some(_mm512_movepi8_mask(qw)))
+        },
+    };
+    for b in (0..nb - nb % 2).step_by(2) {
+        // SAFETY: blocks b and b + 1 of the activations exist (asserted).
+        let (qx, dx) =
+            unsafe { (_mm512_loadu_si512(p.q.as_ptr().add(b * BLOCK).cast()), pair(p.deltas.as_ptr().add(b))) };
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let (qw, neg) = ld(r, b);
+            // Q8_0: |w| unsigned against x with w's sign.
+            let sx = neg.map_or(qx, |n| _mm512_mask_sub_epi8(qx, n, _mm512_setzero_si512(), qx));
+            let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qw, sx));
+            // SAFETY: the scales of blocks b and b + 1 of row r exist.
+            let scale = _mm512_mul_ps(pair(unsafe { w.scales.add(r * nb + b) }), dx);
+            *acc = _mm512_fmadd_ps(v, scale, *acc);
+        }
+    }
+    let mut out = [0.0; R];
+    for (r, o) in out.iter_mut().enumerate() {
+        // SAFETY: row r exists; `p.sums` has nb values (asserted).
+        let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[r], unsafe { offsets(w, r, p.sums) }));
+        if nb % 2 == 1 {
+            let b = nb - 1;
+            let row = Row {
+                fmt: w.fmt,
+                // SAFETY: row r's values and scales exist.
+                quants: unsafe {
+                    std::slice::from_raw_parts(
+                        w.quants.add(r * nb * Packed::quant_bytes(w.fmt)),
+                        nb * Packed::quant_bytes(w.fmt),
+                    )
+                },
+                scales: unsafe { std::slice::from_raw_parts(w.scales.add(r * nb), nb) },
+                mins: &[],
+            };
+            let s: i32 = p.q[b * BLOCK..(b + 1) * BLOCK].iter().zip(row.ints(b)).map(|(&x, q)| i32::from(x) * q).sum();
+            sum += s as f32 * (row.scales[b] * p.deltas[b]);
+        }
+        *o = sum;
+    }
+    out
+}
+
+/// Exact mode, one row (the per-row kernel; the same arithmetic as a row of a group).
 ///
 /// # Safety
 /// The CPU has AVX-512F and FMA.
 #[target_feature(enable = "avx512f,fma")]
 pub(super) unsafe fn exact_avx512(p: &Prep<'_>, w: &Row<'_>) -> f32 {
-    let nb = w.scales.len();
-    assert!(p.x.len() >= nb * BLOCK && w.quants.len() >= nb * Packed::quant_bytes(w.fmt));
-    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let x = p.x.as_ptr();
-    let mask = _mm_set1_epi8(0x0F);
-    for b in 0..nb {
-        // SAFETY: block b's 32 activations and its values are in bounds (asserted above).
-        let s = unsafe {
-            let px = x.add(b * BLOCK);
-            let (lo, hi) = match w.fmt {
-                BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
-                    let raw = _mm_loadu_si128(w.quants.as_ptr().add(b * 16).cast());
-                    let lo = _mm512_cvtepu8_epi32(_mm_and_si128(raw, mask));
-                    (lo, _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), mask)))
-                }
-                BlockFormat::Q8_0 => {
-                    let q = w.quants.as_ptr().add(b * 32);
-                    (
-                        _mm512_cvtepi8_epi32(_mm_loadu_si128(q.cast())),
-                        _mm512_cvtepi8_epi32(_mm_loadu_si128(q.add(16).cast())),
-                    )
-                }
-            };
-            let s = _mm512_mul_ps(_mm512_loadu_ps(px), _mm512_cvtepi32_ps(lo));
-            _mm512_fmadd_ps(_mm512_loadu_ps(px.add(16)), _mm512_cvtepi32_ps(hi), s)
-        };
-        let d = _mm512_set1_ps(w.scales[b]);
-        if b % 2 == 0 {
-            acc0 = _mm512_fmadd_ps(s, d, acc0);
-        } else {
-            acc1 = _mm512_fmadd_ps(s, d, acc1);
-        }
-    }
-    // SAFETY: AVX2 and FMA come with this function's AVX-512F CPUs (checked by the caller).
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)) + offsets(w, p.sums, |a, b| unsafe { super::dot::dot_avx2(a, b) })
+    assert!(w.quants.len() >= w.scales.len() * Packed::quant_bytes(w.fmt) && w.mins.len() >= w.min_blocks());
+    // SAFETY: the row's parts are its own slices (asserted); the caller's features.
+    unsafe { exact::<1>(p, Rows::of_row(w))[0] }
 }
 
-/// Fast: two blocks per `vpdpbusd` (weights as unsigned bytes, activations signed), each
-/// block's 8 lanes scaled by its `d·δ`.
+/// Fast mode, one row.
 ///
 /// # Safety
-/// The CPU has AVX-512F, AVX-512BW, AVX-512VNNI, AVX2 and FMA.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+/// The CPU has AVX-512F, AVX-512BW, AVX-512VNNI and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 pub(super) unsafe fn fast_avx512(p: &Prep<'_>, w: &Row<'_>) -> f32 {
-    let nb = w.scales.len();
-    assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && w.quants.len() >= nb * Packed::quant_bytes(w.fmt));
-    let mut acc = _mm512_setzero_ps();
-    let mask = _mm256_set1_epi8(0x0F);
-    // 64-bit lanes [lo_b, lo_b+1, hi_b, hi_b+1] (two each) → [lo_b, hi_b, lo_b+1, hi_b+1].
-    let order = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
-    let pairs = nb / 2;
-    for i in 0..pairs {
-        let b = 2 * i;
-        // SAFETY: blocks b and b + 1 are in bounds (asserted above).
-        let v = unsafe {
-            let qx = _mm512_loadu_si512(p.q.as_ptr().add(b * BLOCK).cast());
-            match w.fmt {
-                BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
-                    let raw = _mm256_loadu_si256(w.quants.as_ptr().add(b * 16).cast());
-                    let lo = _mm256_and_si256(raw, mask);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-                    let both = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_permutexvar_epi64(order, both), qx)
-                }
-                BlockFormat::Q8_0 => {
-                    let qw = _mm512_loadu_si512(w.quants.as_ptr().add(b * 32).cast());
-                    let neg = _mm512_movepi8_mask(qw);
-                    let sx = _mm512_mask_sub_epi8(qx, neg, _mm512_setzero_si512(), qx);
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qw), sx)
-                }
-            }
-        };
-        let (s0, s1) = (w.scales[b] * p.deltas[b], w.scales[b + 1] * p.deltas[b + 1]);
-        let scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), scale, acc);
+    assert!(w.quants.len() >= w.scales.len() * Packed::quant_bytes(w.fmt) && w.mins.len() >= w.min_blocks());
+    // SAFETY: as above.
+    unsafe { fast::<1>(p, Rows::of_row(w))[0] }
+}
+
+/// Exact mode, rows `first..first + out.len()` of `w` into `out`, [`GROUP`] at a time.
+///
+/// # Safety
+/// The CPU has AVX-512F and FMA.
+#[target_feature(enable = "avx512f,fma")]
+pub(super) unsafe fn exact_rows(p: &Prep<'_>, w: &Packed, first: usize, out: &mut [f32]) {
+    let done = out.len() - out.len() % GROUP;
+    for (g, o) in out[..done].chunks_exact_mut(GROUP).enumerate() {
+        // SAFETY: `of_packed` checked the rows exist; the caller's features.
+        o.copy_from_slice(&unsafe { exact::<GROUP>(p, Rows::of_packed(w, first + g * GROUP, GROUP)) });
     }
-    let mut sum = _mm512_reduce_add_ps(acc);
-    if nb % 2 == 1 {
-        // The last, odd block: integer products in plain arithmetic.
-        let b = nb - 1;
-        let s: i32 = p.q[b * BLOCK..(b + 1) * BLOCK].iter().zip(w.ints(b)).map(|(&x, q)| i32::from(x) * q).sum();
-        sum += s as f32 * (w.scales[b] * p.deltas[b]);
+    for (i, o) in out.iter_mut().enumerate().skip(done) {
+        // SAFETY: as above.
+        *o = unsafe { exact::<1>(p, Rows::of_packed(w, first + i, 1))[0] };
     }
-    // SAFETY: AVX2 and FMA are among this function's features.
-    sum + offsets(w, p.sums, |a, b| unsafe { super::dot::dot_avx2(a, b) })
+}
+
+/// Fast mode, rows `first..first + out.len()` of `w` into `out`, [`GROUP`] at a time.
+///
+/// # Safety
+/// The CPU has AVX-512F, AVX-512BW, AVX-512VNNI and FMA.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
+pub(super) unsafe fn fast_rows(p: &Prep<'_>, w: &Packed, first: usize, out: &mut [f32]) {
+    let done = out.len() - out.len() % GROUP;
+    for (g, o) in out[..done].chunks_exact_mut(GROUP).enumerate() {
+        // SAFETY: `of_packed` checked the rows exist; the caller's features.
+        o.copy_from_slice(&unsafe { fast::<GROUP>(p, Rows::of_packed(w, first + g * GROUP, GROUP)) });
+    }
+    for (i, o) in out.iter_mut().enumerate().skip(done) {
+        // SAFETY: as above.
+        *o = unsafe { fast::<1>(p, Rows::of_packed(w, first + i, 1))[0] };
+    }
 }

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::CpuMath;
 use super::matmul::{GEMV_MAX_ROWS, SendPtr, gemm_block, gemm_blocks};
 use super::packed::Packed;
-use super::qdot::{Prepared, kernel};
+use super::qdot::{Prepared, rows_kernel};
 
 /// Columns dequantized at a time on the SGEMM path.
 const GEMM_SLICE: usize = 256;
@@ -40,17 +40,16 @@ pub(super) fn qmatmul_t(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize
 fn by_kernel(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize, k: usize, out: &mut [f32]) {
     let prep = Prepared::new(math, x, m, k);
     let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
-    let dot = kernel(math);
-    let per_task = (CELLS_PER_TASK / m).clamp(1, 64);
+    let dot = rows_kernel(math);
+    // Whole groups of the kernel's rows per task where there are enough columns.
+    let per_task = (CELLS_PER_TASK / m).clamp(1, 64).next_multiple_of(4);
     let ptr = SendPtr(out.as_mut_ptr());
     (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
-        for col in t * per_task..((t + 1) * per_task).min(n) {
-            let wr = w.row(col);
-            for (r, row) in rows.iter().enumerate() {
-                // SAFETY: `out` is (m, n); column `col` is written by this task only; `kernel`
-                // picked a dot product this CPU runs.
-                unsafe { *ptr.at(r * n + col) = dot(row, &wr) };
-            }
+        let (c0, c1) = (t * per_task, ((t + 1) * per_task).min(n));
+        for (r, row) in rows.iter().enumerate() {
+            // SAFETY: `out` is (m, n); columns c0..c1 of row r are written by this task only;
+            // `rows_kernel` picked a kernel this CPU runs.
+            unsafe { dot(row, w, c0, std::slice::from_raw_parts_mut(ptr.at(r * n + c0), c1 - c0)) };
         }
     });
 }
@@ -113,19 +112,23 @@ mod tests {
     #[test]
     fn fast_rows_are_independent_of_their_batch() {
         let fmt = BlockFormat::Q4_1;
-        let (n, k) = (300, 128);
-        let w = Packed::new(fmt, n, k, &blocks(fmt, n, k, 4));
-        let x = floats(9 * k, 21);
-        let mut all = vec![0.0; 9 * n];
-        qmatmul_t(CpuMath::Fast, &x, 9, &w, n, k, &mut all);
-        let mut exact = vec![0.0; 9 * n];
-        qmatmul_t(CpuMath::Exact, &x, 9, &w, n, k, &mut exact);
-        for r in [0, 4, 8] {
-            let mut one = vec![0.0; n];
-            qmatmul_t(CpuMath::Fast, &x[r * k..(r + 1) * k], 1, &w, n, k, &mut one);
-            assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
+        for (n, k) in [(37, 64), (300, 128), (130, 96)] {
+            let w = Packed::new(fmt, n, k, &blocks(fmt, n, k, 4));
+            let x = floats(150 * k, 21);
+            let mut big = vec![0.0; 150 * n];
+            qmatmul_t(CpuMath::Fast, &x, 150, &w, n, k, &mut big);
+            let mut all = vec![0.0; 9 * n];
+            qmatmul_t(CpuMath::Fast, &x, 9, &w, n, k, &mut all);
+            assert_eq!(all, big[..9 * n], "9 rows alone and in a batch of 150 (other column groups)");
+            let mut exact = vec![0.0; 9 * n];
+            qmatmul_t(CpuMath::Exact, &x, 9, &w, n, k, &mut exact);
+            for r in [0, 4, 8] {
+                let mut one = vec![0.0; n];
+                qmatmul_t(CpuMath::Fast, &x[r * k..(r + 1) * k], 1, &w, n, k, &mut one);
+                assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
+            }
+            let worst = all.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(worst > 0.0 && worst < 0.05, "fast vs exact: worst difference {worst}");
         }
-        let worst = all.iter().zip(&exact).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(worst > 0.0 && worst < 0.05, "fast vs exact: worst difference {worst}");
     }
 }
