@@ -41,11 +41,16 @@ fn by_kernel(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize, k: usize,
     let prep = Prepared::new(math, x, m, k);
     let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
     let dot = rows_kernel(math);
-    // Whole groups of the kernel's rows per task where there are enough columns.
-    let per_task = (CELLS_PER_TASK / m).clamp(1, 64).next_multiple_of(4);
+    // As many tasks as runs of at most 64 columns (fewer rows' worth of cells when the batch
+    // is big), rounded up to a multiple of the threads, the columns dealt out evenly in whole
+    // groups of the kernel's 4 rows: 576 columns on 2 threads are 10 tasks of 56–60, not 9
+    // of 64 (one thread idle for a ninth of the product), 192 are 4 of 48, not 3 of 64.
+    let most = (CELLS_PER_TASK / m).clamp(4, 64);
+    let tasks = n.div_ceil(most).next_multiple_of(rayon::current_num_threads().max(1));
+    let edge = |t: usize| if t >= tasks { n } else { (t * n / tasks).next_multiple_of(4).min(n) };
     let ptr = SendPtr(out.as_mut_ptr());
-    (0..n.div_ceil(per_task)).into_par_iter().for_each(|t| {
-        let (c0, c1) = (t * per_task, ((t + 1) * per_task).min(n));
+    (0..tasks).into_par_iter().for_each(|t| {
+        let (c0, c1) = (edge(t), edge(t + 1));
         for (r, row) in rows.iter().enumerate() {
             // SAFETY: `out` is (m, n); columns c0..c1 of row r are written by this task only;
             // `rows_kernel` picked a kernel this CPU runs.
