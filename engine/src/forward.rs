@@ -131,9 +131,7 @@ impl<B: Backend> Model<B> {
         let mut act = be.zeros(t * ff)?;
         for (li, l) in w.layers.iter().enumerate() {
             be.rms_norm(&x, &l.attn_norm, cfg.rms_norm_eps, &mut h)?;
-            be.matmul(&h, t, &l.wq, &mut q)?;
-            be.matmul(&h, t, &l.wk, &mut k)?;
-            be.matmul(&h, t, &l.wv, &mut v)?;
+            l.qkv.matmul(be, &h, t, &mut [&mut q, &mut k, &mut v])?;
             if let (Some(bq), Some(bk), Some(bv)) = (&l.bq, &l.bk, &l.bv) {
                 be.add_bias(&mut q, bq)?;
                 be.add_bias(&mut k, bk)?;
@@ -146,8 +144,7 @@ impl<B: Backend> Model<B> {
             be.matmul(&attn, t, &l.wo, &mut h)?;
             be.add_assign(&mut x, &h)?;
             be.rms_norm(&x, &l.ffn_norm, cfg.rms_norm_eps, &mut h)?;
-            be.matmul(&h, t, &l.w_gate, &mut gate)?;
-            be.matmul(&h, t, &l.w_up, &mut up)?;
+            l.gate_up.matmul(be, &h, t, &mut [&mut gate, &mut up])?;
             be.silu_mul(&gate, &up, &mut act)?;
             be.matmul(&act, t, &l.w_down, &mut h)?;
             be.add_assign(&mut x, &h)?;

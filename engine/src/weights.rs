@@ -9,17 +9,46 @@ use crate::source::{Tensor, TensorSource};
 /// One transformer block.
 pub struct Layer<B: Backend> {
     pub(crate) attn_norm: B::Buf,
-    pub(crate) wq: B::Mat,
-    pub(crate) wk: B::Mat,
-    pub(crate) wv: B::Mat,
+    /// Q, K and V projections.
+    pub(crate) qkv: Proj<B>,
     pub(crate) bq: Option<B::Buf>,
     pub(crate) bk: Option<B::Buf>,
     pub(crate) bv: Option<B::Buf>,
     pub(crate) wo: B::Mat,
     pub(crate) ffn_norm: B::Buf,
-    pub(crate) w_gate: B::Mat,
-    pub(crate) w_up: B::Mat,
+    /// Gate and up projections.
+    pub(crate) gate_up: Proj<B>,
     pub(crate) w_down: B::Mat,
+}
+
+/// Matrices multiplied by one input: one stacked product where the backend stacks them
+/// ([`Backend::stack`]: the CPU does, for matrices stored alike), else one product each.
+pub(crate) enum Proj<B: Backend> {
+    Stacked(B::Mat),
+    Apart(Vec<B::Mat>),
+}
+
+impl<B: Backend> Proj<B> {
+    fn new(backend: &B, mats: Vec<B::Mat>) -> Self {
+        match backend.stack(mats) {
+            Ok(w) => Self::Stacked(w),
+            Err(mats) => Self::Apart(mats),
+        }
+    }
+
+    /// `outs[i] = x · w_iᵀ`, in the order the matrices were given.
+    pub(crate) fn matmul(
+        &self,
+        backend: &B,
+        x: &B::Buf,
+        rows: usize,
+        outs: &mut [&mut B::Buf],
+    ) -> Result<(), ferry_kernels::KernelError> {
+        match self {
+            Self::Stacked(w) => backend.matmul_parts(x, rows, w, outs),
+            Self::Apart(mats) => mats.iter().zip(outs.iter_mut()).try_for_each(|(w, o)| backend.matmul(x, rows, w, o)),
+        }
+    }
 }
 
 /// All weights. With tied embeddings `lm_head` is `None` and the embedding matrix is used.
@@ -71,16 +100,26 @@ impl<B: Backend> Weights<B> {
             let p = format!("model.layers.{i}");
             layers.push(Layer {
                 attn_norm: vec(&format!("{p}.input_layernorm.weight"), d)?,
-                wq: mat(&format!("{p}.self_attn.q_proj.weight"), q, d)?,
-                wk: mat(&format!("{p}.self_attn.k_proj.weight"), kv, d)?,
-                wv: mat(&format!("{p}.self_attn.v_proj.weight"), kv, d)?,
+                qkv: Proj::new(
+                    backend,
+                    vec![
+                        mat(&format!("{p}.self_attn.q_proj.weight"), q, d)?,
+                        mat(&format!("{p}.self_attn.k_proj.weight"), kv, d)?,
+                        mat(&format!("{p}.self_attn.v_proj.weight"), kv, d)?,
+                    ],
+                ),
                 bq: opt_vec(&format!("{p}.self_attn.q_proj.bias"), q)?,
                 bk: opt_vec(&format!("{p}.self_attn.k_proj.bias"), kv)?,
                 bv: opt_vec(&format!("{p}.self_attn.v_proj.bias"), kv)?,
                 wo: mat(&format!("{p}.self_attn.o_proj.weight"), d, q)?,
                 ffn_norm: vec(&format!("{p}.post_attention_layernorm.weight"), d)?,
-                w_gate: mat(&format!("{p}.mlp.gate_proj.weight"), ff, d)?,
-                w_up: mat(&format!("{p}.mlp.up_proj.weight"), ff, d)?,
+                gate_up: Proj::new(
+                    backend,
+                    vec![
+                        mat(&format!("{p}.mlp.gate_proj.weight"), ff, d)?,
+                        mat(&format!("{p}.mlp.up_proj.weight"), ff, d)?,
+                    ],
+                ),
                 w_down: mat(&format!("{p}.mlp.down_proj.weight"), d, ff)?,
             });
         }

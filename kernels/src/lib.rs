@@ -113,6 +113,28 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// `(rows, cols)` of a matrix.
     fn mat_shape(&self, mat: &Self::Mat) -> (usize, usize);
+    /// Stacks matrices of one width by rows (`[a; b; …]`) so that
+    /// [`matmul_parts`](Self::matmul_parts) computes their products with one input as one
+    /// larger product (fewer, better balanced parallel regions). `Err` gives them back where
+    /// this backend does not stack them (the default) or their storage differs.
+    fn stack(&self, mats: Vec<Self::Mat>) -> Result<Self::Mat, Vec<Self::Mat>> {
+        Err(mats)
+    }
+    /// `outs[i] = x · w_iᵀ` for the matrices [`stack`](Self::stack) put into `w`, in order:
+    /// `x` is `[rows, w.cols]`, `outs[i]` is `[rows, w_i.rows]`.
+    fn matmul_parts(
+        &self,
+        x: &Self::Buf,
+        rows: usize,
+        w: &Self::Mat,
+        outs: &mut [&mut Self::Buf],
+    ) -> Result<(), KernelError> {
+        let _ = (x, rows, w, outs);
+        Err(KernelError::Shape {
+            op: "matmul_parts",
+            detail: format!("the {} backend stacks no matrices", self.name()),
+        })
+    }
 
     /// `out[i] = table[ids[i]]`; `out` is `[ids.len(), cols]`.
     fn embed(&self, table: &Self::Mat, ids: &[u32], out: &mut Self::Buf) -> Result<(), KernelError>;

@@ -33,6 +33,8 @@ pub struct CpuMat {
     rows: usize,
     cols: usize,
     data: Weights,
+    /// Rows of each matrix [`Backend::stack`] put in (empty: not stacked).
+    parts: Vec<usize>,
 }
 
 #[derive(Debug, Clone)]
@@ -107,7 +109,7 @@ impl Backend for CpuBackend {
 
     fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<CpuMat, KernelError> {
         check("matrix", data.len() == rows * cols, || format!("{} values for {rows}x{cols}", data.len()))?;
-        Ok(CpuMat { rows, cols, data: Weights::F32(data) })
+        Ok(CpuMat { rows, cols, data: Weights::F32(data), parts: Vec::new() })
     }
 
     fn matrix_quantized(
@@ -118,11 +120,81 @@ impl Backend for CpuBackend {
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
-        Ok(CpuMat { rows, cols, data: Weights::Blocks(packed::Packed::new(format, rows, cols, &data)) })
+        Ok(CpuMat {
+            rows,
+            cols,
+            data: Weights::Blocks(packed::Packed::new(format, rows, cols, &data)),
+            parts: Vec::new(),
+        })
     }
 
     fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
         (mat.rows, mat.cols)
+    }
+
+    fn stack(&self, mats: Vec<CpuMat>) -> Result<CpuMat, Vec<CpuMat>> {
+        let alike = |a: &CpuMat, b: &CpuMat| {
+            a.cols == b.cols
+                && a.parts.is_empty()
+                && b.parts.is_empty()
+                && match (&a.data, &b.data) {
+                    (Weights::F32(_), Weights::F32(_)) => true,
+                    (Weights::Blocks(p), Weights::Blocks(q)) => p.fmt == q.fmt,
+                    _ => false,
+                }
+        };
+        if mats.len() < 2 || !mats.iter().all(|m| alike(&mats[0], m)) {
+            return Err(mats);
+        }
+        let (rows, cols) = (mats.iter().map(|m| m.rows).sum(), mats[0].cols);
+        let parts = mats.iter().map(|m| m.rows).collect();
+        let mut all = mats.into_iter().map(|m| m.data);
+        let data = match all.next() {
+            Some(Weights::F32(mut v)) => {
+                all.for_each(|w| {
+                    if let Weights::F32(u) = w {
+                        v.extend(u)
+                    }
+                });
+                Weights::F32(v)
+            }
+            Some(Weights::Blocks(mut p)) => {
+                all.for_each(|w| {
+                    if let Weights::Blocks(q) = w {
+                        p.append(q)
+                    }
+                });
+                Weights::Blocks(p)
+            }
+            None => return Err(Vec::new()),
+        };
+        Ok(CpuMat { rows, cols, data, parts })
+    }
+
+    fn matmul_parts(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        w: &CpuMat,
+        outs: &mut [&mut Vec<f32>],
+    ) -> Result<(), KernelError> {
+        check("matmul_parts", w.parts.len() == outs.len() && x.len() == rows * w.cols, || {
+            format!("{} parts, {} outputs; x {} for {rows} rows of {}", w.parts.len(), outs.len(), x.len(), w.cols)
+        })?;
+        for (o, &n) in outs.iter().zip(&w.parts) {
+            check("matmul_parts", o.len() == rows * n, || format!("an output of {} for {rows} rows of {n}", o.len()))?;
+        }
+        // One product into the stacked width, then each row's parts to their outputs.
+        let mut all = vec![0.0; rows * w.rows];
+        self.matmul(x, rows, w, &mut all)?;
+        for (r, row) in all.chunks_exact(w.rows).enumerate() {
+            let mut at = 0;
+            for (o, &n) in outs.iter_mut().zip(&w.parts) {
+                o[r * n..(r + 1) * n].copy_from_slice(&row[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     fn embed(&self, table: &CpuMat, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {
@@ -337,6 +409,45 @@ mod tests {
         assert!((got[0].1 - (3.0 - lse(&rows[..4]))).abs() < 1e-6);
         assert!((got[1].1 - (-1.0 - lse(&rows[4..]))).abs() < 1e-6);
         assert!(CpuBackend::default().greedy_rows(&rows, 3, 4).is_err());
+    }
+
+    /// Stacked products give each matrix's own product to the bit (quantized and f32, one
+    /// row and a batch); unlike matrices are given back.
+    #[test]
+    fn stacked_products_equal_the_products_apart() {
+        use crate::quant::BlockFormat;
+        use packed::tests::{blocks, floats};
+        for math in [CpuMath::Exact, CpuMath::Fast] {
+            let b = CpuBackend::new(math);
+            let k = 96;
+            let q = |n: usize, seed| b.matrix_quantized(n, k, BlockFormat::Q4_1, blocks(BlockFormat::Q4_1, n, k, seed));
+            let f = |n: usize, seed| b.matrix(n, k, floats(n * k, seed));
+            for (mats, again) in [
+                (vec![q(40, 1), q(12, 2), q(12, 3)], vec![q(40, 1), q(12, 2), q(12, 3)]),
+                (vec![f(33, 4), f(7, 5)], vec![f(33, 4), f(7, 5)]),
+            ] {
+                let mats: Vec<CpuMat> = mats.into_iter().map(|m| m.expect("matrix")).collect();
+                let apart: Vec<CpuMat> = again.into_iter().map(|m| m.expect("matrix")).collect();
+                let stacked = b.stack(mats).expect("alike matrices stack");
+                for rows in [1, 9] {
+                    let x = floats(rows * k, 7 + rows as u64);
+                    let mut want: Vec<Vec<f32>> = apart.iter().map(|m| vec![0.0; rows * m.rows]).collect();
+                    for (m, o) in apart.iter().zip(&mut want) {
+                        b.matmul(&x, rows, m, o).expect("product");
+                    }
+                    let mut got: Vec<Vec<f32>> = want.iter().map(|o| vec![0.0; o.len()]).collect();
+                    let mut outs: Vec<&mut Vec<f32>> = got.iter_mut().collect();
+                    b.matmul_parts(&x, rows, &stacked, &mut outs).expect("stacked product");
+                    assert_eq!(got, want, "{math:?} {rows} rows");
+                    let mut short = vec![0.0; 1];
+                    assert!(b.matmul_parts(&x, rows, &stacked, &mut [&mut short]).is_err());
+                }
+            }
+            let unlike = vec![q(8, 1).expect("q"), f(8, 2).expect("f")];
+            assert_eq!(b.stack(unlike).map(|_| ()).map_err(|m| m.len()), Err(2));
+            let narrow = b.matrix(4, 64, floats(256, 1)).expect("f");
+            assert!(b.stack(vec![f(4, 1).expect("f"), narrow]).is_err());
+        }
     }
 
     #[test]

@@ -59,6 +59,14 @@ impl Packed {
         p
     }
 
+    /// Puts `other`'s rows (same format and width) after this matrix's.
+    pub(crate) fn append(&mut self, other: Packed) {
+        assert!(self.fmt == other.fmt && self.blocks == other.blocks, "stacking unlike matrices");
+        self.quants.extend_from_slice(&other.quants);
+        self.scales.extend_from_slice(&other.scales);
+        self.mins.extend_from_slice(&other.mins);
+    }
+
     /// Bytes it takes in memory.
     pub(crate) fn resident_bytes(&self) -> usize {
         self.quants.len() + 4 * (self.scales.len() + self.mins.len())
