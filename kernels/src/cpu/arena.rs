@@ -125,8 +125,8 @@ impl Drop for KvArena {
 mod tests {
     use super::*;
 
-    /// Kilobytes of huge pages in the mapping holding `addr` (/proc/self/smaps).
-    fn huge_kb_at(addr: usize) -> usize {
+    /// The `VmFlags` of the mapping holding `addr` (/proc/self/smaps).
+    fn vm_flags_at(addr: usize) -> Vec<String> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
         let mut inside = false;
         for line in smaps.lines() {
@@ -135,22 +135,20 @@ mod tests {
                 && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
             {
                 inside = (a..b).contains(&addr);
-            } else if inside && let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                return kb.trim().trim_end_matches(" kB").trim().parse().expect("a number");
+            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
+                return flags.split_whitespace().map(str::to_string).collect();
             }
         }
-        0
+        Vec::new()
     }
 
+    /// The arena's memory carries the huge-page advice (`hg`): whether the kernel then finds
+    /// free 2 MiB pages depends on the machine's memory at the time (a CI run after heavy
+    /// builds found none), so the advice is what is checked.
     #[test]
-    fn the_arena_is_on_huge_pages_where_the_kernel_offers_them() {
-        let mode = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    fn the_arena_is_advised_onto_huge_pages() {
         let arena = KvArena::new(16 << 20).expect("64 MiB");
-        let kb = huge_kb_at(arena.base_ptr() as usize + (32 << 20));
-        if mode.contains("[never]") || mode.is_empty() {
-            eprintln!("transparent huge pages are off here ({mode:?}): nothing to check");
-            return;
-        }
-        assert!(kb >= 2048, "THP mode {mode:?}: {kb} kB of the 64 MiB arena on huge pages");
+        let flags = vm_flags_at(arena.base_ptr() as usize + (32 << 20));
+        assert!(flags.iter().any(|f| f == "hg"), "VmFlags of the arena: {flags:?}");
     }
 }
