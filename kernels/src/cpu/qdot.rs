@@ -15,6 +15,9 @@ use super::CpuMath;
 use super::packed::{Packed, Row};
 use crate::quant::{BLOCK, BlockFormat};
 
+/// Copies of each block's `δ` in [`Prep::spread`].
+pub(super) const SPREAD: usize = 8;
+
 /// One activation row prepared for a mode's kernel.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Prep<'a> {
@@ -24,6 +27,9 @@ pub(super) struct Prep<'a> {
     pub(super) sums: &'a [f32],
     /// Per block `δ` (fast; empty in exact mode).
     pub(super) deltas: &'a [f32],
+    /// Per block `δ` 8 times (fast; empty in exact mode): a pair of blocks' scales as one
+    /// 16-lane vector, loaded as it is.
+    pub(super) spread: &'a [f32],
     /// The 8-bit values (fast; empty in exact mode).
     pub(super) q: &'a [i8],
 }
@@ -34,6 +40,7 @@ pub(super) struct Prepared {
     k: usize,
     sums: Vec<f32>,
     deltas: Vec<f32>,
+    spread: Vec<f32>,
     q: Vec<i8>,
 }
 
@@ -45,6 +52,7 @@ impl Prepared {
             CpuMath::Exact => p.sums.extend(x[..m * k].chunks_exact(BLOCK).map(|b| b.iter().sum::<f32>())),
             CpuMath::Fast => {
                 p.deltas.reserve(m * nb);
+                p.spread.reserve(m * nb * SPREAD);
                 p.q.resize(m * k, 0);
                 for (b, q) in x[..m * k].chunks_exact(BLOCK).zip(p.q.chunks_exact_mut(BLOCK)) {
                     let amax = b.iter().fold(0.0f32, |a, v| a.max(v.abs()));
@@ -57,6 +65,7 @@ impl Prepared {
                         sum += i32::from(*q);
                     }
                     p.deltas.push(delta);
+                    p.spread.extend([delta; SPREAD]);
                     p.sums.push(delta * sum as f32);
                 }
             }
@@ -73,6 +82,7 @@ impl Prepared {
             x: &x[r * k..(r + 1) * k],
             sums: &self.sums[r * nb..(r + 1) * nb],
             deltas: part(&self.deltas),
+            spread: if self.spread.is_empty() { &[] } else { &self.spread[r * nb * SPREAD..(r + 1) * nb * SPREAD] },
             q: if self.q.is_empty() { &[] } else { &self.q[r * k..(r + 1) * k] },
         }
     }
@@ -82,10 +92,14 @@ impl Prepared {
 /// SIMD kernels need their CPU features: [`kernel`] returns one only where they exist.
 pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
 
-/// Rows `first..first + out.len()` of a matrix dotted with one prepared row, into `out`.
-/// Unsafe to call only as [`Kernel`] is. Each cell equals what the mode's [`kernel`] gives
-/// for it, bit for bit.
-pub(super) type RowsKernel = unsafe fn(&Prep<'_>, &Packed, usize, &mut [f32]);
+/// Rows `first..first + len` of a matrix dotted with every prepared row `ps[a]`, row `a`'s
+/// results into `out[a·stride..a·stride + len]`. Each cell equals what the mode's [`kernel`]
+/// gives for it, bit for bit, whatever rows came with it.
+///
+/// # Safety (of a call)
+/// The kernel's CPU features ([`rows_kernel`] returns only kernels this CPU runs); `out` valid
+/// for writes of those cells, which nothing else reads or writes during the call.
+pub(super) type RowsKernel = unsafe fn(&[Prep<'_>], &Packed, usize, usize, *mut f32, usize);
 
 /// The rows kernel of `math` for this CPU: AVX-512's, which shares its loads across a group
 /// of rows, else a loop over [`kernel`].
@@ -113,12 +127,21 @@ pub(super) fn rows_kernel(math: CpuMath) -> RowsKernel {
 /// [`RowsKernel`] as a loop over the mode's [`kernel`].
 ///
 /// # Safety
-/// None: `unsafe` only to be a [`RowsKernel`].
-unsafe fn rows_by_kernel<const FAST: bool>(p: &Prep<'_>, w: &Packed, first: usize, out: &mut [f32]) {
+/// As [`RowsKernel`].
+unsafe fn rows_by_kernel<const FAST: bool>(
+    ps: &[Prep<'_>],
+    w: &Packed,
+    first: usize,
+    len: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let dot = kernel(if FAST { CpuMath::Fast } else { CpuMath::Exact });
-    for (i, o) in out.iter_mut().enumerate() {
-        // SAFETY: `kernel` picked a dot product this CPU runs.
-        *o = unsafe { dot(p, &w.row(first + i)) };
+    for (a, p) in ps.iter().enumerate() {
+        for c in 0..len {
+            // SAFETY: `kernel` picked a dot product this CPU runs; cell (a, c) is the caller's.
+            unsafe { *out.add(a * stride + c) = dot(p, &w.row(first + c)) };
+        }
     }
 }
 
@@ -383,25 +406,37 @@ mod tests {
         }
     }
 
-    /// The rows kernel (groups of rows and the tail after them, from any first row) gives
-    /// each cell exactly the per-row kernel's bits, in both modes: a product's columns do not
-    /// change with how its tasks group them.
+    /// The rows kernel (tiles of activation rows by groups of weight rows, and the tails after
+    /// them, from any first row) gives each cell exactly the per-row kernel's bits, in both
+    /// modes, and writes no cell outside its own: a product's cells do not change with how
+    /// its tasks group columns or activation rows.
     #[test]
     fn the_rows_kernel_gives_the_per_row_kernels_bits() {
         for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
             for k in [32, 64, 96, 352, 576] {
                 let n = 23;
                 let p = Packed::new(fmt, n, k, &blocks(fmt, n, k, 7));
-                let x = floats(k, 29);
-                for math in [CpuMath::Exact, CpuMath::Fast] {
-                    let prep = Prepared::new(math, &x, 1, k);
-                    let row = prep.row(&x, 0);
-                    // SAFETY: both kernels were picked for this CPU.
-                    let one: Vec<f32> = (0..n).map(|c| unsafe { kernel(math)(&row, &p.row(c)) }).collect();
-                    for (first, len) in [(0, n), (3, 9), (5, 4), (22, 1)] {
-                        let mut got = vec![0.0; len];
-                        unsafe { rows_kernel(math)(&row, &p, first, &mut got) };
-                        assert_eq!(got, one[first..first + len], "{fmt:?} {math:?} k {k} rows {first}+{len}");
+                for m in [1, 2, 3, 4, 7, 9] {
+                    let x = floats(m * k, 29 + m as u64);
+                    for math in [CpuMath::Exact, CpuMath::Fast] {
+                        let prep = Prepared::new(math, &x, m, k);
+                        let rows: Vec<_> = (0..m).map(|r| prep.row(&x, r)).collect();
+                        // SAFETY: both kernels were picked for this CPU.
+                        let one: Vec<Vec<f32>> = rows
+                            .iter()
+                            .map(|row| (0..n).map(|c| unsafe { kernel(math)(row, &p.row(c)) }).collect())
+                            .collect();
+                        for (first, len) in [(0, n), (3, 9), (5, 4), (22, 1)] {
+                            let stride = len + 3;
+                            let mut got = vec![f32::NAN; m * stride];
+                            // SAFETY: `got` holds m rows of `stride` cells.
+                            unsafe { rows_kernel(math)(&rows, &p, first, len, got.as_mut_ptr(), stride) };
+                            for (r, (got, one)) in got.chunks(stride).zip(&one).enumerate() {
+                                let what = format!("{fmt:?} {math:?} k {k} m {m} row {r} cols {first}+{len}");
+                                assert_eq!(got[..len], one[first..first + len], "{what}");
+                                assert!(got[len..].iter().all(|v| v.is_nan()), "{what}: wrote past its cells");
+                            }
+                        }
                     }
                 }
             }

@@ -51,11 +51,9 @@ fn by_kernel(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize, k: usize,
     let ptr = SendPtr(out.as_mut_ptr());
     (0..tasks).into_par_iter().for_each(|t| {
         let (c0, c1) = (edge(t), edge(t + 1));
-        for (r, row) in rows.iter().enumerate() {
-            // SAFETY: `out` is (m, n); columns c0..c1 of row r are written by this task only;
-            // `rows_kernel` picked a kernel this CPU runs.
-            unsafe { dot(row, w, c0, std::slice::from_raw_parts_mut(ptr.at(r * n + c0), c1 - c0)) };
-        }
+        // SAFETY: `out` is (m, n); columns c0..c1 of every row are written by this task only;
+        // `rows_kernel` picked a kernel this CPU runs.
+        unsafe { dot(&rows, w, c0, c1 - c0, ptr.at(c0), n) };
     });
 }
 
