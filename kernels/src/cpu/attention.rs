@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::arena::KvArena;
-use super::dot::dot;
+use super::attention_step::{Run, State, chooser};
 use super::matmul::SendPtr;
 use crate::{AttnSeq, AttnShape, KernelError, KvLayout, plan};
 
@@ -52,6 +52,7 @@ fn attention_in_spans(
     let group = n_heads / n_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     let (ps, slot) = (layout.page_size, layout.slot_floats());
+    let step = chooser(head_dim);
     let blocks: Vec<(usize, usize, usize)> = seqs
         .iter()
         .enumerate()
@@ -149,30 +150,13 @@ fn attention_in_spans(
                 }
                 let seen = len.min(pos + 1 - t0).min(hi - t0);
                 for h in 0..group {
-                    let qh = q_of(i, h);
-                    let sc = &mut scores[first..seen];
-                    let mut top = f32::NEG_INFINITY;
-                    for (j, v) in sc.iter_mut().enumerate() {
-                        let j = first + j;
-                        *v = dot(qh, &kb[at(j)..at(j) + head_dim]) * scale;
-                        top = top.max(*v);
-                    }
                     let st = i * group + h;
-                    let m = max[st].max(top);
-                    let o = out_of(i, h);
-                    let c = (max[st] - m).exp();
-                    if c != 1.0 {
-                        o.iter_mut().for_each(|o| *o *= c);
-                    }
-                    let mut l = sum[st] * c;
-                    for (j, &v) in sc.iter().enumerate() {
-                        let j = first + j;
-                        let p = (v - m).exp();
-                        l += p;
-                        o.iter_mut().zip(&vb[at(j)..at(j) + head_dim]).for_each(|(o, v)| *o += p * v);
-                    }
-                    max[st] = m;
-                    sum[st] = l;
+                    let run =
+                        Run { q: q_of(i, h), k: &kb[at(first)..], v: &vb[at(first)..], slot, n: seen - first, scale };
+                    let state = State { max: &mut max[st], sum: &mut sum[st], out: out_of(i, h) };
+                    // SAFETY: `chooser` picked a step this CPU runs for this head size; the run's
+                    // positions are the page's first `len` slots.
+                    unsafe { step(&run, state, scores) };
                 }
             }
         }

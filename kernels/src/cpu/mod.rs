@@ -5,7 +5,9 @@
 
 mod arena;
 mod attention;
+mod attention_step;
 mod dot;
+mod exp512;
 mod math;
 mod matmul;
 mod packed;
@@ -275,7 +277,13 @@ impl Backend for CpuBackend {
         check("silu_mul", gate.len() == up.len() && out.len() == up.len(), || {
             format!("{} {} {}", gate.len(), up.len(), out.len())
         })?;
+        let simd = exp512::here();
         out.par_chunks_mut(4096).zip(gate.par_chunks(4096).zip(up.par_chunks(4096))).for_each(|(o, (g, u))| {
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: `here` said this CPU runs it.
+                return unsafe { exp512::silu_mul(g, u, o) };
+            }
             for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
                 *o = g / (1.0 + (-g).exp()) * u;
             }

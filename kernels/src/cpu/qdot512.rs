@@ -320,3 +320,42 @@ unsafe fn fast_tiles<const A: usize>(
         }
     }
 }
+
+/// Fast mode's activation quantization of one 32-value block, as
+/// [`Prepared`](super::qdot::Prepared) does it in plain arithmetic (`δ = max|x|/127`,
+/// `q = round(x/δ)` half away from zero, clamped to ±127) and to the same bits: returns `δ`
+/// and `Σ q`, or `None` where `1/δ` is not finite (a block of subnormal values; the plain
+/// arithmetic handles those).
+///
+/// # Safety
+/// AVX-512F and AVX-512BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize_block(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> Option<(f32, i32)> {
+    // SAFETY: two vectors of 16 within the block.
+    let (a, b) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    let delta = amax / 127.0;
+    let inv = if delta > 0.0 { 1.0 / delta } else { 0.0 };
+    if !inv.is_finite() {
+        return None;
+    }
+    let (inv, half, one, lim) = (_mm512_set1_ps(inv), _mm512_set1_ps(0.5), _mm512_set1_ps(1.0), _mm512_set1_ps(127.0));
+    let sign = _mm512_set1_ps(-0.0);
+    let mut sum = 0;
+    for (i, v) in [a, b].into_iter().enumerate() {
+        let t = _mm512_mul_ps(v, inv);
+        // Half away from zero, exactly: the fraction after truncation is exact.
+        let whole = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(t);
+        let up = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(_mm512_abs_ps(_mm512_sub_ps(t, whole)), half);
+        let step = _mm512_castsi512_ps(_mm512_or_si512(
+            _mm512_and_si512(_mm512_castps_si512(t), _mm512_castps_si512(sign)),
+            _mm512_castps_si512(one),
+        ));
+        let r = _mm512_mask_add_ps(whole, up, whole, step);
+        let n = _mm512_cvttps_epi32(_mm512_min_ps(_mm512_max_ps(r, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim));
+        sum += _mm512_reduce_add_epi32(n);
+        // SAFETY: 16 bytes within the block's 32.
+        unsafe { _mm_storeu_si128(q.as_mut_ptr().add(16 * i).cast(), _mm512_cvtepi32_epi8(n)) };
+    }
+    Some((delta, sum))
+}
