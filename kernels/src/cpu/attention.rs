@@ -155,7 +155,7 @@ fn attention_in_spans(
                         Run { q: q_of(i, h), k: &kb[at(first)..], v: &vb[at(first)..], slot, n: seen - first, scale };
                     let state = State { max: &mut max[st], sum: &mut sum[st], out: out_of(i, h) };
                     // SAFETY: `chooser` picked a step this CPU runs for this head size; the run's
-                    // positions are the page's first `len` slots.
+                    // positions are the page's slots `first..seen`, within its `len`.
                     unsafe { step(&run, state, scores) };
                 }
             }
@@ -213,13 +213,13 @@ mod tests {
     use crate::cpu::CpuBackend;
     use crate::{AttnSeq, AttnShape, Backend, KvLayout, PoolLayer};
 
-    /// Query heads, KV heads, head size, page size.
+    /// Query heads, KV heads, page size.
     const N_HEADS: usize = 6;
     const N_KV: usize = 2;
-    const HD: usize = 8;
     const PS: usize = 4;
-    const SLOT: usize = N_KV * HD;
-    const WIDTH: usize = N_HEADS * HD;
+    /// Head sizes: 8 takes the portable step; 16 and 64 (1 and 4 output registers) the
+    /// AVX-512 one where the CPU has it.
+    const HEAD_DIMS: [usize; 3] = [8, 16, 64];
 
     fn val(i: usize, salt: usize) -> f32 {
         ((i * 2_654_435_761 + salt * 97) % 1000) as f32 / 500.0 - 1.0
@@ -231,33 +231,40 @@ mod tests {
     }
 
     /// Sequence `s`'s K and V for its first `n` positions.
-    fn kv(s: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-        ((0..n * SLOT).map(|i| val(i, 2 * s)).collect(), (0..n * SLOT).map(|i| val(i, 2 * s + 1)).collect())
+    fn kv(s: usize, n: usize, hd: usize) -> (Vec<f32>, Vec<f32>) {
+        let slot = N_KV * hd;
+        ((0..n * slot).map(|i| val(i, 2 * s)).collect(), (0..n * slot).map(|i| val(i, 2 * s + 1)).collect())
     }
 
-    fn queries() -> Vec<f32> {
-        (0..24 * WIDTH).map(|i| val(i, 9)).collect()
+    fn queries(hd: usize) -> Vec<f32> {
+        (0..24 * N_HEADS * hd).map(|i| val(i, 9)).collect()
     }
 
     /// The tiled kernel against naive f64 attention: two sequences (the second a later chunk,
     /// starting at position 5), three query heads per KV head, pages out of order, and more
     /// rows than one task's block (11 and 13 against 8); whole, and with rows split into
     /// spans of positions merged after (spans of whole pages, spans that cut pages, one
-    /// position each).
+    /// position each); every head size of [`HEAD_DIMS`].
     #[test]
     fn tiled_attention_matches_naive_attention() {
+        for hd in HEAD_DIMS {
+            attention_matches_naive_attention(hd);
+        }
+    }
+
+    fn attention_matches_naive_attention(hd: usize) {
         let layer = 1;
-        let layout = KvLayout { num_layers: 2, num_kv_heads: N_KV, head_dim: HD, page_size: PS };
+        let layout = KvLayout { num_layers: 2, num_kv_heads: N_KV, head_dim: hd, page_size: PS };
         let be = CpuBackend::default();
         let pool = be.kv_pool(&layout, 16).expect("pool");
         let specs = specs();
         for (s, (pages, pos0, n_q)) in specs.iter().enumerate() {
             let n = pos0 + n_q;
             let slots: Vec<(u32, u32)> = (0..n).map(|p| (pages[p / PS], (p % PS) as u32)).collect();
-            let (k, v) = kv(s, n);
+            let (k, v) = kv(s, n, hd);
             be.write_kv(&pool, &layout, layer, &slots, &k, &v).expect("write");
         }
-        let q = queries();
+        let q = queries(hd);
         let seqs: Vec<AttnSeq<'_>> = specs
             .iter()
             .scan(0, |row, (pages, pos0, n_q)| {
@@ -266,36 +273,37 @@ mod tests {
                 Some(seq)
             })
             .collect();
-        let shape = AttnShape { n_heads: N_HEADS, n_kv_heads: N_KV, head_dim: HD };
+        let shape = AttnShape { n_heads: N_HEADS, n_kv_heads: N_KV, head_dim: hd };
         let mut out = vec![0.0; q.len()];
         be.attention(&q, PoolLayer { pool: &pool, layout: &layout, layer }, shape, &seqs, &mut out).expect("attend");
-        check(&q, &seqs, &out, "whole");
+        check(&q, &seqs, &out, hd, &format!("head size {hd}, whole"));
         for span in [4, 6, 1] {
             let mut split = vec![0.0; q.len()];
             attention_in_spans(&q, &pool, &layout, layer, shape, &seqs, &mut split, span).expect("attend");
-            check(&q, &seqs, &split, &format!("spans of {span}"));
+            check(&q, &seqs, &split, hd, &format!("head size {hd}, spans of {span}"));
         }
     }
 
     /// `out` against naive f64 attention over [`kv`]'s values.
-    fn check(q: &[f32], seqs: &[AttnSeq<'_>], out: &[f32], what: &str) {
+    fn check(q: &[f32], seqs: &[AttnSeq<'_>], out: &[f32], hd: usize, what: &str) {
+        let (slot, width) = (N_KV * hd, N_HEADS * hd);
         for (s, seq) in seqs.iter().enumerate() {
-            let (k, v) = kv(s, seq.pos0 + seq.n_q);
+            let (k, v) = kv(s, seq.pos0 + seq.n_q, hd);
             for i in 0..seq.n_q {
                 let (row, pos) = (seq.q_row + i, seq.pos0 + i);
                 for h in 0..N_HEADS {
                     let kvh = h / (N_HEADS / N_KV);
-                    let qh = &q[row * WIDTH + h * HD..row * WIDTH + (h + 1) * HD];
-                    let at = |t: usize, d: usize| t * SLOT + kvh * HD + d;
+                    let qh = &q[row * width + h * hd..row * width + (h + 1) * hd];
+                    let at = |t: usize, d: usize| t * slot + kvh * hd + d;
                     let sc: Vec<f64> = (0..=pos)
-                        .map(|t| (0..HD).map(|d| qh[d] as f64 * k[at(t, d)] as f64).sum::<f64>() / (HD as f64).sqrt())
+                        .map(|t| (0..hd).map(|d| qh[d] as f64 * k[at(t, d)] as f64).sum::<f64>() / (hd as f64).sqrt())
                         .collect();
                     let top = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                     let e: Vec<f64> = sc.iter().map(|x| (x - top).exp()).collect();
                     let z: f64 = e.iter().sum();
-                    for d in 0..HD {
+                    for d in 0..hd {
                         let want: f64 = (0..=pos).map(|t| e[t] / z * v[at(t, d)] as f64).sum();
-                        let got = out[row * WIDTH + h * HD + d] as f64;
+                        let got = out[row * width + h * hd + d] as f64;
                         assert!(
                             (got - want).abs() < 1e-5,
                             "{what}: sequence {s} row {i} head {h} dim {d}: {got} vs {want}"

@@ -16,7 +16,7 @@ pub(super) fn here() -> bool {
 
 /// `exp` of 16 lanes: `2ⁿ·exp(r)`, `n = round(x·log₂e)`, `r = x − n·ln 2` in two parts
 /// (Cody–Waite), `exp(r)` by Cephes' `expf` polynomial; within 2 ulp of `f32::exp` over
-/// [−87, 88] (tested), 0 below −104, `+∞` past 88.73.
+/// [−87, 88] (tested), 0 below −104, `+∞` past 88.73 and for `+∞`, NaN for NaN.
 ///
 /// # Safety
 /// AVX-512F and FMA.
@@ -24,7 +24,9 @@ pub(super) fn here() -> bool {
 #[target_feature(enable = "avx512f,fma")]
 #[inline]
 pub(super) unsafe fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-104.0));
+    // Clamped so that n stays finite (x = +∞ would make r = ∞ − ∞); the bound is the second
+    // operand, so a NaN (the first) passes through as NaN.
+    let x = _mm512_min_ps(_mm512_set1_ps(89.0), _mm512_max_ps(_mm512_set1_ps(-104.0), x));
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
         x,
         _mm512_set1_ps(std::f32::consts::LOG2_E),
@@ -117,6 +119,10 @@ mod tests {
         unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp(_mm512_loadu_ps(far.as_ptr()))) };
         assert!(got[..3].iter().all(|&g| g < 1e-44), "{got:?}");
         assert!(got[3..6].iter().all(|&g| g == f32::INFINITY), "{got:?}");
+        let nan = [f32::NAN; 16];
+        // SAFETY: as above.
+        unsafe { _mm512_storeu_ps(got.as_mut_ptr(), exp(_mm512_loadu_ps(nan.as_ptr()))) };
+        assert!(got.iter().all(|g| g.is_nan()), "{got:?}");
         eprintln!("worst {worst} ulp");
     }
 

@@ -277,6 +277,7 @@ impl Backend for CpuBackend {
         check("silu_mul", gate.len() == up.len() && out.len() == up.len(), || {
             format!("{} {} {}", gate.len(), up.len(), out.len())
         })?;
+        #[cfg(target_arch = "x86_64")]
         let simd = exp512::here();
         out.par_chunks_mut(4096).zip(gate.par_chunks(4096).zip(up.par_chunks(4096))).for_each(|(o, (g, u))| {
             #[cfg(target_arch = "x86_64")]

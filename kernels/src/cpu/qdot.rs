@@ -472,8 +472,9 @@ mod tests {
     }
 
     /// The SIMD quantizer gives the plain arithmetic's bits: random blocks of every scale,
-    /// values exactly half-way between two steps (either sign), just below half-way, zeros,
-    /// and blocks too tiny for a finite `1/δ` (left to the plain arithmetic).
+    /// values exactly half-way between two steps (either sign), just below half-way, zeros;
+    /// blocks too tiny for a finite `1/δ` and blocks holding a NaN or an infinity (in either
+    /// half) are left to the plain arithmetic.
     #[test]
     fn the_simd_quantizer_rounds_as_the_plain_one() {
         let Some(simd) = quantize_simd() else {
@@ -499,6 +500,11 @@ mod tests {
         blocks.push([0.0; BLOCK]);
         blocks.push(std::array::from_fn(|j| if j == 3 { 1e-44 } else { 0.0 }));
         blocks.push(std::array::from_fn(|j| if j == 3 { -1e-37 } else { 0.0 }));
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 20] {
+                blocks.push(std::array::from_fn(|j| if j == at { bad } else { j as f32 * 0.1 }));
+            }
+        }
         let mut tiny_left = 0;
         for (i, x) in blocks.iter().enumerate() {
             let (mut qs, mut qp) = ([0i8; BLOCK], [0i8; BLOCK]);
@@ -512,7 +518,7 @@ mod tests {
                 None => tiny_left += 1,
             }
         }
-        assert_eq!(tiny_left, 1, "only the subnormal block is left to the plain arithmetic");
+        assert_eq!(tiny_left, 7, "only the subnormal and the 6 non-finite blocks are left to the plain arithmetic");
     }
 
     /// The fast mode's error is real (it is not exact mode under another name) and all its

@@ -1,5 +1,5 @@
 //! The [`qdot`](super::qdot) products with AVX-512 (exact: 16-lane f32, AVX-512F; fast: VNNI), `R` weight rows against one activation row
-//! per call: the activations' loads, the call and the block loop are shared by the rows, each
+//! per call (fast mode: against `A` activation rows, a tile): the activations' loads, the call and the block loop are shared by the rows, each
 //! row keeps its own accumulator, and the blocks' offsets (`Σ_b c_b·sums_b`) are summed 16
 //! blocks to a vector instead of by a second dot product per row. A row's arithmetic is the
 //! same whatever `R` is, so a matrix product gives the same bits however its columns are
@@ -324,8 +324,8 @@ unsafe fn fast_tiles<const A: usize>(
 /// Fast mode's activation quantization of one 32-value block, as
 /// [`Prepared`](super::qdot::Prepared) does it in plain arithmetic (`δ = max|x|/127`,
 /// `q = round(x/δ)` half away from zero, clamped to ±127) and to the same bits: returns `δ`
-/// and `Σ q`, or `None` where `1/δ` is not finite (a block of subnormal values; the plain
-/// arithmetic handles those).
+/// and `Σ q`, or `None` for a block holding a NaN or an infinity, or whose `1/δ` is not
+/// finite (subnormal values): the plain arithmetic handles those.
 ///
 /// # Safety
 /// AVX-512F and AVX-512BW.
@@ -334,9 +334,11 @@ pub(super) unsafe fn quantize_block(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> Op
     // SAFETY: two vectors of 16 within the block.
     let (a, b) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(x.as_ptr().add(16))) };
     let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(b, b);
     let delta = amax / 127.0;
     let inv = if delta > 0.0 { 1.0 / delta } else { 0.0 };
-    if !inv.is_finite() {
+    // Not finite values (NaN, ±∞) and subnormal blocks: the plain arithmetic's business.
+    if nan != 0 || !amax.is_finite() || !inv.is_finite() {
         return None;
     }
     let (inv, half, one, lim) = (_mm512_set1_ps(inv), _mm512_set1_ps(0.5), _mm512_set1_ps(1.0), _mm512_set1_ps(127.0));
