@@ -61,8 +61,14 @@ pub(super) unsafe fn silu_mul(g: &[f32], u: &[f32], out: &mut [f32]) {
             _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(s, _mm512_loadu_ps(u.as_ptr().add(i))));
         }
     }
-    for i in done..n {
-        out[i] = g[i] / (1.0 + (-g[i]).exp()) * u[i];
+    silu_mul_plain(&g[done..n], &u[done..n], &mut out[done..n]);
+}
+
+/// `out = g·sigmoid(g)·u` in plain arithmetic (the CPU backend's product without AVX-512,
+/// and the vector one's tail).
+pub(super) fn silu_mul_plain(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + (-g).exp()) * u;
     }
 }
 
@@ -138,11 +144,12 @@ mod tests {
             let g: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 12.0).collect();
             let u: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos() * 3.0).collect();
             let mut got = vec![0.0; n];
+            let mut want = vec![0.0; n];
             // SAFETY: `here` said this CPU runs it.
             unsafe { silu_mul(&g, &u, &mut got) };
-            for i in 0..n {
-                let want = g[i] / (1.0 + (-g[i]).exp()) * u[i];
-                assert!((got[i] - want).abs() <= 4e-7 * want.abs().max(1e-3), "n {n} at {i}: {} vs {want}", got[i]);
+            silu_mul_plain(&g, &u, &mut want);
+            for (i, (&got, &want)) in got.iter().zip(&want).enumerate() {
+                assert!((got - want).abs() <= 4e-7 * want.abs().max(1e-3), "n {n} at {i}: {got} vs {want}");
             }
         }
     }

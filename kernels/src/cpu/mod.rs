@@ -285,9 +285,7 @@ impl Backend for CpuBackend {
                 // SAFETY: `here` said this CPU runs it.
                 return unsafe { exp512::silu_mul(g, u, o) };
             }
-            for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
+            exp512::silu_mul_plain(g, u, o);
         });
         Ok(())
     }

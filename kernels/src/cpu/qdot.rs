@@ -15,9 +15,6 @@ use super::CpuMath;
 use super::packed::{Packed, Row};
 use crate::quant::{BLOCK, BlockFormat};
 
-/// Copies of each block's `δ` in [`Prep::spread`].
-pub(super) const SPREAD: usize = 8;
-
 /// One activation row prepared for a mode's kernel.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Prep<'a> {
@@ -27,9 +24,6 @@ pub(super) struct Prep<'a> {
     pub(super) sums: &'a [f32],
     /// Per block `δ` (fast; empty in exact mode).
     pub(super) deltas: &'a [f32],
-    /// Per block `δ` 8 times (fast; empty in exact mode): a pair of blocks' scales as one
-    /// 16-lane vector, loaded as it is.
-    pub(super) spread: &'a [f32],
     /// The 8-bit values (fast; empty in exact mode).
     pub(super) q: &'a [i8],
 }
@@ -40,7 +34,6 @@ pub(super) struct Prepared {
     k: usize,
     sums: Vec<f32>,
     deltas: Vec<f32>,
-    spread: Vec<f32>,
     q: Vec<i8>,
 }
 
@@ -52,7 +45,6 @@ impl Prepared {
             CpuMath::Exact => p.sums.extend(x[..m * k].chunks_exact(BLOCK).map(|b| b.iter().sum::<f32>())),
             CpuMath::Fast => {
                 p.deltas.reserve(m * nb);
-                p.spread.reserve(m * nb * SPREAD);
                 p.q.resize(m * k, 0);
                 let simd = quantize_simd();
                 for (b, q) in x[..m * k].chunks_exact(BLOCK).zip(p.q.chunks_exact_mut(BLOCK)) {
@@ -65,7 +57,6 @@ impl Prepared {
                     };
                     let (delta, sum) = fast.unwrap_or_else(|| quantize_plain(b, q));
                     p.deltas.push(delta);
-                    p.spread.extend([delta; SPREAD]);
                     p.sums.push(delta * sum as f32);
                 }
             }
@@ -82,7 +73,6 @@ impl Prepared {
             x: &x[r * k..(r + 1) * k],
             sums: &self.sums[r * nb..(r + 1) * nb],
             deltas: part(&self.deltas),
-            spread: if self.spread.is_empty() { &[] } else { &self.spread[r * nb * SPREAD..(r + 1) * nb * SPREAD] },
             q: if self.q.is_empty() { &[] } else { &self.q[r * k..(r + 1) * k] },
         }
     }

@@ -8,7 +8,7 @@
 use std::arch::x86_64::*;
 
 use super::packed::{Packed, Row};
-use super::qdot::{Prep, SPREAD};
+use super::qdot::Prep;
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Rows per call in a matrix product.
@@ -143,7 +143,7 @@ unsafe fn exact<const R: usize>(p: &Prep<'_>, w: Rows) -> [f32; R] {
 unsafe fn fast<const R: usize, const A: usize>(ps: [&Prep<'_>; A], w: Rows) -> [[f32; R]; A] {
     let nb = w.blocks;
     for p in ps {
-        assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.spread.len() >= nb * SPREAD && p.sums.len() >= nb);
+        assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
     }
     let mut acc = [[_mm512_setzero_ps(); R]; A];
     let mask = _mm256_set1_epi8(0x0F);
@@ -172,8 +172,7 @@ unsafe fn fast<const R: usize, const A: usize>(ps: [&Prep<'_>; A], w: Rows) -> [
         // SAFETY: blocks b and b + 1 of every activation row exist (asserted).
         let qx: [__m512i; A] =
             std::array::from_fn(|a| unsafe { _mm512_loadu_si512(ps[a].q.as_ptr().add(b * BLOCK).cast()) });
-        let dx: [__m512; A] =
-            std::array::from_fn(|a| unsafe { _mm512_loadu_ps(ps[a].spread.as_ptr().add(b * SPREAD)) });
+        let dx: [__m512; A] = std::array::from_fn(|a| pair(unsafe { ps[a].deltas.as_ptr().add(b) }));
         for r in 0..R {
             let (qw, neg) = ld(r, b);
             // SAFETY: the scales of blocks b and b + 1 of row r exist.
