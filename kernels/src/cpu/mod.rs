@@ -3,6 +3,8 @@
 //! small-batch GEMV and attention with hand-vectorised dot products, and every core through
 //! rayon.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod arena;
 mod attention;
 mod attention_step;
@@ -15,6 +17,10 @@ mod qdot;
 #[cfg(target_arch = "x86_64")]
 mod qdot512;
 mod qmatmul;
+mod qtile;
+#[cfg(target_arch = "x86_64")]
+mod qtile512;
+mod tiled;
 
 use std::sync::Arc;
 
@@ -42,7 +48,10 @@ pub struct CpuMat {
 #[derive(Debug, Clone)]
 enum Weights {
     F32(Vec<f32>),
+    /// Row after row (exact mode, and fast mode without AVX-512 VNNI).
     Blocks(packed::Packed),
+    /// In groups of 16 rows (fast mode with AVX-512 VNNI or AMX: [`qtile`]).
+    Tiled(tiled::Tiled),
 }
 
 impl CpuMat {
@@ -51,6 +60,7 @@ impl CpuMat {
         match &self.data {
             Weights::F32(v) => v.len() * 4,
             Weights::Blocks(p) => p.resident_bytes(),
+            Weights::Tiled(t) => t.resident_bytes(),
         }
     }
 }
@@ -122,12 +132,12 @@ impl Backend for CpuBackend {
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
-        Ok(CpuMat {
-            rows,
-            cols,
-            data: Weights::Blocks(packed::Packed::new(format, rows, cols, &data)),
-            parts: Vec::new(),
-        })
+        let data = if self.math == CpuMath::Fast && qtile::available() {
+            Weights::Tiled(tiled::Tiled::new(format, rows, cols, &data))
+        } else {
+            Weights::Blocks(packed::Packed::new(format, rows, cols, &data))
+        };
+        Ok(CpuMat { rows, cols, data, parts: Vec::new() })
     }
 
     fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
@@ -142,6 +152,7 @@ impl Backend for CpuBackend {
                 && match (&a.data, &b.data) {
                     (Weights::F32(_), Weights::F32(_)) => true,
                     (Weights::Blocks(p), Weights::Blocks(q)) => p.fmt == q.fmt,
+                    (Weights::Tiled(p), Weights::Tiled(q)) => p.fmt == q.fmt,
                     _ => false,
                 }
         };
@@ -167,6 +178,14 @@ impl Backend for CpuBackend {
                     }
                 });
                 Weights::Blocks(p)
+            }
+            Some(Weights::Tiled(mut p)) => {
+                all.for_each(|w| {
+                    if let Weights::Tiled(q) = w {
+                        p.append(q)
+                    }
+                });
+                Weights::Tiled(p)
             }
             None => return Err(Vec::new()),
         };
@@ -210,6 +229,7 @@ impl Backend for CpuBackend {
             match &table.data {
                 Weights::F32(v) => row.copy_from_slice(&v[i * d..(i + 1) * d]),
                 Weights::Blocks(p) => p.dequantize_rows(i, row),
+                Weights::Tiled(t) => t.dequantize_row(i, row),
             }
         }
         Ok(())
@@ -222,6 +242,7 @@ impl Backend for CpuBackend {
         match &w.data {
             Weights::F32(v) => matmul::matmul_t(x, rows, v, w.rows, w.cols, out),
             Weights::Blocks(p) => qmatmul::qmatmul_t(self.math, x, rows, p, w.rows, w.cols, out),
+            Weights::Tiled(t) => qtile::qmatmul_tiled(x, rows, t, out),
         }
         Ok(())
     }

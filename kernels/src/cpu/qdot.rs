@@ -119,16 +119,15 @@ pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
 /// for writes of those cells, which nothing else reads or writes during the call.
 pub(super) type RowsKernel = unsafe fn(&[Prep<'_>], &Packed, usize, usize, *mut f32, usize);
 
-/// The rows kernel of `math` for this CPU: AVX-512's, which shares its loads across a group
-/// of rows, else a loop over [`kernel`].
+/// The rows kernel of `math` for this CPU: AVX-512's (exact mode), which shares its loads
+/// across a group of rows, else a loop over [`kernel`]. (Fast mode on CPUs with AVX-512 VNNI
+/// multiplies [`Tiled`](super::tiled::Tiled) weights instead: [`qtile`](super::qtile).)
 pub(super) fn rows_kernel(math: CpuMath) -> RowsKernel {
     static CHOSEN: std::sync::OnceLock<[RowsKernel; 2]> = std::sync::OnceLock::new();
     let chosen = |math| -> RowsKernel {
         #[cfg(target_arch = "x86_64")]
-        match kernels(math)[0].0 {
-            "avx512" => return super::qdot512::exact_rows,
-            "avx512-vnni" => return super::qdot512::fast_rows,
-            _ => {}
+        if kernels(math)[0].0 == "avx512" {
+            return super::qdot512::exact_rows;
         }
         match math {
             CpuMath::Exact => rows_by_kernel::<false>,
@@ -184,9 +183,6 @@ pub(super) fn kernels(math: CpuMath) -> Vec<(&'static str, Kernel)> {
         let avx2 = has!("avx2") && has!("fma");
         match math {
             CpuMath::Exact if avx2 && has!("avx512f") => all.push(("avx512", super::qdot512::exact_avx512)),
-            CpuMath::Fast if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vnni") => {
-                all.push(("avx512-vnni", super::qdot512::fast_avx512));
-            }
             _ => {}
         }
         if avx2 {

@@ -1,9 +1,10 @@
-//! The [`qdot`](super::qdot) products with AVX-512 (exact: 16-lane f32, AVX-512F; fast: VNNI), `R` weight rows against one activation row
-//! per call (fast mode: against `A` activation rows, a tile): the activations' loads, the call and the block loop are shared by the rows, each
-//! row keeps its own accumulator, and the blocks' offsets (`Σ_b c_b·sums_b`) are summed 16
-//! blocks to a vector instead of by a second dot product per row. A row's arithmetic is the
-//! same whatever `R` is, so a matrix product gives the same bits however its columns are
-//! grouped (fast mode's results stay independent of the batch).
+//! Exact mode's [`qdot`](super::qdot) products with AVX-512F (16-lane f32), `R` weight rows
+//! against one activation row per call: the activations' loads, the call and the block loop
+//! are shared by the rows, each row keeps its own accumulator, and the blocks' offsets
+//! (`Σ_b c_b·sums_b`) are summed 16 blocks to a vector instead of by a second dot product per
+//! row. A row's arithmetic is the same whatever `R` is, so a matrix product gives the same bits
+//! however its columns are grouped. Also fast mode's activation quantizer. (Fast mode's
+//! products with AVX-512 VNNI are [`qtile512`](super::qtile512)'s, on tiled weights.)
 
 use std::arch::x86_64::*;
 
@@ -129,96 +130,6 @@ unsafe fn exact<const R: usize>(p: &Prep<'_>, w: Rows) -> [f32; R] {
     out
 }
 
-/// Fast mode, `R` weight rows against `A` activation rows (a tile): two blocks per
-/// `vpdpbusd` (weights as unsigned bytes, activations signed), each block's 8 lanes scaled by
-/// its `d·δ`; an odd last block in plain arithmetic. A weight row's values are unpacked once
-/// per block pair for all `A` activation rows, an activation row's loaded once for all `R`
-/// weight rows; each cell's arithmetic is the same whatever `R` and `A` are.
-///
-/// # Safety
-/// AVX-512F, BW, VNNI and FMA; `w` holds `R` rows; every row of `ps` has `w.blocks` blocks.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-#[inline]
-#[allow(clippy::needless_range_loop)] // `r` and `a` index the tile's rows and the accumulators
-unsafe fn fast<const R: usize, const A: usize>(ps: [&Prep<'_>; A], w: Rows) -> [[f32; R]; A] {
-    let nb = w.blocks;
-    for p in ps {
-        assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
-    }
-    let mut acc = [[_mm512_setzero_ps(); R]; A];
-    let mask = _mm256_set1_epi8(0x0F);
-    // 64-bit lanes [lo_b, lo_b+1, hi_b, hi_b+1] (two each) → [lo_b, hi_b, lo_b+1, hi_b+1].
-    let order = _mm512_set_epi64(7, 6, 3, 2, 5, 4, 1, 0);
-    // Lanes 0..8 take element 0 of a pair, lanes 8..16 element 1.
-    let halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    let pair = |v: *const f32| {
-        // SAFETY: the caller reads a pair of floats that exists.
-        _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(_mm_castsi128_ps(unsafe { _mm_loadl_epi64(v.cast()) })))
-    };
-    let ld = |r: usize, b: usize| match w.fmt {
-        // SAFETY: blocks b and b + 1 of row r exist (the caller's promise).
-        BlockFormat::Q4_0 | BlockFormat::Q4_1 => unsafe {
-            let raw = _mm256_loadu_si256(w.quants.add((r * nb + b) * 16).cast());
-            let lo = _mm256_and_si256(raw, mask);
-            let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-            (_mm512_permutexvar_epi64(order, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1)), None)
-        },
-        BlockFormat::Q8_0 => unsafe {
-            let qw = _mm512_loadu_si512(w.quants.add((r * nb + b) * 32).cast());
-            (_mm512_abs_epi8(qw), Some(_mm512_movepi8_mask(qw)))
-        },
-    };
-    for b in (0..nb - nb % 2).step_by(2) {
-        // SAFETY: blocks b and b + 1 of every activation row exist (asserted).
-        let qx: [__m512i; A] =
-            std::array::from_fn(|a| unsafe { _mm512_loadu_si512(ps[a].q.as_ptr().add(b * BLOCK).cast()) });
-        let dx: [__m512; A] = std::array::from_fn(|a| pair(unsafe { ps[a].deltas.as_ptr().add(b) }));
-        for r in 0..R {
-            let (qw, neg) = ld(r, b);
-            // SAFETY: the scales of blocks b and b + 1 of row r exist.
-            let dw = pair(unsafe { w.scales.add(r * nb + b) });
-            for a in 0..A {
-                // Q8_0: |w| unsigned against x with w's sign.
-                let sx = neg.map_or(qx[a], |n| _mm512_mask_sub_epi8(qx[a], n, _mm512_setzero_si512(), qx[a]));
-                let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qw, sx));
-                acc[a][r] = _mm512_fmadd_ps(v, _mm512_mul_ps(dw, dx[a]), acc[a][r]);
-            }
-        }
-    }
-    let mut out = [[0.0; R]; A];
-    for (a, p) in ps.into_iter().enumerate() {
-        for r in 0..R {
-            // SAFETY: row r exists; `p.sums` has nb values (asserted).
-            let mut sum = _mm512_reduce_add_ps(_mm512_add_ps(acc[a][r], unsafe { offsets(w, r, p.sums) }));
-            if nb % 2 == 1 {
-                // SAFETY: as above.
-                sum += unsafe { odd_block(p, w, r) };
-            }
-            out[a][r] = sum;
-        }
-    }
-    out
-}
-
-/// Fast mode: row `r`'s last block when the row has an odd number of them, in plain
-/// arithmetic.
-///
-/// # Safety
-/// `w` holds row `r`; `p` has `w.blocks` blocks.
-unsafe fn odd_block(p: &Prep<'_>, w: Rows, r: usize) -> f32 {
-    let (nb, qb) = (w.blocks, Packed::quant_bytes(w.fmt));
-    let b = nb - 1;
-    let row = Row {
-        fmt: w.fmt,
-        // SAFETY: row r's values and scales exist (`Rows` holds them).
-        quants: unsafe { std::slice::from_raw_parts(w.quants.add(r * nb * qb), nb * qb) },
-        scales: unsafe { std::slice::from_raw_parts(w.scales.add(r * nb), nb) },
-        mins: &[],
-    };
-    let s: i32 = p.q[b * BLOCK..(b + 1) * BLOCK].iter().zip(row.ints(b)).map(|(&x, q)| i32::from(x) * q).sum();
-    s as f32 * (row.scales[b] * p.deltas[b])
-}
-
 /// Exact mode, one row (the per-row kernel; the same arithmetic as a row of a group).
 ///
 /// # Safety
@@ -229,20 +140,6 @@ pub(super) unsafe fn exact_avx512(p: &Prep<'_>, w: &Row<'_>) -> f32 {
     // SAFETY: the row's parts are its own slices (asserted); the caller's features.
     unsafe { exact::<1>(p, Rows::of_row(w))[0] }
 }
-
-/// Fast mode, one row.
-///
-/// # Safety
-/// The CPU has AVX-512F, AVX-512BW, AVX-512VNNI and FMA.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-pub(super) unsafe fn fast_avx512(p: &Prep<'_>, w: &Row<'_>) -> f32 {
-    assert!(w.quants.len() >= w.scales.len() * Packed::quant_bytes(w.fmt) && w.mins.len() >= w.min_blocks());
-    // SAFETY: as above.
-    unsafe { fast::<1, 1>([p], Rows::of_row(w))[0][0] }
-}
-
-/// Activation rows per tile in fast mode (with [`GROUP`] weight rows: 16 accumulators).
-pub(super) const ACTS: usize = 4;
 
 /// Exact mode, a [`RowsKernel`](super::qdot::RowsKernel): each activation row against rows
 /// `first..first + len` of `w`, [`GROUP`] at a time.
@@ -263,59 +160,6 @@ pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Packed, first: usize, len: 
         for c in done..len {
             // SAFETY: as above.
             unsafe { *o.add(c) = exact::<1>(p, Rows::of_packed(w, first + c, 1))[0] };
-        }
-    }
-}
-
-/// Fast mode, a [`RowsKernel`](super::qdot::RowsKernel): tiles of [`ACTS`] activation rows
-/// by [`GROUP`] weight rows.
-///
-/// # Safety
-/// The CPU has AVX-512F, AVX-512BW, AVX-512VNNI and FMA; `out` as
-/// [`RowsKernel`](super::qdot::RowsKernel) says.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-pub(super) unsafe fn fast_rows(ps: &[Prep<'_>], w: &Packed, first: usize, len: usize, out: *mut f32, stride: usize) {
-    for (i, t) in ps.chunks(ACTS).enumerate() {
-        // SAFETY: rows i·ACTS.. of the output, the caller's to give; the caller's features.
-        unsafe {
-            let o = out.add(i * ACTS * stride);
-            match t {
-                [a, b, c, d] => fast_tiles::<4>([a, b, c, d], w, first, len, o, stride),
-                [a, b, c] => fast_tiles::<3>([a, b, c], w, first, len, o, stride),
-                [a, b] => fast_tiles::<2>([a, b], w, first, len, o, stride),
-                [a] => fast_tiles::<1>([a], w, first, len, o, stride),
-                _ => unreachable!("chunks of 1..=ACTS"),
-            }
-        }
-    }
-}
-
-/// Fast mode, `A` activation rows against rows `first..first + len` of `w`.
-///
-/// # Safety
-/// As [`fast_rows`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-unsafe fn fast_tiles<const A: usize>(
-    ps: [&Prep<'_>; A],
-    w: &Packed,
-    first: usize,
-    len: usize,
-    out: *mut f32,
-    stride: usize,
-) {
-    let done = len - len % GROUP;
-    for c in (0..done).step_by(GROUP) {
-        // SAFETY: `of_packed` checked the rows exist; cells (a, c..c + GROUP) are the caller's.
-        let t = unsafe { fast::<GROUP, A>(ps, Rows::of_packed(w, first + c, GROUP)) };
-        for (a, t) in t.iter().enumerate() {
-            unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), out.add(a * stride + c), GROUP) };
-        }
-    }
-    for c in done..len {
-        // SAFETY: as above.
-        let t = unsafe { fast::<1, A>(ps, Rows::of_packed(w, first + c, 1)) };
-        for (a, t) in t.iter().enumerate() {
-            unsafe { *out.add(a * stride + c) = t[0] };
         }
     }
 }

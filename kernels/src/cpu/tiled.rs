@@ -1,0 +1,198 @@
+//! Block-quantized weights laid out for outer-product integer kernels (fast mode on CPUs with
+//! AVX-512 VNNI, and AMX): rows in groups of [`LANES`], each block of a group stored as the
+//! `B` operand of an int8 dot-product instruction — for every 4 consecutive weights of the
+//! block (a *quad*), the 16 rows' 4 values side by side (64 bytes). A kernel multiplies one
+//! quad vector by 4 activation values broadcast to all 16 lanes (`vpdpbusd`), or a whole block
+//! by 16 activation rows at once (AMX `tdpbsud`); either way lane `c` sums row `c`'s products.
+//!
+//! Q4 blocks keep their nibbles: byte `4c + j` of a group's chunk `p` (of 4) is ggml's byte
+//! `4p + j` of row `c`'s block — weight `4p + j` in its low nibble, `16 + 4p + j` in its high
+//! one — so a chunk's low nibbles are quad `p`, its high nibbles quad `p + 4`. Q8_0 blocks are 8
+//! chunks, one a quad. Scales (and Q4_1's mins) are f32, 16 a block, one per row. Memory is
+//! [`Packed`](super::packed::Packed)'s, plus the zero rows that fill the last group.
+
+use crate::quant::{BLOCK, BlockFormat};
+
+/// Rows per group: the lanes of a 512-bit vector of i32 or f32.
+pub(crate) const LANES: usize = 16;
+
+/// A `(rows, cols)` matrix of one [`BlockFormat`] in groups of [`LANES`] rows.
+#[derive(Debug, Clone)]
+pub(crate) struct Tiled {
+    pub(crate) fmt: BlockFormat,
+    /// Rows (the last group's lanes past them are zeros).
+    pub(crate) rows: usize,
+    /// Blocks per row.
+    pub(crate) blocks: usize,
+    /// Every group's blocks, [`Tiled::group_block_bytes`] each, group after group.
+    pub(crate) quants: Vec<u8>,
+    /// `d` of every block, 16 (the group's rows) per block, group after group.
+    pub(crate) scales: Vec<f32>,
+    /// Q4_1's `m`, as `scales` (empty for the other formats).
+    pub(crate) mins: Vec<f32>,
+}
+
+impl Tiled {
+    /// Bytes of a group's block: 16 rows' quantized values.
+    pub(crate) fn group_block_bytes(fmt: BlockFormat) -> usize {
+        match fmt {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => LANES * BLOCK / 2,
+            BlockFormat::Q8_0 => LANES * BLOCK,
+        }
+    }
+
+    /// Groups of rows.
+    pub(crate) fn groups(&self) -> usize {
+        self.rows.div_ceil(LANES)
+    }
+
+    /// Lays out ggml blocks (`rows * fmt.row_bytes(cols)` bytes, checked by the caller).
+    pub(crate) fn new(fmt: BlockFormat, rows: usize, cols: usize, data: &[u8]) -> Self {
+        let (blocks, bb) = (cols / BLOCK, fmt.block_bytes());
+        let block = |r: usize, b: usize| &data[(r * blocks + b) * bb..(r * blocks + b + 1) * bb];
+        Self::from_blocks(fmt, rows, blocks, block)
+    }
+
+    /// Lays out `rows` rows of `blocks` ggml blocks each, `block(r, b)` giving one.
+    fn from_blocks<'a>(fmt: BlockFormat, rows: usize, blocks: usize, block: impl Fn(usize, usize) -> &'a [u8]) -> Self {
+        let groups = rows.div_ceil(LANES);
+        let gb = Self::group_block_bytes(fmt);
+        let mut t = Self {
+            fmt,
+            rows,
+            blocks,
+            quants: vec![0; groups * blocks * gb],
+            scales: vec![0.0; groups * blocks * LANES],
+            mins: vec![0.0; if fmt == BlockFormat::Q4_1 { groups * blocks * LANES } else { 0 }],
+        };
+        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let qb = gb / LANES;
+        for r in 0..rows {
+            let (g, c) = (r / LANES, r % LANES);
+            for b in 0..blocks {
+                let blk = block(r, b);
+                let at = (g * blocks + b) * LANES + c;
+                t.scales[at] = half(blk, 0);
+                if fmt == BlockFormat::Q4_1 {
+                    t.mins[at] = half(blk, 2);
+                }
+                let values = &blk[blk.len() - qb..];
+                let out = &mut t.quants[(g * blocks + b) * gb..(g * blocks + b + 1) * gb];
+                // Chunk p (64 bytes) holds bytes 4p..4p + 4 of every row's block.
+                for (p, quad) in values.chunks_exact(4).enumerate() {
+                    out[p * 64 + 4 * c..p * 64 + 4 * c + 4].copy_from_slice(quad);
+                }
+            }
+        }
+        t
+    }
+
+    /// Row `r`'s block `b` as ggml stores it (scale, Q4_1's min, values).
+    fn ggml_block(&self, r: usize, b: usize) -> Vec<u8> {
+        let (g, c) = (r / LANES, r % LANES);
+        let gb = Self::group_block_bytes(self.fmt);
+        let at = (g * self.blocks + b) * LANES + c;
+        let mut out = half::f16::from_f32(self.scales[at]).to_le_bytes().to_vec();
+        if self.fmt == BlockFormat::Q4_1 {
+            out.extend_from_slice(&half::f16::from_f32(self.mins[at]).to_le_bytes());
+        }
+        let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
+        for p in 0..gb / 64 {
+            out.extend_from_slice(&chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4]);
+        }
+        out
+    }
+
+    /// Puts `other`'s rows (same format and width) after this matrix's: the groups as they
+    /// are when this matrix fills its last one, else laid out again.
+    pub(crate) fn append(&mut self, other: Tiled) {
+        assert!(self.fmt == other.fmt && self.blocks == other.blocks, "stacking unlike matrices");
+        if self.rows.is_multiple_of(LANES) {
+            self.quants.extend_from_slice(&other.quants);
+            self.scales.extend_from_slice(&other.scales);
+            self.mins.extend_from_slice(&other.mins);
+            self.rows += other.rows;
+            return;
+        }
+        let (a, b) = (self.rows, other.rows);
+        let blocks: Vec<Vec<u8>> = (0..a)
+            .flat_map(|r| (0..self.blocks).map(move |k| (r, k)))
+            .map(|(r, k)| self.ggml_block(r, k))
+            .chain((0..b).flat_map(|r| (0..other.blocks).map(move |k| (r, k))).map(|(r, k)| other.ggml_block(r, k)))
+            .collect();
+        let nb = self.blocks;
+        *self = Self::from_blocks(self.fmt, a + b, nb, |r, k| &blocks[r * nb + k]);
+    }
+
+    /// Bytes it takes in memory.
+    pub(crate) fn resident_bytes(&self) -> usize {
+        self.quants.len() + 4 * (self.scales.len() + self.mins.len())
+    }
+
+    /// Row `r`'s weights (`q·d + c`, the values of [`BlockFormat::dequantize_block`]).
+    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        let (g, c) = (r / LANES, r % LANES);
+        let gb = Self::group_block_bytes(self.fmt);
+        for (b, o) in out.chunks_exact_mut(BLOCK).enumerate().take(self.blocks) {
+            let at = (g * self.blocks + b) * LANES + c;
+            let d = self.scales[at];
+            let off = match self.fmt {
+                BlockFormat::Q4_1 => self.mins[at],
+                BlockFormat::Q4_0 => -8.0 * d,
+                BlockFormat::Q8_0 => 0.0,
+            };
+            let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
+            for (j, o) in o.iter_mut().enumerate() {
+                *o = self.int(chunks, c, j) as f32 * d + off;
+            }
+        }
+    }
+
+    /// Weight `j` (of 32) of lane `c` in a group's block `chunks`: 0..16 for Q4, −128..128 for
+    /// Q8_0.
+    #[inline]
+    pub(crate) fn int(&self, chunks: &[u8], c: usize, j: usize) -> i32 {
+        match self.fmt {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                let (p, hi) = ((j % 16) / 4, j >= 16);
+                let byte = chunks[p * 64 + 4 * c + j % 4];
+                i32::from(if hi { byte >> 4 } else { byte & 0xF })
+            }
+            BlockFormat::Q8_0 => i32::from(chunks[(j / 4) * 64 + 4 * c + j % 4] as i8),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::packed::tests::blocks;
+    use super::*;
+
+    /// Rows dequantize to ggml's values bit for bit, whatever group and lane they landed in,
+    /// before and after stacking (a first matrix that fills its last group and one that does
+    /// not); memory stays within Packed's plus the last group's padding.
+    #[test]
+    fn tiled_rows_dequantize_to_ggml_values_bit_for_bit() {
+        for fmt in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+            let k = 96;
+            for (n1, n2) in [(37, 5), (32, 20)] {
+                let (d1, d2) = (blocks(fmt, n1, k, 11), blocks(fmt, n2, k, 12));
+                let mut want = vec![0.0; (n1 + n2) * k];
+                fmt.dequantize(&d1, &mut want[..n1 * k]);
+                fmt.dequantize(&d2, &mut want[n1 * k..]);
+                let mut t = Tiled::new(fmt, n1, k, &d1);
+                t.append(Tiled::new(fmt, n2, k, &d2));
+                assert_eq!((t.rows, t.groups()), (n1 + n2, (n1 + n2).div_ceil(LANES)));
+                let mut got = vec![0.0; k];
+                for r in 0..n1 + n2 {
+                    t.dequantize_row(r, &mut got);
+                    let w = &want[r * k..(r + 1) * k];
+                    assert!(got.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()), "{fmt:?} {n1}+{n2} row {r}");
+                }
+                let ggml = d1.len() + d2.len();
+                let pad = (t.groups() * LANES - t.rows) * k / BLOCK * (Tiled::group_block_bytes(fmt) / LANES + 8);
+                assert!(t.resident_bytes() <= ggml * 6 / 5 + pad, "{fmt:?}: {} vs {ggml}", t.resident_bytes());
+            }
+        }
+    }
+}
