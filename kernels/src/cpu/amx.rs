@@ -96,8 +96,15 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     let k = nb * BLOCK;
     let full = ps.len() / 16 * 16;
-    // A tile loads 16 activation rows at one stride: rows of one preparation are.
-    let strided = (1..full).all(|a| a % 16 == 0 || ps[a].q.as_ptr() == ps[a - 1].q.as_ptr().wrapping_add(k));
+    // A tile loads 16 activation rows at one stride, their deltas and sums too: rows of one
+    // preparation are.
+    let strided = (1..full).all(|a| {
+        let (p, q) = (&ps[a - 1], &ps[a]);
+        a % 16 == 0
+            || (q.q.as_ptr() == p.q.as_ptr().wrapping_add(k)
+                && q.deltas.as_ptr() == p.deltas.as_ptr().wrapping_add(nb)
+                && q.sums.as_ptr() == p.sums.as_ptr().wrapping_add(nb))
+    });
     if full == 0 || !strided {
         // SAFETY: the caller's promises.
         return unsafe { super::qtile512::rows(ps, w, g0, g1, out, stride) };
@@ -143,8 +150,58 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// 16 activation rows (`ps`, one stride apart) against group `g`, whose blocks' 8 quad vectors
-/// are at `weights` (512 bytes a block): each row's 16 cells.
+/// `$body` 16 times, `$r` 0 to 15 as a constant (the accumulators stay in registers).
+macro_rules! unroll16 {
+    ($r:ident, $body:block) => {
+        unroll16!(@ $r, $body, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+    };
+    (@ $r:ident, $body:block, $($n:literal),*) => {
+        $({
+            const $r: usize = $n;
+            $body
+        })*
+    };
+}
+
+/// Block `b`'s product of 16 activation rows (`x`, `k` bytes apart) and the weights' block at
+/// `bw` (8 rows of 64 bytes) into `sums`, on tile set `b % 2`.
+///
+/// # Safety
+/// Those bytes readable, `sums` writable; the tile configuration loaded.
+#[inline(always)]
+unsafe fn product(b: usize, signed: bool, x: *const i8, k: usize, bw: *const u8, sums: *mut [i32; LANES]) {
+    let a = x.wrapping_add(b * BLOCK);
+    // SAFETY: the caller's promises.
+    unsafe {
+        match (b % 2, signed) {
+            (0, false) => asm!(
+                "tilezero tmm2", "tileloadd tmm0, [{a} + {sa}*1]", "tileloadd tmm1, [{b} + {sb}*1]",
+                "tdpbsud tmm2, tmm0, tmm1", "tilestored [{c} + {sb}*1], tmm2",
+                a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) sums,
+                options(nostack)),
+            (_, false) => asm!(
+                "tilezero tmm5", "tileloadd tmm3, [{a} + {sa}*1]", "tileloadd tmm4, [{b} + {sb}*1]",
+                "tdpbsud tmm5, tmm3, tmm4", "tilestored [{c} + {sb}*1], tmm5",
+                a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) sums,
+                options(nostack)),
+            (0, true) => asm!(
+                "tilezero tmm2", "tileloadd tmm0, [{a} + {sa}*1]", "tileloadd tmm1, [{b} + {sb}*1]",
+                "tdpbssd tmm2, tmm0, tmm1", "tilestored [{c} + {sb}*1], tmm2",
+                a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) sums,
+                options(nostack)),
+            (_, true) => asm!(
+                "tilezero tmm5", "tileloadd tmm3, [{a} + {sa}*1]", "tileloadd tmm4, [{b} + {sb}*1]",
+                "tdpbssd tmm5, tmm3, tmm4", "tilestored [{c} + {sb}*1], tmm5",
+                a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) sums,
+                options(nostack)),
+        }
+    }
+}
+
+/// 16 activation rows (`ps`, rows of one preparation: their values, deltas and sums each one
+/// stride apart) against group `g`, whose blocks' 8 quad vectors are at `weights` (512 bytes
+/// a block): each row's 16 cells. Block `b + 1`'s tiles are issued before block `b`'s sums are
+/// scaled, so the two overlap.
 ///
 /// # Safety
 /// As [`rows`], with the tile configuration loaded.
@@ -152,46 +209,27 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
 unsafe fn tile(ps: &[Prep<'_>], w: &Tiled, g: usize, weights: *const u8, out: *mut f32, stride: usize) {
     let nb = w.blocks;
     let k = nb * BLOCK;
-    let x = ps[0].q.as_ptr();
+    let (x, deltas, bsums) = (ps[0].q.as_ptr(), ps[0].deltas.as_ptr(), ps[0].sums.as_ptr());
     let signed = w.fmt == BlockFormat::Q8_0;
     let mut sums = [Sums([[0; LANES]; 16]), Sums([[0; LANES]; 16])];
     let mut acc = [_mm512_setzero_ps(); 16];
+    // SAFETY (every product): block b of 16 rows k bytes apart, the group's block b (the
+    // caller's promises); `sums` 1 KiB each.
+    unsafe { product(0, signed, x, k, weights, sums[0].0.as_mut_ptr()) };
     for b in 0..nb {
-        let s = &mut sums[b % 2];
-        // SAFETY: block b of 16 rows k bytes apart; the group's block b; `s` 1 KiB.
-        unsafe {
-            let (a, bw, c) = (x.add(b * BLOCK), weights.add(b * 512), s.0.as_mut_ptr());
-            match (b % 2, signed) {
-                (0, false) => asm!(
-                    "tilezero tmm2", "tileloadd tmm0, [{a} + {sa}*1]", "tileloadd tmm1, [{b} + {sb}*1]",
-                    "tdpbsud tmm2, tmm0, tmm1", "tilestored [{c} + {sb}*1], tmm2",
-                    a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) c,
-                    options(nostack)),
-                (_, false) => asm!(
-                    "tilezero tmm5", "tileloadd tmm3, [{a} + {sa}*1]", "tileloadd tmm4, [{b} + {sb}*1]",
-                    "tdpbsud tmm5, tmm3, tmm4", "tilestored [{c} + {sb}*1], tmm5",
-                    a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) c,
-                    options(nostack)),
-                (0, true) => asm!(
-                    "tilezero tmm2", "tileloadd tmm0, [{a} + {sa}*1]", "tileloadd tmm1, [{b} + {sb}*1]",
-                    "tdpbssd tmm2, tmm0, tmm1", "tilestored [{c} + {sb}*1], tmm2",
-                    a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) c,
-                    options(nostack)),
-                (_, true) => asm!(
-                    "tilezero tmm5", "tileloadd tmm3, [{a} + {sa}*1]", "tileloadd tmm4, [{b} + {sb}*1]",
-                    "tdpbssd tmm5, tmm3, tmm4", "tilestored [{c} + {sb}*1], tmm5",
-                    a = in(reg) a, sa = in(reg) k, b = in(reg) bw, sb = in(reg) 64usize, c = in(reg) c,
-                    options(nostack)),
-            }
+        if b + 1 < nb {
+            let s = sums[(b + 1) % 2].0.as_mut_ptr();
+            unsafe { product(b + 1, signed, x, k, weights.add((b + 1) * 512), s) };
         }
-        let at = (g * nb + b) * LANES;
+        let s = &sums[b % 2].0;
         // SAFETY: group g's scales of block b (the caller's promise).
-        let d = unsafe { _mm512_loadu_ps(w.scales.as_ptr().add(at)) };
-        for (r, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: row r of the stored sums.
-            let v = _mm512_cvtepi32_ps(unsafe { _mm512_load_si512(s.0[r].as_ptr().cast()) });
-            *acc = _mm512_fmadd_ps(v, _mm512_mul_ps(d, _mm512_set1_ps(ps[r].deltas[b])), *acc);
-        }
+        let d = unsafe { _mm512_loadu_ps(w.scales.as_ptr().add((g * nb + b) * LANES)) };
+        unroll16!(R, {
+            // SAFETY: row R of the stored sums; row R's delta of block b (rows nb apart).
+            let v = _mm512_cvtepi32_ps(unsafe { _mm512_load_si512(s[R].as_ptr().cast()) });
+            let scale = _mm512_mul_ps(d, _mm512_set1_ps(unsafe { *deltas.add(R * nb + b) }));
+            acc[R] = _mm512_fmadd_ps(v, scale, acc[R]);
+        });
     }
     let offsets = offset_parts(w);
     let live = lanes(w, g);
@@ -199,9 +237,9 @@ unsafe fn tile(ps: &[Prep<'_>], w: &Tiled, g: usize, weights: *const u8, out: *m
         let mut off = _mm512_setzero_ps();
         if let Some((cs, _)) = offsets {
             for b in 0..nb {
-                // SAFETY: as above.
+                // SAFETY: as above; row r's sum of block b.
                 let c = unsafe { _mm512_loadu_ps(cs.as_ptr().add((g * nb + b) * LANES)) };
-                off = _mm512_fmadd_ps(c, _mm512_set1_ps(ps[r].sums[b]), off);
+                off = _mm512_fmadd_ps(c, _mm512_set1_ps(unsafe { *bsums.add(r * nb + b) }), off);
             }
         }
         // SAFETY: row r's live cells of the group, the caller's.
