@@ -1,5 +1,6 @@
 //! The CPU backend: f32 activations, block-quantized weights kept quantized (repacked once at
-//! load, [`packed`]), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
+//! load: in rows, [`packed`], or in groups of 16 rows on CPUs with AVX-512 VNNI, [`tiled`],
+//! multiplied there by [`qtile`]'s kernels, AMX tiles included), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
 //! small-batch GEMV and attention with hand-vectorised dot products, and every core through
 //! rayon.
 
@@ -48,9 +49,9 @@ pub struct CpuMat {
 #[derive(Debug, Clone)]
 enum Weights {
     F32(Vec<f32>),
-    /// Row after row (exact mode, and fast mode without AVX-512 VNNI).
+    /// Row after row (CPUs without AVX-512 VNNI).
     Blocks(packed::Packed),
-    /// In groups of 16 rows (fast mode with AVX-512 VNNI or AMX: [`qtile`]).
+    /// In groups of 16 rows (CPUs with AVX-512 VNNI: [`qtile`]).
     Tiled(tiled::Tiled),
 }
 
@@ -132,7 +133,7 @@ impl Backend for CpuBackend {
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
-        let data = if self.math == CpuMath::Fast && qtile::available() {
+        let data = if qtile::available() {
             Weights::Tiled(tiled::Tiled::new(format, rows, cols, &data))
         } else {
             Weights::Blocks(packed::Packed::new(format, rows, cols, &data))
@@ -242,7 +243,7 @@ impl Backend for CpuBackend {
         match &w.data {
             Weights::F32(v) => matmul::matmul_t(x, rows, v, w.rows, w.cols, out),
             Weights::Blocks(p) => qmatmul::qmatmul_t(self.math, x, rows, p, w.rows, w.cols, out),
-            Weights::Tiled(t) => qtile::qmatmul_tiled(x, rows, t, out),
+            Weights::Tiled(t) => qtile::qmatmul_tiled(self.math, x, rows, t, out),
         }
         Ok(())
     }

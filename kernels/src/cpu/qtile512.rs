@@ -176,3 +176,105 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
         unsafe { group_rows(ps, w, g, out.add((g - g0) * LANES), stride) };
     }
 }
+
+/// Exact mode on tiled weights, `A` activation rows (f32) against group `g`: per block, each
+/// of its 32 weights as 16 lanes of f32 (shifted out of its quad vector) times the activation
+/// broadcast, four partial sums (one a position in the quad), then `acc = fma(s, d, acc)` and the offsets as in fast mode.
+///
+/// # Safety
+/// AVX-512F and FMA; `w` has group `g`; every row of `ps` has `w.blocks` blocks (`x`, `sums`).
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+#[inline]
+unsafe fn exact_group<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize) -> [__m512; A] {
+    let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
+    for p in ps {
+        assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
+    }
+    assert!((g + 1) * nb * gb <= w.quants.len());
+    let offsets = offset_parts(w);
+    let signed = w.fmt == BlockFormat::Q8_0;
+    let nibbles = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);
+    let mut acc = [_mm512_setzero_ps(); A];
+    let mut off = [_mm512_setzero_ps(); A];
+    for b in 0..nb {
+        let at = (g * nb + b) * LANES;
+        let base = w.quants.as_ptr().wrapping_add(at / LANES * gb);
+        // Quad vector p holds weights 4p..4p + 4 of every row (Q4: chunk p's low nibbles, then
+        // its high ones as quads 4..8; Q8_0: chunk p, signed).
+        let quad = |p: usize| -> __m512i {
+            // SAFETY: group g's block b (asserted).
+            unsafe {
+                match w.fmt {
+                    BlockFormat::Q8_0 => _mm512_loadu_si512(base.add(64 * p).cast()),
+                    // Only each byte's low 4 bits are read (below): no masking.
+                    _ => {
+                        let raw = _mm512_loadu_si512(base.add(64 * (p % 4)).cast());
+                        if p < 4 { raw } else { _mm512_srli_epi32::<4>(raw) }
+                    }
+                }
+            }
+        };
+        let mut s = [[_mm512_setzero_ps(); 4]; A];
+        for p in 0..8 {
+            let v = quad(p);
+            let ws: [__m512; 4] = if signed {
+                [
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<24>(v)),
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<16>(v)),
+                    _mm512_srai_epi32::<24>(_mm512_slli_epi32::<8>(v)),
+                    _mm512_srai_epi32::<24>(v),
+                ]
+                .map(|i| _mm512_cvtepi32_ps(i))
+            } else {
+                // A nibble is the low 4 bits of its lane once shifted down: a permutation of
+                // 0.0..=15.0 reads only those, so it converts without masking.
+                [v, _mm512_srli_epi32::<8>(v), _mm512_srli_epi32::<16>(v), _mm512_srli_epi32::<24>(v)]
+                    .map(|i| _mm512_permutexvar_ps(i, nibbles))
+            };
+            for a in 0..A {
+                for (j, wj) in ws.iter().enumerate() {
+                    // SAFETY: activation 32b + 4p + j of row a (asserted).
+                    let x = unsafe { *ps[a].x.get_unchecked(b * BLOCK + 4 * p + j) };
+                    s[a][j] = _mm512_fmadd_ps(*wj, _mm512_set1_ps(x), s[a][j]);
+                }
+            }
+        }
+        // SAFETY: group g's scales and offset coefficients of block b.
+        let d = unsafe { _mm512_loadu_ps(w.scales.as_ptr().add(at)) };
+        let c = offsets.map(|(cs, _)| unsafe { _mm512_loadu_ps(cs.as_ptr().add(at)) });
+        for a in 0..A {
+            let sum = _mm512_add_ps(_mm512_add_ps(s[a][0], s[a][1]), _mm512_add_ps(s[a][2], s[a][3]));
+            acc[a] = _mm512_fmadd_ps(sum, d, acc[a]);
+            if let Some(c) = c {
+                off[a] = _mm512_fmadd_ps(c, _mm512_set1_ps(ps[a].sums[b]), off[a]);
+            }
+        }
+    }
+    std::array::from_fn(|a| finish(acc[a], off[a], offsets.map(|(_, f)| f)))
+}
+
+/// Exact mode, a [`TiledKernel`](super::qtile::TiledKernel) (for a few rows: more go to the
+/// SGEMM): every group, [`ACTS`] activation rows a pass.
+///
+/// # Safety
+/// AVX-512F, BW and FMA; as [`TiledKernel`](super::qtile::TiledKernel), the rows prepared for
+/// exact mode.
+#[target_feature(enable = "avx512f,avx512bw,fma")]
+pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+    for g in g0..g1 {
+        let live = lanes(w, g);
+        for (i, t) in ps.chunks(ACTS).enumerate() {
+            // SAFETY: the caller's promises; rows i·ACTS.. of the output, group g's cells.
+            unsafe {
+                let o = out.add(i * ACTS * stride + (g - g0) * LANES);
+                match t {
+                    [a, b, c, d] => store(exact_group::<4>([a, b, c, d], w, g), o, stride, live),
+                    [a, b, c] => store(exact_group::<3>([a, b, c], w, g), o, stride, live),
+                    [a, b] => store(exact_group::<2>([a, b], w, g), o, stride, live),
+                    [a] => store(exact_group::<1>([a], w, g), o, stride, live),
+                    _ => unreachable!("chunks of 1..=ACTS"),
+                }
+            }
+        }
+    }
+}
