@@ -10,6 +10,7 @@ mod arena;
 mod attention;
 mod attention_step;
 mod dot;
+mod exp256;
 mod exp512;
 mod math;
 mod matmul;
@@ -300,12 +301,18 @@ impl Backend for CpuBackend {
             format!("{} {} {}", gate.len(), up.len(), out.len())
         })?;
         #[cfg(target_arch = "x86_64")]
-        let simd = exp512::here();
+        let (wide, narrow) = (exp512::here(), exp256::here());
         out.par_chunks_mut(4096).zip(gate.par_chunks(4096).zip(up.par_chunks(4096))).for_each(|(o, (g, u))| {
             #[cfg(target_arch = "x86_64")]
-            if simd {
-                // SAFETY: `here` said this CPU runs it.
-                return unsafe { exp512::silu_mul(g, u, o) };
+            {
+                if wide {
+                    // SAFETY: `here` said this CPU runs it.
+                    return unsafe { exp512::silu_mul(g, u, o) };
+                }
+                if narrow {
+                    // SAFETY: as above.
+                    return unsafe { exp256::silu_mul(g, u, o) };
+                }
             }
             exp512::silu_mul_plain(g, u, o);
         });
