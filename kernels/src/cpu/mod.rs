@@ -1,6 +1,7 @@
 //! The CPU backend: f32 activations, block-quantized weights kept quantized (repacked once at
-//! load: in rows, [`packed`], or in groups of 16 rows on CPUs with AVX-512 VNNI, [`tiled`],
-//! multiplied there by [`qtile`]'s kernels, AMX tiles included), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
+//! load: in rows, [`packed`], or in groups of 16 rows, [`tiled`], where [`qtile`] has a SIMD
+//! kernel for the mode — both modes with AVX-512 VNNI (AMX tiles included), fast mode with
+//! AVX2), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
 //! small-batch GEMV and attention with hand-vectorised dot products, and every core through
 //! rayon.
 
@@ -20,6 +21,8 @@ mod qdot;
 mod qdot512;
 mod qmatmul;
 mod qtile;
+#[cfg(target_arch = "x86_64")]
+mod qtile256;
 #[cfg(target_arch = "x86_64")]
 mod qtile512;
 mod tiled;
@@ -134,7 +137,7 @@ impl Backend for CpuBackend {
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
-        let data = if qtile::available() {
+        let data = if qtile::available(self.math) {
             Weights::Tiled(tiled::Tiled::new(format, rows, cols, &data))
         } else {
             Weights::Blocks(packed::Packed::new(format, rows, cols, &data))

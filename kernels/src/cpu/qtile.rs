@@ -17,7 +17,8 @@
 //!
 //! Kernels: AMX (`tdpbsud` on 16 activation rows × 16 weight rows × one block, then the same
 //! vector arithmetic), AVX-512 VNNI (`vpdpbusd` on a quad vector against 4 broadcast
-//! activation values), and a portable one that defines the arithmetic (and the tests' reference).
+//! activation values), AVX2 (`vpmaddubsw` on half a quad vector, [`qtile256`](super::qtile256)),
+//! and a portable one that defines the arithmetic (and the tests' reference).
 
 use rayon::prelude::*;
 
@@ -40,10 +41,10 @@ pub(super) type TiledKernel = unsafe fn(&[Prep<'_>], &Tiled, usize, usize, *mut 
 /// Output cells per rayon task (about; at least one group).
 const CELLS_PER_TASK: usize = 4096;
 
-/// Whether this CPU has SIMD kernels for tiled weights, in both modes (else the weights keep
-/// the row layout and its kernels).
-pub(super) fn available() -> bool {
-    kernels(CpuMath::Fast)[0].0 != "portable"
+/// Whether this CPU has a SIMD kernel for tiled weights in `math` (else the weights keep the
+/// row layout and its kernels: exact mode on CPUs with AVX2 but not AVX-512 VNNI).
+pub(super) fn available(math: CpuMath) -> bool {
+    kernels(math)[0].0 != "portable"
 }
 
 /// The widest kernel of `math` this CPU runs.
@@ -72,6 +73,9 @@ pub(super) fn kernels(math: CpuMath) -> Vec<(&'static str, TiledKernel)> {
                     all.push(("avx512-vnni", super::qtile512::rows));
                 }
             }
+        }
+        if math == CpuMath::Fast && has!("avx2") && has!("fma") {
+            all.push(("avx2", super::qtile256::rows));
         }
     }
     all.push(("portable", if math == CpuMath::Exact { exact_portable } else { portable }));
