@@ -25,6 +25,7 @@ mod qtile;
 mod qtile256;
 #[cfg(target_arch = "x86_64")]
 mod qtile512;
+mod quantize;
 mod tiled;
 
 use std::sync::Arc;

@@ -46,16 +46,16 @@ impl Prepared {
             CpuMath::Fast => {
                 p.deltas.reserve(m * nb);
                 p.q.resize(m * k, 0);
-                let simd = quantize_simd();
+                let simd = super::quantize::simd();
                 for (b, q) in x[..m * k].chunks_exact(BLOCK).zip(p.q.chunks_exact_mut(BLOCK)) {
                     let (b, q): (&[f32; BLOCK], &mut [i8; BLOCK]) =
                         (b.try_into().expect("a block"), q.try_into().expect("a block"));
-                    // SAFETY: `quantize_simd` returned a quantizer this CPU runs.
+                    // SAFETY: `simd` returned a quantizer this CPU runs.
                     let fast = match simd {
                         Some(f) => unsafe { f(b, &mut *q) },
                         None => None,
                     };
-                    let (delta, sum) = fast.unwrap_or_else(|| quantize_plain(b, q));
+                    let (delta, sum) = fast.unwrap_or_else(|| super::quantize::plain(b, q));
                     p.deltas.push(delta);
                     p.sums.push(delta * sum as f32);
                 }
@@ -76,34 +76,6 @@ impl Prepared {
             q: if self.q.is_empty() { &[] } else { &self.q[r * k..(r + 1) * k] },
         }
     }
-}
-
-/// Quantizes one block of activations to the same bits as [`Prepared::new`]'s plain
-/// arithmetic (`None`: not this block; use the plain arithmetic).
-type QuantizeBlock = unsafe fn(&[f32; BLOCK], &mut [i8; BLOCK]) -> Option<(f32, i32)>;
-
-/// Fast mode's quantization of one block of activations: `δ = max|x|/127`, `q = round(x/δ)`
-/// (half away from zero) clamped to ±127; returns `δ` and `Σ q`.
-fn quantize_plain(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> (f32, i32) {
-    let amax = x.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-    let delta = amax / 127.0;
-    let inv = if delta > 0.0 { 1.0 / delta } else { 0.0 };
-    let mut sum = 0i32;
-    for (q, &v) in q.iter_mut().zip(x) {
-        // Clamped: a block of tiny values (δ subnormal) has an infinite `inv`.
-        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
-        sum += i32::from(*q);
-    }
-    (delta, sum)
-}
-
-/// The SIMD block quantizer of this CPU, if it has one.
-fn quantize_simd() -> Option<QuantizeBlock> {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512bw") {
-        return Some(super::qdot512::quantize_block);
-    }
-    None
 }
 
 /// A dot product of one prepared row with one weight row. Unsafe to call only in that the
@@ -456,56 +428,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// The SIMD quantizer gives the plain arithmetic's bits: random blocks of every scale,
-    /// values exactly half-way between two steps (either sign), just below half-way, zeros;
-    /// blocks too tiny for a finite `1/δ` and blocks holding a NaN or an infinity (in either
-    /// half) are left to the plain arithmetic.
-    #[test]
-    fn the_simd_quantizer_rounds_as_the_plain_one() {
-        let Some(simd) = quantize_simd() else {
-            eprintln!("no SIMD quantizer here: nothing to compare");
-            return;
-        };
-        let mut blocks: Vec<[f32; BLOCK]> = Vec::new();
-        for seed in 0..2000u64 {
-            let scale = [1e-3, 1.0, 37.0, 1e4][seed as usize % 4];
-            let v = floats(BLOCK, seed * 7919);
-            blocks.push(std::array::from_fn(|j| v[j] * scale * if j % 5 == 0 { 0.01 } else { 1.0 }));
-        }
-        // max|x| = 127, so x/δ = x: half-way values, and the float just below 0.5.
-        let mut half = [0.0f32; BLOCK];
-        half[0] = 127.0;
-        for (j, h) in half.iter_mut().enumerate().skip(1) {
-            *h = (j as f32 - 16.0) + 0.5;
-        }
-        half[1] = 0.5f32.next_down();
-        half[2] = -(0.5f32.next_down());
-        half[3] = 2.5f32.next_down();
-        blocks.push(half);
-        blocks.push([0.0; BLOCK]);
-        blocks.push(std::array::from_fn(|j| if j == 3 { 1e-44 } else { 0.0 }));
-        blocks.push(std::array::from_fn(|j| if j == 3 { -1e-37 } else { 0.0 }));
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-            for at in [0, 20] {
-                blocks.push(std::array::from_fn(|j| if j == at { bad } else { j as f32 * 0.1 }));
-            }
-        }
-        let mut tiny_left = 0;
-        for (i, x) in blocks.iter().enumerate() {
-            let (mut qs, mut qp) = ([0i8; BLOCK], [0i8; BLOCK]);
-            let want = quantize_plain(x, &mut qp);
-            // SAFETY: `quantize_simd` returned a quantizer this CPU runs.
-            match unsafe { simd(x, &mut qs) } {
-                Some(got) => {
-                    assert_eq!((got.0.to_bits(), got.1), (want.0.to_bits(), want.1), "block {i}: δ, Σq");
-                    assert_eq!(qs, qp, "block {i}: values");
-                }
-                None => tiny_left += 1,
-            }
-        }
-        assert_eq!(tiny_left, 7, "only the subnormal and the 6 non-finite blocks are left to the plain arithmetic");
     }
 
     /// The fast mode's error is real (it is not exact mode under another name) and all its
