@@ -172,6 +172,9 @@ pub fn run(args: &UpArgs, model: &Path) -> anyhow::Result<()> {
         c.args(["--grpc-addr", &r.grpc_addr.to_string(), "--http-addr", &r.http_addr.to_string()]);
         c.args(["--policy", &crate::flag_name(&r.policy), "--local-prefill-below", &r.local_prefill_below.to_string()]);
         c.args(["--local-prefill-max", &r.local_prefill_max.to_string()]);
+        if r.disable_pull {
+            c.arg("--disable-pull");
+        }
         c.args(["--page-size", &r.page_size.to_string()]);
         if let Some(e) = &args.telemetry.otlp_endpoint {
             c.args(["--otlp-endpoint", e]);

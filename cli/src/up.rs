@@ -72,6 +72,10 @@ pub struct UpArgs {
     /// are prefilled on it when that is estimated sooner (0: never by estimate).
     #[arg(long, default_value_t = 512)]
     pub local_prefill_max: usize,
+    /// Never let the prefill daemon pull the prompt pages a decode daemon holds and it lacks (a
+    /// conversation's earlier answers): it computes them instead.
+    #[arg(long)]
+    pub disable_pull: bool,
     /// Plaintext between the daemons. By default `ferry up` makes a throwaway cluster CA and a
     /// certificate per daemon, and every connection between its daemons (router → workers,
     /// decode → prefill, and the KV data plane prefill → decode) is mutual TLS with roles: a
@@ -209,6 +213,7 @@ pub fn router_args(
     r.policy = args.policy;
     r.local_prefill_below = args.local_prefill_below;
     r.local_prefill_max = args.local_prefill_max;
+    r.disable_pull = args.disable_pull;
     r.page_size = args.page_size;
     if !Path::new(&args.model).exists() {
         r.served_model_name = Some(args.model.clone()); // a known name: clients use it

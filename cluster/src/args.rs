@@ -166,7 +166,8 @@ pub struct WorkerArgs {
     /// device is present, else tcp).
     #[arg(long, env = ferry_core::env::TRANSFER, value_enum, default_value_t = BackendKind::Tcp, help_heading = "Transfer")]
     pub transfer: BackendKind,
-    /// Decode nodes: the data-plane listen address for incoming KV pages (port 0: any).
+    /// The data-plane listen address for incoming KV pages (port 0: any): on decode nodes,
+    /// prefill nodes' pages; on prefill nodes (tcp), the held pages they pull from decode nodes.
     #[arg(long, env = ferry_core::env::TRANSFER_ADDR, default_value = "127.0.0.1:0", help_heading = "Transfer")]
     pub transfer_addr: SocketAddr,
     /// tcp backend: connections per peer (1 to 64).
@@ -189,8 +190,8 @@ pub struct WorkerArgs {
     /// bound --grpc-addr (required when that is a wildcard such as 0.0.0.0).
     #[arg(long, env = ferry_core::env::ADVERTISE_ADDR, help_heading = "Discovery")]
     pub advertise_addr: Option<String>,
-    /// Decode nodes: the data-plane `host:port` prefill nodes connect to, sent in the
-    /// handshake. Default: the bound --transfer-addr; when that is a wildcard, the
+    /// The data-plane `host:port` peers connect to (decode nodes: sent in the handshake;
+    /// prefill nodes: sent in pulls). Default: the bound --transfer-addr; when that is a wildcard, the
     /// --advertise-addr host with the bound port.
     #[arg(long, env = ferry_core::env::TRANSFER_ADVERTISE_ADDR, help_heading = "Transfer")]
     pub transfer_advertise_addr: Option<String>,

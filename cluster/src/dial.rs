@@ -92,4 +92,14 @@ impl InternalTls {
         let tls = DataTls::new(self.server_config(), &self.client, self.server_name.clone(), prefill, decode);
         Security::Tls(Arc::new(tls))
     }
+
+    /// The data plane the other way, for pulls (issue 20): a prefill node's pull receiver
+    /// serves only decode nodes, a decode node sends held pages only to prefill nodes.
+    pub fn pull_plane(&self) -> ferry_transfer::secure::Security {
+        use ferry_transfer::secure::{DataTls, PeerCheck, Security};
+        let prefill: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Prefill));
+        let decode: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Decode));
+        let tls = DataTls::new(self.server_config(), &self.client, self.server_name.clone(), decode, prefill);
+        Security::Tls(Arc::new(tls))
+    }
 }

@@ -42,6 +42,9 @@ pub const DISABLE_JUMP_FORWARD: &str = "FERRY_DISABLE_JUMP_FORWARD";
 /// `--disable-decode-cache` (ferry decode).
 pub const DISABLE_DECODE_CACHE: &str = "FERRY_DISABLE_DECODE_CACHE";
 
+/// `--disable-pull` (ferry router).
+pub const DISABLE_PULL: &str = "FERRY_DISABLE_PULL";
+
 /// `--device` (ferry generate; ferry prefill, ferry decode; ferry up).
 pub const DEVICE: &str = "FERRY_DEVICE";
 
@@ -221,6 +224,7 @@ pub const ALL: &[&str] = &[
     DECODE_MAX_RUNNING_REQUESTS,
     DISABLE_JUMP_FORWARD,
     DISABLE_DECODE_CACHE,
+    DISABLE_PULL,
     DEVICE,
     DTYPE,
     ETCD,

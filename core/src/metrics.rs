@@ -27,6 +27,12 @@ pub const TRANSFER_CONNECTIONS_REFUSED: &str = "ferry_transfer_connections_refus
 pub const TRANSFER_PAGES_HELD: &str = "ferry_transfer_pages_held_total";
 /// The transfer backend in use: 1 for the `backend` chosen, with the `requested` one (gauge).
 pub const TRANSFER_BACKEND: &str = "ferry_transfer_backend";
+/// Prompt pages pulled from a decode node's prefix cache into a prefill node's, by `role`
+/// (decode: lent and sent; prefill: received and cached) (counter).
+pub const PULL_PAGES: &str = "ferry_pull_pages_total";
+/// Pulls a prefill node made, by `outcome`: `ok`, or `failed` (the prompt was then computed
+/// whole) (counter).
+pub const PULLS: &str = "ferry_pulls_total";
 /// Bytes of KV pages copied between a device pool and its host mirror, by `role` and
 /// `direction` (to_host | to_device) (counter).
 pub const KV_MIRROR_BYTES: &str = "ferry_kv_mirror_bytes_total";
@@ -75,9 +81,10 @@ pub const NEW_TOKEN_RATIO: &str = "ferry_decode_new_token_ratio";
 /// `worker` (the prefill worker, or the decode worker for local) (counter).
 pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
 /// Requests placed on a decode worker whose cache holds more of the prompt than the prefill
-/// worker's, by `choice`: `local` (the decode worker prefills only what it lacks) or
+/// worker's, by `choice`: `local` (the decode worker prefills only what it lacks),
 /// `prefill` (a prefill worker computes the prompt; only the pages the decode worker lacks
-/// are sent) (counter).
+/// are sent) or `pull` (the prefill worker pulls what the decode worker holds and computes
+/// the rest) (counter).
 pub const ROUTER_DECODE_PREFIX: &str = "ferry_router_decode_prefix_total";
 /// Requests retried elsewhere after a worker failed before the first token, by `stage`
 /// (prefill | decode) (counter).
@@ -234,6 +241,13 @@ pub const ALL: &[Metric] = &[
         "Data-plane connections dropped at the cap (at_cap), failed accepts (accept_error, retried after 100 ms), failed TLS handshakes (tls_handshake) or peers of the wrong role (wrong_role)",
     ),
     m(
+        PULL_PAGES,
+        Kind::Counter,
+        "role",
+        "Prompt pages pulled from a decode node's prefix cache (decode: sent; prefill: received and cached)",
+    ),
+    m(PULLS, Kind::Counter, "outcome", "Pulls of held pages a prefill node made (outcome: ok, failed)"),
+    m(
         TRANSFER_PAGES_HELD,
         Kind::Counter,
         "",
@@ -251,7 +265,7 @@ pub const ALL: &[Metric] = &[
         ROUTER_DECODE_PREFIX,
         Kind::Counter,
         "choice",
-        "Requests whose decode worker holds more of the prompt than the prefill worker (choice: local, prefill)",
+        "Requests whose decode worker holds more of the prompt than the prefill worker (choice: local, prefill, pull)",
     ),
     m(
         ROUTER_PLACEMENTS,

@@ -37,6 +37,7 @@ mod cache;
 mod cmd;
 mod fork;
 mod lifecycle;
+mod pull;
 mod step;
 
 pub use cmd::{Cmd, Emit, Generate, Load, Out};
@@ -79,6 +80,8 @@ struct Req {
     /// Leading prompt pages of a transferred prompt that the prefix cache supplied: neither
     /// sent by the prefill node nor copied in.
     held: usize,
+    /// Pulls of its held pages under way ([`Cmd::Pull`]): spoiled once it lets them go.
+    pulls: Vec<u64>,
 }
 
 impl Req {
@@ -145,6 +148,9 @@ pub struct Engine<B: Backend> {
     load: Arc<Mutex<Load>>,
     eos: Vec<u32>,
     stopping: bool,
+    /// Pulls whose pages are still their room's (ids from `next_pull`).
+    pulls: std::collections::HashSet<u64>,
+    next_pull: u64,
 }
 
 impl<B: Backend> Engine<B> {
@@ -182,6 +188,8 @@ impl<B: Backend> Engine<B> {
             load,
             eos,
             stopping: false,
+            pulls: Default::default(),
+            next_pull: 0,
         }
     }
 
@@ -236,6 +244,12 @@ impl<B: Backend> Engine<B> {
                 if self.queues.stage(room) == Some(Stage::Transfer) {
                     self.end(room, Err(why));
                 }
+            }
+            Cmd::Pull { room, secret, first, n, reply } => {
+                let _ = reply.send(self.lend(room, secret, first, n));
+            }
+            Cmd::PullDone { id, reply } => {
+                let _ = reply.send(self.pulls.remove(&id));
             }
             Cmd::Snapshot { reply } => {
                 let _ = reply.send(self.cache.snapshot());

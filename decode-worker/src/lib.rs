@@ -10,12 +10,14 @@
 //!   starts the handshake with the prefill node, and decodes with continuous batching; a
 //!   request whose `prefill_bootstrap_addr` is empty is prefilled here (colocated mode);
 //! - gRPC `Decode` (Generate stream, Abort), `Load`, `KvEvents` (its prefix cache, which the
-//!   router follows to place a conversation's turns where its history is), and gRPC health.
+//!   router follows to place a conversation's turns where its history is), `Holder` (a
+//!   prefill node pulls the prompt pages the cache holds: [`holder`]), and gRPC health.
 //!
 //! [`start`] brings a daemon up (port 0 works); [`run`] is `start`, wait, graceful stop.
 
 mod engine;
 mod handshake;
+pub mod holder;
 pub mod queues;
 mod service;
 mod wake;
@@ -215,10 +217,21 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     let config = &args.worker;
     let (w, internal_tls) = (&config.args, config.internal_tls.clone());
     let (admission, prealloc_timeout) = (args.admission, args.prealloc_timeout);
-    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
+    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer, pull } =
         Loaded::load(config, compute, "decode").await?;
     let kv_mirrored = kv.mirrored();
     let mem = Arc::clone(kv.mem());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let link = ferry_worker::EngineLink::new(tx, "decode");
+    let holder = holder::Holder {
+        engine: link.clone(),
+        backend,
+        transfer: pull,
+        mem: Arc::clone(&mem),
+        senders: Default::default(),
+        timeout: timeouts.transferring,
+        max_pages: 1 << 16,
+    };
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
         .map_err(|source| StartError::Io { what: "transfer address", source })?;
@@ -233,8 +246,6 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         total_pages: pages,
         ..Load::default()
     }));
-    let (tx, rx) = std::sync::mpsc::channel();
-    let link = ferry_worker::EngineLink::new(tx, "decode");
     let (events, _) = tokio::sync::broadcast::channel(1024);
     let handshakes =
         Handshakes::new(tokio::runtime::Handle::current(), link.clone(), timeouts.bootstrap, internal_tls.clone());
@@ -278,7 +289,12 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         .add_service(health_svc)
         .add_service(pb::decode_server::DecodeServer::with_interceptor(DecodeSvc(Arc::clone(&shared)), only("Decode")))
         .add_service(pb::load_server::LoadServer::with_interceptor(LoadSvc(Arc::clone(&shared)), only("Load")))
-        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(kv_events, only("KvEvents")));
+        .add_service(pb::kv_events_server::KvEventsServer::with_interceptor(kv_events, only("KvEvents")))
+        // Prefill nodes pull held pages; nobody else may.
+        .add_service(pb::holder_server::HolderServer::with_interceptor(
+            holder::HolderSvc(Arc::new(holder)),
+            ferry_cluster::roles::only("Holder", &[PeerRole::Prefill], internal_tls.is_some(), "decode"),
+        ));
     let serve = ferry_worker::Serve {
         role: Role::Decode,
         listener,

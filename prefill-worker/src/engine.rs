@@ -34,6 +34,7 @@ use crate::service::SenderPool;
 mod admit;
 mod cmd;
 mod lifecycle;
+mod pull;
 mod step;
 
 pub use cmd::{Cmd, Handshake, Load, NewRequest, PrefillDone, PrefillReply, Reconnect};
@@ -53,6 +54,9 @@ struct Live {
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
+    /// Waiting for a pull of held pages: its priority and whether it reads no cache, to queue
+    /// it with once the pull ends.
+    pulling: Option<(i32, bool)>,
     span: tracing::Span,
     /// Where its time goes (`ferry_request_phase_seconds{role="prefill"}`); whether its first
     /// chunk was scheduled.
@@ -68,6 +72,8 @@ pub struct EngineConfig {
     pub timeouts: Timeouts,
     /// Senders to decode nodes (a broken one is evicted).
     pub senders: Arc<SenderPool>,
+    /// Pulls of held pages from decode nodes (None: this node cannot pull — rdma).
+    pub puller: Option<Arc<crate::pull::Puller>>,
 }
 
 /// The engine thread's state.
@@ -86,6 +92,8 @@ pub struct Engine<B: Backend> {
     load: Arc<Mutex<Load>>,
     rate: f64,
     draining: bool,
+    /// Pulls under way (their pages are theirs until they end).
+    pulls: usize,
 }
 
 impl<B: Backend> Engine<B> {
@@ -121,6 +129,7 @@ impl<B: Backend> Engine<B> {
             load,
             rate: 0.0,
             draining: false,
+            pulls: 0,
         }
     }
 
@@ -178,6 +187,7 @@ impl<B: Backend> Engine<B> {
                 self.rooms.on(Event::Progress(room), now);
             }
             Cmd::Sent { room, result } => self.sent(room, result),
+            Cmd::Pulled(p) => self.pulled(*p),
             Cmd::Snapshot { reply } => {
                 let _ = reply.send(self.cache.snapshot());
             }
@@ -285,7 +295,7 @@ impl<B: Backend> EngineThread for Engine<B> {
         self.publish();
         // With no room here, every page is free or cached and none is locked: a page held
         // by nobody would be a leak (every test run checks it).
-        if self.rooms.is_empty() && !self.busy() {
+        if self.rooms.is_empty() && !self.busy() && self.pulls == 0 {
             debug_assert_eq!(
                 (self.pool.free_pages() + self.cache.cached_pages(), self.cache.protected_pages()),
                 (self.pool.num_pages(), 0),
@@ -295,7 +305,7 @@ impl<B: Backend> EngineThread for Engine<B> {
     }
 
     fn finished(&self) -> bool {
-        self.draining && self.rooms.is_empty()
+        self.draining && self.rooms.is_empty() && self.pulls == 0
     }
 }
 

@@ -6,15 +6,18 @@
 //!   computes prompts in chunks and hands each chunk's finished pages to the room's transfer
 //!   task right after the chunk (cached prefix pages first; the first sampled token with the
 //!   last chunk);
+//! - `pull`: a prompt's leading pages that its decode node holds and this node lacks (a
+//!   conversation's earlier answers) pulled from there, when the router allows it, instead
+//!   of computed (issue 20);
 //! - [`service`]: gRPC `Prefill`, `Bootstrap`, `KvEvents`, `Load`, plus gRPC health.
 //!
 //! [`start`] brings a daemon up (port 0 works: tests and `ferry up` run several in one
 //! process); [`run`] is `start`, wait, then a graceful stop.
 
 mod engine;
+mod pull;
 mod room_task;
 pub mod rooms;
-mod senders;
 mod service;
 pub mod tail;
 
@@ -35,7 +38,9 @@ use ferry_engine::scheduler::{Policy, Scheduler, SchedulerConfig};
 use ferry_proto::v1 as pb;
 
 use crate::engine::{Cmd, Engine, EngineConfig};
+use crate::pull::Puller;
 use crate::service::{BootstrapSvc, LoadSvc, PrefillSvc, SenderPool, Shared};
+use ferry_transfer::BackendKind;
 
 /// The prefill daemon's flags.
 #[derive(Debug, Clone, clap::Parser)]
@@ -115,9 +120,19 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
     let config = &args.worker;
     let (w, internal_tls) = (&config.args, config.internal_tls.clone());
     let policy = args.schedule_policy;
-    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer } =
+    let Loaded { model, pool, kv, pages, layout: descriptor, backend, timeouts, transfer, pull } =
         Loaded::load(config, compute, "prefill").await?;
     let kv_mirrored = kv.mirrored();
+    // Where decode nodes send the held pages this node pulls (tcp and fake only).
+    let pull_receiver = match backend {
+        BackendKind::Tcp | BackendKind::Fake => {
+            let (r, at) = ferry_transfer::backend::bind(backend, w.transfer_addr, Arc::clone(kv.mem()), pull)
+                .await
+                .map_err(|source| StartError::Io { what: "transfer address", source })?;
+            Some((Arc::new(r), w.data_endpoint(&at).map_err(StartError::Config)?, backend.as_str()))
+        }
+        BackendKind::Rdma | BackendKind::Auto => None,
+    };
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;
     let worker_id = w.worker_id.clone().unwrap_or_else(|| WorkerId::of("prefill", grpc_addr.port()));
 
@@ -125,6 +140,10 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
     let load = Arc::new(Mutex::new(Load { free_pages: pages, total_pages: pages, ..Load::default() }));
     let senders = Arc::new(SenderPool::default());
     let (tx, rx) = std::sync::mpsc::channel();
+    let puller = pull_receiver.map(|r| {
+        let rt = tokio::runtime::Handle::current();
+        Arc::new(Puller::new(rt, r, internal_tls.clone(), timeouts.transferring, tx.clone()))
+    });
     let sched_cfg =
         SchedulerConfig { policy, chunk_size: w.chunked_prefill_size, in_queue_threshold: args.in_queue_threshold };
     let grammars = Arc::clone(model.grammars());
@@ -136,7 +155,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         Arc::clone(&kv),
         tokio::runtime::Handle::current(),
         tx.clone(),
-        EngineConfig { worker: worker_id.clone(), timeouts, senders: Arc::clone(&senders) },
+        EngineConfig { worker: worker_id.clone(), timeouts, senders: Arc::clone(&senders), puller },
         events.clone(),
         Arc::clone(&load),
     );

@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tonic::{Code, Request, Response, Status};
 
 use crate::engine::{Cmd, Handshake, Load, NewRequest, Reconnect};
-pub use crate::senders::SenderPool;
+pub use ferry_worker::senders::SenderPool;
 
 const ROLE: &str = "prefill";
 
@@ -64,7 +64,8 @@ impl pb::prefill_server::Prefill for PrefillSvc {
         let guide = ferry_worker::compile_guide(&self.0.grammars, &sampling, ROLE).await?;
         let (reply, rx) = oneshot::channel();
         let room = key.room;
-        let new = NewRequest { tokens: r.token_ids, sampling, guide, priority: r.priority, reply, span };
+        let pull_from = (!r.pull_from.is_empty()).then_some(r.pull_from);
+        let new = NewRequest { tokens: r.token_ids, sampling, guide, priority: r.priority, pull_from, reply, span };
         let secret = key.secret;
         self.0.engine.send(Cmd::Request { room, secret, req: new })?;
         // If the caller goes away before the answer, the room is aborted (and its pages freed).

@@ -232,11 +232,18 @@ impl Ctx {
             self.local_prefill_max,
         );
         if held > choice.map_or(0, |c| c.cached_tokens) && choice.is_some() {
-            let label = if matches!(path, Path::Local(_)) { "local" } else { "prefill" };
+            let label = match path {
+                Path::Local(_) => "local",
+                Path::Prefill(_) => "prefill",
+                Path::Pull(_) => "pull",
+            };
             metrics::counter!(M::ROUTER_DECODE_PREFIX, "choice" => label).increment(1);
         }
+        let pull = matches!(path, Path::Pull(_));
         let prefill = match path {
-            Path::Prefill(c) => snap.prefill[c.worker].as_ref().map(|w| (c.worker, Arc::clone(w), c.cached_tokens)),
+            Path::Prefill(c) | Path::Pull(c) => {
+                snap.prefill[c.worker].as_ref().map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
+            }
             Path::Local(_) => None,
         };
         let decode = Arc::clone(&snap.decode[d]);
@@ -263,7 +270,7 @@ impl Ctx {
                 // the request at once: dropping the calls frees its pages on both workers.
                 // Otherwise only the next piece sent would notice.
                 let out = tokio::select! {
-                    out = me.run(req, key, prefill, decode, (arrived, clock), &tx) => out,
+                    out = me.run(req, key, (prefill, pull), decode, (arrived, clock), &tx) => out,
                     () = tx.closed() => {
                         metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "cancelled").increment(1);
                         Ok(())

@@ -100,6 +100,12 @@ pub struct RouterArgs {
     /// bounds the prompt work a decode worker takes between its decode steps.
     #[arg(long, env = ferry_cluster::env::LOCAL_PREFILL_MAX, default_value_t = 512, help_heading = "Placement")]
     pub local_prefill_max: usize,
+    /// Never let a prefill worker pull the prompt pages that the request's decode worker holds
+    /// and it lacks (a conversation's earlier answers): it computes them instead. By default
+    /// placement chooses the pull whenever moving those pages is estimated sooner than
+    /// computing them.
+    #[arg(long, env = ferry_cluster::env::DISABLE_PULL, help_heading = "Placement")]
+    pub disable_pull: bool,
     /// Tokens per KV page; must match the workers' `--page-size`.
     #[arg(long, env = ferry_cluster::env::PAGE_SIZE, default_value_t = 16, help_heading = "Placement")]
     pub page_size: usize,
@@ -243,7 +249,8 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     for w in d.all() {
         registry.upsert(w).map_err(StartError::Config)?;
     }
-    let placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
+    let mut placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
+    placer.pull = !args.disable_pull;
     let grammars = Arc::new(ferry_grammar::Grammars::new(model.tokenizer.clone()));
     grammars.prepare_in_background();
     let ctx = Arc::new(Ctx {

@@ -1,7 +1,8 @@
 //! Where a request goes: the prefill worker with the least estimated time to first token, the
 //! decode worker holding most of the prompt (a conversation's history) while it has room, else
 //! the one with the most admissible room; and where the prompt is computed — on the prefill
-//! worker, or on the decode worker from what it holds. Pure: the caller supplies the indexes'
+//! worker (which may first pull from the decode worker the pages that worker holds and it
+//! lacks), or on the decode worker from what it holds. Pure: the caller supplies the indexes'
 //! matches, the workers' load reports and a random source.
 //!
 //! Estimated TTFT on prefill worker `w` = (its queued prefill tokens + this prompt's tokens not
@@ -64,11 +65,19 @@ pub struct DecodeState {
 /// the roomiest takes it, history or not.
 pub const STICKY_MIN_SHARE: f64 = 0.5;
 
+/// What a pull costs besides moving its pages: one more call and a room opened on each side
+/// (seconds). A pull is chosen only when computing what it brings would take longer.
+pub const PULL_OVERHEAD_SECONDS: f64 = 0.001;
+
 /// Where a prompt is computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Path {
     /// On this prefill worker, which sends the decode worker the pages it lacks.
     Prefill(PrefillChoice),
+    /// On this prefill worker, which first pulls from the decode worker the leading pages that
+    /// worker holds and it lacks (a conversation's earlier answers), then computes the rest
+    /// and sends the decode worker the pages it lacks.
+    Pull(PrefillChoice),
     /// On the decode worker, from what it holds.
     Local(LocalWhy),
 }
@@ -107,6 +116,8 @@ pub struct Placer {
     pub kv_bytes_per_token: f64,
     /// Assumed transfer bandwidth, bytes per second.
     pub transfer_bytes_per_second: f64,
+    /// Whether a prefill worker may pull what the decode worker holds (`--disable-pull`).
+    pub pull: bool,
     rr: usize,
 }
 
@@ -140,7 +151,7 @@ pub enum NoDecode {
 impl Placer {
     /// A placer for `policy`.
     pub fn new(policy: Policy, default_rate: f64, kv_bytes_per_token: f64, transfer_bytes_per_second: f64) -> Self {
-        Self { policy, default_rate, kv_bytes_per_token, transfer_bytes_per_second, rr: 0 }
+        Self { policy, default_rate, kv_bytes_per_token, transfer_bytes_per_second, pull: true, rr: 0 }
     }
 
     /// Seconds to move the KV of `tokens` prompt tokens.
@@ -217,6 +228,10 @@ impl Placer {
     /// estimated sooner than on the prefill worker (its queue, what it lacks, and the transfer
     /// of the pages the decode worker lacks), at the prefill worker's rate. A tie goes to the
     /// prefill worker: a decode worker's prompt work delays its running requests.
+    ///
+    /// On the prefill worker, the tokens the decode worker holds and it lacks are pulled
+    /// instead of computed when moving their pages (plus [`PULL_OVERHEAD_SECONDS`]) is
+    /// estimated sooner than computing them; the estimate above counts that.
     pub fn path(
         &self,
         len: usize,
@@ -230,14 +245,21 @@ impl Placer {
         if lacks < below {
             return Path::Local(LocalWhy::Short);
         }
+        let rate = if p.tokens_per_second > 0.0 { p.tokens_per_second } else { self.default_rate.max(1.0) };
+        // What the prefill worker would compute although the decode worker holds it.
+        let gain = decode_cached.min(len.saturating_sub(1)).saturating_sub(c.cached_tokens);
+        let pull_cost = self.transfer_seconds(gain) + PULL_OVERHEAD_SECONDS;
+        let pull = self.pull && gain > 0 && pull_cost < gain as f64 / rate;
         if decode_cached > 0 && lacks <= local_max {
-            let rate = if p.tokens_per_second > 0.0 { p.tokens_per_second } else { self.default_rate.max(1.0) };
-            let remote = c.ttft - self.transfer_seconds(len) + self.transfer_seconds(lacks);
+            let mut remote = c.ttft - self.transfer_seconds(len) + self.transfer_seconds(lacks);
+            if pull {
+                remote -= gain as f64 / rate - pull_cost;
+            }
             if (lacks as f64) / rate < remote {
                 return Path::Local(LocalWhy::DecodeCache);
             }
         }
-        Path::Prefill(c)
+        if pull { Path::Pull(c) } else { Path::Prefill(c) }
     }
 }
 
@@ -330,11 +352,21 @@ mod tests {
         // The decode worker holds 900 of 1000 tokens: 100 there (0.1 s) beats 1000 on the
         // prefill worker (1 s) and the transfer of 100 tokens' pages.
         assert_eq!(p.path(1000, Some((c, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
-        // What it lacks is past --local-prefill-max: the prefill worker, whatever the estimate.
-        assert_eq!(p.path(1000, Some((c, st)), 400, 0, 512), Path::Prefill(c));
+        // What it lacks is past --local-prefill-max: the prefill worker, whatever the estimate,
+        // which pulls the 400 tokens the decode worker holds (0.4 ms and the overhead against
+        // 0.4 s) — or computes them, pulls disabled.
+        assert_eq!(p.path(1000, Some((c, st)), 400, 0, 512), Path::Pull(c));
+        let mut no_pull = p;
+        no_pull.pull = false;
+        assert_eq!(no_pull.path(1000, Some((c, st)), 400, 0, 512), Path::Prefill(c));
+        // A pull too small to pay for itself: computed (1 token: 1 ms, against the overhead).
+        assert_eq!(p.path(1000, Some((c, st)), 1, 0, 512), Path::Prefill(c));
+        // At the same rate a pull never beats computing the rest where the history is (the
+        // prefill worker computes as much after it): within --local-prefill-max, local.
+        assert_eq!(p.path(1000, Some((c, st)), 600, 0, 512), Path::Local(LocalWhy::DecodeCache));
         // --local-prefill-max 0 turns the estimate off; --local-prefill-below still counts
         // what the decode worker holds.
-        assert_eq!(p.path(1000, Some((c, st)), 900, 0, 0), Path::Prefill(c));
+        assert_eq!(p.path(1000, Some((c, st)), 900, 0, 0), Path::Pull(c));
         assert_eq!(p.path(1000, Some((c, st)), 900, 101, 0), Path::Local(LocalWhy::Short));
         assert_eq!(p.path(1000, Some((c, st)), 0, 101, 0), Path::Prefill(c));
         // The prefill worker holds as much and is idle: the decode worker saves only the

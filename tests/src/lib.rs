@@ -90,6 +90,8 @@ pub fn colocated_scored(model: &Path, prompts: &[Vec<u32>], params: &SamplingPar
 pub struct Client {
     decode: pb::decode_client::DecodeClient<Channel>,
     prefill: Option<(pb::prefill_client::PrefillClient<Channel>, String)>,
+    /// Sent as the prefill call's `pull_from` (empty: no pull).
+    pull_from: String,
 }
 
 /// How a request ended badly.
@@ -118,7 +120,13 @@ impl Client {
             Some(a) => Some((pb::prefill_client::PrefillClient::new(channel(a).await), a.to_string())),
             None => None,
         };
-        Self { decode: d, prefill: p }
+        Self { decode: d, prefill: p, pull_from: String::new() }
+    }
+
+    /// The prefill node may pull held pages from the decode node at `addr` (`pull_from`).
+    pub fn pulling_from(mut self, addr: impl Into<String>) -> Self {
+        self.pull_from = addr.into();
+        self
     }
 
     /// Generates for `prompt`: returns the tokens, or how it failed.
@@ -178,6 +186,7 @@ impl Client {
                 token_ids: prompt.to_vec(),
                 sampling,
                 priority: 0,
+                pull_from: self.pull_from.clone(),
             };
             p.clone().prefill(req).await.map(|_| ()).map_err(Failure::Prefill)
         };
@@ -420,4 +429,41 @@ pub async fn generate_traced(router: std::net::SocketAddr, request_id: &str, ids
     req.metadata_mut().insert("traceparent", traceparent.parse().expect("ascii"));
     let mut s = c.generate(req).await.expect("generate").into_inner();
     while s.message().await.expect("stream").is_some() {}
+}
+
+/// A `Router.Generate` of `prompt` through the router at `addr`: the
+/// tokens and the prompt tokens the serving workers found cached.
+pub async fn routed(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams) -> (Vec<u32>, u32) {
+    let mut c = pb::router_client::RouterClient::new(channel(addr).await);
+    let req = pb::GenerateRequest {
+        request_id: String::new(),
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.to_vec() })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
+        stop: Vec::new(),
+        return_token_ids: true,
+        return_phases: false,
+    };
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    let (mut out, mut cached) = (Vec::new(), 0);
+    while let Some(m) = s.message().await.expect("stream") {
+        out.extend(m.token_ids);
+        cached = cached.max(m.cached_tokens);
+    }
+    (out, cached)
+}
+
+/// Waits until every router's decode index holds `tokens` on some decode worker (their KV
+/// events reached it).
+pub async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
+    for _ in 0..500 {
+        let known = |r: &&ferry_router::Running| {
+            let slots = r.workers().snapshot().decode.len();
+            r.workers().decode_index().lock().matched(tokens, slots).contains(&tokens.len())
+        };
+        if routers.iter().all(known) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the routers never saw the decode workers' cache events");
 }

@@ -124,6 +124,7 @@ async fn a_stopped_decode_daemon_leaves_the_prefill_daemon_clean() {
         token_ids: prompt(1800),
         sampling: None,
         priority: 0,
+        pull_from: String::new(),
     };
     let r = tokio::spawn(async move { prefill.prefill(prefill_call).await });
     until("prefill computing the room", || p.load().depth.1 == 1).await;
@@ -477,6 +478,7 @@ async fn a_data_connection_broken_while_idle_hangs_no_room() {
             token_ids: prompt(300),
             sampling: Some(sampling),
             priority: 0,
+            pull_from: String::new(),
         };
         let (dg, pg) = (d.grpc_addr, p.grpc_addr);
         async move {

@@ -32,6 +32,7 @@ async fn bad_calls_are_refused_clearly_and_harm_nothing() {
         token_ids: tokens,
         sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(2))),
         priority: 0,
+        pull_from: String::new(),
     };
     let handshake = |k: &RoomKey, pages: Vec<u32>, layout: pb::LayoutDescriptor| pb::HandshakeRequest {
         room: pk(k),

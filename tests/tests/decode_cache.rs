@@ -7,7 +7,9 @@
 use ferry_decode::DecodeArgs;
 use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, colocated_scored, greedy, one_of_each, router_for, router_over, settle, settle_decode};
+use ferry_tests::{
+    TinyModel, colocated_scored, greedy, one_of_each, routed, router_for, router_over, seen, settle, settle_decode,
+};
 
 /// The tests here read counters every daemon in this process shares (bytes sent, pages held,
 /// placements): one at a time.
@@ -171,43 +173,6 @@ async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
     p.stop().await;
 }
 
-/// A `Router.Generate` of `prompt` through the router at `addr`: the
-/// tokens and the prompt tokens the serving workers found cached.
-async fn routed(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams) -> (Vec<u32>, u32) {
-    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(addr).await);
-    let req = pb::GenerateRequest {
-        request_id: String::new(),
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt.to_vec() })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(params)),
-        stop: Vec::new(),
-        return_token_ids: true,
-        return_phases: false,
-    };
-    let mut s = c.generate(req).await.expect("generate").into_inner();
-    let (mut out, mut cached) = (Vec::new(), 0);
-    while let Some(m) = s.message().await.expect("stream") {
-        out.extend(m.token_ids);
-        cached = cached.max(m.cached_tokens);
-    }
-    (out, cached)
-}
-
-/// Waits until every router's decode index holds `tokens` on some decode worker (their KV
-/// events reached it).
-async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
-    for _ in 0..500 {
-        let known = |r: &&ferry_router::Running| {
-            let slots = r.workers().snapshot().decode.len();
-            r.workers().decode_index().lock().matched(tokens, slots).contains(&tokens.len())
-        };
-        if routers.iter().all(known) {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("the routers never saw the decode workers' cache events");
-}
-
 /// Issue 20: the router follows the decode workers' caches (their KV events). A
 /// conversation's second turn goes to the decode worker holding the first turn and its
 /// answer, and is prefilled there, from what it holds — or, with `--local-prefill-max 0`, on
@@ -248,6 +213,7 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
             s("ferry_router_decode_prefix_total", "choice=\"prefill\""),
             s("ferry_router_placements_total", "target=\"local\""),
             s("ferry_transfer_pages_held_total", ""),
+            s("ferry_router_decode_prefix_total", "choice=\"pull\""),
         )
     };
     let before = sums(scrape().await);
@@ -260,11 +226,12 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     settle_decode(&ds).await;
     assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");
 
-    // Never by estimate: the prefill worker computes it, the holder receives the rest.
+    // Never by estimate: the prefill worker computes it (pulling the history it lacks, or
+    // computing it, as placement estimates: tests/tests/pull.rs), the holder receives the rest.
     let (got, _) = routed(prefill_always.grpc_addr, &turn, &greedy(20)).await;
     assert_eq!(got, want, "the second turn, prefilled on the prefill worker");
     let last = sums(scrape().await);
-    assert_eq!((last.0 - after.0, last.1 - after.1), (0.0, 1.0), "the prefill worker chosen");
+    assert_eq!((last.0 - after.0, last.1 - after.1 + last.4 - after.4), (0.0, 1.0), "the prefill worker chosen");
     assert_eq!(last.3 - after.3, 7.0, "the holder kept its 7 pages; only the 8th was sent");
     settle_decode(&ds).await;
     assert!(ds[1 - holder].load().evictable_pages == 0, "the turn went to the holder");

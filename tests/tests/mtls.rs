@@ -128,7 +128,7 @@ async fn daemons_talk_over_mutual_tls_and_refuse_strangers() {
             refused += 1;
         }
     }
-    assert_eq!(refused, 9 * 3, "9 RPCs, each refused to 3 of the 4 callers");
+    assert_eq!(refused, 10 * 3, "10 RPCs, each refused to 3 of the 4 callers");
     let after = wrong_role(p.metrics_addr).await;
     assert_eq!(after - before, refused as f64, "every wrong-role call is counted");
 
@@ -316,7 +316,7 @@ async fn worker_calls(
     prefill: tonic::transport::Channel,
     decode: tonic::transport::Channel,
 ) -> Vec<(&'static str, PeerRole, Result<(), tonic::Status>)> {
-    use PeerRole::{Decode, Router};
+    use PeerRole::{Decode, Prefill, Router};
     fn ok<T>(r: Result<T, tonic::Status>) -> Result<(), tonic::Status> {
         r.map(|_| ())
     }
@@ -326,6 +326,7 @@ async fn worker_calls(
     let mut pl = pb::load_client::LoadClient::new(prefill);
     let mut d = pb::decode_client::DecodeClient::new(decode.clone());
     let mut dk = pb::kv_events_client::KvEventsClient::new(decode.clone());
+    let mut dh = pb::holder_client::HolderClient::new(decode.clone());
     let mut dl = pb::load_client::LoadClient::new(decode);
     vec![
         ("Prefill.Prefill", Router, ok(p.prefill(pb::PrefillRequest::default()).await)),
@@ -337,6 +338,7 @@ async fn worker_calls(
         ("Decode.Abort", Router, ok(d.abort(pb::AbortRequest::default()).await)),
         ("KvEvents.Subscribe (decode)", Router, ok(dk.subscribe(pb::SubscribeRequest::default()).await)),
         ("Load.Report (decode)", Router, ok(dl.report(pb::LoadRequest::default()).await)),
+        ("Holder.Pull", Prefill, ok(dh.pull(pb::PullRequest::default()).await)),
     ]
 }
 

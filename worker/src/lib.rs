@@ -10,12 +10,14 @@
 //!   exit once stopped and empty);
 //! - [`serve`] / [`Running`]: the last step of a start (engine thread, etcd, `/metrics`, gRPC)
 //!   and the daemon it gives, with its load figures and its graceful stop;
-//! - [`kv_events`]: `KvEvents`, a prefix cache's snapshot and events, which both daemons serve.
+//! - [`kv_events`]: `KvEvents`, a prefix cache's snapshot and events, which both daemons serve;
+//! - [`senders`]: data-plane senders by endpoint, connected once and reused.
 
 pub mod engine_loop;
 pub mod kv_events;
 mod kv_host;
 mod running;
+pub mod senders;
 
 pub use kv_host::KvHost;
 pub use running::{Running, Serve, serve};
@@ -52,6 +54,8 @@ pub struct Loaded<B: Backend> {
     pub timeouts: Timeouts,
     /// Transfer settings.
     pub transfer: TransferConfig,
+    /// The same for pulls (decode → prefill: the peer roles swapped under mutual TLS).
+    pub pull: TransferConfig,
 }
 
 impl<B: Backend> Loaded<B> {
@@ -88,8 +92,12 @@ impl<B: Backend> Loaded<B> {
             // The data plane runs under the daemons' mutual TLS unless --insecure-internal.
             security: config.internal_tls.as_ref().map_or_else(Default::default, |t| t.data_plane()),
         };
+        let pull = TransferConfig {
+            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| t.pull_plane()),
+            ..transfer.clone()
+        };
         tracing::info!(device = model.backend().name(), pages, mirrored = host.mirrored(), "KV pool allocated");
-        Ok(Self { model, pool, kv: Arc::new(host), pages, layout, backend, timeouts, transfer })
+        Ok(Self { model, pool, kv: Arc::new(host), pages, layout, backend, timeouts, transfer, pull })
     }
 }
 

@@ -65,6 +65,7 @@ async fn pair(
         token_ids: prompt,
         sampling: Some(sampling),
         priority: 0,
+        pull_from: String::new(),
     };
     let decode_call = async move {
         let mut s = d.generate(dreq).await?.into_inner();

@@ -65,6 +65,10 @@ impl<B: Backend> Engine<B> {
         if let Some(node) = r.cached.take() {
             self.cache.unlock(node);
         }
+        // Its held pages may be evicted and reused from now on: a pull reading them is spoiled.
+        for id in r.pulls.drain(..) {
+            self.pulls.remove(&id);
+        }
     }
 }
 

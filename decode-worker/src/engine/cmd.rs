@@ -98,6 +98,28 @@ pub enum Cmd {
         /// Why.
         why: Refused,
     },
+    /// A prefill node pulls a room's held pages (`Holder.Pull`): they are lent to the pull
+    /// (their ids, host-mirrored when the pool has a mirror) under a new pull id.
+    Pull {
+        /// Room.
+        room: Room,
+        /// Its secret.
+        secret: RoomSecret,
+        /// Index of the first prompt page wanted.
+        first: usize,
+        /// Pages wanted.
+        n: usize,
+        /// The pull id and the page ids, or why not.
+        reply: oneshot::Sender<Result<(u64, Vec<u32>), Refused>>,
+    },
+    /// A pull's pages were sent (or its send failed or was dropped): whether the room held
+    /// them all along (not ended nor retracted since, so no page was reused while it was read).
+    PullDone {
+        /// The pull id.
+        id: u64,
+        /// Whether its pages stayed the room's.
+        reply: oneshot::Sender<bool>,
+    },
     /// Stop admitting, abort everything, free every page, exit.
     Shutdown,
     /// A snapshot of the prefix cache, for a `KvEvents` subscriber.

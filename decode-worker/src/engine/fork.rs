@@ -81,6 +81,7 @@ impl<B: Backend> Engine<B> {
                     forks: Vec::new(),
                     cached: None,
                     held: 0,
+                    pulls: Vec::new(),
                     hit: 0,
                 };
                 (child, req)

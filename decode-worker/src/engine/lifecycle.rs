@@ -84,6 +84,7 @@ impl<B: Backend> Engine<B> {
             forks,
             cached: None,
             held: 0,
+            pulls: Vec::new(),
             hit: 0,
         };
         self.reqs.insert(room, r);

@@ -74,7 +74,11 @@ impl<B: Backend> Engine<B> {
         };
         self.rt.spawn(task.run(send_room, rx));
         let uncached = r.sampling.prompt_logprobs.is_some();
-        self.sched.add_request(room.get(), r.tokens.clone(), r.priority, uncached, &self.cache);
+        // Queued now, or once the held pages it pulls are here.
+        let pulling = (!uncached && self.start_pull(room, secret, &r, h.held)).then_some((r.priority, uncached));
+        if pulling.is_none() {
+            self.sched.add_request(room.get(), r.tokens.clone(), r.priority, uncached, &self.cache);
+        }
         let sampler = Sampler::new(r.sampling, &r.tokens).guided(r.guide);
         let live = Live {
             tokens: r.tokens,
@@ -87,6 +91,7 @@ impl<B: Backend> Engine<B> {
             prompt_logprobs: Vec::new(),
             prefilled: None,
             aborting: None,
+            pulling,
             span: r.span,
             clock: ferry_cluster::phases::PhaseClock::start("prefill", Instant::now()),
             started: false,

@@ -40,6 +40,8 @@ pub struct NewRequest {
     pub guide: Option<ferry_engine::Guide>,
     /// Scheduling priority.
     pub priority: i32,
+    /// The decode node to pull held pages from, when the router allows it.
+    pub pull_from: Option<String>,
     /// Where the outcome goes.
     pub reply: PrefillReply,
     /// The request's span (request id, room, trace id): lines about it are written in it.
@@ -82,6 +84,8 @@ pub enum Cmd {
     Progress { room: Room },
     /// A room task finished: its transfer succeeded or failed.
     Sent { room: Room, result: Result<(), String> },
+    /// A pull of held pages ended ([`crate::pull`]).
+    Pulled(Box<crate::pull::Pulled>),
     /// A snapshot of the prefix cache for a KV event subscriber.
     Snapshot { reply: oneshot::Sender<KvEvent> },
     /// Stop admitting, abort what is in flight, free everything, exit.

@@ -119,13 +119,15 @@ fn retriable(code: Code) -> bool {
 }
 
 impl Ctx {
-    /// Starts one attempt: the decode call and, when `prefill` is given, the prefill call.
+    /// Starts one attempt: the decode call and, when `prefill` is given, the prefill call
+    /// (allowed to pull what the decode worker holds when `pull`).
     async fn attempt(
         &self,
         req: &Prepared,
         key: RoomKey,
         prefill: Option<Arc<Worker>>,
         dw: &Arc<Worker>,
+        pull: bool,
     ) -> Result<Attempt, Status> {
         tracing::Span::current().record("room", tracing::field::display(key.room));
         let sampling = Some(wire::sampling_to_proto(&req.sampling));
@@ -145,6 +147,7 @@ impl Ctx {
             token_ids: req.tokens.clone(),
             sampling,
             priority: 0,
+            pull_from: if pull { dw.addr.clone() } else { String::new() },
         };
         let trace = req.trace.unwrap_or_else(TraceContext::random);
         let prefill_task = PrefillTask::spawn(
@@ -218,11 +221,12 @@ impl Ctx {
         key: RoomKey,
         mut target: Option<Arc<Worker>>,
         mut decode: Arc<Worker>,
+        pull: bool,
     ) -> Result<Attempt, Status> {
         let need = self.pages_needed(req.tokens.len(), &req.sampling);
         let (mut key, mut tried_prefill, mut tried_decode) = (key, Vec::new(), Vec::new());
         for retry in 0..=MAX_RETRIES {
-            let (stage, status) = match self.attempt(req, key, target.clone(), &decode).await {
+            let (stage, status) = match self.attempt(req, key, target.clone(), &decode, pull).await {
                 Err(s) => (Stage::Decode, s),
                 Ok(mut a) => tokio::select! {
                     m = a.stream.next() => match m {

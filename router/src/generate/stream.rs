@@ -45,14 +45,14 @@ impl Ctx {
         &self,
         req: Prepared,
         key: RoomKey,
-        prefill: Option<(usize, Arc<Worker>, usize)>,
+        (prefill, pull): (Option<(usize, Arc<Worker>, usize)>, bool),
         decode: Arc<Worker>,
         (arrived, mut clock): (Instant, PhaseClock),
         tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
     ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
         let Attempt { stream, prefill: prefill_task, first, decode, key } =
-            self.first_message(&req, key, prefill.map(|p| p.1), decode).await?;
+            self.first_message(&req, key, prefill.map(|p| p.1), decode, pull).await?;
         // Dropped once every sequence has ended (a stop string found here leaves the worker
         // generating until it hears).
         let mut stream = Some(stream);

@@ -3,7 +3,8 @@
 //! sends only to a receiver whose certificate names a decode node, and strangers (plaintext,
 //! no certificate, another CA, another role) get no byte into a room — on the tcp backend and
 //! on the rdma connection exchange (in-memory verbs), which hands out a queue pair and the
-//! arena's address only inside the handshake. Refusals are counted by reason.
+//! arena's address only inside the handshake. Refusals are counted by reason. Pulls of held
+//! pages (`InternalTls::pull_plane`) run the other way with the roles swapped.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -169,4 +170,60 @@ async fn the_rdma_connection_exchange_runs_inside_mutual_tls() {
     counted_more("wrong_role", roles).await;
     let s = connect(prefill).await.expect("a prefill node with the room's key");
     assert_eq!(s.region().pages, PAGES as u64);
+}
+
+fn pull_security(pki: &Pki, leaf: &Leaf) -> Security {
+    InternalTls::load(&pki.args(leaf)).expect("tls files").expect("mutual TLS").pull_plane()
+}
+
+/// Pulls (issue 20) run the data plane the other way, the roles swapped: a prefill node's
+/// pull receiver takes held pages from decode nodes only, and a decode node sends them to
+/// prefill nodes only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pulls_run_mutual_tls_from_decode_to_prefill_only() {
+    let pki = Pki::new("pull plane CA");
+    let names = ["127.0.0.1", "localhost"];
+    let prefill = pull_security(&pki, &pki.issue("prefill", Some(PeerRole::Prefill), &names));
+    let decode = pull_security(&pki, &pki.issue("decode", Some(PeerRole::Decode), &names));
+    let src = source();
+    let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
+    let receiver =
+        TcpReceiver::bind_secure(any(), Arc::clone(&rx_mem), tcp_cfg(), prefill.clone()).await.expect("bind");
+    let at = receiver.local_addr();
+
+    // A decode node's held pages arrive whole.
+    let (room, secret) = (Room::from(1u32), RoomSecret::random());
+    let done = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
+    let sender = TcpSender::connect_secure(at, tcp_cfg(), &decode, Arc::new(NoFaults)).await.expect("connect");
+    send_room(&sender, &src, room, secret).await.expect("sent and acknowledged");
+    assert!(matches!(done.await, Ok(Outcome::Success(_))));
+    for (s, d) in (0..4).zip(8..12) {
+        assert_eq!(page(&rx_mem, d), page(&src, s), "page {s} -> {d}");
+    }
+    receiver.close(room);
+
+    // Another prefill node writes nothing into a pull receiver.
+    let (room, secret) = (Room::from(2u32), RoomSecret::random());
+    let _open = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
+    // SAFETY: nothing else touches the arena now.
+    unsafe { rx_mem.write(8, &vec![0u8; PAGE]).expect("clear") };
+    let roles = refused("wrong_role");
+    match TcpSender::connect_secure(at, tcp_cfg(), &prefill, Arc::new(NoFaults)).await {
+        Err(_) => {}
+        Ok(s) => {
+            let sent = tokio::time::timeout(Duration::from_secs(10), send_room(&s, &src, room, secret)).await;
+            assert!(!matches!(sent, Ok(Ok(()))), "a prefill certificate pushes no pages");
+        }
+    }
+    counted_more("wrong_role", roles).await;
+    assert_eq!(page(&rx_mem, 8), vec![0u8; PAGE], "nothing landed");
+
+    // A decode node sends held pages to no decode node's receiver.
+    let impostor = TcpReceiver::bind_secure(any(), Arc::new(HostPages::new(PAGE, PAGES).expect("arena")), tcp_cfg(), {
+        pull_security(&pki, &pki.issue("impostor", Some(PeerRole::Decode), &names))
+    })
+    .await
+    .expect("bind");
+    let e = TcpSender::connect_secure(impostor.local_addr(), tcp_cfg(), &decode, Arc::new(NoFaults)).await;
+    assert!(e.is_err(), "a decode node talks to prefill nodes only when it sends held pages");
 }

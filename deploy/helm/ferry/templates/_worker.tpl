@@ -57,9 +57,9 @@ spec:
             - --transfer={{ $w.transfer }}
             {{- include "ferry.etcdArgs" $ | nindent 12 }}
             - --etcd-lease-ttl={{ $.Values.etcd.leaseTtl }}
-            {{- if eq .role "decode" }}
             - --transfer-addr=0.0.0.0:{{ $w.transferPort }}
             - --transfer-advertise-addr=$(POD_IP):{{ $w.transferPort }}
+            {{- if eq .role "decode" }}
             - --max-running-requests={{ $w.maxRunningRequests }}
             {{- end }}
             {{- include "ferry.internalTlsArgs" (dict "ctx" $ "role" .role) | nindent 12 }}
@@ -77,9 +77,7 @@ spec:
           ports:
             - {name: grpc, containerPort: {{ $w.grpcPort }}}
             - {name: metrics, containerPort: {{ $w.metricsPort }}}
-            {{- if eq .role "decode" }}
             - {name: kv, containerPort: {{ $w.transferPort }}}
-            {{- end }}
           # gRPC health: SERVING once the model is loaded and the pool touched; NOT_SERVING
           # while stopping. Under mutual TLS the kubelet cannot speak gRPC to the worker, so
           # `ferry health` asks it from inside the pod with the pod's own certificate.

@@ -1,4 +1,5 @@
-//! Data-plane senders to decode nodes: one per endpoint, reused across rooms. Connecting is
+//! Data-plane senders: one per receiving endpoint, reused across rooms (a prefill node's to
+//! decode nodes; a decode node's to the prefill nodes that pull held pages). Connecting is
 //! per destination and bounded: a handshake naming an endpoint that never answers waits
 //! [`CONNECT_TIMEOUT`] at most, and only handshakes to that same endpoint wait with it.
 

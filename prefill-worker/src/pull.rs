@@ -1,0 +1,143 @@
+//! Pulling held pages from a decode node (issue 20). When the router lets a request pull
+//! (`PrefillRequest.pull_from`: a conversation's decode node holds its earlier turns and
+//! answers, which no prefill node has) and the handshake says the decode node holds more
+//! leading pages than this node's cache, the engine allocates pages for the difference and a
+//! [`Puller`] fetches them: it opens them as a room of this node's pull receiver (the room's
+//! own id and secret), calls `Holder.Pull` on the decode node, which sends them over the data
+//! plane, and waits for the room to complete. The engine then caches the pages under the
+//! prompt's tokens and queues the prompt, which finds them: only the rest is computed.
+//!
+//! A pull that fails for any reason (refused, spoiled because the decode node let the pages
+//! go, connection lost, timeout) costs only time: its pages are freed once no write into
+//! them is pending, and the prompt is computed as if nothing had been pulled.
+
+use std::collections::HashMap;
+use std::sync::mpsc::Sender as CmdSender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferry_cluster::mtls::InternalTls;
+use ferry_cluster::roles::PeerRole;
+use ferry_cluster::{Room, RoomSecret, wire};
+use ferry_engine::{NodeId, PageAlloc};
+use ferry_proto::v1 as pb;
+use ferry_transfer::Receiver;
+use ferry_transfer::table::Outcome;
+use tonic::transport::Channel;
+
+use crate::engine::Cmd;
+
+/// A pull for the engine to start.
+pub struct PullJob {
+    /// The room (and the pull receiver's room).
+    pub room: Room,
+    /// Its secret.
+    pub secret: RoomSecret,
+    /// The decode node's gRPC address.
+    pub from: String,
+    /// Index of the first prompt page pulled (the pages before it are cached here).
+    pub first: usize,
+    /// The pages they go into.
+    pub pages: PageAlloc,
+    /// The cache node of the pages before them, locked for the pull.
+    pub node: NodeId,
+    /// The prompt's tokens up to the last pulled page.
+    pub tokens: Vec<u32>,
+}
+
+/// A pull that ended: the job back, with how it went.
+pub struct Pulled {
+    /// The job.
+    pub job: PullJob,
+    /// Pages received, or why not.
+    pub result: Result<usize, String>,
+}
+
+/// Starts pulls and keeps one gRPC channel per decode node.
+pub struct Puller {
+    rt: tokio::runtime::Handle,
+    receiver: Arc<Receiver>,
+    endpoint: String,
+    backend: &'static str,
+    tls: Option<Arc<InternalTls>>,
+    timeout: Duration,
+    engine: CmdSender<Cmd>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Puller {
+    /// Pulls into `receiver` (advertised as `endpoint`, speaking `backend`), each bounded by
+    /// `timeout`, reporting to `engine`.
+    pub fn new(
+        rt: tokio::runtime::Handle,
+        (receiver, endpoint, backend): (Arc<Receiver>, String, &'static str),
+        tls: Option<Arc<InternalTls>>,
+        timeout: Duration,
+        engine: CmdSender<Cmd>,
+    ) -> Self {
+        Self { rt, receiver, endpoint, backend, tls, timeout, engine, channels: Mutex::default() }
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, String> {
+        let mut c = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(ch) = c.get(addr) {
+            return Ok(ch.clone());
+        }
+        // Under mutual TLS the address must present a decode worker's certificate.
+        let timeout = self.timeout;
+        let ch =
+            ferry_cluster::dial::channel(addr, self.tls.as_deref(), PeerRole::Decode, |ep| ep.connect_timeout(timeout))
+                .map_err(|e| format!("pull address {addr:?}: {e}"))?;
+        c.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    fn forget(&self, addr: &str) {
+        self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(addr);
+    }
+
+    /// Starts `job` in the background; its end comes back as [`Cmd::Pulled`].
+    pub fn start(self: &Arc<Self>, job: PullJob) {
+        let me = Arc::clone(self);
+        self.rt.spawn(async move {
+            let result = match tokio::time::timeout(me.timeout, me.pull(&job)).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("no pull within {:?}", me.timeout)),
+            };
+            let (room, receiver) = (job.room, &me.receiver);
+            // Complete or not, the room leaves the receiver; failed, its pages are freed only
+            // once no write into them is pending.
+            receiver.close(room);
+            if result.is_err()
+                && let Some(released) = receiver.inbox().released(room)
+            {
+                let _ = released.await;
+            }
+            let _ = me.engine.send(Cmd::Pulled(Box::new(Pulled { job, result })));
+        });
+    }
+
+    async fn pull(&self, job: &PullJob) -> Result<usize, String> {
+        let dest = job.pages.pages().to_vec();
+        let outcome = self.receiver.open(job.room, job.secret, &dest).map_err(|r| r.label().to_string())?;
+        let ch = self.channel(&job.from)?;
+        let req = pb::PullRequest {
+            room: Some(wire::room_key_to_proto(&ferry_cluster::RoomKey { room: job.room, secret: job.secret })),
+            first_page: job.first as u32,
+            dest_pages: dest.clone(),
+            data_endpoint: self.endpoint.clone(),
+            transfer_backend: self.backend.to_string(),
+        };
+        if let Err(s) = pb::holder_client::HolderClient::new(ch).pull(req).await {
+            if s.code() == tonic::Code::Unavailable {
+                self.forget(&job.from);
+            }
+            return Err(format!("{}: {}", job.from, s.message()));
+        }
+        match outcome.await {
+            Ok(Outcome::Success(_)) => Ok(dest.len()),
+            Ok(Outcome::Failed(why)) => Err(format!("{why:?}")),
+            Err(_) => Err("the pull receiver dropped the room".into()),
+        }
+    }
+}
