@@ -39,3 +39,45 @@ async fn smollm2_split_over_tcp_matches_the_colocated_engine() {
     p.stop().await;
     d.stop().await;
 }
+
+/// Issue 20's parity on the real model: a second turn whose history (the first turn and the
+/// answer the decode daemon generated) the prefill daemon pulls from the decode daemon's cache
+/// gives exactly the colocated engine's greedy tokens, and the prefill daemon computes only the
+/// rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm2_pulled_history_matches_the_colocated_engine() {
+    let path = smollm2();
+    let tok: Tokenizer = Model::load(&path, CpuBackend::default()).expect("load").tokenizer().clone();
+    let first = tok.encode("Once upon a time, in a small village by the river, there lived").expect("encode");
+    let mut pa = ferry_prefill::PrefillArgs::for_model(&path);
+    pa.worker.pool_pages = 128;
+    let mut da = ferry_decode::DecodeArgs::for_model(&path);
+    da.worker.pool_pages = 128;
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await.pulling_from(d.grpc_addr.to_string());
+    let answer = c.generate(&first, &greedy(40)).await.expect("first turn");
+    ferry_tests::settle(&p, std::slice::from_ref(&d)).await;
+    let mut turn = first.clone();
+    turn.extend(&answer);
+    turn.extend(tok.encode(" What happened next?").expect("encode"));
+    let want = colocated(&path, std::slice::from_ref(&turn), &greedy(8));
+    let counts = || async {
+        let body = ferry_tests::scrape(p.metrics_addr).await;
+        let s = |label: &str| ferry_tests::metric_sum(&body, "ferry_pull_pages_total", label);
+        (s("role=\"prefill\""), ferry_tests::metric_sum(&body, "ferry_prefill_tokens_total", "role=\"prefill\""))
+    };
+    let before = counts().await;
+    let got = c.generate(&turn, &greedy(8)).await.expect("second turn");
+    assert_eq!(got, want[0], "{:?} vs {:?}", tok.decode(&got, true), tok.decode(&want[0], true));
+    let after = counts().await;
+    // The decode daemon holds the whole pages of the first turn and its answer but the last
+    // token; the prefill daemon held the first turn's whole pages.
+    let ps = 16;
+    let held = (first.len() + answer.len() - 1) / ps;
+    assert_eq!(after.0 - before.0, (held - first.len() / ps) as f64, "pages pulled");
+    assert_eq!(after.1 - before.1, (turn.len() - held * ps) as f64, "tokens computed on the prefill daemon");
+    ferry_tests::settle(&p, std::slice::from_ref(&d)).await;
+    p.stop().await;
+    d.stop().await;
+}
