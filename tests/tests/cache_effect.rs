@@ -42,6 +42,10 @@ async fn run(m: &TinyModel, policy: ferry_router::placement::Policy) -> (u64, u6
     // Every turn on a prefill worker: the decode worker holds each conversation's history
     // (answers included) and would otherwise prefill later turns itself, under either policy.
     args.local_prefill_max = 0;
+    // Placement alone: with pulls, the prefill worker round-robin picks pulls each
+    // conversation's history from the decode worker, which holds them all (both policies then
+    // compute the same 3,274 tokens).
+    args.disable_pull = true;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {
