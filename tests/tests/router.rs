@@ -147,6 +147,9 @@ async fn a_prefill_failing_before_the_first_token_is_retried_elsewhere() {
     // The repeat on a prefill worker: the decode worker's cache holds the prompt too, and the
     // router would otherwise prefill its last page there.
     args.local_prefill_max = 0;
+    // Nor pulled: the other prefill worker would pull the prompt from the decode worker's
+    // cache, and report it cached (tests/tests/pull.rs).
+    args.disable_pull = true;
     let r = ferry_router::start(args).await.expect("router up");
     for _ in 0..200 {
         if r.workers().snapshot().all().all(|w| w.healthy()) {
