@@ -199,3 +199,95 @@ async fn bad_pulls_are_refused_clearly() {
     ferry_tests::settle_decode(std::slice::from_ref(&d)).await;
     d.stop().await;
 }
+
+/// The decode node answers a pull with success only when the room held its pages until they
+/// were sent: a room that ends while they are on the wire (here: its sends held up by a slow
+/// link, then the room aborted) spoils the pull (`ABORTED`, `pull_spoiled`), since its pages
+/// may have been evicted and reused while they were read. A pull while the room holds them
+/// succeeds and delivers every page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_whose_room_ends_mid_send_is_spoiled() {
+    use ferry_proto::v1 as pb;
+    use ferry_transfer::memory::HostPages;
+    use ferry_transfer::table::Outcome;
+    use ferry_transfer::tcp::{TcpConfig, TcpReceiver};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let p = prefill(&m).await;
+    let d = decode(&m, true).await;
+    let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
+    let (_, turn) = first_turn(&c, 40).await;
+    settle(&p, std::slice::from_ref(&d)).await;
+    // The second turn on the decode node, its prefill call never made: the prefill node keeps
+    // the room bootstrapping, the decode node keeps it waiting for its transfer, holding the
+    // first turn's 8 pages.
+    let key = ferry_cluster::RoomKey::random();
+    let room = Some(ferry_cluster::wire::room_key_to_proto(&key));
+    let mut dc = pb::decode_client::DecodeClient::new(ferry_tests::channel(d.grpc_addr).await);
+    let stream = dc
+        .generate(pb::DecodeRequest {
+            request_id: "spoiled".into(),
+            room: room.clone(),
+            prefill_bootstrap_addr: p.grpc_addr.to_string(),
+            token_ids: turn.clone(),
+            sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
+        })
+        .await
+        .expect("accepted");
+    let page_bytes = ferry_engine::Model::load(&m.path(), ferry_kernels::cpu::CpuBackend::default())
+        .expect("model")
+        .kv_layout(16)
+        .page_floats()
+        * 4;
+    let receiver = || async {
+        let mem = std::sync::Arc::new(HostPages::new(page_bytes, 16).expect("arena"));
+        let any = "127.0.0.1:0".parse().expect("addr");
+        TcpReceiver::bind(any, std::sync::Arc::clone(&mem), TcpConfig::default()).await.expect("bind")
+    };
+    let mut h = pb::holder_client::HolderClient::new(ferry_tests::channel(d.grpc_addr).await);
+    let pull = |endpoint: String| pb::PullRequest {
+        room: room.clone(),
+        first_page: 0,
+        dest_pages: (0..8).collect(),
+        data_endpoint: endpoint,
+        transfer_backend: "tcp".into(),
+    };
+    // Held throughout: delivered (asked until the handshake reached the prefill node).
+    let direct = receiver().await;
+    let done = direct.open(key.room, key.secret, &(0..8).collect::<Vec<_>>()).expect("open");
+    let mut sent = None;
+    for _ in 0..200 {
+        match h.pull(pull(direct.local_addr().to_string())).await {
+            Err(s) if s.code() == tonic::Code::FailedPrecondition => {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            r => {
+                sent = Some(r);
+                break;
+            }
+        }
+    }
+    assert_eq!(sent.expect("the room reached its transfer").expect("pulled").into_inner().pages, 8);
+    assert!(matches!(done.await, Ok(Outcome::Success(_))), "every page arrived");
+    // Through a slow link (each chunk held 1 s), the room aborted while its pages are sent.
+    let slow = receiver().await;
+    let _open = slow.open(key.room, key.secret, &(0..8).collect::<Vec<_>>()).expect("open");
+    let link = ferry_tests::proxy::Proxy::start(slow.local_addr().to_string()).await;
+    link.delay(std::time::Duration::from_secs(1));
+    let spoiled = tokio::spawn({
+        let (mut h, req) = (h.clone(), pull(link.addr().to_string()));
+        async move { h.pull(req).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let abort = pb::AbortRequest { room: room.clone(), reason: "test".into(), sequence: None };
+    assert!(dc.abort(abort.clone()).await.expect("abort").into_inner().found);
+    let e = spoiled.await.expect("task").expect_err("spoiled");
+    assert_eq!(e.code(), tonic::Code::Aborted, "{e}");
+    assert_eq!(e.metadata().get("ferry-reason").and_then(|v| v.to_str().ok()), Some("pull_spoiled"), "{e}");
+    drop(stream);
+    let mut pc = pb::prefill_client::PrefillClient::new(ferry_tests::channel(p.grpc_addr).await);
+    let _ = pc.abort(abort).await;
+    settle(&p, std::slice::from_ref(&d)).await;
+    d.stop().await;
+    p.stop().await;
+}
