@@ -54,9 +54,9 @@ struct Live {
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
-    /// Waiting for a pull of held pages: its priority and whether it reads no cache, to queue
-    /// it with once the pull ends.
-    pulling: Option<(i32, bool)>,
+    /// Waiting for a pull of held pages: the pull's ticket, and its priority and whether it
+    /// reads no cache, to queue it with once that pull ends.
+    pulling: Option<(u64, i32, bool)>,
     span: tracing::Span,
     /// Where its time goes (`ferry_request_phase_seconds{role="prefill"}`); whether its first
     /// chunk was scheduled.
@@ -94,6 +94,9 @@ pub struct Engine<B: Backend> {
     draining: bool,
     /// Pulls under way (their pages are theirs until they end).
     pulls: usize,
+    /// The last pull's ticket: a pull's end queues only the room that started it, not a later
+    /// room with the same id.
+    pull_tickets: u64,
 }
 
 impl<B: Backend> Engine<B> {
@@ -130,6 +133,7 @@ impl<B: Backend> Engine<B> {
             rate: 0.0,
             draining: false,
             pulls: 0,
+            pull_tickets: 0,
         }
     }
 

@@ -23,6 +23,7 @@ use ferry_engine::{NodeId, PageAlloc};
 use ferry_proto::v1 as pb;
 use ferry_transfer::Receiver;
 use ferry_transfer::table::Outcome;
+use tokio::sync::oneshot;
 use tonic::transport::Channel;
 
 use crate::engine::Cmd;
@@ -33,6 +34,8 @@ pub struct PullJob {
     pub room: Room,
     /// Its secret.
     pub secret: RoomSecret,
+    /// Which pull of the engine's this is.
+    pub ticket: u64,
     /// The decode node's gRPC address.
     pub from: String,
     /// Index of the first prompt page pulled (the pages before it are cached here).
@@ -100,26 +103,32 @@ impl Puller {
     pub fn start(self: &Arc<Self>, job: PullJob) {
         let me = Arc::clone(self);
         self.rt.spawn(async move {
-            let result = match tokio::time::timeout(me.timeout, me.pull(&job)).await {
-                Ok(r) => r,
-                Err(_) => Err(format!("no pull within {:?}", me.timeout)),
-            };
             let (room, receiver) = (job.room, &me.receiver);
-            // Complete or not, the room leaves the receiver; failed, its pages are freed only
-            // once no write into them is pending.
-            receiver.close(room);
-            if result.is_err()
-                && let Some(released) = receiver.inbox().released(room)
-            {
-                let _ = released.await;
-            }
+            let result = match receiver.open(room, job.secret, job.pages.pages()) {
+                // Another room of this id is still open here: it is not this pull's to close.
+                Err(refused) => Err(format!("the pull receiver refused the room: {}", refused.label())),
+                Ok(outcome) => {
+                    let result = match tokio::time::timeout(me.timeout, me.pull(&job, outcome)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("no pull within {:?}", me.timeout)),
+                    };
+                    // Complete or not, the room leaves the receiver; failed, its pages are freed
+                    // only once no write into them is pending.
+                    receiver.close(room);
+                    if result.is_err()
+                        && let Some(released) = receiver.inbox().released(room)
+                    {
+                        let _ = released.await;
+                    }
+                    result
+                }
+            };
             let _ = me.engine.send(Cmd::Pulled(Box::new(Pulled { job, result })));
         });
     }
 
-    async fn pull(&self, job: &PullJob) -> Result<usize, String> {
+    async fn pull(&self, job: &PullJob, outcome: oneshot::Receiver<Outcome>) -> Result<usize, String> {
         let dest = job.pages.pages().to_vec();
-        let outcome = self.receiver.open(job.room, job.secret, &dest).map_err(|r| r.label().to_string())?;
         let ch = self.channel(&job.from)?;
         let req = pb::PullRequest {
             room: Some(wire::room_key_to_proto(&ferry_cluster::RoomKey { room: job.room, secret: job.secret })),

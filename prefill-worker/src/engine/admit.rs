@@ -75,7 +75,8 @@ impl<B: Backend> Engine<B> {
         self.rt.spawn(task.run(send_room, rx));
         let uncached = r.sampling.prompt_logprobs.is_some();
         // Queued now, or once the held pages it pulls are here.
-        let pulling = (!uncached && self.start_pull(room, secret, &r, h.held)).then_some((r.priority, uncached));
+        let ticket = if uncached { None } else { self.start_pull(room, secret, &r, h.held) };
+        let pulling = ticket.map(|t| (t, r.priority, uncached));
         if pulling.is_none() {
             self.sched.add_request(room.get(), r.tokens.clone(), r.priority, uncached, &self.cache);
         }

@@ -11,9 +11,9 @@ impl<B: Backend> Engine<B> {
     /// Starts pulling the leading pages of `r`'s prompt that its decode node holds (`held`)
     /// and this node's cache lacks, when the router allowed it and this node can: pages
     /// allocated (evicting cached ones when short), the cached prefix before them locked.
-    /// False: nothing to pull, and the prompt is queued now.
-    pub(super) fn start_pull(&mut self, room: Room, secret: RoomSecret, r: &NewRequest, held: usize) -> bool {
-        let (Some(from), Some(puller)) = (&r.pull_from, &self.cfg.puller) else { return false };
+    /// Returns the pull's ticket; None: nothing to pull, and the prompt is queued now.
+    pub(super) fn start_pull(&mut self, room: Room, secret: RoomSecret, r: &NewRequest, held: usize) -> Option<u64> {
+        let (Some(from), Some(puller)) = (&r.pull_from, &self.cfg.puller) else { return None };
         let ps = self.pool.layout().page_size;
         // The prompt's last token is always computed here (its logits give the first token).
         let held = held.min(r.tokens.len().saturating_sub(1) / ps);
@@ -21,7 +21,7 @@ impl<B: Backend> Engine<B> {
         let m = self.cache.match_prefix(tokens);
         let first = m.pages.len();
         if first >= held {
-            return false;
+            return None;
         }
         self.cache.lock(m.node);
         let pages = match self.cache.alloc(&self.pool, held - first) {
@@ -29,13 +29,16 @@ impl<B: Backend> Engine<B> {
             Err(e) => {
                 tracing::debug!(room = %room, error = %e, "no pages to pull into; computing the prompt");
                 self.cache.unlock(m.node);
-                return false;
+                return None;
             }
         };
         self.pulls += 1;
-        let job = PullJob { room, secret, from: from.clone(), first, pages, node: m.node, tokens: tokens.to_vec() };
+        self.pull_tickets += 1;
+        let ticket = self.pull_tickets;
+        let job =
+            PullJob { room, secret, ticket, from: from.clone(), first, pages, node: m.node, tokens: tokens.to_vec() };
         puller.start(job);
-        true
+        Some(ticket)
     }
 
     /// A pull ended: its pages are cached (copied to the device first when the pool has a
@@ -65,7 +68,8 @@ impl<B: Backend> Engine<B> {
         }
         self.cache.unlock(job.node);
         let Some(l) = self.rooms.live_mut(job.room) else { return };
-        let Some((priority, uncached)) = l.pulling.take() else { return };
+        // Only the room that started this pull (a later room may have taken its id).
+        let Some((_, priority, uncached)) = l.pulling.take_if(|p| p.0 == job.ticket) else { return };
         if l.aborting.is_none() {
             let tokens = l.tokens.clone();
             self.sched.add_request(job.room.get(), tokens, priority, uncached, &self.cache);
