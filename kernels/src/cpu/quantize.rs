@@ -24,26 +24,25 @@ pub(super) fn plain(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> (f32, i32) {
     (delta, sum)
 }
 
-/// The widest SIMD block quantizer of this CPU, if it has one.
+/// The widest SIMD block quantizer of this CPU, if it has one (chosen once: every fast-mode
+/// product asks).
 pub(super) fn simd() -> Option<QuantizeBlock> {
-    all().first().map(|&(_, q)| q)
+    static CHOSEN: std::sync::OnceLock<Option<QuantizeBlock>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| all().first().map(|&(_, q)| q))
 }
 
 /// Every SIMD block quantizer this CPU runs, widest first, with its name.
 fn all() -> Vec<(&'static str, QuantizeBlock)> {
-    #[allow(unused_mut)]
-    let mut all: Vec<(&'static str, QuantizeBlock)> = Vec::new();
     #[cfg(target_arch = "x86_64")]
     {
         use std::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") {
-            all.push(("avx512", super::qdot512::quantize_block));
-        }
-        if has!("avx2") {
-            all.push(("avx2", avx2));
-        }
+        let wide: (&'static str, QuantizeBlock) = ("avx512", super::qdot512::quantize_block);
+        let narrow: (&'static str, QuantizeBlock) = ("avx2", avx2);
+        let wide = (has!("avx512f") && has!("avx512bw")).then_some(wide);
+        [wide, has!("avx2").then_some(narrow)].into_iter().flatten().collect()
     }
-    all
+    #[cfg(not(target_arch = "x86_64"))]
+    Vec::new()
 }
 
 /// [`plain`] with AVX2, to the same bits: returns `δ` and `Σ q`, or `None` for a block holding
