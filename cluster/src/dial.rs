@@ -71,6 +71,47 @@ pub fn channel(
     Ok(ep.connect_with_connector_lazy(dial))
 }
 
+/// Lazily connecting channels to the daemons of one role, one per address: a worker's calls
+/// to its peers (a decode worker's handshakes with prefill workers, a prefill worker's pulls
+/// from decode workers). A channel connects on first use, outside the map's lock, within the
+/// configured timeout: an address that never answers delays only the calls sent to it.
+pub struct Channels {
+    expect: PeerRole,
+    tls: Option<Arc<InternalTls>>,
+    connect_timeout: std::time::Duration,
+    by_addr: std::sync::Mutex<std::collections::HashMap<String, Channel>>,
+}
+
+impl Channels {
+    /// Channels to daemons of role `expect` (over mutual TLS when `tls` is given), each
+    /// connect bounded by `connect_timeout`.
+    pub fn new(expect: PeerRole, tls: Option<Arc<InternalTls>>, connect_timeout: std::time::Duration) -> Self {
+        Self { expect, tls, connect_timeout, by_addr: Default::default() }
+    }
+
+    fn by_addr(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Channel>> {
+        self.by_addr.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The channel to `addr`, made on first use ([`channel`]'s error for a bad address).
+    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+        let mut c = self.by_addr();
+        if let Some(ch) = c.get(addr) {
+            return Ok(ch.clone());
+        }
+        let timeout = self.connect_timeout;
+        let ch = channel(addr, self.tls.as_deref(), self.expect, |ep| ep.connect_timeout(timeout))?;
+        c.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+
+    /// Forgets the channel to `addr` (its connection broke or never came): the next call
+    /// dials anew.
+    pub fn forget(&self, addr: &str) {
+        self.by_addr().remove(addr);
+    }
+}
+
 impl InternalTls {
     /// The configured `--internal-tls-server-name`.
     pub fn server_name(&self) -> Option<&str> {

@@ -2,16 +2,15 @@
 //! the prefill node where they are (`Bootstrap.Handshake`). Runs on the async runtime; a
 //! failure goes back to the engine thread, which frees the room.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_cluster::dial::Channels;
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::PeerRole;
 use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
-use tonic::transport::Channel;
 use tracing::Instrument as _;
 
 use crate::engine::Cmd;
@@ -42,16 +41,15 @@ pub struct HandshakeJob {
     pub trace: ferry_cluster::TraceContext,
 }
 
-/// Starts handshakes and keeps one gRPC channel per prefill node. Channels connect lazily,
-/// within the handshake timeout, outside any lock: a prefill address that never answers
-/// delays only the handshakes sent to it.
+/// Starts handshakes and keeps one gRPC channel per prefill node ([`Channels`]: connecting
+/// within the handshake timeout, a prefill address that never answers delays only the
+/// handshakes sent to it).
 #[derive(Clone)]
 pub struct Handshakes {
     rt: tokio::runtime::Handle,
-    channels: Arc<std::sync::Mutex<HashMap<String, Channel>>>,
+    channels: Arc<Channels>,
     engine: EngineLink<Cmd>,
     timeout: Duration,
-    tls: Option<Arc<InternalTls>>,
 }
 
 impl Handshakes {
@@ -63,7 +61,7 @@ impl Handshakes {
         timeout: Duration,
         tls: Option<Arc<InternalTls>>,
     ) -> Self {
-        Self { rt, channels: Default::default(), engine, timeout, tls }
+        Self { rt, channels: Arc::new(Channels::new(PeerRole::Prefill, tls, timeout)), engine, timeout }
     }
 
     /// Starts `job` in the background.
@@ -89,27 +87,9 @@ impl Handshakes {
         );
     }
 
-    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
-        self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel, Refused> {
-        let mut c = self.channels();
-        if let Some(ch) = c.get(addr) {
-            return Ok(ch.clone());
-        }
-        // Under mutual TLS the bootstrap address must present a prefill worker's certificate.
-        let timeout = self.timeout;
-        let ch = ferry_cluster::dial::channel(addr, self.tls.as_deref(), PeerRole::Prefill, |ep| {
-            ep.connect_timeout(timeout)
-        })
-        .map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
-        c.insert(addr.to_string(), ch.clone());
-        Ok(ch)
-    }
-
     async fn call(&self, job: HandshakeJob) -> Result<(), Refused> {
-        let ch = self.channel(&job.bootstrap)?;
+        // Under mutual TLS the bootstrap address must present a prefill worker's certificate.
+        let ch = self.channels.get(&job.bootstrap).map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
         let req = pb::HandshakeRequest {
             room: Some(ferry_cluster::wire::room_key_to_proto(&job.key)),
             dest_pages: job.dest,
@@ -124,14 +104,14 @@ impl Handshakes {
             Ok(_) => Ok(()),
             // The channel connects on first use: a connect failure is this call's.
             Err(s) if s.code() == Code::Unavailable && s.message().contains("transport error") => {
-                self.channels().remove(&job.bootstrap);
+                self.channels.forget(&job.bootstrap);
                 let why = format!("prefill node {}: {}", job.bootstrap, s.message());
                 Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
             }
             // A connection that broke or never answered (HTTP/2 keepalive unanswered: a
             // frozen host, a port that accepts and says nothing) is not a refusal.
             Err(s) if s.code() == Code::Unavailable => {
-                self.channels().remove(&job.bootstrap);
+                self.channels.forget(&job.bootstrap);
                 let why = format!("prefill node {} did not answer the handshake: {}", job.bootstrap, s.message());
                 Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
             }

@@ -11,11 +11,11 @@
 //! go, connection lost, timeout) costs only time: its pages are freed once no write into
 //! them is pending, and the prompt is computed as if nothing had been pulled.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::mpsc::Sender as CmdSender;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ferry_cluster::dial::Channels;
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::PeerRole;
 use ferry_cluster::{Room, RoomSecret, wire};
@@ -24,7 +24,6 @@ use ferry_proto::v1 as pb;
 use ferry_transfer::Receiver;
 use ferry_transfer::table::Outcome;
 use tokio::sync::oneshot;
-use tonic::transport::Channel;
 
 use crate::engine::Cmd;
 
@@ -62,10 +61,10 @@ pub struct Puller {
     receiver: Arc<Receiver>,
     endpoint: String,
     backend: &'static str,
-    tls: Option<Arc<InternalTls>>,
     timeout: Duration,
     engine: CmdSender<Cmd>,
-    channels: Mutex<HashMap<String, Channel>>,
+    /// To decode nodes, whose certificates must name a decode worker.
+    channels: Channels,
 }
 
 impl Puller {
@@ -78,25 +77,8 @@ impl Puller {
         timeout: Duration,
         engine: CmdSender<Cmd>,
     ) -> Self {
-        Self { rt, receiver, endpoint, backend, tls, timeout, engine, channels: Mutex::default() }
-    }
-
-    fn channel(&self, addr: &str) -> Result<Channel, String> {
-        let mut c = self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(ch) = c.get(addr) {
-            return Ok(ch.clone());
-        }
-        // Under mutual TLS the address must present a decode worker's certificate.
-        let timeout = self.timeout;
-        let ch =
-            ferry_cluster::dial::channel(addr, self.tls.as_deref(), PeerRole::Decode, |ep| ep.connect_timeout(timeout))
-                .map_err(|e| format!("pull address {addr:?}: {e}"))?;
-        c.insert(addr.to_string(), ch.clone());
-        Ok(ch)
-    }
-
-    fn forget(&self, addr: &str) {
-        self.channels.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(addr);
+        let channels = Channels::new(PeerRole::Decode, tls, timeout);
+        Self { rt, receiver, endpoint, backend, timeout, engine, channels }
     }
 
     /// Starts `job` in the background; its end comes back as [`Cmd::Pulled`].
@@ -129,7 +111,7 @@ impl Puller {
 
     async fn pull(&self, job: &PullJob, outcome: oneshot::Receiver<Outcome>) -> Result<usize, String> {
         let dest = job.pages.pages().to_vec();
-        let ch = self.channel(&job.from)?;
+        let ch = self.channels.get(&job.from).map_err(|e| format!("pull address {:?}: {e}", job.from))?;
         let req = pb::PullRequest {
             room: Some(wire::room_key_to_proto(&ferry_cluster::RoomKey { room: job.room, secret: job.secret })),
             first_page: job.first as u32,
@@ -139,7 +121,7 @@ impl Puller {
         };
         if let Err(s) = pb::holder_client::HolderClient::new(ch).pull(req).await {
             if s.code() == tonic::Code::Unavailable {
-                self.forget(&job.from);
+                self.channels.forget(&job.from);
             }
             return Err(format!("{}: {}", job.from, s.message()));
         }
