@@ -54,9 +54,9 @@ struct Live {
     prefilled: Option<Prefilled>,
     /// Aborted while pages were possibly on the wire: freed when the task reports.
     aborting: Option<String>,
-    /// Waiting for a pull of held pages: the pull's ticket, and its priority and whether it
-    /// reads no cache, to queue it with once that pull ends.
-    pulling: Option<(u64, i32, bool)>,
+    /// Waiting for a pull of held pages: the pull's ticket, and the priority to queue it with
+    /// once that pull ends (a room that pulls reads the cache).
+    pulling: Option<(u64, i32)>,
     span: tracing::Span,
     /// Where its time goes (`ferry_request_phase_seconds{role="prefill"}`); whether its first
     /// chunk was scheduled.

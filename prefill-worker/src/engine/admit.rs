@@ -76,7 +76,7 @@ impl<B: Backend> Engine<B> {
         let uncached = r.sampling.prompt_logprobs.is_some();
         // Queued now, or once the held pages it pulls are here.
         let ticket = if uncached { None } else { self.start_pull(room, secret, &r, h.held) };
-        let pulling = ticket.map(|t| (t, r.priority, uncached));
+        let pulling = ticket.map(|t| (t, r.priority));
         if pulling.is_none() {
             self.sched.add_request(room.get(), r.tokens.clone(), r.priority, uncached, &self.cache);
         }

@@ -69,10 +69,10 @@ impl<B: Backend> Engine<B> {
         self.cache.unlock(job.node);
         let Some(l) = self.rooms.live_mut(job.room) else { return };
         // Only the room that started this pull (a later room may have taken its id).
-        let Some((_, priority, uncached)) = l.pulling.take_if(|p| p.0 == job.ticket) else { return };
+        let Some((_, priority)) = l.pulling.take_if(|p| p.0 == job.ticket) else { return };
         if l.aborting.is_none() {
             let tokens = l.tokens.clone();
-            self.sched.add_request(job.room.get(), tokens, priority, uncached, &self.cache);
+            self.sched.add_request(job.room.get(), tokens, priority, false, &self.cache);
         }
     }
 }
