@@ -467,3 +467,19 @@ pub async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
     }
     panic!("the routers never saw the decode workers' cache events");
 }
+
+/// A prefill daemon on the tiny model with a pool of 256 pages (the decode-cache and pull
+/// tests' size).
+pub async fn prefill_256(m: &TinyModel) -> ferry_prefill::Running {
+    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    ferry_prefill::start(a).await.expect("prefill up")
+}
+
+/// A decode daemon on the tiny model with a pool of 256 pages, its prefix cache on or off.
+pub async fn decode_256(m: &TinyModel, cache: bool) -> ferry_decode::Running {
+    let mut a = ferry_decode::DecodeArgs::for_model(m.path());
+    a.worker.pool_pages = 256;
+    a.disable_decode_cache = !cache;
+    ferry_decode::start(a).await.expect("decode up")
+}

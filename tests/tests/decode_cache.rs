@@ -4,11 +4,11 @@
 //! cache; the cached pages stay evictable (the pool is whole again once requests end); the
 //! router reports the cached tokens in `usage`.
 
-use ferry_decode::DecodeArgs;
 use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
 use ferry_tests::{
-    TinyModel, colocated_scored, greedy, one_of_each, routed, router_for, router_over, seen, settle, settle_decode,
+    TinyModel, colocated_scored, decode_256, greedy, one_of_each, prefill_256, routed, router_for, router_over, seen,
+    settle, settle_decode,
 };
 
 /// The tests here read counters every daemon in this process shares (bytes sent, pages held,
@@ -46,13 +46,6 @@ async fn run(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams
     (out, cached.unwrap_or(0))
 }
 
-async fn decode(m: &TinyModel, cache: bool) -> ferry_decode::Running {
-    let mut a = DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    a.disable_decode_cache = !cache;
-    ferry_decode::start(a).await.expect("decode up")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_prefilled_on_decode_reuse_its_cache_and_answer_the_same() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -63,7 +56,7 @@ async fn prompts_prefilled_on_decode_reuse_its_cache_and_answer_the_same() {
         .collect();
     let params = greedy(20);
     let want = colocated_scored(&m.path(), &prompts, &params);
-    let (on, off) = (decode(&m, true).await, decode(&m, false).await);
+    let (on, off) = (decode_256(&m, true).await, decode_256(&m, false).await);
     for (i, p) in prompts.iter().enumerate() {
         let (got, cached) = run(on.grpc_addr, p, &params).await;
         same(&got, &want[i], &format!("prompt {i} with the cache"));
@@ -129,10 +122,8 @@ async fn the_router_reports_tokens_the_decode_cache_held() {
 async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let (on, off) = (decode(&m, true).await, decode(&m, false).await);
+    let p = prefill_256(&m).await;
+    let (on, off) = (decode_256(&m, true).await, decode_256(&m, false).await);
     let (pd_on, pd_off) = (
         ferry_tests::Client::new(on.grpc_addr, Some(p.grpc_addr)).await,
         ferry_tests::Client::new(off.grpc_addr, Some(p.grpc_addr)).await,
@@ -182,10 +173,8 @@ async fn a_transfer_sends_only_the_pages_the_decode_cache_lacks() {
 async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let ds = [decode(&m, true).await, decode(&m, true).await];
+    let p = prefill_256(&m).await;
+    let ds = [decode_256(&m, true).await, decode_256(&m, true).await];
     let (prefill, decode) =
         (vec![p.grpc_addr.to_string()], ds.iter().map(|d| d.grpc_addr.to_string()).collect::<Vec<_>>());
     let router = |local_max: usize| router_over(&m, &prefill, &decode, move |a| a.local_prefill_max = local_max);
@@ -269,10 +258,8 @@ async fn the_router_sends_a_conversations_next_turn_where_its_history_is() {
 async fn a_turn_whose_holder_fails_is_retried_through_a_prefill_worker() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    let p = ferry_prefill::start(a).await.expect("prefill up");
-    let d = decode(&m, true).await;
+    let p = prefill_256(&m).await;
+    let d = decode_256(&m, true).await;
     let prompt: Vec<u32> = (0..120).map(|i| 3 + (i * 41 + 3) % 340).collect();
     let holder = ferry_tests::failing_holder::serve(prompt[..112].to_vec(), 16).await;
     let r = router_over(&m, &[p.grpc_addr.to_string()], &[holder.to_string(), d.grpc_addr.to_string()], |_| ()).await;

@@ -5,24 +5,12 @@
 //! fails costs only time: the prompt is computed whole, with the same answer. Through the
 //! router, placement chooses the pull and says so in `ferry_router_decode_prefix_total`.
 
-use ferry_decode::DecodeArgs;
-use ferry_tests::{Client, TinyModel, colocated_scored, greedy, metric_sum, router_over, scrape, settle};
+use ferry_tests::{
+    Client, TinyModel, colocated_scored, decode_256, greedy, metric_sum, prefill_256, router_over, scrape, settle,
+};
 
 /// The tests here read counters every daemon in this process shares: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-async fn prefill(m: &TinyModel) -> ferry_prefill::Running {
-    let mut a = ferry_prefill::PrefillArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    ferry_prefill::start(a).await.expect("prefill up")
-}
-
-async fn decode(m: &TinyModel, cache: bool) -> ferry_decode::Running {
-    let mut a = DecodeArgs::for_model(m.path());
-    a.worker.pool_pages = 256;
-    a.disable_decode_cache = !cache;
-    ferry_decode::start(a).await.expect("decode up")
-}
 
 /// (pulls ok, pulls failed, pages the prefill node received, prompt tokens it computed).
 async fn counts(metrics: std::net::SocketAddr) -> (f64, f64, f64, f64) {
@@ -54,8 +42,8 @@ async fn first_turn(c: &Client, answered: u32) -> (Vec<u32>, Vec<u32>) {
 async fn a_prefill_node_pulls_what_the_decode_node_holds_and_answers_the_same() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let p = prefill(&m).await;
-    let ds = [decode(&m, true).await, decode(&m, false).await];
+    let p = prefill_256(&m).await;
+    let ds = [decode_256(&m, true).await, decode_256(&m, false).await];
     let (d, plain) = (&ds[0], &ds[1]);
     let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await.pulling_from(d.grpc_addr.to_string());
     let (_, turn) = first_turn(&c, 40).await;
@@ -96,8 +84,8 @@ async fn a_prefill_node_pulls_what_the_decode_node_holds_and_answers_the_same() 
 async fn a_failed_pull_computes_the_prompt_instead() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let p = prefill(&m).await;
-    let d = decode(&m, true).await;
+    let p = prefill_256(&m).await;
+    let d = decode_256(&m, true).await;
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
     let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await.pulling_from(closed.to_string());
     let (_, turn) = first_turn(&c, 40).await;
@@ -120,8 +108,8 @@ async fn a_failed_pull_computes_the_prompt_instead() {
 async fn the_router_chooses_the_pull_and_says_so() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let p = prefill(&m).await;
-    let ds = [decode(&m, true).await];
+    let p = prefill_256(&m).await;
+    let ds = [decode_256(&m, true).await];
     let (prefill_addrs, decode_addrs) = (vec![p.grpc_addr.to_string()], vec![ds[0].grpc_addr.to_string()]);
     let pulls = router_over(&m, &prefill_addrs, &decode_addrs, |a| a.local_prefill_max = 0).await;
     let computes = router_over(&m, &prefill_addrs, &decode_addrs, |a| {
@@ -171,7 +159,7 @@ async fn the_router_chooses_the_pull_and_says_so() {
 async fn bad_pulls_are_refused_clearly() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let d = decode(&m, true).await;
+    let d = decode_256(&m, true).await;
     let mut h = ferry_proto::v1::holder_client::HolderClient::new(ferry_tests::channel(d.grpc_addr).await);
     let key = ferry_cluster::RoomKey::random();
     let req = |dest: Vec<u32>, backend: &str| ferry_proto::v1::PullRequest {
@@ -213,8 +201,8 @@ async fn a_pull_whose_room_ends_mid_send_is_spoiled() {
     use ferry_transfer::tcp::{TcpConfig, TcpReceiver};
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
-    let p = prefill(&m).await;
-    let d = decode(&m, true).await;
+    let p = prefill_256(&m).await;
+    let d = decode_256(&m, true).await;
     let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
     let (_, turn) = first_turn(&c, 40).await;
     settle(&p, std::slice::from_ref(&d)).await;

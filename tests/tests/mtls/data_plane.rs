@@ -77,6 +77,46 @@ async fn send_room(sender: &TcpSender, src: &HostPages, room: Room, secret: Room
     sender.send_done(room, secret, aux).await
 }
 
+/// A room of 4 pages sent by a sender with `security` arrives whole in `receiver`.
+async fn arrives_whole(receiver: &TcpReceiver, rx_mem: &HostPages, src: &HostPages, security: &Security) {
+    let (room, secret) = (Room::from(1u32), RoomSecret::random());
+    let done = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
+    let at = receiver.local_addr();
+    let sender = TcpSender::connect_secure(at, tcp_cfg(), security, Arc::new(NoFaults)).await.expect("connect");
+    send_room(&sender, src, room, secret).await.expect("sent and acknowledged");
+    assert!(matches!(done.await, Ok(Outcome::Success(_))));
+    for (s, d) in (0..4).zip(8..12) {
+        assert_eq!(page(rx_mem, d), page(src, s), "page {s} -> {d}");
+    }
+    receiver.close(room);
+}
+
+/// A sender with `security`, whose role `receiver` does not serve, writes nothing into a live
+/// room (`what` names it); the refusal is counted.
+async fn wrong_role_lands_nothing(
+    receiver: &TcpReceiver,
+    rx_mem: &HostPages,
+    src: &HostPages,
+    security: &Security,
+    what: &str,
+) {
+    let (room, secret) = (Room::from(3u32), RoomSecret::random());
+    let _open = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
+    // SAFETY: nothing else touches the arena now.
+    unsafe { rx_mem.write(8, &vec![0u8; PAGE]).expect("clear") };
+    let roles = refused("wrong_role");
+    match TcpSender::connect_secure(receiver.local_addr(), tcp_cfg(), security, Arc::new(NoFaults)).await {
+        Err(_) => {}
+        Ok(s) => {
+            let sent = tokio::time::timeout(Duration::from_secs(10), send_room(&s, src, room, secret)).await;
+            assert!(!matches!(sent, Ok(Ok(()))), "{what}");
+        }
+    }
+    counted_more("wrong_role", roles).await;
+    assert_eq!(page(rx_mem, 8), vec![0u8; PAGE], "{what}: nothing landed");
+    receiver.close(room);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tcp_data_plane_runs_mutual_tls_between_prefill_and_decode_only() {
     let pki = Pki::new("data plane CA");
@@ -93,15 +133,7 @@ async fn the_tcp_data_plane_runs_mutual_tls_between_prefill_and_decode_only() {
     let at = receiver.local_addr();
 
     // A prefill node's pages arrive whole, over TLS.
-    let (room, secret) = (Room::from(1u32), RoomSecret::random());
-    let done = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
-    let sender = TcpSender::connect_secure(at, tcp_cfg(), &prefill, Arc::new(NoFaults)).await.expect("connect");
-    send_room(&sender, &src, room, secret).await.expect("sent and acknowledged");
-    assert!(matches!(done.await, Ok(Outcome::Success(_))));
-    for (s, d) in (0..4).zip(8..12) {
-        assert_eq!(page(&rx_mem, d), page(&src, s), "page {s} -> {d}");
-    }
-    receiver.close(room);
+    arrives_whole(&receiver, &rx_mem, &src, &prefill).await;
 
     // Strangers, each with a live room's key: nothing lands, each refusal is counted.
     let (room, secret) = (Room::from(2u32), RoomSecret::random());
@@ -189,34 +221,10 @@ async fn pulls_run_mutual_tls_from_decode_to_prefill_only() {
     let rx_mem = Arc::new(HostPages::new(PAGE, PAGES).expect("arena"));
     let receiver =
         TcpReceiver::bind_secure(any(), Arc::clone(&rx_mem), tcp_cfg(), prefill.clone()).await.expect("bind");
-    let at = receiver.local_addr();
 
-    // A decode node's held pages arrive whole.
-    let (room, secret) = (Room::from(1u32), RoomSecret::random());
-    let done = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
-    let sender = TcpSender::connect_secure(at, tcp_cfg(), &decode, Arc::new(NoFaults)).await.expect("connect");
-    send_room(&sender, &src, room, secret).await.expect("sent and acknowledged");
-    assert!(matches!(done.await, Ok(Outcome::Success(_))));
-    for (s, d) in (0..4).zip(8..12) {
-        assert_eq!(page(&rx_mem, d), page(&src, s), "page {s} -> {d}");
-    }
-    receiver.close(room);
-
-    // Another prefill node writes nothing into a pull receiver.
-    let (room, secret) = (Room::from(2u32), RoomSecret::random());
-    let _open = receiver.open(room, secret, &[8, 9, 10, 11]).expect("open");
-    // SAFETY: nothing else touches the arena now.
-    unsafe { rx_mem.write(8, &vec![0u8; PAGE]).expect("clear") };
-    let roles = refused("wrong_role");
-    match TcpSender::connect_secure(at, tcp_cfg(), &prefill, Arc::new(NoFaults)).await {
-        Err(_) => {}
-        Ok(s) => {
-            let sent = tokio::time::timeout(Duration::from_secs(10), send_room(&s, &src, room, secret)).await;
-            assert!(!matches!(sent, Ok(Ok(()))), "a prefill certificate pushes no pages");
-        }
-    }
-    counted_more("wrong_role", roles).await;
-    assert_eq!(page(&rx_mem, 8), vec![0u8; PAGE], "nothing landed");
+    // A decode node's held pages arrive whole; another prefill node writes nothing.
+    arrives_whole(&receiver, &rx_mem, &src, &decode).await;
+    wrong_role_lands_nothing(&receiver, &rx_mem, &src, &prefill, "a prefill certificate pushes no pages").await;
 
     // A decode node sends held pages to no decode node's receiver.
     let impostor = TcpReceiver::bind_secure(any(), Arc::new(HostPages::new(PAGE, PAGES).expect("arena")), tcp_cfg(), {
