@@ -71,7 +71,8 @@ pub struct DecodeArgs {
     #[arg(long, env = ferry_cluster::env::MIN_NEW_TOKEN_RATIO, default_value_t = 0.05, help_heading = "Admission")]
     pub min_new_token_ratio: f64,
     /// `--decode-admission adaptive`: decode steps without a retraction for the share to fall
-    /// from --init-new-token-ratio to --min-new-token-ratio.
+    /// to --min-new-token-ratio, from --init-new-token-ratio at start and from where the last
+    /// retraction set it after one.
     #[arg(long, env = ferry_cluster::env::NEW_TOKEN_RATIO_DECAY_STEPS, default_value_t = 200, help_heading = "Admission")]
     pub new_token_ratio_decay_steps: u32,
     /// Seconds a request may wait for free pages while this worker runs no forward pass (as
@@ -114,8 +115,7 @@ impl DecodeArgs {
                 if !(0.0..=init).contains(&min) {
                     return Err(format!("--min-new-token-ratio {min}: must be between 0 and --init-new-token-ratio"));
                 }
-                let steps = f64::from(self.new_token_ratio_decay_steps.max(1));
-                Ok(Admission::Adaptive { init, min, decay: (init - min) / steps })
+                Ok(Admission::Adaptive { init, min, steps: self.new_token_ratio_decay_steps })
             }
         }
     }

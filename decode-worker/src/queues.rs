@@ -10,9 +10,9 @@
 //! that cannot be admitted blocks those behind it. The estimate depends on [`Admission`]:
 //! - `Adaptive` (the default): `ratio × the tokens it may still generate`, for the new request
 //!   and, recomputed at every admission, for every admitted one (SGLang's `new_token_ratio`).
-//!   The ratio starts at `init` and decays by `decay` per decode step to `min`; a retraction
-//!   sets it to what the running requests have shown, `(Σ generated + 20 × running) /
-//!   Σ max tokens`, at most 1. Memory is used, not held idle for tokens most requests never
+//!   The ratio starts at `init` and falls in equal parts over `steps` decode steps to `min`; a
+//!   retraction sets it to what the running requests have shown, `(Σ generated + 20 ×
+//!   running) / Σ max tokens`, at most 1, from where it falls to `min` over `steps` again. Memory is used, not held idle for tokens most requests never
 //!   generate;
 //! - `Reserved`: a fixed number of tokens (capped by what the request may generate), promised
 //!   at admission and kept until taken.
@@ -96,8 +96,9 @@ pub enum Admission {
         init: f64,
         /// Its floor.
         min: f64,
-        /// How much it falls per decode step without a retraction.
-        decay: f64,
+        /// Decode steps without a retraction for it to fall to `min` (from `init`, or from
+        /// where a retraction set it), in equal steps.
+        steps: u32,
     },
     /// A fixed number of tokens per request.
     Reserved {
@@ -185,6 +186,8 @@ pub struct Queues {
     retracted: bool,
     /// The adaptive estimate's ratio.
     ratio: f64,
+    /// How much it falls per decode step without a retraction.
+    fall: f64,
     admissions: u64,
     /// The node's last forward pass.
     progress: Option<Instant>,
@@ -193,9 +196,9 @@ pub struct Queues {
 impl Queues {
     /// Empty queues over a pool of `pool` pages.
     pub fn new(limits: Limits, pool: usize) -> Self {
-        let ratio = match limits.admission {
-            Admission::Adaptive { init, .. } => init,
-            Admission::Reserved { .. } => 1.0,
+        let (ratio, fall) = match limits.admission {
+            Admission::Adaptive { init, min, steps } => (init, admission::fall(init, min, steps)),
+            Admission::Reserved { .. } => (1.0, 0.0),
         };
         Self {
             entries: HashMap::new(),
@@ -207,6 +210,7 @@ impl Queues {
             groups: HashMap::new(),
             retracted: false,
             ratio,
+            fall,
             admissions: 0,
             progress: None,
         }

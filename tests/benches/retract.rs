@@ -7,14 +7,18 @@
 //! 8–30 tokens, greedy, EOS honoured (answers end at their own length), `max_tokens` 512. The
 //! pool holds about a third of what the clients' requests could want at once
 //! (C × (prompt + max_tokens)). Printed per mode: throughput (tokens received in the window
-//! per second), the mean running batch (requests in `running`, sampled every 20 ms), p50/p99
-//! inter-token latency, retractions, tokens recomputed, and truncated answers (ended with
-//! fewer tokens than asked for and no stop: the old behaviour under pressure, never now).
+//! per second), the mean running batch and prealloc queue (sampled every 20 ms), p50/p99
+//! inter-token latency, retractions, tokens recomputed, the answers that ended and their mean
+//! length, and truncated answers (ended with fewer tokens than asked for and no stop: the old
+//! behaviour under pressure, never now). A third mode, *bound*, admits whenever a request's
+//! context fits and promises nothing for its decoding: no admission rule can run more
+//! requests at once, so it shows what memory allows.
 //!
 //! `cargo bench -p ferry-tests --bench retract`; `FERRY_BENCH_QUICK=1`: 8 clients, 64 tokens,
 //! 15 s (a smoke run); `FERRY_BENCH_CLIENTS`, `FERRY_BENCH_SECS` override the clients and the
-//! window; `FERRY_BENCH_DEVICE=cuda` runs the decode worker on a GPU (a build with
-//! `--features ferry-decode/cuda`). The model comes from `FERRY_SMOLLM2` or the fetch cache.
+//! window; `FERRY_BENCH_POOL_SHARE` the pool's share of the demand (default 0.333; 1 runs
+//! without memory pressure: what the full batch would give); `FERRY_BENCH_DEVICE=cuda` runs
+//! the decode worker on a GPU (a build with `--features ferry-decode/cuda`). The model comes from `FERRY_SMOLLM2` or the fetch cache.
 
 use std::time::{Duration, Instant};
 
@@ -40,11 +44,14 @@ const ASKS: [&str; 4] =
 struct Figures {
     tok_s: f64,
     batch: f64,
+    queued: f64,
     itl_p50: f64,
     itl_p99: f64,
     retractions: f64,
     recomputed: f64,
     finished: usize,
+    /// Mean length of the answers that ended in the window.
+    answer: f64,
     truncated: usize,
 }
 
@@ -64,12 +71,15 @@ async fn run(edit: &dyn Fn(&mut DecodeArgs), load: &Load) -> Figures {
         (0..load.clients).map(|c| tokio::spawn(client(d.grpc_addr, load.prompts.clone(), c, params.clone(), deadline)));
     let all = futures::future::join_all(calls);
     tokio::pin!(all);
-    let mut running = Vec::new();
+    let (mut running, mut queued) = (Vec::new(), Vec::new());
     let outs: Vec<Outcome> = loop {
         tokio::select! {
             outs = &mut all => break outs.into_iter().flat_map(|r| r.expect("task")).collect(),
             () = tokio::time::sleep(Duration::from_millis(20)) => {
-                running.push(d.load().depth.iter().find(|x| x.0 == "running").map_or(0, |x| x.1) as f64);
+                let depth = d.load().depth;
+                let at = |q: &str| depth.iter().find(|x| x.0 == q).map_or(0, |x| x.1) as f64;
+                running.push(at("running"));
+                queued.push(at("prealloc"));
             }
         }
     };
@@ -83,12 +93,15 @@ async fn run(edit: &dyn Fn(&mut DecodeArgs), load: &Load) -> Figures {
     let f = Figures {
         tok_s: outs.iter().map(|o| o.tokens).sum::<usize>() as f64 / secs,
         batch: running.iter().sum::<f64>() / running.len().max(1) as f64,
+        queued: queued.iter().sum::<f64>() / queued.len().max(1) as f64,
         itl_p50: percentile(&mut itl, 0.5),
         itl_p99: percentile(&mut itl, 0.99),
         // (+ 0.0: an empty sum is -0.)
         retractions: metric_sum(&m, "ferry_decode_retractions_total", &w) + 0.0,
         recomputed: metric_sum(&m, "ferry_decode_retracted_tokens_total", &w) + 0.0,
         finished: outs.iter().filter(|o| o.ended).count(),
+        answer: outs.iter().filter(|o| o.ended).map(|o| o.tokens as f64).sum::<f64>()
+            / outs.iter().filter(|o| o.ended).count().max(1) as f64,
         truncated: outs.iter().filter(|o| o.ended && o.tokens < load.max_new as usize && !o.stopped).count(),
     };
     d.stop().await;
@@ -122,7 +135,9 @@ async fn main() {
         .collect();
     let mean_prompt = prompts.iter().map(Vec::len).sum::<usize>() / prompts.len();
     let demand = clients * (mean_prompt + max_new as usize).div_ceil(16);
-    let load = Load { prompts, clients, max_new, pages: demand / 3, window: Duration::from_secs(secs) };
+    let share: f64 = std::env::var("FERRY_BENCH_POOL_SHARE").ok().and_then(|v| v.parse().ok()).unwrap_or(1.0 / 3.0);
+    let pages = (demand as f64 * share) as usize;
+    let load = Load { prompts, clients, max_new, pages, window: Duration::from_secs(secs) };
     println!(
         "Decode under memory pressure: SmolLM2, {clients} clients in a closed loop for {secs} s, max_tokens {max_new}, greedy,\n\
          EOS honoured; pool {} pages of 16 tokens ({:.0} % of the {demand} pages the clients' requests could want)",
@@ -130,8 +145,18 @@ async fn main() {
         load.pages as f64 / demand as f64 * 100.0
     );
     println!(
-        "{:<26} {:>8} {:>8} {:>10} {:>10} {:>10} {:>11} {:>9} {:>10}",
-        "mode", "tok/s", "batch", "ITL p50", "ITL p99", "retracted", "recomputed", "finished", "truncated"
+        "{:<26} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>11} {:>9} {:>7} {:>10}",
+        "mode",
+        "tok/s",
+        "batch",
+        "queued",
+        "ITL p50",
+        "ITL p99",
+        "retracted",
+        "recomputed",
+        "finished",
+        "answer",
+        "truncated"
     );
     // FERRY_BENCH_ADAPTIVE=init:min:steps,... runs these adaptive settings instead of the
     // defaults (for tuning).
@@ -155,6 +180,15 @@ async fn main() {
             "adaptive + retraction".into(),
             Box::new(|a: &mut DecodeArgs| a.decode_admission = AdmissionKind::Adaptive),
         ));
+        // The most any admission rule could run at once: admit whenever the context fits,
+        // promise nothing for decoding, and let retraction make room.
+        modes.push((
+            "bound: context only".into(),
+            Box::new(|a: &mut DecodeArgs| {
+                a.decode_admission = AdmissionKind::Adaptive;
+                (a.init_new_token_ratio, a.min_new_token_ratio, a.new_token_ratio_decay_steps) = (0.0, 0.0, 1);
+            }),
+        ));
     }
     for (init, min, steps) in variants {
         modes.push((
@@ -169,8 +203,17 @@ async fn main() {
     for (name, edit) in &modes {
         let f = run(edit.as_ref(), &load).await;
         println!(
-            "{name:<26} {:>8.1} {:>8.2} {:>8.0}ms {:>8.0}ms {:>10} {:>11} {:>9} {:>10}",
-            f.tok_s, f.batch, f.itl_p50, f.itl_p99, f.retractions, f.recomputed, f.finished, f.truncated
+            "{name:<26} {:>8.1} {:>8.2} {:>8.2} {:>8.0}ms {:>8.0}ms {:>10} {:>11} {:>9} {:>7.0} {:>10}",
+            f.tok_s,
+            f.batch,
+            f.queued,
+            f.itl_p50,
+            f.itl_p99,
+            f.retractions,
+            f.recomputed,
+            f.finished,
+            f.answer,
+            f.truncated
         );
         match base {
             None => base = Some(f.tok_s),

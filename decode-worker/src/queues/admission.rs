@@ -18,6 +18,11 @@ pub fn victim(candidates: &[(Room, usize, u64)]) -> Option<Room> {
     candidates.iter().min_by_key(|&&(_, progress, order)| (progress, std::cmp::Reverse(order))).map(|c| c.0)
 }
 
+/// The adaptive ratio's fall per decode step: from `from` to `min` in `steps` equal parts.
+pub(super) fn fall(from: f64, min: f64, steps: u32) -> f64 {
+    (from - min).max(0.0) / f64::from(steps.max(1))
+}
+
 impl Queues {
     /// Pages set aside for admitted requests' decoding and not yet taken.
     pub fn promised(&self) -> usize {
@@ -150,14 +155,17 @@ impl Queues {
                 admitted.fold((0, 0, 0), |(n, g, l), e| (n + e.n, g + e.generated, l + e.n * e.limit.max(1)));
             let shown = (generated + RETRACT_DECODE_STEPS * n) as f64 / limit.max(1) as f64;
             self.ratio = shown.clamp(min, 1.0);
+            if let Admission::Adaptive { steps, .. } = self.limits.admission {
+                self.fall = fall(self.ratio, min, steps);
+            }
         }
         Some(Action::Retract { room, pages, context, running })
     }
 
     /// One decode step ran without a retraction: the adaptive estimate decays.
     pub(super) fn decoded(&mut self) {
-        if let Admission::Adaptive { min, decay, .. } = self.limits.admission {
-            self.ratio = (self.ratio - decay).max(min);
+        if let Admission::Adaptive { min, .. } = self.limits.admission {
+            self.ratio = (self.ratio - self.fall).max(min);
         }
     }
 

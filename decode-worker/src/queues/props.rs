@@ -71,7 +71,7 @@ fn limits(admission: Admission) -> Limits {
 fn admission() -> impl Strategy<Value = Admission> {
     prop_oneof![
         (0usize..6).prop_map(|tokens| Admission::Reserved { tokens }),
-        (0.0f64..1.0, 0.0f64..0.2).prop_map(|(init, decay)| Admission::Adaptive { init, min: init / 4.0, decay }),
+        (0.0f64..1.0, 1u32..50).prop_map(|(init, steps)| Admission::Adaptive { init, min: init / 4.0, steps }),
     ]
 }
 
@@ -296,9 +296,9 @@ proptest! {
 fn under_pressure_every_request_completes_and_pages_are_conserved() {
     for (seed, admission) in (1..=40u64).flat_map(|s| {
         [
-            (s, Admission::Adaptive { init: 0.7, min: 0.05, decay: 0.01 }),
+            (s, Admission::Adaptive { init: 0.7, min: 0.05, steps: 65 }),
             (s, Admission::Reserved { tokens: 4 }),
-            (s, Admission::Adaptive { init: 0.0, min: 0.0, decay: 0.0 }),
+            (s, Admission::Adaptive { init: 0.0, min: 0.0, steps: 1 }),
         ]
     }) {
         simulate(seed, admission);

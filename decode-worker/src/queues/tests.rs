@@ -80,7 +80,7 @@ fn limits_duplicates_and_timeouts() {
 #[test]
 fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retraction() {
     let t0 = Instant::now();
-    let mut q = queues(8, Admission::Adaptive { init: 0.5, min: 0.1, decay: 0.1 });
+    let mut q = queues(8, Admission::Adaptive { init: 0.5, min: 0.1, steps: 4 });
     // 0.5 × 100 tokens: 50 pages estimated on top of a 10-token prompt.
     q.push(rid(1), 10, 100, true, 1, t0).expect("new");
     assert!(q.admit_within(59, t0).is_empty());
@@ -114,6 +114,27 @@ fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retractio
     assert_eq!(a[0], Action::Allocate { room: rid(2), pages: 10, local: true });
     assert_eq!(rooms(&a), vec![2], "room 3's 1 + 1 on top of 85 promised does not fit in the 85 left");
     assert!(q.order(rid(2)) > q.order(rid(1)), "re-admitted: newer than room 1");
+    // From where the retraction set it, the ratio falls to min over the same 4 steps.
+    q.decoded();
+    assert!((q.ratio() - 0.4).abs() < 1e-9, "{}", q.ratio());
+    for _ in 0..3 {
+        q.decoded();
+    }
+    assert!((q.ratio() - 0.1).abs() < 1e-9, "{}", q.ratio());
+}
+
+#[test]
+fn a_ratio_that_starts_at_its_floor_falls_back_to_it_after_a_retraction() {
+    let t0 = Instant::now();
+    let mut q = queues(8, Admission::Adaptive { init: 0.0, min: 0.0, steps: 2 });
+    q.push(rid(1), 10, 100, true, 1, t0).expect("new");
+    q.push(rid(2), 10, 100, true, 1, t0).expect("new");
+    assert_eq!(rooms(&q.admit_within(20, t0)), vec![1, 2], "nothing promised: the contexts fit");
+    q.retract(rid(2), t0);
+    assert!((q.ratio() - 0.2).abs() < 1e-9, "room 1 shows (0 + 20) / 100: {}", q.ratio());
+    q.decoded();
+    q.decoded();
+    assert_eq!(q.ratio(), 0.0, "back at the floor after 2 steps");
 }
 
 #[test]
