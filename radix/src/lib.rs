@@ -21,4 +21,4 @@ mod gallop;
 mod tree;
 
 pub use gallop::common_prefix;
-pub use tree::{Insert, Match, NodeId, Payload, RadixTree};
+pub use tree::{Insert, Match, NodeId, Payload, PrefixWalk, RadixTree};

@@ -32,6 +32,40 @@ struct Node<V> {
     value: Option<V>,
 }
 
+/// The path of a match, node by node ([`RadixTree::walk_prefix`]).
+pub struct PrefixWalk<'a, V> {
+    tree: &'a RadixTree<V>,
+    tokens: &'a [u32],
+    /// `tokens`' whole pages.
+    full: usize,
+    /// Tokens matched so far.
+    pos: usize,
+    /// The node to continue below; None once the match ended inside a node.
+    cur: Option<NodeId>,
+}
+
+impl<V: Payload> Iterator for PrefixWalk<'_, V> {
+    type Item = (NodeId, usize);
+
+    fn next(&mut self) -> Option<(NodeId, usize)> {
+        let ps = self.tree.page_size;
+        let cur = self.cur?;
+        if self.pos + ps > self.full {
+            return None;
+        }
+        let Some(&child) = self.tree.node(cur).and_then(|n| n.children.get(&self.tokens[self.pos..self.pos + ps]))
+        else {
+            self.cur = None;
+            return None;
+        };
+        let key = self.tree.key(child);
+        let pages = common_prefix(key, &self.tokens[self.pos..self.full]) / ps;
+        self.pos += pages * ps;
+        self.cur = (pages * ps == key.len()).then_some(child);
+        Some((child, pages))
+    }
+}
+
 /// How far a prompt is in the tree.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Match {
@@ -198,24 +232,27 @@ impl<V: Payload> RadixTree<V> {
 
     /// Continues a match below `node`, which already matched `tokens[..pos]` in full.
     pub fn match_from(&self, node: NodeId, pos: usize, tokens: &[u32]) -> Match {
-        let ps = self.page_size;
-        let full = tokens.len() / ps * ps;
-        let mut m = Match { tokens: pos, path: Vec::new() };
-        let mut cur = node;
-        while m.tokens + ps <= full {
-            let Some(&child) = self.node(cur).and_then(|n| n.children.get(&tokens[m.tokens..m.tokens + ps])) else {
-                break;
-            };
-            let key = self.key(child);
-            let pages = common_prefix(key, &tokens[m.tokens..full]) / ps;
-            m.path.push((child, pages));
-            m.tokens += pages * ps;
-            if pages * ps < key.len() {
-                break;
-            }
-            cur = child;
+        let mut walk = PrefixWalk {
+            tree: self,
+            tokens,
+            full: tokens.len() / self.page_size * self.page_size,
+            pos,
+            cur: Some(node),
+        };
+        let path: Vec<(NodeId, usize)> = walk.by_ref().collect();
+        Match { tokens: walk.pos, path }
+    }
+
+    /// The nodes a match of `tokens` passes through and the pages matched in each (the path
+    /// of [`Self::match_prefix`]), without allocating.
+    pub fn walk_prefix<'a>(&'a self, tokens: &'a [u32]) -> PrefixWalk<'a, V> {
+        PrefixWalk {
+            tree: self,
+            tokens,
+            full: tokens.len() / self.page_size * self.page_size,
+            pos: 0,
+            cur: Some(NodeId::ROOT),
         }
-        m
     }
 
     /// A key holding `tokens`: a kept one with room for them (the most recently kept of the

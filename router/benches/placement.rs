@@ -145,8 +145,7 @@ fn main() {
     let workers: usize = std::env::var("FERRY_BENCH_WORKERS").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
     let mut rng = Rng(0x5eed);
     let groups: Vec<Vec<u32>> = (0..GROUPS).map(|_| rng.tokens(PREFIX)).collect();
-    let states =
-        (0..workers).map(|_| PrefillState { healthy: true, queued_tokens: 0, tokens_per_second: 5000.0 }).collect();
+    let states = (0..workers).map(|_| PrefillState::new(true, 0, 5000.0)).collect();
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
     let mut r = Router { ix: PrefixIndex::new(PS, 1 << 20), placer, states, rng: Rng(0xfeed) };

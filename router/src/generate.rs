@@ -194,7 +194,7 @@ impl Ctx {
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let now = Instant::now();
-        let gone = PrefillState { healthy: false, queued_tokens: 0, tokens_per_second: 0.0 };
+        let gone = PrefillState::new(false, 0, 0.0);
         let prefill_states: Vec<PrefillState> =
             snap.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect();
         let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());

@@ -150,8 +150,7 @@ impl PrefixIndex {
             if base >= workers {
                 break;
             }
-            let m = s.matched(prompt, (workers - base).min(SHARD_WORKERS));
-            out[base..base + m.len()].copy_from_slice(&m);
+            s.matched_into(prompt, &mut out[base..workers.min(base + SHARD_WORKERS)]);
         }
         out
     }

@@ -36,7 +36,7 @@ impl FromStr for Policy {
     }
 }
 
-/// What placement knows of a prefill worker.
+/// What placement knows of a prefill worker ([`PrefillState::new`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PrefillState {
     /// Reachable and not tripped by the circuit breaker.
@@ -45,6 +45,34 @@ pub struct PrefillState {
     pub queued_tokens: u64,
     /// Its measured prefill rate (tokens per second; 0 when not measured yet).
     pub tokens_per_second: f64,
+    /// `queued_tokens` and `1 / tokens_per_second` (0 when not measured) as placement scores
+    /// them: a router scoring a thousand workers per request divides once per load report,
+    /// not once per worker and request.
+    queued: f64,
+    seconds_per_token: f64,
+}
+
+impl PrefillState {
+    /// A worker `healthy` or not, with `queued_tokens` to compute at `tokens_per_second`.
+    pub fn new(healthy: bool, queued_tokens: u64, tokens_per_second: f64) -> Self {
+        let seconds_per_token = if tokens_per_second > 0.0 { 1.0 / tokens_per_second } else { 0.0 };
+        Self::with_reciprocal(healthy, queued_tokens, tokens_per_second, seconds_per_token)
+    }
+
+    /// [`Self::new`] given `1 / tokens_per_second` (0 when not measured) already.
+    pub(crate) fn with_reciprocal(
+        healthy: bool,
+        queued_tokens: u64,
+        tokens_per_second: f64,
+        seconds_per_token: f64,
+    ) -> Self {
+        Self { healthy, queued_tokens, tokens_per_second, queued: queued_tokens as f64, seconds_per_token }
+    }
+
+    /// `1 / tokens_per_second`, 0 when not measured.
+    pub(crate) fn seconds_per_token(&self) -> f64 {
+        self.seconds_per_token
+    }
 }
 
 /// What placement knows of a decode worker.
@@ -103,6 +131,62 @@ pub struct PrefillChoice {
     pub cached_tokens: usize,
     /// Estimated seconds to the first token.
     pub ttft: f64,
+}
+
+/// The healthy worker with the least estimated TTFT × (1 + 1 % × `jitter(w)`), `jitter` in
+/// [0, 1). In two passes, nothing allocated (a router with a thousand workers scores each on
+/// every request): the least estimate `m` first; then the jitter, only for workers within
+/// 1 % of `m` — a worker estimated above `m` × 1.01 cannot beat the best one's jittered
+/// score, which is below that. `transfer`: the seconds to move the prompt's KV.
+fn least_jittered(
+    (len, transfer): (usize, f64),
+    cached: &[usize],
+    states: &[PrefillState],
+    default_rate: f64,
+    jitter: &mut impl FnMut(usize) -> f64,
+) -> Option<usize> {
+    let default_spt = 1.0 / default_rate;
+    // Multiplications only, no branch but selects: what a thousand workers cost.
+    let estimate = |s: &PrefillState, held: usize| {
+        let spt = if s.seconds_per_token > 0.0 { s.seconds_per_token } else { default_spt };
+        let t = (s.queued + (len - held.min(len)) as i64 as f64) * spt + transfer;
+        if s.healthy { t } else { f64::INFINITY }
+    };
+    thread_local! {
+        /// The estimates of the last request placed on this thread, reused.
+        static ESTIMATES: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    ESTIMATES.with_borrow_mut(|est| {
+        est.clear();
+        let held = cached.iter().copied().chain(std::iter::repeat(0));
+        est.extend(states.iter().zip(held).map(|(s, h)| estimate(s, h)));
+        // Four running minimums, not one chain of dependent compares.
+        let mut lanes = [f64::INFINITY; 4];
+        let quads = est.chunks_exact(4);
+        for &t in quads.remainder() {
+            lanes[0] = if t < lanes[0] { t } else { lanes[0] };
+        }
+        for q in quads {
+            for (l, &t) in lanes.iter_mut().zip(q) {
+                *l = if t < *l { t } else { *l };
+            }
+        }
+        let least = lanes.into_iter().fold(f64::INFINITY, |a, b| if b < a { b } else { a });
+        if least == f64::INFINITY {
+            return None;
+        }
+        let within = least * 1.01;
+        let mut best: Option<(usize, f64)> = None;
+        for (w, &t) in est.iter().enumerate() {
+            if t <= within {
+                let score = t * (1.0 + 0.01 * jitter(w));
+                if best.is_none_or(|(_, b)| score < b) {
+                    best = Some((w, score));
+                }
+            }
+        }
+        best.map(|b| b.0)
+    })
 }
 
 /// Placement settings.
@@ -186,10 +270,7 @@ impl Placer {
                 healthy().nth(self.rr % n)?
             }
             Policy::LeastLoad => healthy().min_by_key(|&w| (states[w].queued_tokens, w))?,
-            // One pass, nothing allocated: a router with a thousand workers scores each.
-            Policy::CacheAware => {
-                healthy().map(|w| (w, ttft(w) * (1.0 + 0.01 * jitter(w)))).min_by(|a, b| a.1.total_cmp(&b.1))?.0
-            }
+            Policy::CacheAware => least_jittered((len, transfer), cached, states, default_rate, &mut jitter)?,
         };
         Some(PrefillChoice { worker: w, cached_tokens: held(w), ttft: ttft(w) })
     }
@@ -268,7 +349,7 @@ mod tests {
     use super::*;
 
     fn st(queued: u64, rate: f64) -> PrefillState {
-        PrefillState { healthy: true, queued_tokens: queued, tokens_per_second: rate }
+        PrefillState::new(true, queued, rate)
     }
 
     #[test]
@@ -345,7 +426,7 @@ mod tests {
         // Nothing cached anywhere: the roomiest, as before.
         assert_eq!(p.decode(10, &[d(60, 0), d(90, 0)]), Ok(1));
 
-        let st = PrefillState { healthy: true, queued_tokens: 0, tokens_per_second: 1000.0 };
+        let st = PrefillState::new(true, 0, 1000.0);
         // 1000 tokens' pages move in 1 ms.
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e9);
         let c = p.prefill(1000, &[0], &[st], |_| 0.0).expect("one");

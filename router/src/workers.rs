@@ -22,6 +22,7 @@ use crate::index::SharedIndex;
 use crate::placement::{DecodeState, PrefillState};
 
 mod events;
+mod view;
 
 use events::follow_events;
 pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
@@ -50,6 +51,8 @@ struct Health {
 }
 
 impl Health {
+    /// What [`view::View::healthy`] answers once this is published.
+    #[cfg(test)]
     fn healthy(&self, now: Instant) -> bool {
         self.seen && self.open_until.is_none_or(|t| now >= t)
     }
@@ -108,6 +111,8 @@ pub struct Worker {
     /// [`Snapshot::prefill`]).
     pub slot: usize,
     health: Mutex<Health>,
+    /// Its health and load as placement reads them, without the lock.
+    view: view::View,
     /// Still a member of the registry (events for its slot are applied only while it is).
     member: std::sync::atomic::AtomicBool,
 }
@@ -115,7 +120,15 @@ pub struct Worker {
 impl Worker {
     /// Reachable recently and not tripped.
     pub fn healthy(&self) -> bool {
-        lock(&self.health).healthy(Instant::now())
+        self.view.healthy(Instant::now())
+    }
+
+    /// Changes its health with `f` and publishes the result to placement.
+    fn update<R>(&self, f: impl FnOnce(&mut Health) -> R) -> R {
+        let mut h = lock(&self.health);
+        let r = f(&mut h);
+        self.view.publish(&h);
+        r
     }
 
     /// Its last load report.
@@ -123,37 +136,26 @@ impl Worker {
         lock(&self.health).load.clone()
     }
 
-    /// What placement reads of a prefill worker: one lock, nothing copied but three numbers
-    /// (a router scores every worker on every request).
+    /// What placement reads of a prefill worker: no lock, three numbers (a router scores
+    /// every worker on every request).
     pub fn prefill_state(&self, now: Instant) -> PrefillState {
-        let h = lock(&self.health);
-        let (queued_tokens, tokens_per_second) =
-            h.load.as_ref().map_or((0, 0.0), |l| (l.queued_prefill_tokens, l.prefill_tokens_per_second));
-        PrefillState { healthy: h.healthy(now), queued_tokens, tokens_per_second }
+        self.view.prefill_state(now)
     }
 
     /// What placement reads of a decode worker (unhealthy as well when `excluded`).
     /// What placement reads of a decode worker holding `cached_tokens` of the prompt.
     pub fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
-        let h = lock(&self.health);
-        let load = h.load.as_ref();
-        DecodeState {
-            healthy: !excluded && h.healthy(now),
-            // A decode worker's evictable pages are its prefix cache's, given on demand.
-            admissible_pages: load.map_or(0, |l| u64::from(l.free_pages) + u64::from(l.evictable_pages)),
-            total_pages: load.map_or(u64::MAX, |l| u64::from(l.total_pages)),
-            cached_tokens,
-        }
+        self.view.decode_state(now, excluded, cached_tokens)
     }
 
     /// A call to it succeeded.
     pub fn ok(&self) {
-        lock(&self.health).call_ok();
+        self.update(Health::call_ok);
     }
 
     /// A call to it failed; returns true when this opened its circuit.
     pub fn failed(&self) -> bool {
-        lock(&self.health).call_failed(Instant::now())
+        self.update(|h| h.call_failed(Instant::now()))
     }
 }
 
@@ -187,6 +189,9 @@ pub struct Registry {
     decode_index: SharedIndex,
     tls: Option<Arc<InternalTls>>,
     members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
+    /// The members as every placement reads them: replaced whole (under `members`' lock)
+    /// when one joins or leaves, read without waiting.
+    current: arc_swap::ArcSwap<Snapshot>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -219,7 +224,13 @@ impl Registry {
             let ix = index.lock();
             crate::index::shared(crate::index::PrefixIndex::new(ix.page_size(), ix.max_pages()))
         };
-        Self { index, decode_index, tls: None, members: Mutex::new((Vec::new(), Vec::new())) }
+        Self {
+            index,
+            decode_index,
+            tls: None,
+            members: Mutex::new((Vec::new(), Vec::new())),
+            current: arc_swap::ArcSwap::from_pointee(Snapshot::default()),
+        }
     }
 
     /// What decode workers' caches hold, by their [`Worker::slot`].
@@ -241,13 +252,17 @@ impl Registry {
         self
     }
 
-    /// The workers now.
-    pub fn snapshot(&self) -> Snapshot {
-        let m = lock(&self.members);
-        Snapshot {
+    /// The workers now: one atomic load, whatever their number.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    /// Publishes the members `m` (its lock held) as the snapshot placements read.
+    fn publish(&self, m: &(Vec<Option<Member>>, Vec<Member>)) {
+        self.current.store(Arc::new(Snapshot {
             prefill: m.0.iter().map(|s| s.as_ref().map(|m| Arc::clone(&m.worker))).collect(),
             decode: m.1.iter().map(|m| Arc::clone(&m.worker)).collect(),
-        }
+        }));
     }
 
     /// Adds `w`, or replaces the worker of the same role and id when its address changed.
@@ -284,6 +299,7 @@ impl Registry {
             channel,
             slot,
             health: Mutex::new(Health::default()),
+            view: view::View::default(),
             member: std::sync::atomic::AtomicBool::new(true),
         });
         let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(self.index_of(w.role))));
@@ -292,6 +308,7 @@ impl Registry {
             Role::Decode => m.1.push(member),
             Role::Prefill => m.0[slot] = Some(member),
         }
+        self.publish(&m);
         tracing::info!(worker = %w.id, role = w.role.as_str(), addr = %w.addr, "worker joined");
         Ok(())
     }
@@ -310,6 +327,7 @@ impl Registry {
             }
         };
         let Some(member) = gone else { return false };
+        self.publish(m);
         member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
         member.events.abort();
         let _ = self.index_of(role).lock().clear_worker(member.worker.slot);
@@ -364,9 +382,9 @@ impl Registry {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
-                        Ok(Ok(r)) => lock(&w.health).check_ok(r),
+                        Ok(Ok(r)) => w.update(|h| h.check_ok(r)),
                         _ => {
-                            if lock(&w.health).check_failed(Instant::now()) {
+                            if w.update(|h| h.check_failed(Instant::now())) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
                                 // Checked under the lock, as event ingestion does: a worker that
                                 // left meanwhile may have handed its slot to a newcomer.

@@ -487,29 +487,40 @@ impl Shard {
 
     /// For each worker slot `0..workers`, how many tokens of `prompt` it holds (whole pages,
     /// provisional marks included).
+    #[cfg(test)]
     pub fn matched(&self, prompt: &[u32], workers: usize) -> Vec<usize> {
-        let ps = self.page_size();
         let mut out = vec![0; workers.min(SHARD_WORKERS)];
+        self.matched_into(prompt, &mut out);
+        out
+    }
+
+    /// [`Self::matched`] into `out` (one entry per slot, at most [`SHARD_WORKERS`]), which
+    /// must hold zeros: a slot whose workers hold nothing of the prompt is not written, so a
+    /// shard holding nothing of it costs one lookup at its root.
+    pub fn matched_into(&self, prompt: &[u32], out: &mut [usize]) {
+        let ps = self.page_size();
+        let workers = out.len().min(SHARD_WORKERS);
         let mut set = |mut bits: u64, tokens: usize| {
+            if tokens == 0 {
+                return;
+            }
             while bits != 0 {
                 out[bits.trailing_zeros() as usize] = tokens;
                 bits &= bits - 1;
             }
         };
-        let m = self.tree.match_prefix(prompt);
         let mut alive = if workers >= SHARD_WORKERS { u64::MAX } else { (1u64 << workers) - 1 };
         let mut depth = 0;
-        for &(node, pages) in &m.path {
+        for (node, pages) in self.tree.walk_prefix(prompt) {
             let holders = self.tree.value(node).map_or(0, Run::holders);
             set(alive & !holders, depth * ps);
             alive &= holders;
             if alive == 0 {
-                break;
+                return;
             }
             depth += pages;
         }
         set(alive, depth * ps);
-        out
     }
 }
 

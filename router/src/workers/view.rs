@@ -1,0 +1,169 @@
+//! What placement reads of a worker, without a lock: its health and the few numbers of its
+//! load report that placement scores. Whoever changes the worker's [`super::Health`] (an
+//! active check, a call's outcome) publishes them here while holding its lock; every placement
+//! reads them for every worker with relaxed atomic loads. A router with a thousand workers
+//! used to take a thousand mutexes per request here.
+//!
+//! The numbers are read one by one, not as one consistent report: a placement racing a report
+//! may mix the old queue length with the new rate. Both are estimates already a poll interval
+//! old, so this costs nothing placement could notice.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
+
+use ferry_proto::v1 as pb;
+
+use super::Health;
+use crate::placement::{DecodeState, PrefillState};
+
+/// The instant every published deadline counts from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+/// Nanoseconds from [`epoch`] to `t` (0 for instants before it).
+fn since_epoch(t: Instant) -> u64 {
+    t.saturating_duration_since(epoch()).as_nanos().try_into().unwrap_or(u64::MAX)
+}
+
+/// A worker's placement inputs, published.
+#[derive(Debug)]
+pub(super) struct View {
+    /// An active check or a call has succeeded since it joined.
+    seen: AtomicBool,
+    /// While its circuit is open: 1 + nanoseconds from [`epoch`] until it half-opens; 0
+    /// when closed.
+    open_until: AtomicU64,
+    /// A load report came.
+    reported: AtomicBool,
+    queued_prefill_tokens: AtomicU64,
+    /// f64 bits.
+    prefill_tokens_per_second: AtomicU64,
+    /// f64 bits: its reciprocal, 0 when not measured ([`PrefillState::new`]).
+    prefill_seconds_per_token: AtomicU64,
+    /// Free plus evictable pages (a decode worker's).
+    admissible_pages: AtomicU64,
+    total_pages: AtomicU64,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        epoch();
+        Self {
+            seen: AtomicBool::new(false),
+            open_until: AtomicU64::new(0),
+            reported: AtomicBool::new(false),
+            queued_prefill_tokens: AtomicU64::new(0),
+            prefill_tokens_per_second: AtomicU64::new(0f64.to_bits()),
+            prefill_seconds_per_token: AtomicU64::new(0f64.to_bits()),
+            admissible_pages: AtomicU64::new(0),
+            total_pages: AtomicU64::new(0),
+        }
+    }
+}
+
+impl View {
+    /// Publishes `h` (the caller holds its lock, so publications never interleave).
+    pub(super) fn publish(&self, h: &Health) {
+        self.seen.store(h.seen, Relaxed);
+        self.open_until.store(h.open_until.map_or(0, |t| since_epoch(t).saturating_add(1)), Relaxed);
+        if let Some(l) = &h.load {
+            self.publish_load(l);
+        }
+        self.reported.store(h.load.is_some(), Relaxed);
+    }
+
+    fn publish_load(&self, l: &pb::LoadReport) {
+        self.queued_prefill_tokens.store(l.queued_prefill_tokens, Relaxed);
+        let state = PrefillState::new(true, 0, l.prefill_tokens_per_second);
+        self.prefill_tokens_per_second.store(l.prefill_tokens_per_second.to_bits(), Relaxed);
+        self.prefill_seconds_per_token.store(state.seconds_per_token().to_bits(), Relaxed);
+        self.admissible_pages.store(u64::from(l.free_pages) + u64::from(l.evictable_pages), Relaxed);
+        self.total_pages.store(u64::from(l.total_pages), Relaxed);
+    }
+
+    /// Seen and its circuit not open at `now` ([`Health::healthy`]).
+    pub(super) fn healthy(&self, now: Instant) -> bool {
+        let open = self.open_until.load(Relaxed);
+        self.seen.load(Relaxed) && (open == 0 || since_epoch(now) >= open - 1)
+    }
+
+    pub(super) fn prefill_state(&self, now: Instant) -> PrefillState {
+        if !self.reported.load(Relaxed) {
+            return PrefillState::new(self.healthy(now), 0, 0.0);
+        }
+        PrefillState::with_reciprocal(
+            self.healthy(now),
+            self.queued_prefill_tokens.load(Relaxed),
+            f64::from_bits(self.prefill_tokens_per_second.load(Relaxed)),
+            f64::from_bits(self.prefill_seconds_per_token.load(Relaxed)),
+        )
+    }
+
+    pub(super) fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
+        let reported = self.reported.load(Relaxed);
+        DecodeState {
+            healthy: !excluded && self.healthy(now),
+            // A decode worker's evictable pages are its prefix cache's, given on demand.
+            admissible_pages: if reported { self.admissible_pages.load(Relaxed) } else { 0 },
+            total_pages: if reported { self.total_pages.load(Relaxed) } else { u64::MAX },
+            cached_tokens,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The published view answers what the locked health answers, at every step of a
+    /// breaker's life and before and after a report.
+    #[test]
+    fn the_view_agrees_with_the_health_it_publishes() {
+        let (mut h, v) = (Health::default(), View::default());
+        let t0 = Instant::now();
+        let agree = |h: &Health, v: &View, now: Instant| {
+            assert_eq!(v.healthy(now), h.healthy(now), "{h:?} at {:?}", now - t0);
+            let load = h.load.as_ref();
+            let p = v.prefill_state(now);
+            assert_eq!(p.queued_tokens, load.map_or(0, |l| l.queued_prefill_tokens));
+            assert_eq!(p.tokens_per_second, load.map_or(0.0, |l| l.prefill_tokens_per_second));
+            assert_eq!(p, PrefillState::new(h.healthy(now), p.queued_tokens, p.tokens_per_second));
+            let d = v.decode_state(now, false, 3);
+            assert_eq!(d.total_pages, load.map_or(u64::MAX, |l| u64::from(l.total_pages)));
+            assert_eq!(d.admissible_pages, load.map_or(0, |l| u64::from(l.free_pages + l.evictable_pages)));
+            assert!(!v.decode_state(now, true, 0).healthy, "excluded");
+        };
+        let at = [t0, t0 + Duration::from_millis(1), t0 + super::super::OPEN_FOR, t0 + Duration::from_secs(60)];
+        let step = |h: &mut Health, f: &dyn Fn(&mut Health)| {
+            f(h);
+            v.publish(h);
+            for now in at {
+                agree(h, &v, now);
+            }
+        };
+        step(&mut h, &|_| {});
+        let report = pb::LoadReport {
+            queued_prefill_tokens: 70,
+            prefill_tokens_per_second: 1234.5,
+            free_pages: 10,
+            evictable_pages: 5,
+            total_pages: 99,
+            ..Default::default()
+        };
+        step(&mut h, &|h| h.check_ok(report.clone()));
+        for _ in 0..super::super::TRIP_AFTER {
+            step(&mut h, &|h| {
+                h.call_failed(t0);
+            });
+        }
+        assert!(!v.healthy(t0), "tripped");
+        assert!(v.healthy(t0 + super::super::OPEN_FOR), "half-open");
+        step(&mut h, &|h| h.call_ok());
+        assert!(v.healthy(t0));
+    }
+}
