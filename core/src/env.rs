@@ -104,6 +104,8 @@ pub const KV_HOST_MIRROR: &str = "FERRY_KV_HOST_MIRROR";
 
 /// `--load-poll` (ferry router).
 pub const LOAD_POLL: &str = "FERRY_LOAD_POLL";
+/// `--load-polls-per-second` (ferry router).
+pub const LOAD_POLLS_PER_SECOND: &str = "FERRY_LOAD_POLLS_PER_SECOND";
 
 /// `--local-prefill-below` (ferry router).
 pub const LOCAL_PREFILL_BELOW: &str = "FERRY_LOCAL_PREFILL_BELOW";
@@ -245,6 +247,7 @@ pub const ALL: &[&str] = &[
     IN_QUEUE_THRESHOLD,
     KV_HOST_MIRROR,
     LOAD_POLL,
+    LOAD_POLLS_PER_SECOND,
     LOCAL_PREFILL_BELOW,
     LOCAL_PREFILL_MAX,
     MAX_DEST_PAGES,

@@ -62,6 +62,10 @@ impl RouterArgs {
         let seconds = |flag, v| ferry_cluster::args::seconds(flag, v).map_err(StartError::Config);
         let (queue_timeout, load_poll) =
             (seconds("queue-timeout", self.queue_timeout)?, seconds("load-poll", self.load_poll)?);
+        let rate = self.load_polls_per_second;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(StartError::Config(format!("--load-polls-per-second {rate}: give a number above 0")));
+        }
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => Some(Tls::load(c, k).map_err(|e| StartError::Config(format!("TLS: {e}")))?),
             (None, None) => None,

@@ -138,6 +138,11 @@ pub struct RouterArgs {
     /// Seconds between active checks (gRPC health and load report) of every worker.
     #[arg(long, env = ferry_cluster::env::LOAD_POLL, default_value_t = 0.1, help_heading = "Discovery")]
     pub load_poll: f64,
+    /// Most active checks per second over all workers (each is two calls): with more workers
+    /// than --load-poll allows at this rate, every worker is checked every workers / this
+    /// seconds instead, so that polling a thousand workers does not take the router's cores.
+    #[arg(long, env = ferry_cluster::env::LOAD_POLLS_PER_SECOND, default_value_t = 1000.0, help_heading = "Discovery")]
+    pub load_polls_per_second: f64,
     /// etcd discovery: workers registered under `/ferry/<cluster>/` join and leave as they
     /// come and go (in addition to any named by flags or file).
     #[command(flatten)]
@@ -273,7 +278,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
             timeout: queue_timeout,
         }),
     });
-    let mut background = vec![tokio::spawn(Arc::clone(&registry).poll_loads(load_poll))];
+    let mut background = vec![tokio::spawn(Arc::clone(&registry).poll_loads(load_poll, args.load_polls_per_second))];
     if let Some(etcd) = etcd {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         background.push(tokio::spawn(ferry_cluster::discovery::etcd::watch(etcd, tx)));

@@ -373,11 +373,10 @@ impl Registry {
     /// Actively checks every worker every `every`, forever: its gRPC health must say SERVING
     /// and its load report must come back, within a second. A worker whose circuit opens
     /// loses its entries in its role's index (its event stream resyncs them when it is back).
-    pub async fn poll_loads(self: Arc<Self>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
+    pub async fn poll_loads(self: Arc<Self>, every: Duration, per_second: f64) {
         loop {
-            tick.tick().await;
             let snap = self.snapshot();
+            let due = tokio::time::Instant::now() + poll_period(every, per_second, snap.all().count());
             let polls = snap.all().map(|w| {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
@@ -398,34 +397,47 @@ impl Registry {
                 }
             });
             futures::future::join_all(polls).await;
-            let count = |ws: &mut dyn Iterator<Item = &Arc<Worker>>| {
-                let (mut up, mut down) = (0usize, 0usize);
-                for w in ws {
-                    if w.healthy() { up += 1 } else { down += 1 }
-                }
-                (up as f64, down as f64)
-            };
-            for (role, (up, down)) in
-                [("prefill", count(&mut snap.prefill.iter().flatten())), ("decode", count(&mut snap.decode.iter()))]
-            {
-                metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
-                metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
-            }
-            for (role, index) in [("prefill", &self.index), ("decode", &self.decode_index)] {
-                let (pages, confirmed, evicted, dropped) = {
-                    // An idle router forgets lapsed placements too.
-                    let mut ix = index.lock();
-                    ix.expire(Instant::now());
-                    (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
-                };
-                metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "confirmed").set(confirmed as f64);
-                metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional")
-                    .set(pages.saturating_sub(confirmed) as f64);
-                metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(evicted);
-                metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(dropped);
-            }
+            self.report_health(&snap);
+            tokio::time::sleep_until(due).await;
         }
     }
+
+    /// The workers' and the indexes' gauges, after a round of checks.
+    fn report_health(&self, snap: &Snapshot) {
+        let count = |ws: &mut dyn Iterator<Item = &Arc<Worker>>| {
+            let (mut up, mut down) = (0usize, 0usize);
+            for w in ws {
+                if w.healthy() { up += 1 } else { down += 1 }
+            }
+            (up as f64, down as f64)
+        };
+        for (role, (up, down)) in
+            [("prefill", count(&mut snap.prefill.iter().flatten())), ("decode", count(&mut snap.decode.iter()))]
+        {
+            metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "healthy").set(up);
+            metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
+        }
+        for (role, index) in [("prefill", &self.index), ("decode", &self.decode_index)] {
+            let (pages, confirmed, evicted, dropped) = {
+                // An idle router forgets lapsed placements too.
+                let mut ix = index.lock();
+                ix.expire(Instant::now());
+                (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
+            };
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "confirmed").set(confirmed as f64);
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional")
+                .set(pages.saturating_sub(confirmed) as f64);
+            metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(evicted);
+            metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(dropped);
+        }
+    }
+}
+
+/// From one round of active checks of `workers` workers to the next: `every`, or longer when
+/// that would check more than `per_second` workers a second (at most an hour).
+fn poll_period(every: Duration, per_second: f64, workers: usize) -> Duration {
+    let secs = workers as f64 / per_second;
+    every.max(Duration::from_secs_f64(if secs.is_finite() { secs.clamp(0.0, 3600.0) } else { 3600.0 }))
 }
 
 /// A discovered worker that could not be added (a bad address, a scheme that contradicts
@@ -450,6 +462,17 @@ async fn check(w: &Worker) -> Result<pb::LoadReport, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 17: a router polling 1,024 workers every 100 ms spent a core on it (two calls
+    /// each: 20 k calls a second); past `--load-polls-per-second` the rounds spread out.
+    #[test]
+    fn polls_spread_out_past_their_rate() {
+        let ms = Duration::from_millis;
+        assert_eq!(poll_period(ms(100), 1000.0, 64), ms(100));
+        assert_eq!(poll_period(ms(100), 1000.0, 1024), ms(1024));
+        assert_eq!(poll_period(ms(100), 1e-300, 1024), Duration::from_secs(3600), "capped, no overflow");
+        assert_eq!(poll_period(ms(100), f64::NAN, 1024), Duration::from_secs(3600));
+    }
 
     /// Issue 21's defect 8: every passing health check used to clear the breaker, so a worker
     /// failing its calls kept getting traffic.
