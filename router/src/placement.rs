@@ -47,7 +47,8 @@ pub struct PrefillState {
     pub tokens_per_second: f64,
     /// `queued_tokens` and `1 / tokens_per_second` (0 when not measured) as placement scores
     /// them: a router scoring a thousand workers per request divides once per load report,
-    /// not once per worker and request.
+    /// not once per worker and request. (Set only by the constructors: change a state by
+    /// making a new one.)
     queued: f64,
     seconds_per_token: f64,
 }

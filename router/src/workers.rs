@@ -123,11 +123,12 @@ impl Worker {
         self.view.healthy(Instant::now())
     }
 
-    /// Changes its health with `f` and publishes the result to placement.
-    fn update<R>(&self, f: impl FnOnce(&mut Health) -> R) -> R {
+    /// Changes its health with `f` and publishes the result to placement (its load report
+    /// too when `load`: `f` brought a new one).
+    fn update<R>(&self, load: bool, f: impl FnOnce(&mut Health) -> R) -> R {
         let mut h = lock(&self.health);
         let r = f(&mut h);
-        self.view.publish(&h);
+        self.view.publish(&h, load);
         r
     }
 
@@ -150,12 +151,12 @@ impl Worker {
 
     /// A call to it succeeded.
     pub fn ok(&self) {
-        self.update(Health::call_ok);
+        self.update(false, Health::call_ok);
     }
 
     /// A call to it failed; returns true when this opened its circuit.
     pub fn failed(&self) -> bool {
-        self.update(|h| h.call_failed(Instant::now()))
+        self.update(false, |h| h.call_failed(Instant::now()))
     }
 }
 
@@ -303,6 +304,9 @@ impl Registry {
             member: std::sync::atomic::AtomicBool::new(true),
         });
         let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(self.index_of(w.role))));
+        // A new worker is out of placement until a check passes: checked now, not at the next
+        // round (a second or more away with a thousand workers).
+        tokio::spawn(first_check(Arc::clone(&worker)));
         let member = Member { worker, events };
         match w.role {
             Role::Decode => m.1.push(member),
@@ -370,8 +374,9 @@ impl Registry {
         }
     }
 
-    /// Actively checks every worker every `every`, forever: its gRPC health must say SERVING
-    /// and its load report must come back, within a second. A worker whose circuit opens
+    /// Actively checks every worker every `every` ([`poll_period`]: less often past
+    /// `per_second` checks a second), forever: its gRPC health must say SERVING and its load
+    /// report must come back, within a second. A worker whose circuit opens
     /// loses its entries in its role's index (its event stream resyncs them when it is back).
     pub async fn poll_loads(self: Arc<Self>, every: Duration, per_second: f64) {
         loop {
@@ -381,9 +386,9 @@ impl Registry {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
-                        Ok(Ok(r)) => w.update(|h| h.check_ok(r)),
+                        Ok(Ok(r)) => w.update(true, |h| h.check_ok(r)),
                         _ => {
-                            if w.update(|h| h.check_failed(Instant::now())) {
+                            if w.update(false, |h| h.check_failed(Instant::now())) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
                                 // Checked under the lock, as event ingestion does: a worker that
                                 // left meanwhile may have handed its slot to a newcomer.
@@ -398,6 +403,8 @@ impl Registry {
             });
             futures::future::join_all(polls).await;
             self.report_health(&snap);
+            // Not held while waiting: workers that left meanwhile go now.
+            drop(snap);
             tokio::time::sleep_until(due).await;
         }
     }
@@ -445,6 +452,13 @@ fn poll_period(every: Duration, per_second: f64, workers: usize) -> Duration {
 fn refused_worker(e: &str) {
     tracing::warn!(error = %e, "worker not added");
     metrics::counter!(M::BAD_REQUESTS, "role" => "router", "reason" => "worker_refused").increment(1);
+}
+
+/// A joining worker's first check; a failure waits for the rounds, which count it.
+async fn first_check(w: Arc<Worker>) {
+    if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
+        w.update(true, |h| h.check_ok(r));
+    }
 }
 
 /// One active check: gRPC health, then the load report.

@@ -11,8 +11,9 @@
 //! inter-token latency, retractions, tokens recomputed, the answers that ended and their mean
 //! length, and truncated answers (ended with fewer tokens than asked for and no stop: the old
 //! behaviour under pressure, never now). A third mode, *bound*, admits whenever a request's
-//! context fits and promises nothing for its decoding: no admission rule can run more
-//! requests at once, so it shows what memory allows.
+//! context fits and promises nothing for its decoding (ratio 0, but for the step after a
+//! retraction): close to the most requests any admission rule can run at once, so it shows
+//! what memory allows.
 //!
 //! `cargo bench -p ferry-tests --bench retract`; `FERRY_BENCH_QUICK=1`: 8 clients, 64 tokens,
 //! 15 s (a smoke run); `FERRY_BENCH_CLIENTS`, `FERRY_BENCH_SECS` override the clients and the
@@ -180,8 +181,8 @@ async fn main() {
             "adaptive + retraction".into(),
             Box::new(|a: &mut DecodeArgs| a.decode_admission = AdmissionKind::Adaptive),
         ));
-        // The most any admission rule could run at once: admit whenever the context fits,
-        // promise nothing for decoding, and let retraction make room.
+        // About the most any admission rule could run at once: admit whenever the context
+        // fits, promise nothing for decoding, and let retraction make room.
         modes.push((
             "bound: context only".into(),
             Box::new(|a: &mut DecodeArgs| {

@@ -149,15 +149,13 @@ impl Queues {
         let context = e.context();
         self.used -= pages - group;
         self.prealloc.push_front(room);
-        if let Admission::Adaptive { min, .. } = self.limits.admission {
+        if let Admission::Adaptive { min, steps, .. } = self.limits.admission {
             let admitted = self.entries.values().filter(|e| e.stage != Stage::Prealloc);
             let (n, generated, limit) =
                 admitted.fold((0, 0, 0), |(n, g, l), e| (n + e.n, g + e.generated, l + e.n * e.limit.max(1)));
             let shown = (generated + RETRACT_DECODE_STEPS * n) as f64 / limit.max(1) as f64;
             self.ratio = shown.clamp(min, 1.0);
-            if let Admission::Adaptive { steps, .. } = self.limits.admission {
-                self.fall = fall(self.ratio, min, steps);
-            }
+            self.fall = fall(self.ratio, min, steps);
         }
         Some(Action::Retract { room, pages, context, running })
     }

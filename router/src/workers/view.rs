@@ -9,7 +9,7 @@
 //! old, so this costs nothing placement could notice.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Instant;
 
 use ferry_proto::v1 as pb;
@@ -65,14 +65,17 @@ impl Default for View {
 }
 
 impl View {
-    /// Publishes `h` (the caller holds its lock, so publications never interleave).
-    pub(super) fn publish(&self, h: &Health) {
+    /// Publishes `h` (the caller holds its lock, so publications never interleave); its load
+    /// report too when `load` (an active check brought a new one; a call's outcome changes
+    /// only the breaker, and rewriting numbers every placement reads would cost them).
+    pub(super) fn publish(&self, h: &Health, load: bool) {
         self.seen.store(h.seen, Relaxed);
         self.open_until.store(h.open_until.map_or(0, |t| since_epoch(t).saturating_add(1)), Relaxed);
-        if let Some(l) = &h.load {
+        if let (true, Some(l)) = (load, &h.load) {
             self.publish_load(l);
+            // Release: whoever sees `reported` sees the numbers of the first report.
+            self.reported.store(true, Release);
         }
-        self.reported.store(h.load.is_some(), Relaxed);
     }
 
     fn publish_load(&self, l: &pb::LoadReport) {
@@ -91,7 +94,7 @@ impl View {
     }
 
     pub(super) fn prefill_state(&self, now: Instant) -> PrefillState {
-        if !self.reported.load(Relaxed) {
+        if !self.reported.load(Acquire) {
             return PrefillState::new(self.healthy(now), 0, 0.0);
         }
         PrefillState::with_reciprocal(
@@ -103,7 +106,7 @@ impl View {
     }
 
     pub(super) fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
-        let reported = self.reported.load(Relaxed);
+        let reported = self.reported.load(Acquire);
         DecodeState {
             healthy: !excluded && self.healthy(now),
             // A decode worker's evictable pages are its prefix cache's, given on demand.
@@ -141,7 +144,7 @@ mod tests {
         let at = [t0, t0 + Duration::from_millis(1), t0 + super::super::OPEN_FOR, t0 + Duration::from_secs(60)];
         let step = |h: &mut Health, f: &dyn Fn(&mut Health)| {
             f(h);
-            v.publish(h);
+            v.publish(h, true);
             for now in at {
                 agree(h, &v, now);
             }
