@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use rng::Rng;
 
 use ferry_router::index::PrefixIndex;
-use ferry_router::placement::{Placer, Policy, PrefillState};
+use ferry_router::placement::{Placer, Policy, PrefillState, jitter};
 
 const PS: usize = 16;
 const GROUPS: usize = 64;
@@ -51,7 +51,7 @@ impl Router {
         let m = self.ix.matched(&prompt[..prompt.len() - 1], self.states.len());
         let t_match = t.elapsed();
         let j = self.rng.next();
-        let c = self.placer.prefill(prompt.len(), &m, &self.states, |w| ((j >> (w % 56)) & 0xff) as f64 / 256.0);
+        let c = self.placer.prefill(prompt.len(), &m, &self.states, jitter(j as u32));
         let w = c.map_or(0, |c| c.worker);
         let t1 = Instant::now();
         self.ix.provisional(w, prompt, now, TTL).expect("insert");
@@ -119,8 +119,7 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
                             p[PREFIX] = (50_000 + (round * 2 + me) * per + i) as u32;
                             let t0 = Instant::now();
                             let m = ix.lock().matched(&p[..p.len() - 1], states.len());
-                            let c =
-                                placer.lock().expect("placer").prefill(p.len(), &m, states, |w| (w % 7) as f64 / 7.0);
+                            let c = placer.lock().expect("placer").prefill(p.len(), &m, states, jitter(i as u32));
                             ix.lock().provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
                             busy += t0.elapsed().as_secs_f64();
                         }

@@ -21,7 +21,7 @@ mod stream;
 use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
-use crate::placement::{DecodeState, NoDecode, Path, Placer, PrefillState};
+use crate::placement::{DecodeState, NoDecode, Path, Placer, PrefillState, jitter};
 use crate::workers::{Registry, Worker};
 
 /// A decode worker as placement sees it.
@@ -198,8 +198,7 @@ impl Ctx {
         let prefill_states: Vec<PrefillState> =
             snap.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect();
         let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());
-        let jitter = rand_jitter();
-        let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter);
+        let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
@@ -284,16 +283,5 @@ impl Ctx {
             .instrument(span),
         );
         Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
-    }
-}
-
-fn rand_jitter() -> impl Fn(usize) -> f64 {
-    let seed: u64 = rand::random();
-    move |w| {
-        let mut x = seed ^ (w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }

@@ -190,6 +190,13 @@ fn least_jittered(
     })
 }
 
+/// The jitter a router draws for one request: a number in [0, 1) for each worker, from one
+/// random `seed` (a multiplicative hash of the seed and the worker's slot: a few cycles, as it
+/// may run for every one of a thousand workers when they tie).
+pub fn jitter(seed: u32) -> impl Fn(usize) -> f64 {
+    move |w| f64::from((seed ^ w as u32).wrapping_mul(0x9E37_79B1) >> 8) / f64::from(1u32 << 24)
+}
+
 /// Placement settings.
 #[derive(Debug, Clone, Copy)]
 pub struct Placer {
@@ -387,6 +394,26 @@ mod tests {
         assert_eq!((c.worker, c.cached_tokens), (1, 0));
         assert_eq!("least-load".parse::<Policy>(), Ok(Policy::LeastLoad));
         assert!("random".parse::<Policy>().is_err());
+    }
+
+    /// The router's jitter: in [0, 1), different for a thousand workers, and a tie between
+    /// them goes to different workers for different seeds.
+    #[test]
+    fn the_jitter_spreads_a_thousand_tied_workers() {
+        let mut winners = std::collections::HashSet::new();
+        for seed in 0..64u32 {
+            let j = jitter(seed.wrapping_mul(2_654_435_761));
+            let values: Vec<f64> = (0..1024).map(&j).collect();
+            assert!(values.iter().all(|v| (0.0..1.0).contains(v)));
+            let mut bits: Vec<u64> = values.iter().map(|v| v.to_bits()).collect();
+            bits.sort_unstable();
+            bits.dedup();
+            assert_eq!(bits.len(), 1024, "seed {seed}");
+            let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
+            let tie = vec![st(0, 1000.0); 1024];
+            winners.insert(p.prefill(100, &[], &tie, j).expect("one").worker);
+        }
+        assert!(winners.len() > 48, "64 seeds picked only {} workers", winners.len());
     }
 
     #[test]
