@@ -140,7 +140,8 @@ pub struct RouterArgs {
     pub load_poll: f64,
     /// Most active checks per second over all workers (each is two calls): with more workers
     /// than --load-poll allows at this rate, every worker is checked every workers / this
-    /// seconds instead, so that polling a thousand workers does not take the router's cores.
+    /// seconds instead (at most an hour), so that polling a thousand workers does not take
+    /// the router's cores. A joining worker is checked at once.
     #[arg(long, env = ferry_cluster::env::LOAD_POLLS_PER_SECOND, default_value_t = 1000.0, help_heading = "Discovery")]
     pub load_polls_per_second: f64,
     /// etcd discovery: workers registered under `/ferry/<cluster>/` join and leave as they
