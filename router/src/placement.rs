@@ -56,8 +56,7 @@ pub struct PrefillState {
 impl PrefillState {
     /// A worker `healthy` or not, with `queued_tokens` to compute at `tokens_per_second`.
     pub fn new(healthy: bool, queued_tokens: u64, tokens_per_second: f64) -> Self {
-        let seconds_per_token = if tokens_per_second > 0.0 { 1.0 / tokens_per_second } else { 0.0 };
-        Self::with_reciprocal(healthy, queued_tokens, tokens_per_second, seconds_per_token)
+        Self::with_reciprocal(healthy, queued_tokens, tokens_per_second, seconds_per_token(tokens_per_second))
     }
 
     /// [`Self::new`] given `1 / tokens_per_second` (0 when not measured) already.
@@ -69,11 +68,11 @@ impl PrefillState {
     ) -> Self {
         Self { healthy, queued_tokens, tokens_per_second, queued: queued_tokens as f64, seconds_per_token }
     }
+}
 
-    /// `1 / tokens_per_second`, 0 when not measured.
-    pub(crate) fn seconds_per_token(&self) -> f64 {
-        self.seconds_per_token
-    }
+/// `1 / tokens_per_second`, 0 when not measured (0 or less).
+pub(crate) fn seconds_per_token(tokens_per_second: f64) -> f64 {
+    if tokens_per_second > 0.0 { 1.0 / tokens_per_second } else { 0.0 }
 }
 
 /// What placement knows of a decode worker.

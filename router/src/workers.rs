@@ -385,8 +385,8 @@ impl Registry {
             let polls = snap.all().map(|w| {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
-                    match tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
-                        Ok(Ok(r)) => w.update(true, |h| h.check_ok(r)),
+                    match check(&w).await {
+                        Ok(r) => w.update(true, |h| h.check_ok(r)),
                         _ => {
                             if w.update(false, |h| h.check_failed(Instant::now())) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
@@ -456,13 +456,17 @@ fn refused_worker(e: &str) {
 
 /// A joining worker's first check; a failure waits for the rounds, which count it.
 async fn first_check(w: Arc<Worker>) {
-    if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), check(&w)).await {
+    if let Ok(r) = check(&w).await {
         w.update(true, |h| h.check_ok(r));
     }
 }
 
-/// One active check: gRPC health, then the load report.
+/// One active check, within a second: gRPC health, then the load report.
 async fn check(w: &Worker) -> Result<pb::LoadReport, String> {
+    tokio::time::timeout(Duration::from_secs(1), check_unbounded(w)).await.map_err(|_| "timed out".to_string())?
+}
+
+async fn check_unbounded(w: &Worker) -> Result<pb::LoadReport, String> {
     let mut h = tonic_health::pb::health_client::HealthClient::new(w.channel.clone());
     let status =
         h.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.map_err(|s| s.to_string())?;

@@ -15,7 +15,7 @@ use std::time::Instant;
 use ferry_proto::v1 as pb;
 
 use super::Health;
-use crate::placement::{DecodeState, PrefillState};
+use crate::placement::{DecodeState, PrefillState, seconds_per_token};
 
 /// The instant every published deadline counts from.
 fn epoch() -> Instant {
@@ -80,9 +80,9 @@ impl View {
 
     fn publish_load(&self, l: &pb::LoadReport) {
         self.queued_prefill_tokens.store(l.queued_prefill_tokens, Relaxed);
-        let state = PrefillState::new(true, 0, l.prefill_tokens_per_second);
-        self.prefill_tokens_per_second.store(l.prefill_tokens_per_second.to_bits(), Relaxed);
-        self.prefill_seconds_per_token.store(state.seconds_per_token().to_bits(), Relaxed);
+        let rate = l.prefill_tokens_per_second;
+        self.prefill_tokens_per_second.store(rate.to_bits(), Relaxed);
+        self.prefill_seconds_per_token.store(seconds_per_token(rate).to_bits(), Relaxed);
         self.admissible_pages.store(u64::from(l.free_pages) + u64::from(l.evictable_pages), Relaxed);
         self.total_pages.store(u64::from(l.total_pages), Relaxed);
     }
