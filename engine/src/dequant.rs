@@ -1,11 +1,9 @@
 //! Dequantisation of GGUF / safetensors tensor data to f32.
 //!
-//! Block formats (ggml): Q4_0, Q4_1 and Q8_0 as [`BlockFormat`] defines them (the kernels
-//! compute with those blocks as they are). Q4_K: super-blocks of 256 with 8 sub-blocks whose 6-bit
-//! scales and mins are packed in 12 bytes. Q6_K: 256 weights as 4 low bits (`ql`) + 2 high
-//! bits (`qh`) with 16 signed 8-bit scales.
+//! Block formats (ggml): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K as [`QuantFormat`] defines them (the
+//! CPU backend computes with those blocks, repacked; others dequantize them at upload).
 
-use ferry_kernels::quant::BlockFormat;
+use ferry_kernels::quant::QuantFormat;
 use half::{bf16, f16};
 
 /// Element types Ferry can turn into f32.
@@ -58,13 +56,15 @@ impl DType {
         }
     }
 
-    /// The block format a backend may keep as it is (Q4_0, Q4_1, Q8_0).
-    pub fn block_format(self) -> Option<BlockFormat> {
+    /// The quantized format a backend may keep as it is (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
+    pub fn quant_format(self) -> Option<QuantFormat> {
         match self {
-            Self::Q4_0 => Some(BlockFormat::Q4_0),
-            Self::Q4_1 => Some(BlockFormat::Q4_1),
-            Self::Q8_0 => Some(BlockFormat::Q8_0),
-            _ => None,
+            Self::Q4_0 => Some(QuantFormat::Q4_0),
+            Self::Q4_1 => Some(QuantFormat::Q4_1),
+            Self::Q8_0 => Some(QuantFormat::Q8_0),
+            Self::Q4K => Some(QuantFormat::Q4K),
+            Self::Q6K => Some(QuantFormat::Q6K),
+            Self::F32 | Self::F16 | Self::BF16 => None,
         }
     }
 
@@ -90,58 +90,11 @@ pub fn dequantize(dtype: DType, data: &[u8], out: &mut [f32]) {
             DType::F32 => o[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
             DType::F16 => o[0] = h(blk, 0),
             DType::BF16 => o[0] = bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
-            DType::Q4_0 => BlockFormat::Q4_0.dequantize_block(blk, o),
-            DType::Q4_1 => BlockFormat::Q4_1.dequantize_block(blk, o),
-            DType::Q8_0 => BlockFormat::Q8_0.dequantize_block(blk, o),
-            DType::Q4K => q4k(blk, o),
-            DType::Q6K => q6k(blk, o),
-        }
-    }
-}
-
-/// Scale and min of sub-block `j` (0..8) from the 12 packed bytes of a Q4_K block.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
-}
-
-fn q4k(blk: &[u8], o: &mut [f32]) {
-    let (d, dmin) = (h(blk, 0), h(blk, 2));
-    let scales = &blk[4..16];
-    let qs = &blk[16..144];
-    for c in 0..4 {
-        let (s1, m1) = scale_min_k4(2 * c, scales);
-        let (s2, m2) = scale_min_k4(2 * c + 1, scales);
-        let q = &qs[c * 32..c * 32 + 32];
-        let y = &mut o[c * 64..c * 64 + 64];
-        for l in 0..32 {
-            y[l] = d * s1 as f32 * (q[l] & 0xF) as f32 - dmin * m1 as f32;
-            y[l + 32] = d * s2 as f32 * (q[l] >> 4) as f32 - dmin * m2 as f32;
-        }
-    }
-}
-
-fn q6k(blk: &[u8], o: &mut [f32]) {
-    let ql = &blk[0..128];
-    let qh = &blk[128..192];
-    let sc = &blk[192..208];
-    let d = h(blk, 208);
-    for n in 0..2 {
-        let (ql, qh, sc) = (&ql[n * 64..], &qh[n * 32..], &sc[n * 8..]);
-        let y = &mut o[n * 128..n * 128 + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-            y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-            y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-            y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+            DType::Q4_0 => QuantFormat::Q4_0.dequantize_block(blk, o),
+            DType::Q4_1 => QuantFormat::Q4_1.dequantize_block(blk, o),
+            DType::Q8_0 => QuantFormat::Q8_0.dequantize_block(blk, o),
+            DType::Q4K => QuantFormat::Q4K.dequantize_block(blk, o),
+            DType::Q6K => QuantFormat::Q6K.dequantize_block(blk, o),
         }
     }
 }
@@ -177,6 +130,87 @@ pub fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     out
 }
 
+/// Quantises f32 values to Q4_K (for writing test models; `x.len()` a multiple of 256): per
+/// sub-block of 32 a range from min(0, lowest) to the highest, 6-bit scale and min against the
+/// block's largest.
+pub fn quantize_q4_k(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 256 * 144);
+    for b in x.chunks(256) {
+        let subs: Vec<(f32, f32)> = b
+            .chunks(32)
+            .map(|s| {
+                let lo = s.iter().fold(0.0f32, |m, &v| m.min(v));
+                let hi = s.iter().fold(lo, |m, &v| m.max(v));
+                ((hi - lo) / 15.0, -lo)
+            })
+            .collect();
+        let top = |f: fn(&(f32, f32)) -> f32| subs.iter().map(f).fold(0.0f32, f32::max) / 63.0;
+        let (d, dmin) = (f16::from_f32(top(|s| s.0)), f16::from_f32(top(|s| s.1)));
+        let q6 = |v: f32, by: f16| if by.to_f32() > 0.0 { (v / by.to_f32()).round().clamp(0.0, 63.0) as u8 } else { 0 };
+        let (sc, mn): (Vec<u8>, Vec<u8>) = subs.iter().map(|&(s, m)| (q6(s, d), q6(m, dmin))).unzip();
+        out.extend_from_slice(&d.to_le_bytes());
+        out.extend_from_slice(&dmin.to_le_bytes());
+        let mut packed = [0u8; 12];
+        for j in 0..4 {
+            packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6);
+            packed[j + 4] = mn[j] | ((mn[j + 4] >> 4) << 6);
+            packed[j + 8] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+        }
+        out.extend_from_slice(&packed);
+        let q: Vec<u8> = b
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let (s, m) = (d.to_f32() * f32::from(sc[i / 32]), dmin.to_f32() * f32::from(mn[i / 32]));
+                if s > 0.0 { ((v + m) / s).round().clamp(0.0, 15.0) as u8 } else { 0 }
+            })
+            .collect();
+        for c in 0..4 {
+            out.extend((0..32).map(|l| q[c * 64 + l] | (q[c * 64 + 32 + l] << 4)));
+        }
+    }
+    out
+}
+
+/// Quantises f32 values to Q6_K (for writing test models; `x.len()` a multiple of 256): per
+/// sub-block of 16 a signed scale putting its largest magnitude at 31, 8-bit against the
+/// block's largest.
+pub fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / 256 * 210);
+    for b in x.chunks(256) {
+        let scales: Vec<f32> = b.chunks(16).map(|s| s.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 31.0).collect();
+        let d = f16::from_f32(scales.iter().fold(0.0f32, |m, &v| m.max(v)) / 127.0);
+        let sc: Vec<i8> = scales
+            .iter()
+            .map(|&s| if d.to_f32() > 0.0 { (s / d.to_f32()).round().clamp(-128.0, 127.0) as i8 } else { 0 })
+            .collect();
+        let q: Vec<u8> = b
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let s = d.to_f32() * f32::from(sc[i / 16]);
+                let q = if s != 0.0 { (v / s).round().clamp(-32.0, 31.0) as i32 } else { 0 };
+                (q + 32) as u8
+            })
+            .collect();
+        let (mut ql, mut qh) = ([0u8; 128], [0u8; 64]);
+        for n in 0..2 {
+            let y = &q[n * 128..];
+            for l in 0..32 {
+                ql[n * 64 + l] = (y[l] & 0xF) | ((y[l + 64] & 0xF) << 4);
+                ql[n * 64 + l + 32] = (y[l + 32] & 0xF) | ((y[l + 96] & 0xF) << 4);
+                qh[n * 32 + l] =
+                    (y[l] >> 4) | ((y[l + 32] >> 4) << 2) | ((y[l + 64] >> 4) << 4) | ((y[l + 96] >> 4) << 6);
+            }
+        }
+        out.extend_from_slice(&ql);
+        out.extend_from_slice(&qh);
+        out.extend(sc.iter().map(|&s| s as u8));
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +240,18 @@ mod tests {
     }
 
     #[test]
+    fn q4_k_and_q6_k_round_trip_within_their_step() {
+        let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 20.0).collect();
+        let mut o = vec![0.0; 512];
+        dequantize(DType::Q4K, &quantize_q4_k(&x), &mut o);
+        let worst = x.iter().zip(&o).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 5.0 / 15.0, "Q4_K off by {worst}");
+        dequantize(DType::Q6K, &quantize_q6_k(&x), &mut o);
+        let worst = x.iter().zip(&o).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 2.5 / 31.0, "Q6_K off by {worst}");
+    }
+
+    #[test]
     fn q4_k_unpacks_six_bit_scales() {
         let mut blk = vec![0u8; 144];
         blk[0..2].copy_from_slice(&f16::from_f32(1.0).to_le_bytes());
@@ -221,8 +267,6 @@ mod tests {
         let mut o = vec![0.0; 256];
         dequantize(DType::Q4K, &blk, &mut o);
         assert_eq!(o[0], 3.0 * 15.0 - 0.5 * 2.0);
-        let (s5, m5) = scale_min_k4(5, &blk[4..16]);
-        assert_eq!((s5, m5), (23, 33));
         assert_eq!(o[128 + 32 + 2], 23.0 * 10.0 - 0.5 * 33.0);
     }
 

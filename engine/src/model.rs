@@ -147,3 +147,10 @@ impl<B: Backend> Model<B> {
         }
     }
 }
+
+impl Model<ferry_kernels::cpu::CpuBackend> {
+    /// Bytes the weight matrices take in memory ([`Weights::matrix_bytes`]).
+    pub fn matrix_bytes(&self) -> usize {
+        self.weights.matrix_bytes()
+    }
+}

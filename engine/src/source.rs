@@ -11,7 +11,7 @@ use safetensors::tensor::Dtype as StDtype;
 use crate::EngineError;
 use crate::config::{Arch, ModelConfig};
 use crate::dequant::{DType, dequantize};
-use ferry_kernels::quant::BlockFormat;
+use ferry_kernels::quant::QuantFormat;
 
 /// A tensor in f32 with its shape (`[rows, cols]` for matrices, `[n]` for vectors).
 #[derive(Debug, Clone)]
@@ -21,8 +21,8 @@ pub struct Tensor {
     /// Values, row-major; empty when `blocks` holds them.
     pub data: Vec<f32>,
     /// The values as the file's blocks, row-major, when the file holds a matrix in a block
-    /// format a backend may keep as it is ([`DType::block_format`]).
-    pub blocks: Option<(BlockFormat, Vec<u8>)>,
+    /// format a backend may keep as it is ([`DType::quant_format`]).
+    pub blocks: Option<(QuantFormat, Vec<u8>)>,
 }
 
 impl Tensor {
@@ -40,7 +40,7 @@ impl Tensor {
         match &self.blocks {
             Some((f, b)) if self.data.is_empty() => {
                 let n: usize = self.shape.iter().product();
-                let (bb, mut block) = (f.block_bytes(), [0.0f32; ferry_kernels::quant::BLOCK]);
+                let (bb, mut block) = (f.block_bytes(), vec![0.0f32; f.block_weights()]);
                 (0..n)
                     .step_by(step.max(1))
                     .map(|i| {
@@ -240,8 +240,8 @@ impl TensorSource for GgufSource {
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         // Matrices of whole blocks per row keep their blocks (and are not dequantized here:
         // [`Tensor::into_f32`] does it for a backend that wants f32).
-        let mut blocks = match (dtype.block_format(), &shape[..]) {
-            (Some(f), [_, cols]) if cols % ferry_kernels::quant::BLOCK == 0 => Some((f, raw.to_vec())),
+        let mut blocks = match (dtype.quant_format(), &shape[..]) {
+            (Some(f), [_, cols]) if cols % f.block_weights() == 0 => Some((f, raw.to_vec())),
             _ => None,
         };
         let mut data = Vec::new();
@@ -311,7 +311,7 @@ mod tests {
 
     #[test]
     fn a_strided_sample_of_blocks_is_the_dequantized_values_strided() {
-        let f = BlockFormat::Q8_0;
+        let f = QuantFormat::Q8_0;
         let (rows, cols) = (3, 64);
         // Q8_0 blocks: an f16 scale (0.5), then 32 signed bytes.
         let blocks: Vec<u8> = (0..rows * cols / 32)

@@ -14,7 +14,7 @@ use ferry_tokenize::gguf_write::{self, TensorData};
 use serde_json::json;
 
 use crate::config::Arch;
-use crate::dequant::{DType, dequantize, quantize_q4_1, quantize_q8_0};
+use crate::dequant::{DType, dequantize, quantize_q4_1, quantize_q4_k, quantize_q6_k, quantize_q8_0};
 use crate::source::{GgufSource, permute_rows};
 
 /// The tiny model's shape.
@@ -40,8 +40,9 @@ pub struct TinySpec {
     pub merges: usize,
     /// Llama-3 RoPE scaling in the HF config.
     pub rope_scaling: bool,
-    /// GGUF type for matrices (0 = F32, 8 = Q8_0, 3 = Q4_1). The HF copy then holds the
-    /// dequantised values, so both copies describe the same weights.
+    /// GGUF type for matrices (0 = F32, 8 = Q8_0, 3 = Q4_1, 12 = Q4_K, 14 = Q6_K: widths then
+    /// whole blocks of 256). The HF copy then holds the dequantised values, so both copies
+    /// describe the same weights.
     pub gguf_matrix_type: u32,
     /// Seed of the weights.
     pub seed: u64,
@@ -211,6 +212,8 @@ fn quantize(ty: u32, x: &[f32]) -> (DType, Vec<u8>) {
     match ty {
         8 => (DType::Q8_0, quantize_q8_0(x)),
         3 => (DType::Q4_1, quantize_q4_1(x)),
+        12 => (DType::Q4K, quantize_q4_k(x)),
+        14 => (DType::Q6K, quantize_q6_k(x)),
         _ => (DType::F32, x.iter().flat_map(|v| v.to_le_bytes()).collect()),
     }
 }

@@ -145,6 +145,23 @@ impl<B: Backend> Weights<B> {
     }
 }
 
+impl Weights<ferry_kernels::cpu::CpuBackend> {
+    /// Bytes the matrices take in memory as the CPU backend holds them (norms and biases,
+    /// a few vectors of f32, left out).
+    pub fn matrix_bytes(&self) -> usize {
+        let proj = |p: &Proj<ferry_kernels::cpu::CpuBackend>| match p {
+            Proj::Stacked(m) => m.resident_bytes(),
+            Proj::Apart(ms) => ms.iter().map(|m| m.resident_bytes()).sum(),
+        };
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| proj(&l.qkv) + proj(&l.gate_up) + l.wo.resident_bytes() + l.w_down.resident_bytes())
+            .sum();
+        layers + self.embed.resident_bytes() + self.lm_head.as_ref().map_or(0, |m| m.resident_bytes())
+    }
+}
+
 /// Tensors whose sampled values enter the fingerprint.
 const FINGERPRINT_TENSORS: [&str; 3] =
     ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight", "model.norm.weight"];

@@ -22,6 +22,7 @@ mod host;
 mod layout;
 mod plan;
 pub mod quant;
+mod quant_k;
 mod rope;
 
 pub use error::KernelError;
@@ -97,13 +98,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Uploads a row-major `(rows, cols)` matrix.
     fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<Self::Mat, KernelError>;
     /// Uploads a row-major `(rows, cols)` matrix of `format` blocks (`cols` a multiple of
-    /// [`quant::BLOCK`]; each row `format.row_bytes(cols)` bytes). A backend that computes
-    /// with quantized weights keeps them so; the default dequantizes them to f32.
+    /// `format.block_weights()`; each row `format.row_bytes(cols)` bytes). A backend that
+    /// computes with quantized weights keeps them so; the default dequantizes them to f32.
     fn matrix_quantized(
         &self,
         rows: usize,
         cols: usize,
-        format: quant::BlockFormat,
+        format: quant::QuantFormat,
         data: Vec<u8>,
     ) -> Result<Self::Mat, KernelError> {
         check_quantized(rows, cols, format, &data)?;
@@ -205,12 +206,12 @@ pub trait Backend: Send + Sync + 'static {
 pub(crate) fn check_quantized(
     rows: usize,
     cols: usize,
-    format: quant::BlockFormat,
+    format: quant::QuantFormat,
     data: &[u8],
 ) -> Result<(), KernelError> {
     error::check(
         "matrix_quantized",
-        cols.is_multiple_of(quant::BLOCK) && data.len() == rows * format.row_bytes(cols),
+        cols.is_multiple_of(format.block_weights()) && data.len() == rows * format.row_bytes(cols),
         || format!("{} bytes of {format:?} for {rows}x{cols}", data.len()),
     )
 }

@@ -1,6 +1,7 @@
-//! Block-quantized weights (ggml's Q4_0, Q4_1, Q8_0: blocks of 32 weights sharing an f16
-//! scale), kept as they are in memory by backends that can compute with them and dequantized
-//! at upload by the others.
+//! Block-quantized weights as model files store them ([`QuantFormat`]: ggml's Q4_0, Q4_1,
+//! Q8_0, Q4_K, Q6_K), kept quantized in memory by backends that can compute with them and
+//! dequantized at upload by the others. [`BlockFormat`] is the first three: blocks of 32
+//! weights sharing an f16 scale.
 //!
 //! Formats: Q4_0 `d:f16, qs[16]` → `(q − 8)·d`; Q4_1 `d:f16, m:f16, qs[16]` → `q·d + m`; in
 //! both, weight `j < 16` is the low nibble of `qs[j]` and `16 + j` the high one. Q8_0
@@ -9,6 +10,8 @@
 //! to equal this one bit for bit.
 
 use half::f16;
+
+pub use crate::quant_k::QuantFormat;
 
 /// Weights per block.
 pub const BLOCK: usize = 32;

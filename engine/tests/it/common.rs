@@ -44,6 +44,23 @@ pub fn variants(spec: TinySpec) -> Vec<(&'static str, Model<CpuBackend>)> {
     ]
 }
 
+/// A tiny model of `spec` widened to whole Q4_K / Q6_K blocks (256 wide, MLP 512) in each
+/// K format and math: Q4_K and Q6_K blocks, exact and fast.
+pub fn k_variants(spec: TinySpec) -> Vec<(&'static str, Model<CpuBackend>)> {
+    let spec = TinySpec { hidden: 256, ffn: 512, ..spec };
+    let with = |path: &Path, math| Model::load(path, CpuBackend::new(math)).expect("load model");
+    let (q4k, q6k) = (
+        TinyModel::new(TinySpec { gguf_matrix_type: 12, ..spec.clone() }),
+        TinyModel::new(TinySpec { gguf_matrix_type: 14, ..spec }),
+    );
+    vec![
+        ("q4_k exact", with(&q4k.gguf(), CpuMath::Exact)),
+        ("q4_k fast", with(&q4k.gguf(), CpuMath::Fast)),
+        ("q6_k exact", with(&q6k.gguf(), CpuMath::Exact)),
+        ("q6_k fast", with(&q6k.gguf(), CpuMath::Fast)),
+    ]
+}
+
 pub fn pool(model: &Model<CpuBackend>, page_size: usize, pages: usize) -> PagePool<CpuBackend> {
     PagePool::new(model.backend(), model.kv_layout(page_size), pages).expect("pool")
 }

@@ -69,6 +69,26 @@ fn sharded_safetensors_load_like_one_file() {
     assert_eq!(last_logits(&a, &ids), last_logits(&b, &ids));
 }
 
+/// Quantized GGUF matrices stay quantized on the CPU: Q4_1 and Q4_K repacked in at most 4/3
+/// of the file's bytes, Q6_K in 1.32× (f32 would be 6–7× the file); F32 as it is.
+#[test]
+fn quantized_matrices_stay_quantized_in_memory() {
+    for (ty, most) in [(3u32, 1.34), (12, 1.34), (14, 1.32), (0, 1.0)] {
+        let tiny =
+            TinyModel::new(TinySpec { gguf_matrix_type: ty, hidden: 256, ffn: 512, tie: false, ..TinySpec::default() });
+        let file = std::fs::metadata(tiny.gguf()).expect("file").len() as f64;
+        for math in [ferry_kernels::cpu::CpuMath::Exact, ferry_kernels::cpu::CpuMath::Fast] {
+            let model =
+                ferry_engine::Model::load(&tiny.gguf(), ferry_kernels::cpu::CpuBackend::new(math)).expect("load");
+            let held = model.matrix_bytes() as f64;
+            assert!(
+                held <= most * file && held >= 0.5 * file,
+                "type {ty} {math}: {held} bytes held for a {file}-byte file"
+            );
+        }
+    }
+}
+
 #[test]
 fn bf16_weights_load_and_stay_close() {
     let f32m = TinyModel::new(TinySpec::default());

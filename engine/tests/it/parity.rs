@@ -4,7 +4,7 @@
 //! this small answers with its input token whatever the context, and greedy tokens would not
 //! show a wrong K/V.
 
-use crate::common::{TinyModel, load, pool, prompt, rel_diff, variants, whole_prompts};
+use crate::common::{TinyModel, k_variants, load, pool, prompt, rel_diff, variants, whole_prompts};
 use ferry_engine::tiny::TinySpec;
 use ferry_engine::{BatchOptions, Model, Request, SamplingParams, SeqChunk, generate};
 
@@ -37,6 +37,16 @@ fn chunked_logits(
 fn chunk_and_page_sizes_do_not_change_logits_or_tokens() {
     for (name, model) in variants(TinySpec { tie: false, ..TinySpec::default() }) {
         chunks_and_pages(name, &model);
+    }
+}
+
+/// Q4_K and Q6_K weights (exact and fast): chunking, paging and batching change nothing but
+/// summation order (fast mode: nothing at all within a page size).
+#[test]
+fn k_quant_models_keep_chunk_page_and_batch_parity() {
+    for (name, model) in k_variants(TinySpec { tie: false, ..TinySpec::default() }) {
+        chunks_and_pages(name, &model);
+        batch_as_alone(name, &model);
     }
 }
 

@@ -9,7 +9,8 @@
 //! exact in f32 and so is their difference. Memory: Q4_0 20 bytes per 32 weights (ggml 18),
 //! Q4_1 24 (20), Q8_0 36 (34).
 
-use crate::quant::{BLOCK, BlockFormat};
+use crate::quant::{BLOCK, BlockFormat, QuantFormat};
+use crate::quant_k::SUPER;
 
 /// A `(rows, cols)` matrix of one [`BlockFormat`], repacked.
 #[derive(Debug, Clone)]
@@ -36,9 +37,21 @@ impl Packed {
         }
     }
 
-    /// Repacks ggml blocks (`rows * fmt.row_bytes(cols)` bytes, checked by the caller).
+    /// Repacks ggml blocks (`rows * fmt.row_bytes(cols)` bytes; the backend goes through
+    /// [`blocks_of`], which takes the K formats too).
+    #[cfg(test)]
     pub(crate) fn new(fmt: BlockFormat, rows: usize, cols: usize, data: &[u8]) -> Self {
-        let blocks = cols / BLOCK;
+        let (blocks, bb) = (cols / BLOCK, fmt.block_bytes());
+        Self::from_wide(fmt, rows, blocks, |r, b| Wide::ggml(fmt, &data[(r * blocks + b) * bb..][..bb]))
+    }
+
+    /// Packs `rows` rows of `blocks` blocks each, `block(r, b)` giving one.
+    pub(crate) fn from_wide(
+        fmt: BlockFormat,
+        rows: usize,
+        blocks: usize,
+        block: impl Fn(usize, usize) -> Wide,
+    ) -> Self {
         let qb = Self::quant_bytes(fmt);
         let n = rows * blocks;
         let mut p = Self {
@@ -48,13 +61,15 @@ impl Packed {
             scales: Vec::with_capacity(n),
             mins: Vec::with_capacity(if fmt == BlockFormat::Q4_1 { n } else { 0 }),
         };
-        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-        for blk in data.chunks_exact(fmt.block_bytes()) {
-            p.scales.push(half(blk, 0));
-            if fmt == BlockFormat::Q4_1 {
-                p.mins.push(half(blk, 2));
+        for r in 0..rows {
+            for b in 0..blocks {
+                let w = block(r, b);
+                p.scales.push(w.d);
+                if fmt == BlockFormat::Q4_1 {
+                    p.mins.push(w.m);
+                }
+                p.quants.extend_from_slice(&w.q[..qb]);
             }
-            p.quants.extend_from_slice(&blk[blk.len() - qb..]);
         }
         p
     }
@@ -91,6 +106,65 @@ impl Packed {
             self.row(first + i).dequantize(o);
         }
     }
+}
+
+/// One block of 32 weights as both CPU layouts hold it: `d` and Q4_1's `m` as f32 (their
+/// weights `q·d + m`), the values as a ggml block of the format has them (Q4: 16 bytes of
+/// nibbles, weight `j < 16` the low nibble of byte `j`; Q8_0: 32 signed bytes).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wide {
+    pub(crate) d: f32,
+    pub(crate) m: f32,
+    pub(crate) q: [u8; BLOCK],
+}
+
+impl Wide {
+    /// A ggml block of `fmt`.
+    #[inline]
+    pub(crate) fn ggml(fmt: BlockFormat, blk: &[u8]) -> Self {
+        let half = |at: usize| half::f16::from_le_bytes([blk[at], blk[at + 1]]).to_f32();
+        let qb = Packed::quant_bytes(fmt);
+        let mut q = [0u8; BLOCK];
+        q[..qb].copy_from_slice(&blk[blk.len() - qb..]);
+        Self { d: half(0), m: if fmt == BlockFormat::Q4_1 { half(2) } else { 0.0 }, q }
+    }
+
+    /// Sub-block `j` (0..8) of a Q4_K block as a Q4_1 block: `d = d·s`, `m = −dmin·m`, the
+    /// same weights bit for bit (`q·a − b` and `q·a + (−b)` round alike).
+    #[inline]
+    pub(crate) fn q4k(blk: &[u8], j: usize) -> Self {
+        let (d, min, v) = crate::quant_k::q4k_sub_block(blk, j);
+        let mut q = [0u8; BLOCK];
+        for i in 0..16 {
+            q[i] = v[i] | (v[16 + i] << 4);
+        }
+        Self { d, m: -min, q }
+    }
+}
+
+/// The 32-weight block format the CPU computes `format` in, with `block(r, b)` giving block
+/// `b` (of `cols / 32`) of row `r` of `data`: the block formats as they are, Q4_K as Q4_1
+/// (each 32-weight sub-block's scale and min widened to f32). None for Q6_K (its sub-blocks
+/// of 16 have their own matrix type, [`super::q6k`]).
+pub(crate) fn blocks_of(
+    format: QuantFormat,
+    cols: usize,
+    data: &[u8],
+) -> Option<(BlockFormat, impl Fn(usize, usize) -> Wide)> {
+    let (fmt, bb, nb) = match format {
+        QuantFormat::Q4K => (BlockFormat::Q4_1, format.block_bytes(), cols / SUPER),
+        QuantFormat::Q6K => return None,
+        _ => {
+            let f = format.block()?;
+            (f, f.block_bytes(), cols / BLOCK)
+        }
+    };
+    let k = format == QuantFormat::Q4K;
+    let per = if k { SUPER / BLOCK } else { 1 };
+    Some((fmt, move |r: usize, b: usize| {
+        let blk = &data[(r * nb + b / per) * bb..][..bb];
+        if k { Wide::q4k(blk, b % per) } else { Wide::ggml(fmt, blk) }
+    }))
 }
 
 /// One row of a [`Packed`] matrix.
@@ -200,5 +274,23 @@ pub(crate) mod tests {
             let ggml = data.len();
             assert!(p.resident_bytes() <= ggml * 6 / 5, "{fmt:?}: {} vs {ggml}", p.resident_bytes());
         }
+    }
+
+    /// Q4_K keeps its values as Q4_1 blocks whose f32 scale and min are the sub-block's `d·s`
+    /// and `−dmin·m`: ggml's weights bit for bit, in at most 4/3 of the file's bytes.
+    #[test]
+    fn q4_k_repacks_into_q4_1_blocks_bit_for_bit() {
+        let (n, k) = (5, 512);
+        let data = crate::quant_k::tests::k_blocks(QuantFormat::Q4K, n, k, 3);
+        let mut want = vec![0.0; n * k];
+        QuantFormat::Q4K.dequantize(&data, &mut want);
+        let (fmt, block) = blocks_of(QuantFormat::Q4K, k, &data).expect("Q4_K packs in blocks");
+        assert_eq!(fmt, BlockFormat::Q4_1);
+        let p = Packed::from_wide(fmt, n, k / BLOCK, block);
+        let mut got = vec![0.0; n * k];
+        p.dequantize_rows(0, &mut got);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(p.resident_bytes() * 3 <= data.len() * 4, "{} vs {}", p.resident_bytes(), data.len());
+        assert!(blocks_of(QuantFormat::Q6K, k, &data).is_none());
     }
 }

@@ -43,23 +43,40 @@ fn by_kernel(math: CpuMath, x: &[f32], m: usize, w: &Packed, n: usize, k: usize,
     let prep = Prepared::new(math, x, m, k);
     let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
     let dot = rows_kernel(math);
-    // As many tasks as runs of at most 64 columns (fewer rows' worth of cells when the batch
-    // is big), rounded up to a multiple of the threads, the columns dealt out evenly in whole
-    // groups of the kernel's 4 rows: 576 columns on 2 threads are 10 tasks of 56–60, not 9
-    // of 64 (one thread idle for a ninth of the product), 192 are 4 of 48, not 3 of 64.
-    let most = (CELLS_PER_TASK / m).clamp(4, 64);
-    let tasks = n.div_ceil(most).next_multiple_of(rayon::current_num_threads().max(1));
-    let edge = |t: usize| if t >= tasks { n } else { (t * n / tasks).next_multiple_of(4).min(n) };
     let ptr = SendPtr(out.as_mut_ptr());
-    (0..tasks).into_par_iter().for_each(|t| {
-        let (c0, c1) = (edge(t), edge(t + 1));
+    column_runs(m, n, |c0, c1| {
         // SAFETY: `out` is (m, n); columns c0..c1 of every row are written by this task only;
         // `rows_kernel` picked a kernel this CPU runs.
         unsafe { dot(&rows, w, c0, c1 - c0, ptr.at(c0), n) };
     });
 }
 
+/// Runs `task(c0, c1)` in parallel over runs of the `n` output columns of an `m`-row product:
+/// as many runs as there are runs of at most 64 columns (fewer rows' worth of cells when the
+/// batch is big), rounded up to a multiple of the threads, the columns dealt out evenly in
+/// whole groups of 4 (a kernel's rows): 576 columns on 2 threads are 10 tasks of 56–60, not 9
+/// of 64 (one thread idle for a ninth of the product), 192 are 4 of 48, not 3 of 64.
+pub(super) fn column_runs(m: usize, n: usize, task: impl Fn(usize, usize) + Sync + Send) {
+    let most = (CELLS_PER_TASK / m.max(1)).clamp(4, 64);
+    let tasks = n.div_ceil(most).next_multiple_of(rayon::current_num_threads().max(1));
+    let edge = |t: usize| if t >= tasks { n } else { (t * n / tasks).next_multiple_of(4).min(n) };
+    (0..tasks).into_par_iter().for_each(|t| task(edge(t), edge(t + 1)));
+}
+
 fn qgemm(x: &[f32], m: usize, w: &Packed, n: usize, k: usize, out: &mut [f32]) {
+    gemm_dequantized(x, m, n, k, out, |first, f| w.dequantize_rows(first, f));
+}
+
+/// The f32 SGEMM of `x` with a quantized `(n, k)` matrix, `rows(first, f)` dequantizing rows
+/// `first..first + f.len() / k` into `f`, a slice of columns at a time.
+pub(super) fn gemm_dequantized(
+    x: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    rows: impl Fn(usize, &mut [f32]) + Sync,
+) {
     let (block, nblocks) = gemm_blocks(n);
     let ptr = SendPtr(out.as_mut_ptr());
     (0..nblocks).into_par_iter().for_each(|b| {
@@ -70,7 +87,7 @@ fn qgemm(x: &[f32], m: usize, w: &Packed, n: usize, k: usize, out: &mut [f32]) {
             let ns = GEMM_SLICE.min(nb - s0);
             let first = c0 + s0;
             let f = &mut cols[..ns * k];
-            w.dequantize_rows(first, f);
+            rows(first, f);
             // SAFETY: columns first..first + ns of the output are written by this task only.
             unsafe { gemm_block(x, m, f, ns, k, ptr, first, n) };
         }

@@ -11,6 +11,7 @@
 //! chunks, one a quad. Scales (and Q4_1's mins) are f32, 16 a block, one per row. Memory is
 //! [`Packed`](super::packed::Packed)'s, plus the zero rows that fill the last group.
 
+use super::packed::Wide;
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Rows per group: the lanes of a 512-bit vector of i32 or f32.
@@ -46,15 +47,21 @@ impl Tiled {
         self.rows.div_ceil(LANES)
     }
 
-    /// Lays out ggml blocks (`rows * fmt.row_bytes(cols)` bytes, checked by the caller).
+    /// Lays out ggml blocks (`rows * fmt.row_bytes(cols)` bytes; the backend goes through
+    /// [`blocks_of`](super::packed::blocks_of), which takes the K formats too).
+    #[cfg(test)]
     pub(crate) fn new(fmt: BlockFormat, rows: usize, cols: usize, data: &[u8]) -> Self {
         let (blocks, bb) = (cols / BLOCK, fmt.block_bytes());
-        let block = |r: usize, b: usize| &data[(r * blocks + b) * bb..(r * blocks + b + 1) * bb];
-        Self::from_blocks(fmt, rows, blocks, block)
+        Self::from_wide(fmt, rows, blocks, |r, b| Wide::ggml(fmt, &data[(r * blocks + b) * bb..][..bb]))
     }
 
-    /// Lays out `rows` rows of `blocks` ggml blocks each, `block(r, b)` giving one.
-    fn from_blocks<'a>(fmt: BlockFormat, rows: usize, blocks: usize, block: impl Fn(usize, usize) -> &'a [u8]) -> Self {
+    /// Lays out `rows` rows of `blocks` blocks each, `block(r, b)` giving one.
+    pub(crate) fn from_wide(
+        fmt: BlockFormat,
+        rows: usize,
+        blocks: usize,
+        block: impl Fn(usize, usize) -> Wide,
+    ) -> Self {
         let groups = rows.div_ceil(LANES);
         let gb = Self::group_block_bytes(fmt);
         let mut t = Self {
@@ -65,21 +72,19 @@ impl Tiled {
             scales: vec![0.0; groups * blocks * LANES],
             mins: vec![0.0; if fmt == BlockFormat::Q4_1 { groups * blocks * LANES } else { 0 }],
         };
-        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
         let qb = gb / LANES;
         for r in 0..rows {
             let (g, c) = (r / LANES, r % LANES);
             for b in 0..blocks {
-                let blk = block(r, b);
+                let w = block(r, b);
                 let at = (g * blocks + b) * LANES + c;
-                t.scales[at] = half(blk, 0);
+                t.scales[at] = w.d;
                 if fmt == BlockFormat::Q4_1 {
-                    t.mins[at] = half(blk, 2);
+                    t.mins[at] = w.m;
                 }
-                let values = &blk[blk.len() - qb..];
                 let out = &mut t.quants[(g * blocks + b) * gb..(g * blocks + b + 1) * gb];
                 // Chunk p (64 bytes) holds bytes 4p..4p + 4 of every row's block.
-                for (p, quad) in values.chunks_exact(4).enumerate() {
+                for (p, quad) in w.q[..qb].chunks_exact(4).enumerate() {
                     out[p * 64 + 4 * c..p * 64 + 4 * c + 4].copy_from_slice(quad);
                 }
             }
@@ -87,20 +92,21 @@ impl Tiled {
         t
     }
 
-    /// Row `r`'s block `b` as ggml stores it (scale, Q4_1's min, values).
-    fn ggml_block(&self, r: usize, b: usize) -> Vec<u8> {
+    /// Row `r`'s block `b` as [`Tiled::from_wide`] took it.
+    fn wide_block(&self, r: usize, b: usize) -> Wide {
         let (g, c) = (r / LANES, r % LANES);
         let gb = Self::group_block_bytes(self.fmt);
         let at = (g * self.blocks + b) * LANES + c;
-        let mut out = half::f16::from_f32(self.scales[at]).to_le_bytes().to_vec();
-        if self.fmt == BlockFormat::Q4_1 {
-            out.extend_from_slice(&half::f16::from_f32(self.mins[at]).to_le_bytes());
-        }
+        let mut w = Wide {
+            d: self.scales[at],
+            m: if self.fmt == BlockFormat::Q4_1 { self.mins[at] } else { 0.0 },
+            q: [0; BLOCK],
+        };
         let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
         for p in 0..gb / 64 {
-            out.extend_from_slice(&chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4]);
+            w.q[4 * p..4 * p + 4].copy_from_slice(&chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4]);
         }
-        out
+        w
     }
 
     /// Puts `other`'s rows (same format and width) after this matrix's: the groups as they
@@ -114,14 +120,12 @@ impl Tiled {
             self.rows += other.rows;
             return;
         }
-        let (a, b) = (self.rows, other.rows);
-        let blocks: Vec<Vec<u8>> = (0..a)
-            .flat_map(|r| (0..self.blocks).map(move |k| (r, k)))
-            .map(|(r, k)| self.ggml_block(r, k))
-            .chain((0..b).flat_map(|r| (0..other.blocks).map(move |k| (r, k))).map(|(r, k)| other.ggml_block(r, k)))
-            .collect();
-        let nb = self.blocks;
-        *self = Self::from_blocks(self.fmt, a + b, nb, |r, k| &blocks[r * nb + k]);
+        let a = self.rows;
+        let (me, nb) = (&*self, self.blocks);
+        let all = Self::from_wide(self.fmt, a + other.rows, nb, |r, k| {
+            if r < a { me.wide_block(r, k) } else { other.wide_block(r - a, k) }
+        });
+        *self = all;
     }
 
     /// Bytes it takes in memory.
@@ -193,6 +197,31 @@ mod tests {
                 let pad = (t.groups() * LANES - t.rows) * k / BLOCK * (Tiled::group_block_bytes(fmt) / LANES + 8);
                 assert!(t.resident_bytes() <= ggml * 6 / 5 + pad, "{fmt:?}: {} vs {ggml}", t.resident_bytes());
             }
+        }
+    }
+
+    /// Q4_K's f32 sub-block scales survive stacking (a re-layout) bit for bit.
+    #[test]
+    fn q4_k_rows_survive_stacking_bit_for_bit() {
+        use crate::quant::QuantFormat;
+        let k = 256;
+        let (d1, d2) = (
+            crate::quant_k::tests::k_blocks(QuantFormat::Q4K, 19, k, 5),
+            crate::quant_k::tests::k_blocks(QuantFormat::Q4K, 6, k, 6),
+        );
+        let tile = |n: usize, d: &[u8]| {
+            let (fmt, block) = super::super::packed::blocks_of(QuantFormat::Q4K, k, d).expect("blocks");
+            Tiled::from_wide(fmt, n, k / BLOCK, block)
+        };
+        let mut t = tile(19, &d1);
+        t.append(tile(6, &d2));
+        let mut want = vec![0.0; 25 * k];
+        QuantFormat::Q4K.dequantize(&d1, &mut want[..19 * k]);
+        QuantFormat::Q4K.dequantize(&d2, &mut want[19 * k..]);
+        let mut got = vec![0.0; k];
+        for r in 0..25 {
+            t.dequantize_row(r, &mut got);
+            assert!(got.iter().zip(&want[r * k..]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r}");
         }
     }
 }

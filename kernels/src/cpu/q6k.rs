@@ -1,0 +1,362 @@
+//! Q6_K matrices on the CPU, kept quantized: each weight's `q − 32` as a signed byte, each
+//! 16-weight sub-block's signed scale `s` as it is, each 256-weight block's `d` widened to
+//! f32 — 276 bytes per 256 weights against the file's 210 (1.31×; f32 would be 4.9×), values
+//! that SIMD widens with one instruction. A weight is `(q − 32)·(d·s)`, ggml's value bit for bit.
+//!
+//! Products in the backend's [`CpuMath`], as for the 32-weight formats ([`super::qmatmul`]):
+//! - **exact**: `Σ_sub (d·s)·Σ_j x_j·q_j` in f32 (the model's values up to summation order);
+//!   up to 4 activation rows cell by cell, more by the f32 SGEMM on columns dequantized a
+//!   slice at a time;
+//! - **fast**: the activations' 8-bit blocks of 32 ([`Prepared`]), integer sums per sub-block,
+//!   `Σ_sub (d·s)·δ·Σ_j q_j·q_x,j`; every batch cell by cell, so a row's result does not
+//!   depend on its batch.
+
+use super::CpuMath;
+use super::matmul::{GEMV_MAX_ROWS, SendPtr};
+use super::qdot::{Prep, Prepared};
+use super::qmatmul::{column_runs, gemm_dequantized};
+use crate::quant_k::{SUPER, q6k_ints};
+
+/// Weights per sub-block.
+const SUB: usize = 16;
+
+/// A `(rows, cols)` Q6_K matrix (`cols` a multiple of 256).
+#[derive(Debug, Clone)]
+pub(crate) struct Q6 {
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    /// `q − 32` (−32..32) of every weight, row after row.
+    values: Vec<i8>,
+    /// Every sub-block's scale `s`, row after row.
+    subs: Vec<i8>,
+    /// Every block's `d`, row after row.
+    d: Vec<f32>,
+}
+
+/// One row of a [`Q6`] matrix.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Q6Row<'a> {
+    values: &'a [i8],
+    subs: &'a [i8],
+    d: &'a [f32],
+}
+
+impl Q6Row<'_> {
+    /// Sub-block `s`'s scale `d·s` (exact in f32).
+    #[inline(always)]
+    fn scale(&self, s: usize) -> f32 {
+        self.d[s / (SUPER / SUB)] * f32::from(self.subs[s])
+    }
+}
+
+impl Q6 {
+    /// Repacks ggml Q6_K blocks (`rows · cols / 256 · 210` bytes, checked by the caller).
+    pub(crate) fn new(rows: usize, cols: usize, data: &[u8]) -> Self {
+        let n = rows * cols;
+        let mut m = Self {
+            rows,
+            cols,
+            values: Vec::with_capacity(n),
+            subs: Vec::with_capacity(n / SUB),
+            d: Vec::with_capacity(n / SUPER),
+        };
+        for blk in data.chunks_exact(210).take(n / SUPER) {
+            m.values.extend_from_slice(&q6k_ints(blk));
+            m.subs.extend(blk[192..208].iter().map(|&s| s as i8));
+            m.d.push(half::f16::from_le_bytes([blk[208], blk[209]]).to_f32());
+        }
+        m
+    }
+
+    /// Puts `other`'s rows (same width) after this matrix's.
+    pub(crate) fn append(&mut self, other: Q6) {
+        assert_eq!(self.cols, other.cols, "stacking unlike matrices");
+        self.rows += other.rows;
+        self.values.extend_from_slice(&other.values);
+        self.subs.extend_from_slice(&other.subs);
+        self.d.extend_from_slice(&other.d);
+    }
+
+    /// Bytes it takes in memory.
+    pub(crate) fn resident_bytes(&self) -> usize {
+        self.values.len() + self.subs.len() + 4 * self.d.len()
+    }
+
+    #[inline]
+    fn row(&self, r: usize) -> Q6Row<'_> {
+        let k = self.cols;
+        Q6Row {
+            values: &self.values[r * k..(r + 1) * k],
+            subs: &self.subs[r * k / SUB..(r + 1) * k / SUB],
+            d: &self.d[r * k / SUPER..(r + 1) * k / SUPER],
+        }
+    }
+
+    /// Dequantizes rows `first..first + out.len() / cols` into `out`.
+    pub(crate) fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
+        for (i, o) in out.chunks_exact_mut(self.cols).enumerate() {
+            let w = self.row(first + i);
+            for (s, (o, v)) in o.chunks_exact_mut(SUB).zip(w.values.chunks_exact(SUB)).enumerate() {
+                let scale = w.scale(s);
+                for (o, &v) in o.iter_mut().zip(v) {
+                    *o = f32::from(v) * scale;
+                }
+            }
+        }
+    }
+}
+
+/// `out = x · wᵀ` for `m` rows of `x` (`(m, cols)`), `out` `(m, rows)`.
+pub(super) fn matmul(math: CpuMath, x: &[f32], m: usize, w: &Q6, out: &mut [f32]) {
+    let (n, k) = (w.rows, w.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(x.len() >= m * k && out.len() >= m * n, "q6 matmul shapes");
+    if math == CpuMath::Exact && m > GEMV_MAX_ROWS {
+        return gemm_dequantized(x, m, n, k, out, |first, f| w.dequantize_rows(first, f));
+    }
+    let prep = Prepared::new(math, x, m, k);
+    let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
+    let dot = kernel(math);
+    let ptr = SendPtr(out.as_mut_ptr());
+    column_runs(m, n, |c0, c1| {
+        for c in c0..c1 {
+            let wr = w.row(c);
+            for (a, p) in rows.iter().enumerate() {
+                // SAFETY: `kernel` picked a dot product this CPU runs; cell (a, c) is in
+                // `out` and written by this task only (its columns are c0..c1).
+                unsafe { *ptr.at(a * n + c) = dot(p, &wr) };
+            }
+        }
+    });
+}
+
+/// A dot product of one prepared activation row with one weight row (unsafe: the SIMD ones
+/// need their CPU features; [`kernel`] returns only kernels this CPU runs).
+type Kernel = unsafe fn(&Prep<'_>, &Q6Row<'_>) -> f32;
+
+/// The kernel of `math` for this CPU, chosen once.
+fn kernel(math: CpuMath) -> Kernel {
+    static CHOSEN: std::sync::OnceLock<[Kernel; 2]> = std::sync::OnceLock::new();
+    let [exact, fast] = *CHOSEN.get_or_init(|| [kernels(CpuMath::Exact)[0].1, kernels(CpuMath::Fast)[0].1]);
+    match math {
+        CpuMath::Exact => exact,
+        CpuMath::Fast => fast,
+    }
+}
+
+/// Every kernel of `math` this CPU runs, widest first, with its name.
+fn kernels(math: CpuMath) -> Vec<(&'static str, Kernel)> {
+    let mut all: Vec<(&'static str, Kernel)> = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        all.push(("avx2", if math == CpuMath::Exact { avx2::exact } else { avx2::fast }));
+    }
+    all.push(("portable", if math == CpuMath::Exact { exact_portable } else { fast_portable }));
+    all
+}
+
+/// # Safety
+/// None: `unsafe` only to be a [`Kernel`].
+unsafe fn exact_portable(p: &Prep<'_>, w: &Q6Row<'_>) -> f32 {
+    let mut acc = 0.0f32;
+    for (s, (x, v)) in p.x.chunks_exact(SUB).zip(w.values.chunks_exact(SUB)).enumerate() {
+        let t: f32 = x.iter().zip(v).map(|(x, &v)| x * f32::from(v)).sum();
+        acc += t * w.scale(s);
+    }
+    acc
+}
+
+/// # Safety
+/// None: `unsafe` only to be a [`Kernel`].
+unsafe fn fast_portable(p: &Prep<'_>, w: &Q6Row<'_>) -> f32 {
+    let mut acc = 0.0f32;
+    for (s, (qx, v)) in p.q.chunks_exact(SUB).zip(w.values.chunks_exact(SUB)).enumerate() {
+        let t: i32 = qx.iter().zip(v).map(|(&a, &b)| i32::from(a) * i32::from(b)).sum();
+        acc += t as f32 * (w.scale(s) * p.deltas[s / 2]);
+    }
+    acc
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Prep, Q6Row, SUB};
+    use crate::quant::BLOCK;
+
+    /// The sum of the 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+    }
+
+    /// [`super::exact_portable`] with AVX2 + FMA: a sub-block's 16 bytes widened to two
+    /// vectors of f32, its sum scaled into one of two accumulators.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exact(p: &Prep<'_>, w: &Q6Row<'_>) -> f32 {
+        let n = w.values.len();
+        assert!(p.x.len() >= n && w.subs.len() * SUB >= n);
+        let (x, v) = (p.x.as_ptr(), w.values.as_ptr());
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        let ps = |q: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        for s in 0..n / SUB {
+            // SAFETY: sub-block s's 16 values and activations are in bounds (asserted above).
+            let t = unsafe {
+                let q = _mm_loadu_si128(v.add(s * SUB).cast());
+                let t = _mm256_mul_ps(_mm256_loadu_ps(x.add(s * SUB)), ps(q));
+                _mm256_fmadd_ps(_mm256_loadu_ps(x.add(s * SUB + 8)), ps(_mm_srli_si128(q, 8)), t)
+            };
+            let d = _mm256_set1_ps(w.scale(s));
+            if s % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(t, d, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(t, d, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// [`super::fast_portable`] with AVX2: a block of 32 values against the activations'
+    /// block by `maddubs` (signs moved onto the activations), the low four i32 lanes summing
+    /// the first sub-block, the high four the second.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fast(p: &Prep<'_>, w: &Q6Row<'_>) -> f32 {
+        let n = w.values.len();
+        let nb = n / BLOCK;
+        assert!(p.q.len() >= n && p.deltas.len() >= nb && w.subs.len() * SUB >= n);
+        let ones = _mm256_set1_epi16(1);
+        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        for b in 0..nb {
+            // SAFETY: block b's 32 values and activation bytes are in bounds (asserted above).
+            let (qw, qx) = unsafe {
+                (
+                    _mm256_loadu_si256(w.values.as_ptr().add(b * BLOCK).cast()),
+                    _mm256_loadu_si256(p.q.as_ptr().add(b * BLOCK).cast()),
+                )
+            };
+            let prod = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+            let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+            let delta = p.deltas[b];
+            let d = _mm256_set_m128(_mm_set1_ps(w.scale(2 * b + 1) * delta), _mm_set1_ps(w.scale(2 * b) * delta));
+            if b % 2 == 0 {
+                acc0 = _mm256_fmadd_ps(v, d, acc0);
+            } else {
+                acc1 = _mm256_fmadd_ps(v, d, acc1);
+            }
+        }
+        hsum(_mm256_add_ps(acc0, acc1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::matmul::matmul_t;
+    use crate::cpu::packed::tests::floats;
+    use crate::quant::QuantFormat;
+    use crate::quant_k::tests::k_blocks;
+
+    fn matrix(n: usize, k: usize, seed: u64) -> (Q6, Vec<f32>, usize) {
+        let data = k_blocks(QuantFormat::Q6K, n, k, seed);
+        let mut f = vec![0.0; n * k];
+        QuantFormat::Q6K.dequantize(&data, &mut f);
+        (Q6::new(n, k, &data), f, data.len())
+    }
+
+    /// Rows dequantize to ggml's values bit for bit, stacked or not, in ≤ 1.32× the file.
+    #[test]
+    fn rows_dequantize_to_ggml_values_bit_for_bit() {
+        let (mut a, mut want, bytes_a) = matrix(5, 512, 3);
+        let (b, f, bytes_b) = matrix(3, 512, 4);
+        a.append(b);
+        want.extend(f);
+        let mut got = vec![0.0; 8 * 512];
+        a.dequantize_rows(0, &mut got);
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let ggml = bytes_a + bytes_b;
+        assert!(a.resident_bytes() * 100 <= ggml * 132, "{} vs {ggml}", a.resident_bytes());
+    }
+
+    /// Every kernel of both modes against an f64 dot product on the dequantized weights:
+    /// exact within 1e-5 of `Σ|x·w|`, fast within the activations' rounding (`δ/2·Σ|w|` per
+    /// block of 32) plus that.
+    #[test]
+    fn every_kernel_is_within_its_bound_of_the_f64_product() {
+        let (n, k) = (6, 768);
+        let (w, f, _) = matrix(n, k, 9);
+        let x = floats(k, 5);
+        for math in [CpuMath::Exact, CpuMath::Fast] {
+            let prep = Prepared::new(math, &x, 1, k);
+            let p = prep.row(&x, 0);
+            let ks = kernels(math);
+            assert!(ks.iter().any(|(name, _)| *name == "portable"));
+            for (name, kern) in ks {
+                for r in 0..n {
+                    let wr = &f[r * k..(r + 1) * k];
+                    let want: f64 = x.iter().zip(wr).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let abs: f64 = x.iter().zip(wr).map(|(&a, &b)| f64::from((a * b).abs())).sum();
+                    let mut bound = 1e-5 * abs;
+                    if math == CpuMath::Fast {
+                        let (xs, ws) = (x.chunks_exact(32), wr.chunks_exact(32));
+                        let round: f64 = xs
+                            .zip(ws)
+                            .map(|(xb, wb)| {
+                                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                                f64::from(amax / 127.0) / 2.0 * wb.iter().map(|v| f64::from(v.abs())).sum::<f64>()
+                            })
+                            .sum();
+                        bound += round * 1.01;
+                    }
+                    // SAFETY: `kernels` lists only kernels this CPU runs.
+                    let got = f64::from(unsafe { kern(&p, &w.row(r)) });
+                    assert!((got - want).abs() <= bound, "{math} {name} row {r}: {got} vs {want} (bound {bound})");
+                }
+            }
+        }
+    }
+
+    /// Exact products against the f32 path on the dequantized matrix (the SGEMM path past 4
+    /// rows the same bits; cell by cell within 1e-5 of `Σ|x·w|`); fast products cell for cell
+    /// the kernel's result on that row alone, whatever the batch.
+    #[test]
+    fn products_match_the_f32_path_and_fast_rows_ignore_their_batch() {
+        let (n, k) = (40, 512);
+        let (w, f, _) = matrix(n, k, 21);
+        for math in [CpuMath::Exact, CpuMath::Fast] {
+            for m in [1usize, 3, 4, 5, 9] {
+                let x: Vec<f32> = (0..m).flat_map(|r| floats(k, r as u64 + 1)).collect();
+                let (mut got, mut want) = (vec![0.0; m * n], vec![0.0; m * n]);
+                matmul(math, &x, m, &w, &mut got);
+                matmul_t(&x, m, &f, n, k, &mut want);
+                for (i, (g, wv)) in got.iter().zip(&want).enumerate() {
+                    let (a, c) = (i / n, i % n);
+                    let (xa, wc) = (&x[a * k..(a + 1) * k], &f[c * k..(c + 1) * k]);
+                    match math {
+                        CpuMath::Exact if m > GEMV_MAX_ROWS => assert_eq!(g.to_bits(), wv.to_bits(), "m={m} {i}"),
+                        CpuMath::Exact => {
+                            let abs: f32 = xa.iter().zip(wc).map(|(p, q)| (p * q).abs()).sum();
+                            assert!((g - wv).abs() <= 1e-5 * abs, "m={m} cell {i}: {g} vs {wv}");
+                        }
+                        CpuMath::Fast => {
+                            let prep = Prepared::new(math, xa, 1, k);
+                            // SAFETY: `kernel` picked a kernel this CPU runs.
+                            let alone = unsafe { kernel(math)(&prep.row(xa, 0), &w.row(c)) };
+                            assert_eq!(g.to_bits(), alone.to_bits(), "fast m={m} cell {i}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
