@@ -118,18 +118,60 @@ pub(super) fn matmul(math: CpuMath, x: &[f32], m: usize, w: &Q6, out: &mut [f32]
     }
     let prep = Prepared::new(math, x, m, k);
     let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
-    let dot = kernel(math);
+    let dot = rows_kernel(math);
     let ptr = SendPtr(out.as_mut_ptr());
     column_runs(m, n, |c0, c1| {
+        let mut cells = [0.0f32; ROWS];
         for c in c0..c1 {
             let wr = w.row(c);
-            for (a, p) in rows.iter().enumerate() {
-                // SAFETY: `kernel` picked a dot product this CPU runs; cell (a, c) is in
-                // `out` and written by this task only (its columns are c0..c1).
-                unsafe { *ptr.at(a * n + c) = dot(p, &wr) };
+            for (g, group) in rows.chunks(ROWS).enumerate() {
+                // SAFETY: `rows_kernel` picked a kernel this CPU runs.
+                unsafe { dot(group, &wr, &mut cells) };
+                for (i, &v) in cells[..group.len()].iter().enumerate() {
+                    // SAFETY: cell (g·ROWS + i, c) is in `out` and written by this task only
+                    // (its columns are c0..c1).
+                    unsafe { *ptr.at((g * ROWS + i) * n + c) = v };
+                }
             }
         }
     });
+}
+
+/// Activation rows a rows kernel takes at once.
+const ROWS: usize = 4;
+
+/// Up to [`ROWS`] prepared activation rows against one weight row, each cell into `out` the
+/// bits the mode's [`Kernel`] gives for it alone (unsafe: as [`Kernel`]).
+type RowsKernel = unsafe fn(&[Prep<'_>], &Q6Row<'_>, &mut [f32; ROWS]);
+
+/// The rows kernel of `math` for this CPU, chosen once: AVX2's decode each weight once for
+/// the rows, else a loop over [`kernel`].
+fn rows_kernel(math: CpuMath) -> RowsKernel {
+    static CHOSEN: std::sync::OnceLock<[RowsKernel; 2]> = std::sync::OnceLock::new();
+    let chosen = |math| -> RowsKernel {
+        #[cfg(target_arch = "x86_64")]
+        if kernels(math)[0].0 == "avx2" {
+            return if math == CpuMath::Exact { avx2::exact_rows } else { avx2::fast_rows };
+        }
+        if math == CpuMath::Exact { by_kernel::<false> } else { by_kernel::<true> }
+    };
+    let [exact, fast] = *CHOSEN.get_or_init(|| [chosen(CpuMath::Exact), chosen(CpuMath::Fast)]);
+    match math {
+        CpuMath::Exact => exact,
+        CpuMath::Fast => fast,
+    }
+}
+
+/// [`RowsKernel`] as a loop over the mode's [`kernel`].
+///
+/// # Safety
+/// As [`Kernel`].
+unsafe fn by_kernel<const FAST: bool>(ps: &[Prep<'_>], w: &Q6Row<'_>, out: &mut [f32; ROWS]) {
+    let dot = kernel(if FAST { CpuMath::Fast } else { CpuMath::Exact });
+    for (o, p) in out.iter_mut().zip(ps) {
+        // SAFETY: `kernel` picked a dot product this CPU runs.
+        *o = unsafe { dot(p, w) };
+    }
 }
 
 /// A dot product of one prepared activation row with one weight row (unsafe: the SIMD ones
@@ -183,7 +225,7 @@ unsafe fn fast_portable(p: &Prep<'_>, w: &Q6Row<'_>) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{Prep, Q6Row, SUB};
+    use super::{Prep, Q6Row, ROWS, SUB};
     use crate::quant::BLOCK;
 
     /// The sum of the 8 lanes.
@@ -222,6 +264,102 @@ mod avx2 {
             }
         }
         hsum(_mm256_add_ps(acc0, acc1))
+    }
+
+    /// [`exact`] for up to [`ROWS`] activation rows, each sub-block widened once for all
+    /// of them; each cell the bits [`exact`] gives it alone (same products, same order).
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Q6Row<'_>, out: &mut [f32; ROWS]) {
+        // SAFETY: this function's features are the callee's.
+        unsafe {
+            match ps.len() {
+                1 => exact_group::<1>(ps, w, out),
+                2 => exact_group::<2>(ps, w, out),
+                3 => exact_group::<3>(ps, w, out),
+                _ => exact_group::<4>(ps, w, out),
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exact_group<const R: usize>(ps: &[Prep<'_>], w: &Q6Row<'_>, out: &mut [f32; ROWS]) {
+        let n = w.values.len();
+        assert!(ps.len() >= R && ps[..R].iter().all(|p| p.x.len() >= n) && w.subs.len() * SUB >= n);
+        let v = w.values.as_ptr();
+        let xs: [*const f32; R] = std::array::from_fn(|r| ps[r].x.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let ps_ = |q: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+        for s in 0..n / SUB {
+            // SAFETY: sub-block s's 16 values are in bounds (asserted above).
+            let q = unsafe { _mm_loadu_si128(v.add(s * SUB).cast()) };
+            let (lo, hi) = (ps_(q), ps_(_mm_srli_si128(q, 8)));
+            let d = _mm256_set1_ps(w.scale(s));
+            for r in 0..R {
+                // SAFETY: row r's activations of sub-block s are in bounds (asserted above).
+                let t = unsafe {
+                    let x = xs[r].add(s * SUB);
+                    _mm256_fmadd_ps(_mm256_loadu_ps(x.add(8)), hi, _mm256_mul_ps(_mm256_loadu_ps(x), lo))
+                };
+                acc[r][s % 2] = _mm256_fmadd_ps(t, d, acc[r][s % 2]);
+            }
+        }
+        for r in 0..R {
+            out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
+    }
+
+    /// [`fast`] for up to [`ROWS`] activation rows, each block's values and their signs
+    /// loaded once for all of them; each cell the bits [`fast`] gives it alone.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fast_rows(ps: &[Prep<'_>], w: &Q6Row<'_>, out: &mut [f32; ROWS]) {
+        // SAFETY: this function's features are the callee's.
+        unsafe {
+            match ps.len() {
+                1 => fast_group::<1>(ps, w, out),
+                2 => fast_group::<2>(ps, w, out),
+                3 => fast_group::<3>(ps, w, out),
+                _ => fast_group::<4>(ps, w, out),
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fast_group<const R: usize>(ps: &[Prep<'_>], w: &Q6Row<'_>, out: &mut [f32; ROWS]) {
+        let n = w.values.len();
+        let nb = n / BLOCK;
+        assert!(
+            ps.len() >= R && ps[..R].iter().all(|p| p.q.len() >= n && p.deltas.len() >= nb) && w.subs.len() * SUB >= n
+        );
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for b in 0..nb {
+            // SAFETY: block b's 32 values are in bounds (asserted above).
+            let qw = unsafe { _mm256_loadu_si256(w.values.as_ptr().add(b * BLOCK).cast()) };
+            let aw = _mm256_sign_epi8(qw, qw);
+            let scales = _mm256_set_m128(_mm_set1_ps(w.scale(2 * b + 1)), _mm_set1_ps(w.scale(2 * b)));
+            for r in 0..R {
+                // SAFETY: row r's block b of activation bytes is in bounds (asserted above).
+                let qx = unsafe { _mm256_loadu_si256(ps[r].q.as_ptr().add(b * BLOCK).cast()) };
+                let prod = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(qx, qw));
+                let v = _mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones));
+                // Each lane's scale·δ rounds as [`fast`]'s scalar product does.
+                let d = _mm256_mul_ps(scales, _mm256_set1_ps(ps[r].deltas[b]));
+                acc[r][b % 2] = _mm256_fmadd_ps(v, d, acc[r][b % 2]);
+            }
+        }
+        for r in 0..R {
+            out[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1]));
+        }
     }
 
     /// [`super::fast_portable`] with AVX2: a block of 32 values against the activations'
@@ -327,14 +465,15 @@ mod tests {
     }
 
     /// Exact products against the f32 path on the dequantized matrix (the SGEMM path past 4
-    /// rows the same bits; cell by cell within 1e-5 of `Σ|x·w|`); fast products cell for cell
-    /// the kernel's result on that row alone, whatever the batch.
+    /// rows the same bits; cell by cell within 1e-5 of `Σ|x·w|`); cell by cell (both modes),
+    /// each cell the kernel's result on that row alone, whatever the batch and its place in
+    /// a rows kernel's group.
     #[test]
     fn products_match_the_f32_path_and_fast_rows_ignore_their_batch() {
         let (n, k) = (40, 512);
         let (w, f, _) = matrix(n, k, 21);
         for math in [CpuMath::Exact, CpuMath::Fast] {
-            for m in [1usize, 3, 4, 5, 9] {
+            for m in [1usize, 2, 3, 4, 5, 6, 9] {
                 let x: Vec<f32> = (0..m).flat_map(|r| floats(k, r as u64 + 1)).collect();
                 let (mut got, mut want) = (vec![0.0; m * n], vec![0.0; m * n]);
                 matmul(math, &x, m, &w, &mut got);
@@ -344,15 +483,15 @@ mod tests {
                     let (xa, wc) = (&x[a * k..(a + 1) * k], &f[c * k..(c + 1) * k]);
                     match math {
                         CpuMath::Exact if m > GEMV_MAX_ROWS => assert_eq!(g.to_bits(), wv.to_bits(), "m={m} {i}"),
-                        CpuMath::Exact => {
-                            let abs: f32 = xa.iter().zip(wc).map(|(p, q)| (p * q).abs()).sum();
-                            assert!((g - wv).abs() <= 1e-5 * abs, "m={m} cell {i}: {g} vs {wv}");
-                        }
-                        CpuMath::Fast => {
+                        _ => {
+                            if math == CpuMath::Exact {
+                                let abs: f32 = xa.iter().zip(wc).map(|(p, q)| (p * q).abs()).sum();
+                                assert!((g - wv).abs() <= 1e-5 * abs, "m={m} cell {i}: {g} vs {wv}");
+                            }
                             let prep = Prepared::new(math, xa, 1, k);
                             // SAFETY: `kernel` picked a kernel this CPU runs.
                             let alone = unsafe { kernel(math)(&prep.row(xa, 0), &w.row(c)) };
-                            assert_eq!(g.to_bits(), alone.to_bits(), "fast m={m} cell {i}");
+                            assert_eq!(g.to_bits(), alone.to_bits(), "{math} m={m} cell {i}");
                         }
                     }
                 }
