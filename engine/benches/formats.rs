@@ -1,12 +1,13 @@
 //! Weight formats on the CPU backend (run: `cargo bench -p ferry-engine --bench formats`).
 //!
 //! One random Llama-shaped model (1,024 wide, MLP 2,816, 8 layers, 16 query and 4 KV heads;
-//! every width whole blocks of 256, so the K formats apply) written as GGUF in F32, Q4_1,
-//! Q4_K and Q6_K, loaded in exact and fast math. Per format and math: the matrices' bytes in
+//! every width whole blocks of 256, so the K formats apply) written as GGUF in F32, F16,
+//! BF16, Q4_1, Q4_K and Q6_K, loaded in exact and fast math (the float formats in one: they
+//! multiply alike in both). Per format and math: the matrices' bytes in
 //! memory against their bytes in the file, prefill of a 64-token prompt, and decode tokens/s
 //! at batch 1 and 8 (greedy, contexts 64–80), medians of several interleaved rounds, with
-//! the ratio to F32 weights — what Q4_K and Q6_K files were multiplied as before the CPU kept
-//! them quantized (dequantized to f32 at load).
+//! the ratio to F32 weights — what F16, BF16, Q4_K and Q6_K files were multiplied as before
+//! the CPU kept them as they are (widened or dequantized to f32 at load).
 //!
 //! `FERRY_BENCH_QUICK=1`: one round of few steps (CI smoke).
 
@@ -84,13 +85,13 @@ fn main() -> BenchResult<()> {
     let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
     let (rounds, steps) = if quick { (1, 2) } else { (5, 16) };
     let tmp = tempfile::tempdir()?;
-    let formats = [(0u32, "F32"), (3, "Q4_1"), (12, "Q4_K"), (14, "Q6_K")];
+    let formats = [(0u32, "F32"), (1, "F16"), (30, "BF16"), (3, "Q4_1"), (12, "Q4_K"), (14, "Q6_K")];
     let mut models = Vec::new();
     for (ty, name) in formats {
         let path = write(tmp.path(), ty)?;
         for math in [CpuMath::Exact, CpuMath::Fast] {
-            if ty == 0 && math == CpuMath::Fast {
-                continue; // f32 weights multiply alike in both modes
+            if matches!(ty, 0 | 1 | 30) && math == CpuMath::Fast {
+                continue; // float weights multiply alike in both modes
             }
             let model = Model::load(&path, CpuBackend::new(math))?;
             models.push((name, math, std::fs::metadata(&path)?.len() as f64, model));

@@ -1,9 +1,9 @@
 //! Dequantisation of GGUF / safetensors tensor data to f32.
 //!
-//! Block formats (ggml): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K as [`QuantFormat`] defines them (the
+//! Block formats (ggml): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K as [`WeightFormat`] defines them (the
 //! CPU backend computes with those blocks, repacked; others dequantize them at upload).
 
-use ferry_kernels::quant::QuantFormat;
+use ferry_kernels::quant::WeightFormat;
 use half::{bf16, f16};
 
 /// Element types Ferry can turn into f32.
@@ -56,15 +56,18 @@ impl DType {
         }
     }
 
-    /// The quantized format a backend may keep as it is (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K).
-    pub fn quant_format(self) -> Option<QuantFormat> {
+    /// The format a backend may keep a matrix of this type in as it is (all but F32, which
+    /// is f32 already).
+    pub fn weight_format(self) -> Option<WeightFormat> {
         match self {
-            Self::Q4_0 => Some(QuantFormat::Q4_0),
-            Self::Q4_1 => Some(QuantFormat::Q4_1),
-            Self::Q8_0 => Some(QuantFormat::Q8_0),
-            Self::Q4K => Some(QuantFormat::Q4K),
-            Self::Q6K => Some(QuantFormat::Q6K),
-            Self::F32 | Self::F16 | Self::BF16 => None,
+            Self::F16 => Some(WeightFormat::F16),
+            Self::BF16 => Some(WeightFormat::BF16),
+            Self::Q4_0 => Some(WeightFormat::Q4_0),
+            Self::Q4_1 => Some(WeightFormat::Q4_1),
+            Self::Q8_0 => Some(WeightFormat::Q8_0),
+            Self::Q4K => Some(WeightFormat::Q4K),
+            Self::Q6K => Some(WeightFormat::Q6K),
+            Self::F32 => None,
         }
     }
 
@@ -90,11 +93,11 @@ pub fn dequantize(dtype: DType, data: &[u8], out: &mut [f32]) {
             DType::F32 => o[0] = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]),
             DType::F16 => o[0] = h(blk, 0),
             DType::BF16 => o[0] = bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
-            DType::Q4_0 => QuantFormat::Q4_0.dequantize_block(blk, o),
-            DType::Q4_1 => QuantFormat::Q4_1.dequantize_block(blk, o),
-            DType::Q8_0 => QuantFormat::Q8_0.dequantize_block(blk, o),
-            DType::Q4K => QuantFormat::Q4K.dequantize_block(blk, o),
-            DType::Q6K => QuantFormat::Q6K.dequantize_block(blk, o),
+            DType::Q4_0 => WeightFormat::Q4_0.dequantize_block(blk, o),
+            DType::Q4_1 => WeightFormat::Q4_1.dequantize_block(blk, o),
+            DType::Q8_0 => WeightFormat::Q8_0.dequantize_block(blk, o),
+            DType::Q4K => WeightFormat::Q4K.dequantize_block(blk, o),
+            DType::Q6K => WeightFormat::Q6K.dequantize_block(blk, o),
         }
     }
 }

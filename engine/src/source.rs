@@ -11,7 +11,7 @@ use safetensors::tensor::Dtype as StDtype;
 use crate::EngineError;
 use crate::config::{Arch, ModelConfig};
 use crate::dequant::{DType, dequantize};
-use ferry_kernels::quant::QuantFormat;
+use ferry_kernels::quant::WeightFormat;
 
 /// A tensor in f32 with its shape (`[rows, cols]` for matrices, `[n]` for vectors).
 #[derive(Debug, Clone)]
@@ -21,8 +21,8 @@ pub struct Tensor {
     /// Values, row-major; empty when `blocks` holds them.
     pub data: Vec<f32>,
     /// The values as the file's blocks, row-major, when the file holds a matrix in a block
-    /// format a backend may keep as it is ([`DType::quant_format`]).
-    pub blocks: Option<(QuantFormat, Vec<u8>)>,
+    /// format a backend may keep as it is ([`DType::weight_format`]).
+    pub blocks: Option<(WeightFormat, Vec<u8>)>,
 }
 
 impl Tensor {
@@ -160,6 +160,11 @@ impl TensorSource for HfSource {
         let raw = map.get(e.range.clone()).filter(|r| Some(r.len()) == dtype.bytes_for(n));
         let raw =
             raw.ok_or_else(|| EngineError::invalid(path, format!("tensor {name}: data does not match its shape")))?;
+        // Half-precision matrices stay so for a backend that keeps them ([`Tensor::into_f32`]
+        // widens them for one that does not).
+        if let (Some(f), [_, _]) = (dtype.weight_format(), &e.shape[..]) {
+            return Ok(Some(Tensor { shape: e.shape.clone(), data: Vec::new(), blocks: Some((f, raw.to_vec())) }));
+        }
         let mut data = vec![0.0; n];
         dequantize(dtype, raw, &mut data);
         Ok(Some(Tensor { shape: e.shape.clone(), data, blocks: None }))
@@ -240,7 +245,7 @@ impl TensorSource for GgufSource {
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         // Matrices of whole blocks per row keep their blocks (and are not dequantized here:
         // [`Tensor::into_f32`] does it for a backend that wants f32).
-        let mut blocks = match (dtype.quant_format(), &shape[..]) {
+        let mut blocks = match (dtype.weight_format(), &shape[..]) {
             (Some(f), [_, cols]) if cols % f.block_weights() == 0 => Some((f, raw.to_vec())),
             _ => None,
         };
@@ -311,7 +316,7 @@ mod tests {
 
     #[test]
     fn a_strided_sample_of_blocks_is_the_dequantized_values_strided() {
-        let f = QuantFormat::Q8_0;
+        let f = WeightFormat::Q8_0;
         let (rows, cols) = (3, 64);
         // Q8_0 blocks: an f16 scale (0.5), then 32 signed bytes.
         let blocks: Vec<u8> = (0..rows * cols / 32)

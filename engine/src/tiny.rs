@@ -40,8 +40,8 @@ pub struct TinySpec {
     pub merges: usize,
     /// Llama-3 RoPE scaling in the HF config.
     pub rope_scaling: bool,
-    /// GGUF type for matrices (0 = F32, 8 = Q8_0, 3 = Q4_1, 12 = Q4_K, 14 = Q6_K: widths then
-    /// whole blocks of 256). The HF copy then holds the dequantised values, so both copies
+    /// GGUF type for matrices (0 = F32, 1 = F16, 30 = BF16, 8 = Q8_0, 3 = Q4_1, 12 = Q4_K,
+    /// 14 = Q6_K: widths then whole blocks of 256). The HF copy then holds the dequantised values, so both copies
     /// describe the same weights.
     pub gguf_matrix_type: u32,
     /// Seed of the weights.
@@ -212,6 +212,8 @@ fn quantize(ty: u32, x: &[f32]) -> (DType, Vec<u8>) {
     match ty {
         8 => (DType::Q8_0, quantize_q8_0(x)),
         3 => (DType::Q4_1, quantize_q4_1(x)),
+        1 => (DType::F16, x.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect()),
+        30 => (DType::BF16, x.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect()),
         12 => (DType::Q4K, quantize_q4_k(x)),
         14 => (DType::Q6K, quantize_q6_k(x)),
         _ => (DType::F32, x.iter().flat_map(|v| v.to_le_bytes()).collect()),

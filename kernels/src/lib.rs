@@ -104,7 +104,7 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         rows: usize,
         cols: usize,
-        format: quant::QuantFormat,
+        format: quant::WeightFormat,
         data: Vec<u8>,
     ) -> Result<Self::Mat, KernelError> {
         check_quantized(rows, cols, format, &data)?;
@@ -206,7 +206,7 @@ pub trait Backend: Send + Sync + 'static {
 pub(crate) fn check_quantized(
     rows: usize,
     cols: usize,
-    format: quant::QuantFormat,
+    format: quant::WeightFormat,
     data: &[u8],
 ) -> Result<(), KernelError> {
     error::check(

@@ -1,4 +1,4 @@
-//! Block-quantized weights as model files store them ([`QuantFormat`]: ggml's Q4_0, Q4_1,
+//! Block-quantized weights as model files store them ([`WeightFormat`]: ggml's Q4_0, Q4_1,
 //! Q8_0, Q4_K, Q6_K), kept quantized in memory by backends that can compute with them and
 //! dequantized at upload by the others. [`BlockFormat`] is the first three: blocks of 32
 //! weights sharing an f16 scale.
@@ -11,7 +11,7 @@
 
 use half::f16;
 
-pub use crate::quant_k::QuantFormat;
+pub use crate::quant_k::WeightFormat;
 
 /// Weights per block.
 pub const BLOCK: usize = 32;

@@ -1,5 +1,6 @@
-//! The quantized formats a model file may store a matrix in ([`QuantFormat`]), with ggml's
-//! super-block formats defined here:
+//! The formats a model file may store a weight matrix in and a backend may keep
+//! ([`WeightFormat`]: half precision and ggml's block formats), with ggml's super-block
+//! formats defined here:
 //!
 //! - **Q4_K**, 144 bytes per 256 weights: `d:f16, dmin:f16, scales[12], qs[128]`. Eight
 //!   sub-blocks of 32 weights, each with a 6-bit scale `s` and min `m` packed in `scales`
@@ -19,9 +20,14 @@ use crate::quant::BlockFormat;
 /// Weights per Q4_K / Q6_K super-block.
 pub const SUPER: usize = 256;
 
-/// A quantized matrix format as the model file stores it.
+/// A weight matrix's format as the model file stores it, for backends that keep it so (the
+/// CPU keeps all of these; f32 matrices go through [`Backend::matrix`](crate::Backend::matrix)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuantFormat {
+pub enum WeightFormat {
+    /// IEEE half precision, one value per 2 bytes.
+    F16,
+    /// bfloat16, one value per 2 bytes.
+    BF16,
     /// ggml Q4_0.
     Q4_0,
     /// ggml Q4_1.
@@ -34,7 +40,7 @@ pub enum QuantFormat {
     Q6K,
 }
 
-impl From<BlockFormat> for QuantFormat {
+impl From<BlockFormat> for WeightFormat {
     fn from(f: BlockFormat) -> Self {
         match f {
             BlockFormat::Q4_0 => Self::Q4_0,
@@ -49,28 +55,30 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-impl QuantFormat {
+impl WeightFormat {
     /// The 32-weight block format it is, if it is one.
     pub fn block(self) -> Option<BlockFormat> {
         match self {
             Self::Q4_0 => Some(BlockFormat::Q4_0),
             Self::Q4_1 => Some(BlockFormat::Q4_1),
             Self::Q8_0 => Some(BlockFormat::Q8_0),
-            Self::Q4K | Self::Q6K => None,
+            Self::F16 | Self::BF16 | Self::Q4K | Self::Q6K => None,
         }
     }
 
-    /// Weights per block (32, or 256 for the K formats).
+    /// Weights per block (1 for the half formats, 32, or 256 for the K formats).
     pub fn block_weights(self) -> usize {
-        match self.block() {
-            Some(_) => crate::quant::BLOCK,
-            None => SUPER,
+        match self {
+            Self::F16 | Self::BF16 => 1,
+            Self::Q4K | Self::Q6K => SUPER,
+            Self::Q4_0 | Self::Q4_1 | Self::Q8_0 => crate::quant::BLOCK,
         }
     }
 
     /// Bytes per block.
     pub fn block_bytes(self) -> usize {
         match self {
+            Self::F16 | Self::BF16 => 2,
             Self::Q4K => 144,
             Self::Q6K => 210,
             _ => self.block().map_or(0, BlockFormat::block_bytes),
@@ -86,6 +94,8 @@ impl QuantFormat {
     /// [`block_weights`](Self::block_weights)).
     pub fn dequantize_block(self, blk: &[u8], o: &mut [f32]) {
         match self {
+            Self::F16 => o[0] = half(blk, 0),
+            Self::BF16 => o[0] = half::bf16::from_le_bytes([blk[0], blk[1]]).to_f32(),
             Self::Q4K => {
                 for (j, o) in o.chunks_exact_mut(32).enumerate() {
                     let (d, m, q) = q4k_sub_block(blk, j);
@@ -165,7 +175,7 @@ pub(crate) mod tests {
 
     /// Random K-format blocks for `n` rows of `k` weights: random bytes with finite, modest
     /// f16 scales.
-    pub(crate) fn k_blocks(fmt: QuantFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn k_blocks(fmt: WeightFormat, n: usize, k: usize, seed: u64) -> Vec<u8> {
         let mut s = seed | 1;
         let mut next = || {
             s ^= s << 13;
@@ -178,7 +188,7 @@ pub(crate) mod tests {
         for _ in 0..n * k / SUPER {
             let mut blk: Vec<u8> = (0..fmt.block_bytes()).map(|_| next() as u8).collect();
             match fmt {
-                QuantFormat::Q4K => {
+                WeightFormat::Q4K => {
                     blk[0..2].copy_from_slice(&scale(next(), 300_000.0));
                     blk[2..4].copy_from_slice(&scale(next(), 600_000.0));
                 }
@@ -229,7 +239,8 @@ pub(crate) mod tests {
 
     #[test]
     fn k_formats_dequantize_as_ggml_does_bit_for_bit() {
-        for (fmt, reference) in [(QuantFormat::Q4K, ggml_q4k as fn(&[u8], &mut [f32])), (QuantFormat::Q6K, ggml_q6k)] {
+        for (fmt, reference) in [(WeightFormat::Q4K, ggml_q4k as fn(&[u8], &mut [f32])), (WeightFormat::Q6K, ggml_q6k)]
+        {
             let data = k_blocks(fmt, 3, 512, 7);
             let mut got = vec![0.0; 3 * 512];
             fmt.dequantize(&data, &mut got);

@@ -69,11 +69,12 @@ fn sharded_safetensors_load_like_one_file() {
     assert_eq!(last_logits(&a, &ids), last_logits(&b, &ids));
 }
 
-/// Quantized GGUF matrices stay quantized on the CPU: Q4_1 and Q4_K repacked in at most 4/3
-/// of the file's bytes, Q6_K in 1.32× (f32 would be 6–7× the file); F32 as it is.
+/// GGUF matrices stay as the file has them on the CPU: Q4_1 and Q4_K repacked in at most 4/3
+/// of the file's bytes, Q6_K in 1.32× (f32 would be 6–7× the file); F16, BF16 and F32 as
+/// they are.
 #[test]
 fn quantized_matrices_stay_quantized_in_memory() {
-    for (ty, most) in [(3u32, 1.34), (12, 1.34), (14, 1.32), (0, 1.0)] {
+    for (ty, most) in [(3u32, 1.34), (12, 1.34), (14, 1.32), (1, 1.0), (30, 1.0), (0, 1.0)] {
         let tiny =
             TinyModel::new(TinySpec { gguf_matrix_type: ty, hidden: 256, ffn: 512, tie: false, ..TinySpec::default() });
         let file = std::fs::metadata(tiny.gguf()).expect("file").len() as f64;
@@ -99,6 +100,8 @@ fn bf16_weights_load_and_stay_close() {
     let ids = prompt(20, 2, a.config().vocab_size);
     let d = rel_diff(&last_logits(&b, &ids), &last_logits(&a, &ids));
     assert!(d > 0.0 && d < 0.05, "bf16 rounding should move logits a little: {d}");
+    // The bf16 matrices stay bf16 in memory: half the f32 copy's bytes.
+    assert_eq!(2 * b.matrix_bytes(), a.matrix_bytes());
 }
 
 #[test]

@@ -13,6 +13,7 @@ mod attention_step;
 mod dot;
 mod exp256;
 mod exp512;
+mod half16;
 mod math;
 mod matmul;
 mod packed;
@@ -34,7 +35,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::check;
-use crate::quant::QuantFormat;
+use crate::quant::WeightFormat;
 use crate::{AttnSeq, AttnShape, Backend, HostArena, KernelError, KvLayout, PoolLayer, RopeTable, plan};
 
 pub use arena::KvArena;
@@ -61,6 +62,8 @@ enum Weights {
     Tiled(tiled::Tiled),
     /// Q6_K, its own layout ([`q6k`]).
     Q6(q6k::Q6),
+    /// F16 or BF16 as the file has them ([`half16`]).
+    Half(half16::Half16),
 }
 
 impl CpuMat {
@@ -71,6 +74,7 @@ impl CpuMat {
             Weights::Blocks(p) => p.resident_bytes(),
             Weights::Tiled(t) => t.resident_bytes(),
             Weights::Q6(q) => q.resident_bytes(),
+            Weights::Half(h) => h.resident_bytes(),
         }
     }
 }
@@ -138,17 +142,23 @@ impl Backend for CpuBackend {
         &self,
         rows: usize,
         cols: usize,
-        format: QuantFormat,
+        format: WeightFormat,
         data: Vec<u8>,
     ) -> Result<CpuMat, KernelError> {
         crate::check_quantized(rows, cols, format, &data)?;
         let blocks = cols / crate::quant::BLOCK;
-        let data = match packed::blocks_of(format, cols, &data) {
-            None => Weights::Q6(q6k::Q6::new(rows, cols, &data)),
-            Some((fmt, block)) if qtile::available(self.math) => {
-                Weights::Tiled(tiled::Tiled::from_wide(fmt, rows, blocks, block))
+        let data = match format {
+            WeightFormat::F16 | WeightFormat::BF16 => Weights::Half(half16::Half16::new(format, rows, cols, &data)),
+            WeightFormat::Q6K => Weights::Q6(q6k::Q6::new(rows, cols, &data)),
+            WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4K => {
+                let (fmt, block) = packed::blocks_of(format, cols, &data)
+                    .ok_or(KernelError::Shape { op: "matrix_quantized", detail: format!("{format:?} in blocks") })?;
+                if qtile::available(self.math) {
+                    Weights::Tiled(tiled::Tiled::from_wide(fmt, rows, blocks, block))
+                } else {
+                    Weights::Blocks(packed::Packed::from_wide(fmt, rows, blocks, block))
+                }
             }
-            Some((fmt, block)) => Weights::Blocks(packed::Packed::from_wide(fmt, rows, blocks, block)),
         };
         Ok(CpuMat { rows, cols, data, parts: Vec::new() })
     }
@@ -167,6 +177,7 @@ impl Backend for CpuBackend {
                     (Weights::Blocks(p), Weights::Blocks(q)) => p.fmt == q.fmt,
                     (Weights::Tiled(p), Weights::Tiled(q)) => p.fmt == q.fmt,
                     (Weights::Q6(_), Weights::Q6(_)) => true,
+                    (Weights::Half(p), Weights::Half(q)) => p.bf16 == q.bf16,
                     _ => false,
                 }
         };
@@ -208,6 +219,14 @@ impl Backend for CpuBackend {
                     }
                 });
                 Weights::Q6(p)
+            }
+            Some(Weights::Half(mut p)) => {
+                all.for_each(|w| {
+                    if let Weights::Half(q) = w {
+                        p.append(q)
+                    }
+                });
+                Weights::Half(p)
             }
             None => return Err(Vec::new()),
         };
@@ -253,6 +272,7 @@ impl Backend for CpuBackend {
                 Weights::Blocks(p) => p.dequantize_rows(i, row),
                 Weights::Tiled(t) => t.dequantize_row(i, row),
                 Weights::Q6(q) => q.dequantize_rows(i, row),
+                Weights::Half(h) => h.dequantize_rows(i, row),
             }
         }
         Ok(())
@@ -267,6 +287,7 @@ impl Backend for CpuBackend {
             Weights::Blocks(p) => qmatmul::qmatmul_t(self.math, x, rows, p, w.rows, w.cols, out),
             Weights::Tiled(t) => qtile::qmatmul_tiled(self.math, x, rows, t, out),
             Weights::Q6(q) => q6k::matmul(self.math, x, rows, q, out),
+            Weights::Half(h) => half16::matmul(x, rows, h, out),
         }
         Ok(())
     }
@@ -478,7 +499,8 @@ mod tests {
         for math in [CpuMath::Exact, CpuMath::Fast] {
             let b = CpuBackend::new(math);
             let k = 96;
-            let q = |n: usize, seed| b.matrix_quantized(n, k, QuantFormat::Q4_1, blocks(BlockFormat::Q4_1, n, k, seed));
+            let q =
+                |n: usize, seed| b.matrix_quantized(n, k, WeightFormat::Q4_1, blocks(BlockFormat::Q4_1, n, k, seed));
             let f = |n: usize, seed| b.matrix(n, k, floats(n * k, seed));
             for (mats, again) in [
                 (vec![q(40, 1), q(12, 2), q(12, 3)], vec![q(40, 1), q(12, 2), q(12, 3)]),
@@ -519,7 +541,7 @@ mod tests {
         let (n, k) = (32, 512);
         for math in [CpuMath::Exact, CpuMath::Fast] {
             let b = CpuBackend::new(math);
-            for fmt in [QuantFormat::Q4K, QuantFormat::Q6K] {
+            for fmt in [WeightFormat::Q4K, WeightFormat::Q6K] {
                 let data = |seed| k_blocks(fmt, n, k, seed);
                 let mut values = vec![0.0; n * k];
                 fmt.dequantize(&data(1), &mut values);

@@ -9,7 +9,7 @@
 //! exact in f32 and so is their difference. Memory: Q4_0 20 bytes per 32 weights (ggml 18),
 //! Q4_1 24 (20), Q8_0 36 (34).
 
-use crate::quant::{BLOCK, BlockFormat, QuantFormat};
+use crate::quant::{BLOCK, BlockFormat, WeightFormat};
 use crate::quant_k::SUPER;
 
 /// A `(rows, cols)` matrix of one [`BlockFormat`], repacked.
@@ -144,22 +144,20 @@ impl Wide {
 
 /// The 32-weight block format the CPU computes `format` in, with `block(r, b)` giving block
 /// `b` (of `cols / 32`) of row `r` of `data`: the block formats as they are, Q4_K as Q4_1
-/// (each 32-weight sub-block's scale and min widened to f32). None for Q6_K (its sub-blocks
-/// of 16 have their own matrix type, [`super::q6k`]).
+/// (each 32-weight sub-block's scale and min widened to f32). None for the others (Q6_K's
+/// sub-blocks of 16 have their own matrix type, [`super::q6k`]; so have F16 and BF16,
+/// [`super::half16`]).
 pub(crate) fn blocks_of(
-    format: QuantFormat,
+    format: WeightFormat,
     cols: usize,
     data: &[u8],
 ) -> Option<(BlockFormat, impl Fn(usize, usize) -> Wide)> {
-    let (fmt, bb, nb) = match format {
-        QuantFormat::Q4K => (BlockFormat::Q4_1, format.block_bytes(), cols / SUPER),
-        QuantFormat::Q6K => return None,
-        _ => {
-            let f = format.block()?;
-            (f, f.block_bytes(), cols / BLOCK)
-        }
+    let (fmt, bb, nb) = match (format, format.block()) {
+        (WeightFormat::Q4K, _) => (BlockFormat::Q4_1, format.block_bytes(), cols / SUPER),
+        (_, Some(f)) => (f, f.block_bytes(), cols / BLOCK),
+        (_, None) => return None,
     };
-    let k = format == QuantFormat::Q4K;
+    let k = format == WeightFormat::Q4K;
     let per = if k { SUPER / BLOCK } else { 1 };
     Some((fmt, move |r: usize, b: usize| {
         let blk = &data[(r * nb + b / per) * bb..][..bb];
@@ -281,16 +279,16 @@ pub(crate) mod tests {
     #[test]
     fn q4_k_repacks_into_q4_1_blocks_bit_for_bit() {
         let (n, k) = (5, 512);
-        let data = crate::quant_k::tests::k_blocks(QuantFormat::Q4K, n, k, 3);
+        let data = crate::quant_k::tests::k_blocks(WeightFormat::Q4K, n, k, 3);
         let mut want = vec![0.0; n * k];
-        QuantFormat::Q4K.dequantize(&data, &mut want);
-        let (fmt, block) = blocks_of(QuantFormat::Q4K, k, &data).expect("Q4_K packs in blocks");
+        WeightFormat::Q4K.dequantize(&data, &mut want);
+        let (fmt, block) = blocks_of(WeightFormat::Q4K, k, &data).expect("Q4_K packs in blocks");
         assert_eq!(fmt, BlockFormat::Q4_1);
         let p = Packed::from_wide(fmt, n, k / BLOCK, block);
         let mut got = vec![0.0; n * k];
         p.dequantize_rows(0, &mut got);
         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
         assert!(p.resident_bytes() * 3 <= data.len() * 4, "{} vs {}", p.resident_bytes(), data.len());
-        assert!(blocks_of(QuantFormat::Q6K, k, &data).is_none());
+        assert!(blocks_of(WeightFormat::Q6K, k, &data).is_none());
     }
 }

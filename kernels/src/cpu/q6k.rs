@@ -402,13 +402,13 @@ mod tests {
     use super::*;
     use crate::cpu::matmul::matmul_t;
     use crate::cpu::packed::tests::floats;
-    use crate::quant::QuantFormat;
+    use crate::quant::WeightFormat;
     use crate::quant_k::tests::k_blocks;
 
     fn matrix(n: usize, k: usize, seed: u64) -> (Q6, Vec<f32>, usize) {
-        let data = k_blocks(QuantFormat::Q6K, n, k, seed);
+        let data = k_blocks(WeightFormat::Q6K, n, k, seed);
         let mut f = vec![0.0; n * k];
-        QuantFormat::Q6K.dequantize(&data, &mut f);
+        WeightFormat::Q6K.dequantize(&data, &mut f);
         (Q6::new(n, k, &data), f, data.len())
     }
 

@@ -203,21 +203,21 @@ mod tests {
     /// Q4_K's f32 sub-block scales survive stacking (a re-layout) bit for bit.
     #[test]
     fn q4_k_rows_survive_stacking_bit_for_bit() {
-        use crate::quant::QuantFormat;
+        use crate::quant::WeightFormat;
         let k = 256;
         let (d1, d2) = (
-            crate::quant_k::tests::k_blocks(QuantFormat::Q4K, 19, k, 5),
-            crate::quant_k::tests::k_blocks(QuantFormat::Q4K, 6, k, 6),
+            crate::quant_k::tests::k_blocks(WeightFormat::Q4K, 19, k, 5),
+            crate::quant_k::tests::k_blocks(WeightFormat::Q4K, 6, k, 6),
         );
         let tile = |n: usize, d: &[u8]| {
-            let (fmt, block) = super::super::packed::blocks_of(QuantFormat::Q4K, k, d).expect("blocks");
+            let (fmt, block) = super::super::packed::blocks_of(WeightFormat::Q4K, k, d).expect("blocks");
             Tiled::from_wide(fmt, n, k / BLOCK, block)
         };
         let mut t = tile(19, &d1);
         t.append(tile(6, &d2));
         let mut want = vec![0.0; 25 * k];
-        QuantFormat::Q4K.dequantize(&d1, &mut want[..19 * k]);
-        QuantFormat::Q4K.dequantize(&d2, &mut want[19 * k..]);
+        WeightFormat::Q4K.dequantize(&d1, &mut want[..19 * k]);
+        WeightFormat::Q4K.dequantize(&d2, &mut want[19 * k..]);
         let mut got = vec![0.0; k];
         for r in 0..25 {
             t.dequantize_row(r, &mut got);
