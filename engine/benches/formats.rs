@@ -9,7 +9,9 @@
 //! the ratio to F32 weights — what F16, BF16, Q4_K and Q6_K files were multiplied as before
 //! the CPU kept them as they are (widened or dequantized to f32 at load).
 //!
-//! `FERRY_BENCH_QUICK=1`: one round of few steps (CI smoke).
+//! `FERRY_BENCH_QUICK=1`: one round of few steps (CI smoke). `FERRY_BENCH_FORMATS_DIR=DIR`
+//! keeps the models as `DIR/formats-<ggml type>.gguf` (12: Q4_K, 14: Q6_K, …) for
+//! `scripts/cpu-vs-llamacpp --model`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -35,6 +37,7 @@ fn write(dir: &Path, ty: u32) -> BenchResult<PathBuf> {
         layers: 8,
         heads: 16,
         kv_heads: 4,
+        ctx: 4096,
         tie: false,
         merges: 200,
         gguf_matrix_type: ty,
@@ -85,10 +88,11 @@ fn main() -> BenchResult<()> {
     let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
     let (rounds, steps) = if quick { (1, 2) } else { (5, 16) };
     let tmp = tempfile::tempdir()?;
+    let dir = std::env::var_os("FERRY_BENCH_FORMATS_DIR").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);
     let formats = [(0u32, "F32"), (1, "F16"), (30, "BF16"), (3, "Q4_1"), (12, "Q4_K"), (14, "Q6_K")];
     let mut models = Vec::new();
     for (ty, name) in formats {
-        let path = write(tmp.path(), ty)?;
+        let path = write(&dir, ty)?;
         for math in [CpuMath::Exact, CpuMath::Fast] {
             if matches!(ty, 0 | 1 | 30) && math == CpuMath::Fast {
                 continue; // float weights multiply alike in both modes
