@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use super::CpuMath;
 use super::matmul::SendPtr;
 use super::qdot::{Prep, Prepared};
+use super::qmatmul::gemm_dequantized;
 use super::tiled::{LANES, Tiled};
 use crate::quant::{BLOCK, BlockFormat};
 
@@ -57,6 +58,12 @@ pub(super) fn kernel(math: CpuMath) -> TiledKernel {
     }
 }
 
+/// Whether exact mode's kernel here is AVX2's (read once).
+fn exact_is_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| kernels(CpuMath::Exact)[0].0 == "avx2")
+}
+
 /// Every kernel of `math` this CPU runs, widest first, with its name.
 pub(super) fn kernels(math: CpuMath) -> Vec<(&'static str, TiledKernel)> {
     let mut all: Vec<(&'static str, TiledKernel)> = Vec::new();
@@ -74,24 +81,41 @@ pub(super) fn kernels(math: CpuMath) -> Vec<(&'static str, TiledKernel)> {
                 }
             }
         }
-        if math == CpuMath::Fast && has!("avx2") && has!("fma") {
-            all.push(("avx2", super::qtile256::rows));
+        if has!("avx2") && has!("fma") {
+            all.push((
+                "avx2",
+                if math == CpuMath::Exact { super::qtile256::exact_rows } else { super::qtile256::rows },
+            ));
         }
     }
     all.push(("portable", if math == CpuMath::Exact { exact_portable } else { portable }));
     all
 }
 
-/// `out (m, w.rows) = x (m, k) · wᵀ` in `math`, by the mode's kernel for any number of rows:
-/// in either mode a row's result does not depend on its batch. (Exact mode's kernel also
-/// outran the f32 SGEMM on dequantized slices at every batch measured, 5 to 512 rows:
-/// 1.1–15× on two threads.)
+/// Most rows exact mode's AVX2 kernel takes; more go to the f32 SGEMM on rows dequantized a
+/// slice at a time. SmolLM2 exact prefill on an AVX2 EPYC, 2 threads, tok/s SGEMM → kernel:
+/// 32 rows 385 → 490, 64 511 → 547, 128 593 → 535, 256 623 → 508, 512 ~570 → ~455.
+pub(super) const AVX2_EXACT_MAX_ROWS: usize = 64;
+
+/// `out (m, w.rows) = x (m, k) · wᵀ` in `math`, by the mode's kernel: in fast mode for any
+/// number of rows, so a row's result does not depend on its batch; in exact mode too with
+/// AVX-512 (its kernel outran the f32 SGEMM on dequantized slices at every batch measured, 5
+/// to 512 rows: 1.1–15× on two threads), with AVX2 up to [`AVX2_EXACT_MAX_ROWS`] rows (past
+/// them the SGEMM is faster there; exact mode's results are the model's up to summation
+/// order either way).
 pub(super) fn qmatmul_tiled(math: CpuMath, x: &[f32], m: usize, w: &Tiled, out: &mut [f32]) {
     let (n, k) = (w.rows, w.blocks * BLOCK);
     if m == 0 || n == 0 {
         return;
     }
     assert!(x.len() >= m * k && out.len() >= m * n, "qmatmul shapes");
+    if math == CpuMath::Exact && m > AVX2_EXACT_MAX_ROWS && exact_is_avx2() {
+        return gemm_dequantized(x, m, n, k, out, |first, f| {
+            for (i, row) in f.chunks_exact_mut(k).enumerate() {
+                w.dequantize_row(first + i, row);
+            }
+        });
+    }
     let prep = Prepared::new(math, x, m, k);
     let rows: Vec<_> = (0..m).map(|r| prep.row(x, r)).collect();
     let dot = kernel(math);
@@ -287,7 +311,7 @@ mod tests {
             let (w, packed) = (Tiled::new(fmt, n, k, &data), Packed::new(fmt, n, k, &data));
             let mut wf = vec![0.0; n * k];
             packed.dequantize_rows(0, &mut wf);
-            for m in [1, 3, 4, 9] {
+            for m in [1, 3, 4, 9, AVX2_EXACT_MAX_ROWS + 3] {
                 let x = floats(m * k, 40 + m as u64);
                 let prep = Prepared::new(CpuMath::Exact, &x, m, k);
                 let rows: Vec<_> = (0..m).map(|r| prep.row(&x, r)).collect();
@@ -301,7 +325,9 @@ mod tests {
                 }
                 let mut alone = vec![0.0; n];
                 qmatmul_tiled(CpuMath::Exact, &x[(m - 1) * k..], 1, &w, &mut alone);
-                assert_eq!(alone, runs[0].1[(m - 1) * n..], "{fmt:?}: row {} alone and in a batch of {m}", m - 1);
+                if m <= AVX2_EXACT_MAX_ROWS {
+                    assert_eq!(alone, runs[0].1[(m - 1) * n..], "{fmt:?}: row {} alone and in a batch of {m}", m - 1);
+                }
                 for (name, got) in &runs {
                     for r in 0..m {
                         for col in 0..n {

@@ -105,6 +105,96 @@ unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize, h: usize
     })
 }
 
+/// Exact mode: `A` activation rows (f32) against half `h` of group `g`, each row's 8 cells.
+/// Per block, each of its 32 weights as 8 lanes of f32 (shifted out of its chunk, masked, or
+/// sign-extended for Q8_0) times the activation broadcast, two partial sums a row; then
+/// `acc = fma(s, d, acc)` and the offsets as in fast mode — [`qtile`](super::qtile)'s portable
+/// exact arithmetic with the block's sum taken in another order.
+///
+/// # Safety
+/// AVX2 and FMA; `w` has group `g`; every row of `ps` has `w.blocks` blocks of exact-mode
+/// preparation (`x`, `sums`).
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn exact_half<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize, h: usize) -> [__m256; A] {
+    let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
+    for p in ps {
+        assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
+    }
+    assert!((g + 1) * nb * gb <= w.quants.len() && (g + 1) * nb * LANES <= w.scales.len());
+    let mask = _mm256_set1_epi32(0x0F);
+    let mut acc = [_mm256_setzero_ps(); A];
+    for b in 0..nb {
+        let base = w.quants.as_ptr().wrapping_add((g * nb + b) * gb + 32 * h);
+        let x: [*const f32; A] = std::array::from_fn(|a| ps[a].x.as_ptr().wrapping_add(b * BLOCK));
+        // Two partial sums a row, taken in turn (in the same order whatever `A`: a row's bits
+        // do not depend on its batch), so even one row has two chains of FMAs in flight.
+        let mut s = [[_mm256_setzero_ps(); 2]; A];
+        let mut turn = 0;
+        // Weight `j` of the half's 8 rows, as f32 lanes, times activation `j` of every row.
+        let mut take = |wf: __m256, j: usize| {
+            for a in 0..A {
+                // SAFETY: activation j < 32 of row a's block b (asserted above).
+                s[a][turn] = _mm256_fmadd_ps(wf, _mm256_set1_ps(unsafe { *x[a].add(j) }), s[a][turn]);
+            }
+            turn ^= 1;
+        };
+        match w.fmt {
+            BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                for p in 0..4 {
+                    // SAFETY: chunk p of group g's block b, this half's 32 bytes (asserted).
+                    let v = unsafe { _mm256_loadu_si256(base.add(64 * p).cast()) };
+                    // Byte t of lane c: weight 4p + t in its low nibble, 16 + 4p + t high.
+                    macro_rules! nibble {
+                        ($sh:literal, $j:expr) => {
+                            take(_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32::<$sh>(v), mask)), $j)
+                        };
+                    }
+                    nibble!(0, 4 * p);
+                    nibble!(4, 16 + 4 * p);
+                    nibble!(8, 4 * p + 1);
+                    nibble!(12, 17 + 4 * p);
+                    nibble!(16, 4 * p + 2);
+                    nibble!(20, 18 + 4 * p);
+                    nibble!(24, 4 * p + 3);
+                    nibble!(28, 19 + 4 * p);
+                }
+            }
+            BlockFormat::Q8_0 => {
+                for p in 0..8 {
+                    // SAFETY: chunk p of group g's block b, this half's 32 bytes (asserted).
+                    let v = unsafe { _mm256_loadu_si256(base.add(64 * p).cast()) };
+                    // Byte t of lane c: weight 4p + t, signed.
+                    macro_rules! byte {
+                        ($up:literal, $t:expr) => {
+                            take(_mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(_mm256_slli_epi32::<$up>(v))), 4 * p + $t)
+                        };
+                    }
+                    byte!(24, 0);
+                    byte!(16, 1);
+                    byte!(8, 2);
+                    take(_mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(v)), 4 * p + 3);
+                }
+            }
+        }
+        // SAFETY: group g's scales of block b (asserted: the vector holds whole groups).
+        let d = unsafe { _mm256_loadu_ps(w.scales.as_ptr().add((g * nb + b) * LANES + HALF * h)) };
+        for a in 0..A {
+            acc[a] = _mm256_fmadd_ps(_mm256_add_ps(s[a][0], s[a][1]), d, acc[a]);
+        }
+    }
+    let Some((cs, factor)) = offset_parts(w) else { return acc };
+    std::array::from_fn(|a| {
+        let mut off = _mm256_setzero_ps();
+        for b in 0..nb {
+            // SAFETY: group g's block b's coefficients (asserted with the scales, same length).
+            let c = unsafe { _mm256_loadu_ps(cs.as_ptr().add((g * nb + b) * LANES + HALF * h)) };
+            off = _mm256_fmadd_ps(c, _mm256_set1_ps(ps[a].sums[b]), off);
+        }
+        _mm256_add_ps(acc[a], _mm256_mul_ps(off, _mm256_set1_ps(factor)))
+    })
+}
+
 /// Row `a`'s first `live` lanes of `cells` to `out + a·stride`.
 ///
 /// # Safety
@@ -126,13 +216,34 @@ unsafe fn store<const A: usize>(cells: [__m256; A], out: *mut f32, stride: usize
     }
 }
 
-/// A [`TiledKernel`](super::qtile::TiledKernel): every half group holding rows of `w`,
-/// [`ACTS`] activation rows a pass.
+/// A [`TiledKernel`](super::qtile::TiledKernel), fast mode: every half group holding rows of
+/// `w`, [`ACTS`] activation rows a pass.
 ///
 /// # Safety
 /// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel).
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+    // SAFETY: the caller's promises.
+    unsafe { halves::<false>(ps, w, g0, g1, out, stride) }
+}
+
+/// [`rows`] in exact mode ([`exact_half`]; the rows prepared for exact mode).
+///
+/// # Safety
+/// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel).
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+    // SAFETY: the caller's promises.
+    unsafe { halves::<true>(ps, w, g0, g1, out, stride) }
+}
+
+/// Every half group of `g0..g1` holding rows of `w`, [`ACTS`] activation rows a pass, by
+/// [`exact_half`] or (fast mode) [`half`].
+///
+/// # Safety
+/// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel), the rows prepared for the mode.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn halves<const EXACT: bool>(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     for g in g0..g1 {
         for h in 0..2 {
             let first = g * LANES + h * HALF;
@@ -145,11 +256,21 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
                 // 16·(g − g0) + 8·h into each.
                 unsafe {
                     let o = out.add(i * ACTS * stride + (g - g0) * LANES + h * HALF);
+                    macro_rules! run {
+                        ($n:literal, $ps:expr) => {
+                            store(
+                                if EXACT { exact_half::<$n>($ps, w, g, h) } else { half::<$n>($ps, w, g, h) },
+                                o,
+                                stride,
+                                live,
+                            )
+                        };
+                    }
                     match t {
-                        [a, b, c, d] => store(half::<4>([a, b, c, d], w, g, h), o, stride, live),
-                        [a, b, c] => store(half::<3>([a, b, c], w, g, h), o, stride, live),
-                        [a, b] => store(half::<2>([a, b], w, g, h), o, stride, live),
-                        [a] => store(half::<1>([a], w, g, h), o, stride, live),
+                        [a, b, c, d] => run!(4, [a, b, c, d]),
+                        [a, b, c] => run!(3, [a, b, c]),
+                        [a, b] => run!(2, [a, b]),
+                        [a] => run!(1, [a]),
                         _ => unreachable!("chunks of 1..=ACTS"),
                     }
                 }

@@ -146,8 +146,24 @@ impl Tiled {
                 BlockFormat::Q8_0 => 0.0,
             };
             let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
-            for (j, o) in o.iter_mut().enumerate() {
-                *o = self.int(chunks, c, j) as f32 * d + off;
+            // Lane c's 4 bytes of each chunk (the exact-mode SGEMM dequantizes through here:
+            // no per-weight dispatch).
+            match self.fmt {
+                BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+                    for p in 0..4 {
+                        for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
+                            o[4 * p + t] = f32::from(q & 0xF) * d + off;
+                            o[16 + 4 * p + t] = f32::from(q >> 4) * d + off;
+                        }
+                    }
+                }
+                BlockFormat::Q8_0 => {
+                    for p in 0..8 {
+                        for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
+                            o[4 * p + t] = f32::from(q as i8) * d + off;
+                        }
+                    }
+                }
             }
         }
     }
