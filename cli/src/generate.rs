@@ -73,9 +73,9 @@ pub struct GenerateArgs {
     /// and the CUDA 12 driver and libraries at run time), `cuda:N` for GPU N.
     #[arg(long, env = ferry_cluster::env::DEVICE, default_value = "cpu", help_heading = "Engine")]
     device: Device,
-    /// How the CPU multiplies by block-quantized weights: `exact` (f32 activations, the
-    /// model's values up to summation order) or `fast` (activations quantized to 8 bits per
-    /// block, integer dot products as llama.cpp does: faster decode).
+    /// How the CPU multiplies by quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K): `exact`
+    /// (f32 activations, the model's values up to summation order) or `fast` (activations
+    /// quantized to 8 bits per block, integer dot products as llama.cpp does: faster decode).
     #[arg(long, env = ferry_cluster::env::CPU_MATH, default_value = "exact", help_heading = "Engine")]
     cpu_math: ferry_kernels::cpu::CpuMath,
 }

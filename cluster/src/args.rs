@@ -123,11 +123,12 @@ pub struct WorkerArgs {
     /// lives on the GPU and travels through a pinned host mirror (see --kv-host-mirror).
     #[arg(long, env = ferry_core::env::DEVICE, default_value = "cpu", help_heading = "Model")]
     pub device: Device,
-    /// How the CPU backend multiplies activations by block-quantized weights (Q4_0, Q4_1,
-    /// Q8_0): `exact` (f32 activations against the weights dequantized in registers: the
-    /// model's values up to summation order) or `fast` (activations quantized to 8 bits per
-    /// 32-value block, integer dot products as llama.cpp does: faster decode, results within
-    /// that rounding). Prefill and decode daemons may differ. Ignored with `--device cuda`.
+    /// How the CPU backend multiplies activations by quantized weights (Q4_0, Q4_1, Q8_0,
+    /// Q4_K, Q6_K; kept quantized in memory): `exact` (f32 activations against the weights
+    /// dequantized in registers: the model's values up to summation order) or `fast`
+    /// (activations quantized to 8 bits per 32-value block, integer dot products as llama.cpp
+    /// does: faster decode, results within that rounding). F16/BF16 weights multiply alike in
+    /// both. Prefill and decode daemons may differ. Ignored with `--device cuda`.
     #[arg(long, env = ferry_core::env::CPU_MATH, default_value = "exact", help_heading = "Model")]
     pub cpu_math: ferry_kernels::cpu::CpuMath,
     /// Keep a host mirror of the KV pool and copy pages across (device → host before sending,

@@ -1,7 +1,6 @@
 //! The CPU backend: f32 activations, block-quantized weights kept quantized (repacked once at
 //! load: in rows, [`packed`], or in groups of 16 rows, [`tiled`], where [`qtile`] has a SIMD
-//! kernel for the mode — both modes with AVX-512 VNNI (AMX tiles included), fast mode with
-//! AVX2; Q4_K as Q4_1 blocks of 32 with f32 scales and mins, Q6_K in its own layout, [`q6k`]), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
+//! kernel for the mode — both modes with AVX-512 VNNI (AMX tiles included) or AVX2; Q4_K as Q4_1 blocks of 32 with f32 scales and mins, Q6_K in its own layout, [`q6k`]), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
 //! small-batch GEMV and attention with hand-vectorised dot products, and every core through
 //! rayon.
 
@@ -56,9 +55,9 @@ pub struct CpuMat {
 #[derive(Debug, Clone)]
 enum Weights {
     F32(Vec<f32>),
-    /// Row after row (CPUs without AVX-512 VNNI).
+    /// Row after row (CPUs without AVX2).
     Blocks(packed::Packed),
-    /// In groups of 16 rows (CPUs with AVX-512 VNNI: [`qtile`]).
+    /// In groups of 16 rows (CPUs with AVX2 or AVX-512 VNNI: [`qtile`]).
     Tiled(tiled::Tiled),
     /// Q6_K, its own layout ([`q6k`]).
     Q6(q6k::Q6),

@@ -1,6 +1,5 @@
-//! `out = x · wᵀ` with `w` kept block-quantized in rows ([`Packed`]: exact mode without AVX-512
-//! VNNI, fast mode without AVX2; the others lay weights out in groups of 16 rows,
-//! [`qtile`](super::qtile)): ~4–8×
+//! `out = x · wᵀ` with `w` kept block-quantized in rows ([`Packed`]: CPUs without AVX2; the
+//! others lay weights out in groups of 16 rows, [`qtile`](super::qtile)): ~4–8×
 //! fewer bytes read per token than f32 weights, which is what batch-1 decode is bound by.
 //!
 //! - Fast mode, any number of rows, and exact mode up to [`GEMV_MAX_ROWS`] rows: each weight

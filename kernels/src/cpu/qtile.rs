@@ -2,7 +2,8 @@
 //!
 //! Exact mode: each weight of a
 //! block as 16 lanes of f32 times the activation broadcast ([`qtile512`](super::qtile512)'s
-//! `exact_rows`), or the portable loop; within f32 summation error of the dequantized product.
+//! `exact_rows`; 8 lanes, half a group, in [`qtile256`](super::qtile256)'s), or the portable
+//! loop; within f32 summation error of the dequantized product.
 //!
 //! Fast mode: activations quantized per 32-value block ([`Prepared`]). Every kernel computes each
 //! cell the same way, so they agree bit for bit and a row's result does not depend on its
@@ -43,7 +44,7 @@ pub(super) type TiledKernel = unsafe fn(&[Prep<'_>], &Tiled, usize, usize, *mut 
 const CELLS_PER_TASK: usize = 4096;
 
 /// Whether this CPU has a SIMD kernel for tiled weights in `math` (else the weights keep the
-/// row layout and its kernels: exact mode on CPUs with AVX2 but not AVX-512 VNNI).
+/// row layout and its kernels: CPUs without AVX2).
 pub(super) fn available(math: CpuMath) -> bool {
     kernels(math)[0].0 != "portable"
 }

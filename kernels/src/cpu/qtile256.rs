@@ -1,11 +1,11 @@
-//! The [`qtile`](super::qtile) fast-mode product with AVX2 (CPUs without AVX-512 VNNI: AMD Zen
-//! 1–3, Intel client cores): a group's 16 weight rows taken as two halves of 8, each chunk of
-//! a half (8 rows × 4 values) multiplied by 4 activation values broadcast to every lane
-//! (`vpmaddubsw`, weights as unsigned bytes), the block's 8 products summed in 16 bits (Q4:
-//! at most 8·2·15·127 = 30,480, exact) and once to 32 (`vpmaddwd`); Q8_0's signed weights as
-//! `|w|` against `x` with `w`'s sign, summed to 32 bits at every step. Lane `c` then holds row
-//! `c`'s exact integer sum, scaled as [`qtile`](super::qtile)'s portable kernel does lane by
-//! lane, so the cells are its bits.
+//! The [`qtile`](super::qtile) products with AVX2 (CPUs without AVX-512 VNNI: AMD Zen 1–3,
+//! Intel client cores). Exact mode: [`exact_half`]. Fast mode: a group's 16 weight rows
+//! taken as two halves of 8, each chunk of a half (8 rows × 4 values) multiplied by 4
+//! activation values broadcast to every lane (`vpmaddubsw`, weights as unsigned bytes), the
+//! block's 8 products summed in 16 bits (Q4: at most 8·2·15·127 = 30,480, exact) and once to
+//! 32 (`vpmaddwd`); Q8_0's signed weights as `|w|` against `x` with `w`'s sign, summed to 32
+//! bits at every step. Lane `c` then holds row `c`'s exact integer sum, scaled as
+//! [`qtile`](super::qtile)'s portable kernel does lane by lane, so the cells are its bits.
 
 use std::arch::x86_64::*;
 
