@@ -29,24 +29,6 @@ impl std::fmt::Debug for KvArena {
     }
 }
 
-/// Asks Linux to back the whole 2 MiB pages inside `[ptr, ptr + len)` with huge pages (which
-/// it does where transparent huge pages are `always` or `madvise`, the common default): the
-/// arena is read across by every attention step, and 4 KiB pages cost a TLB miss every 4 KiB.
-/// Best effort: elsewhere, or when the kernel refuses, nothing changes.
-fn huge_pages(ptr: *mut u8, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let (start, end) = ((ptr as usize).next_multiple_of(HUGE), (ptr as usize + len) / HUGE * HUGE);
-        if end > start {
-            // SAFETY: advice on pages of our own allocation; MADV_HUGEPAGE changes no contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len);
-}
-
 impl KvArena {
     /// Allocates `len` zeroed values, touching every page of memory now (first touch of fresh
     /// memory is slow and must not happen on the request path).
@@ -57,7 +39,7 @@ impl KvArena {
         let ptr =
             NonNull::new(unsafe { alloc_zeroed(layout) }.cast::<f32>()).ok_or(KernelError::OutOfMemory { bytes })?;
         // Before the first touch, so the kernel can fault the arena in as 2 MiB pages.
-        huge_pages(ptr.as_ptr().cast(), bytes);
+        super::huge::advise(ptr.as_ptr().cast(), bytes);
         // alloc_zeroed may map lazily-zeroed pages; write them to really touch them.
         // SAFETY: the allocation holds `len` values.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
@@ -125,30 +107,13 @@ impl Drop for KvArena {
 mod tests {
     use super::*;
 
-    /// The `VmFlags` of the mapping holding `addr` (/proc/self/smaps).
-    fn vm_flags_at(addr: usize) -> Vec<String> {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").expect("smaps");
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ')
-                && let Some((a, b)) = range.split_once('-')
-                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-            {
-                inside = (a..b).contains(&addr);
-            } else if inside && let Some(flags) = line.strip_prefix("VmFlags:") {
-                return flags.split_whitespace().map(str::to_string).collect();
-            }
-        }
-        Vec::new()
-    }
-
     /// The arena's memory carries the huge-page advice (`hg`): whether the kernel then finds
     /// free 2 MiB pages depends on the machine's memory at the time (a CI run after heavy
     /// builds found none), so the advice is what is checked.
     #[test]
     fn the_arena_is_advised_onto_huge_pages() {
         let arena = KvArena::new(16 << 20).expect("64 MiB");
-        let flags = vm_flags_at(arena.base_ptr() as usize + (32 << 20));
+        let flags = crate::cpu::huge::vm_flags_at(arena.base_ptr() as usize + (32 << 20));
         assert!(flags.iter().any(|f| f == "hg"), "VmFlags of the arena: {flags:?}");
     }
 }

@@ -37,6 +37,17 @@ impl Half16 {
         self.values.extend_from_slice(&other.values);
     }
 
+    /// Puts its values on huge pages where the kernel allows.
+    pub(crate) fn settle(&self) {
+        super::huge::collapse(&self.values);
+    }
+
+    /// The first byte of its values (tests read the mapping's flags there).
+    #[cfg(test)]
+    pub(crate) fn values_ptr(&self) -> *const u8 {
+        self.values.as_ptr().cast()
+    }
+
     /// Bytes it takes in memory.
     pub(crate) fn resident_bytes(&self) -> usize {
         2 * self.values.len()

@@ -13,6 +13,7 @@ mod dot;
 mod exp256;
 mod exp512;
 mod half16;
+mod huge;
 mod math;
 mod matmul;
 mod packed;
@@ -66,6 +67,27 @@ enum Weights {
 }
 
 impl CpuMat {
+    /// Puts its weights on huge pages where the kernel allows ([`huge`]): done once a matrix
+    /// is built or stacked, as it is read whole on every step.
+    fn settled(self) -> Self {
+        match &self.data {
+            Weights::F32(v) => huge::collapse(v),
+            Weights::Blocks(p) => {
+                huge::collapse(&p.quants);
+                huge::collapse(&p.scales);
+                huge::collapse(&p.mins);
+            }
+            Weights::Tiled(t) => {
+                huge::collapse(&t.quants);
+                huge::collapse(&t.scales);
+                huge::collapse(&t.mins);
+            }
+            Weights::Q6(q) => q.settle(),
+            Weights::Half(h) => h.settle(),
+        }
+        self
+    }
+
     /// Bytes its weights take in memory.
     pub fn resident_bytes(&self) -> usize {
         match &self.data {
@@ -134,7 +156,7 @@ impl Backend for CpuBackend {
 
     fn matrix(&self, rows: usize, cols: usize, data: Vec<f32>) -> Result<CpuMat, KernelError> {
         check("matrix", data.len() == rows * cols, || format!("{} values for {rows}x{cols}", data.len()))?;
-        Ok(CpuMat { rows, cols, data: Weights::F32(data), parts: Vec::new() })
+        Ok(CpuMat { rows, cols, data: Weights::F32(data), parts: Vec::new() }.settled())
     }
 
     fn matrix_quantized(
@@ -159,7 +181,7 @@ impl Backend for CpuBackend {
                 }
             }
         };
-        Ok(CpuMat { rows, cols, data, parts: Vec::new() })
+        Ok(CpuMat { rows, cols, data, parts: Vec::new() }.settled())
     }
 
     fn mat_shape(&self, mat: &CpuMat) -> (usize, usize) {
@@ -229,7 +251,7 @@ impl Backend for CpuBackend {
             }
             None => return Err(Vec::new()),
         };
-        Ok(CpuMat { rows, cols, data, parts })
+        Ok(CpuMat { rows, cols, data, parts }.settled())
     }
 
     fn matmul_parts(
@@ -605,5 +627,41 @@ mod tests {
         assert_eq!((host.len_bytes(), host.pinned()), (3 * pf * 4, false));
         assert_eq!(host.base_ptr() as usize % 64, 0);
         assert_eq!(b.kv_host_ptr(&pool), Some(pool.base_ptr()));
+    }
+
+    /// Issue 23: weight matrices go on huge pages where the kernel allows, as the KV arena
+    /// does. Each kind of matrix big enough to hold whole 2 MiB pages carries the advice (`hg`)
+    /// once built and once stacked; whether the kernel then finds free huge pages depends on
+    /// the machine's memory at the time, so the advice is what is checked.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn big_weight_matrices_are_advised_onto_huge_pages() {
+        use crate::quant::BlockFormat;
+        use packed::tests::{blocks, floats};
+        let (n, k) = (2048, 2048);
+        let advised = |what: &str, values: *const u8, len: usize| {
+            let mid = values as usize + len / 2;
+            let flags = huge::vm_flags_at(mid);
+            assert!(flags.iter().any(|f| f == "hg"), "{what}: VmFlags {flags:?}");
+        };
+        let check = |what: &str, m: &CpuMat| match &m.data {
+            Weights::F32(v) => advised(what, v.as_ptr().cast(), 4 * v.len()),
+            Weights::Blocks(p) => advised(what, p.quants.as_ptr(), p.quants.len()),
+            Weights::Tiled(t) => advised(what, t.quants.as_ptr(), t.quants.len()),
+            Weights::Q6(q) => advised(what, q.values_ptr(), m.rows * m.cols),
+            Weights::Half(h) => advised(what, h.values_ptr(), 2 * m.rows * m.cols),
+        };
+        for math in [CpuMath::Exact, CpuMath::Fast] {
+            let b = CpuBackend::new(math);
+            check("f32", &b.matrix(n, k, floats(n * k, 1)).expect("f32"));
+            let q8 = |seed| b.matrix_quantized(n, k, WeightFormat::Q8_0, blocks(BlockFormat::Q8_0, n, k, seed));
+            check("q8_0", &q8(1).expect("q8_0"));
+            let stacked = b.stack(vec![q8(2).expect("q8_0"), q8(3).expect("q8_0")]).expect("stacked");
+            check("stacked q8_0", &stacked);
+            let q6 = crate::quant_k::tests::k_blocks(WeightFormat::Q6K, n, k, 4);
+            check("q6_k", &b.matrix_quantized(n, k, WeightFormat::Q6K, q6).expect("q6_k"));
+            let half: Vec<u8> = (0..n * k).flat_map(|i| half::f16::from_f32(i as f32 * 1e-6).to_le_bytes()).collect();
+            check("f16", &b.matrix_quantized(n, k, WeightFormat::F16, half).expect("f16"));
+        }
     }
 }

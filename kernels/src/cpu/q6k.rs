@@ -77,6 +77,19 @@ impl Q6 {
         self.d.extend_from_slice(&other.d);
     }
 
+    /// Puts its buffers on huge pages where the kernel allows.
+    pub(crate) fn settle(&self) {
+        super::huge::collapse(&self.values);
+        super::huge::collapse(&self.subs);
+        super::huge::collapse(&self.d);
+    }
+
+    /// The first byte of its values (tests read the mapping's flags there).
+    #[cfg(test)]
+    pub(crate) fn values_ptr(&self) -> *const u8 {
+        self.values.as_ptr().cast()
+    }
+
     /// Bytes it takes in memory.
     pub(crate) fn resident_bytes(&self) -> usize {
         self.values.len() + self.subs.len() + 4 * self.d.len()
