@@ -648,7 +648,7 @@ mod tests {
             Weights::F32(v) => advised(what, v.as_ptr().cast(), 4 * v.len()),
             Weights::Blocks(p) => advised(what, p.quants.as_ptr(), p.quants.len()),
             Weights::Tiled(t) => advised(what, t.quants.as_ptr(), t.quants.len()),
-            Weights::Q6(q) => advised(what, q.values_ptr(), m.rows * m.cols),
+            Weights::Q6(q) => advised(what, q.values_ptr(), m.rows * m.cols * 3 / 4),
             Weights::Half(h) => advised(what, h.values_ptr(), 2 * m.rows * m.cols),
         };
         for math in [CpuMath::Exact, CpuMath::Fast] {
