@@ -115,7 +115,9 @@ fn kernels(bf16: bool) -> Vec<(&'static str, Kernel)> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::is_x86_feature_detected as has;
-        if has!("avx2") && has!("fma") && (bf16 || has!("f16c")) {
+        // Both kinds need F16C: the AVX2 kernel is compiled with it (a virtual CPU may offer
+        // AVX2 without it).
+        if has!("avx2") && has!("fma") && has!("f16c") {
             all.push(("avx2", if bf16 { avx2::rows::<true> } else { avx2::rows::<false> }));
         }
     }

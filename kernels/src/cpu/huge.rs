@@ -2,8 +2,8 @@
 //! read across on every step, and with 4 KiB pages every 4 KiB of them costs a TLB entry
 //! (a batch-1 decode step streams every weight once). Linux backs a range with 2 MiB pages
 //! where transparent huge pages are `always` or `madvise` (the common default) and the range
-//! is advised. Best effort: elsewhere, on kernels without a call, or when no free 2 MiB page
-//! is found, nothing changes.
+//! is advised. Best effort: where an administrator set them to `never`, on kernels without a
+//! call, or when no free 2 MiB page is found, nothing changes.
 
 /// Bytes in a huge page.
 const HUGE: usize = 2 << 20;
@@ -34,11 +34,23 @@ pub(crate) fn advise(ptr: *const u8, len: usize) {
 pub(crate) fn collapse<T>(values: &[T]) {
     let (ptr, len) = (values.as_ptr().cast::<u8>(), std::mem::size_of_val(values));
     advise(ptr, len);
+    // MADV_COLLAPSE ignores the system's setting: honour an administrator's `never`.
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if let Some((start, n)) = inside(ptr, len) {
+    if !never()
+        && let Some((start, n)) = inside(ptr, len)
+    {
         // SAFETY: as in `advise`: MADV_COLLAPSE copies pages into huge ones, contents kept.
         unsafe { libc::madvise(start as *mut libc::c_void, n, libc::MADV_COLLAPSE) };
     }
+}
+
+/// Whether transparent huge pages are set to `never` (read once).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn never() -> bool {
+    static NEVER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NEVER.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| s.contains("[never]"))
+    })
 }
 
 /// The `VmFlags` of the mapping holding `addr` (/proc/self/smaps): `hg` marks advised memory.

@@ -149,7 +149,7 @@ impl Q6 {
     /// Dequantizes rows `first..first + out.len() / cols` into `out`.
     pub(crate) fn dequantize_rows(&self, first: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if kernels(CpuMath::Exact)[0].0 == "avx2" {
+        if exact_is_avx2() {
             for (i, o) in out.chunks_exact_mut(self.cols).enumerate() {
                 // SAFETY: the CPU has AVX2 and FMA (the exact kernel chosen is AVX2's).
                 unsafe { avx2::dequantize_row(&self.row(first + i), o) };
@@ -160,6 +160,13 @@ impl Q6 {
             dequantize_row_portable(&self.row(first + i), o);
         }
     }
+}
+
+/// Whether exact mode's kernel here is AVX2's (chosen once).
+#[cfg(target_arch = "x86_64")]
+fn exact_is_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| kernels(CpuMath::Exact)[0].0 == "avx2")
 }
 
 /// One row of [`Q6::dequantize_rows`], portably.

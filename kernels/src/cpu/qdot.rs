@@ -92,9 +92,9 @@ pub(super) type Kernel = unsafe fn(&Prep<'_>, &Row<'_>) -> f32;
 pub(super) type RowsKernel = unsafe fn(&[Prep<'_>], &Packed, usize, usize, *mut f32, usize);
 
 /// The rows kernel of `math` for this CPU: AVX-512's (exact mode), which shares its loads
-/// across a group of rows, else a loop over [`kernel`]. (Fast mode on CPUs with AVX2, and
-/// exact mode on those with AVX-512 VNNI, multiply [`Tiled`](super::tiled::Tiled) weights
-/// instead: [`qtile`](super::qtile).)
+/// across a group of rows, else a loop over [`kernel`]. (CPUs with AVX2 or AVX-512 VNNI
+/// multiply [`Tiled`](super::tiled::Tiled) weights instead, in both modes:
+/// [`qtile`](super::qtile); these row kernels serve the others.)
 pub(super) fn rows_kernel(math: CpuMath) -> RowsKernel {
     static CHOSEN: std::sync::OnceLock<[RowsKernel; 2]> = std::sync::OnceLock::new();
     let chosen = |math| -> RowsKernel {

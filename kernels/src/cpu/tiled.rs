@@ -1,5 +1,5 @@
-//! Block-quantized weights laid out for outer-product kernels (AVX-512 VNNI and AMX in both
-//! modes, AVX2 in fast mode): rows in groups of [`LANES`], each block of a group stored as the
+//! Block-quantized weights laid out for outer-product kernels (AVX-512 VNNI and AVX2 in both
+//! modes, AMX in fast mode): rows in groups of [`LANES`], each block of a group stored as the
 //! `B` operand of an int8 dot-product instruction — for every 4 consecutive weights of the
 //! block (a *quad*), the 16 rows' 4 values side by side (64 bytes). A kernel multiplies one
 //! quad vector by 4 activation values broadcast to all 16 lanes (`vpdpbusd`), or a whole block
