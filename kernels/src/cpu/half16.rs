@@ -139,15 +139,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     use super::ROWS;
-
-    /// The sum of the 8 lanes.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
-    }
+    use crate::cpu::qdot::avx2::hsum;
 
     /// Eight weights at `p` widened to f32.
     ///

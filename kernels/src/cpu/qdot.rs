@@ -207,13 +207,13 @@ unsafe fn fast_portable(p: &Prep<'_>, w: &Row<'_>) -> f32 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(super) mod avx2 {
     use std::arch::x86_64::*;
 
     /// The sum of the 8 lanes.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    pub(super) fn hsum(v: __m256) -> f32 {
+    pub(in crate::cpu) fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
