@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use super::qdot::Prep;
 use super::qtile::offset_parts;
 use super::qtile512::{finish, group_rows, lanes, quads};
-use super::tiled::{LANES, Tiled};
+use super::tiled::{LANES, Tiled, TiledRef};
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Whether this CPU has AMX-INT8 and the OS lets this process use its tiles.
@@ -92,7 +92,7 @@ thread_local! {
 /// # Safety
 /// AVX-512F, BW, VNNI, FMA and [`usable`]; as [`TiledKernel`](super::qtile::TiledKernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     let k = nb * BLOCK;
     let full = ps.len() / 16 * 16;
@@ -206,7 +206,7 @@ unsafe fn product(b: usize, signed: bool, x: *const i8, k: usize, bw: *const u8,
 /// # Safety
 /// As [`rows`], with the tile configuration loaded.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-unsafe fn tile(ps: &[Prep<'_>], w: &Tiled, g: usize, weights: *const u8, out: *mut f32, stride: usize) {
+unsafe fn tile(ps: &[Prep<'_>], w: &TiledRef<'_>, g: usize, weights: *const u8, out: *mut f32, stride: usize) {
     let nb = w.blocks;
     let k = nb * BLOCK;
     let (x, deltas, bsums) = (ps[0].q.as_ptr(), ps[0].deltas.as_ptr(), ps[0].sums.as_ptr());

@@ -1,8 +1,10 @@
 //! The CPU backend: f32 activations, block-quantized weights kept quantized (repacked once at
 //! load: in rows, [`packed`], or in groups of 16 rows, [`tiled`], where [`qtile`] has a SIMD
-//! kernel for the mode — both modes with AVX-512 VNNI (AMX tiles included) or AVX2; Q4_K as Q4_1 blocks of 32 with f32 scales and mins, Q6_K in its own layout, [`q6k`]), GEMMs with `matrixmultiply` (runtime-dispatched AVX/FMA kernels),
-//! small-batch GEMV and attention with hand-vectorised dot products, and every core through
-//! rayon.
+//! kernel for the mode — both modes with AVX-512 VNNI (AMX tiles included) or AVX2; Q4_K as
+//! Q4_1 blocks of 32, its scales and mins kept as the file has them where tiled ([`tiled_k`])
+//! and widened to f32 in rows; Q6_K in its own layout, [`q6k`]), GEMMs with `matrixmultiply`
+//! (runtime-dispatched AVX/FMA kernels), small-batch GEMV and attention with hand-vectorised
+//! dot products, and every core through rayon.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -29,6 +31,7 @@ mod qtile256;
 mod qtile512;
 mod quantize;
 mod tiled;
+mod tiled_k;
 
 use std::sync::Arc;
 
@@ -60,6 +63,9 @@ enum Weights {
     Blocks(packed::Packed),
     /// In groups of 16 rows (CPUs with AVX2 or AVX-512 VNNI: [`qtile`]).
     Tiled(tiled::Tiled),
+    /// Q4_K with AVX2 or AVX-512 VNNI: as `Tiled` Q4_1, its scales and mins kept as the file
+    /// has them and widened a group at a time ([`tiled_k`]).
+    TiledK(tiled_k::TiledK),
     /// Q6_K, its own layout ([`q6k`]).
     Q6(q6k::Q6),
     /// F16 or BF16 as the file has them ([`half16`]).
@@ -82,6 +88,7 @@ impl CpuMat {
                 huge::collapse(&t.scales);
                 huge::collapse(&t.mins);
             }
+            Weights::TiledK(t) => t.settle(),
             Weights::Q6(q) => q.settle(),
             Weights::Half(h) => h.settle(),
         }
@@ -94,6 +101,7 @@ impl CpuMat {
             Weights::F32(v) => v.len() * 4,
             Weights::Blocks(p) => p.resident_bytes(),
             Weights::Tiled(t) => t.resident_bytes(),
+            Weights::TiledK(t) => t.resident_bytes(),
             Weights::Q6(q) => q.resident_bytes(),
             Weights::Half(h) => h.resident_bytes(),
         }
@@ -171,6 +179,9 @@ impl Backend for CpuBackend {
         let data = match format {
             WeightFormat::F16 | WeightFormat::BF16 => Weights::Half(half16::Half16::new(format, rows, cols, &data)),
             WeightFormat::Q6K => Weights::Q6(q6k::Q6::new(rows, cols, &data)),
+            WeightFormat::Q4K if qtile::available(self.math) => {
+                Weights::TiledK(tiled_k::TiledK::new(rows, cols, &data))
+            }
             WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4K => {
                 let (fmt, block) = packed::blocks_of(format, cols, &data)
                     .ok_or(KernelError::Shape { op: "matrix_quantized", detail: format!("{format:?} in blocks") })?;
@@ -197,6 +208,7 @@ impl Backend for CpuBackend {
                     (Weights::F32(_), Weights::F32(_)) => true,
                     (Weights::Blocks(p), Weights::Blocks(q)) => p.fmt == q.fmt,
                     (Weights::Tiled(p), Weights::Tiled(q)) => p.fmt == q.fmt,
+                    (Weights::TiledK(_), Weights::TiledK(_)) => true,
                     (Weights::Q6(_), Weights::Q6(_)) => true,
                     (Weights::Half(p), Weights::Half(q)) => p.bf16 == q.bf16,
                     _ => false,
@@ -232,6 +244,14 @@ impl Backend for CpuBackend {
                     }
                 });
                 Weights::Tiled(p)
+            }
+            Some(Weights::TiledK(mut p)) => {
+                all.for_each(|w| {
+                    if let Weights::TiledK(q) = w {
+                        p.append(q)
+                    }
+                });
+                Weights::TiledK(p)
             }
             Some(Weights::Q6(mut p)) => {
                 all.for_each(|w| {
@@ -292,6 +312,7 @@ impl Backend for CpuBackend {
                 Weights::F32(v) => row.copy_from_slice(&v[i * d..(i + 1) * d]),
                 Weights::Blocks(p) => p.dequantize_rows(i, row),
                 Weights::Tiled(t) => t.dequantize_row(i, row),
+                Weights::TiledK(t) => qtile::TiledWeights::dequantize_row(t, i, row),
                 Weights::Q6(q) => q.dequantize_rows(i, row),
                 Weights::Half(h) => h.dequantize_rows(i, row),
             }
@@ -307,6 +328,7 @@ impl Backend for CpuBackend {
             Weights::F32(v) => matmul::matmul_t(x, rows, v, w.rows, w.cols, out),
             Weights::Blocks(p) => qmatmul::qmatmul_t(self.math, x, rows, p, w.rows, w.cols, out),
             Weights::Tiled(t) => qtile::qmatmul_tiled(self.math, x, rows, t, out),
+            Weights::TiledK(t) => qtile::qmatmul_tiled(self.math, x, rows, t, out),
             Weights::Q6(q) => q6k::matmul(self.math, x, rows, q, out),
             Weights::Half(h) => half16::matmul(x, rows, h, out),
         }

@@ -27,7 +27,7 @@ use super::CpuMath;
 use super::matmul::SendPtr;
 use super::qdot::{Prep, Prepared};
 use super::qmatmul::gemm_dequantized;
-use super::tiled::{LANES, Tiled};
+use super::tiled::{LANES, Tiled, TiledRef};
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Groups `g0..g1` of `w` dotted with every prepared row `ps[a]`: the cell of activation row
@@ -38,7 +38,7 @@ use crate::quant::{BLOCK, BlockFormat};
 /// The kernel's CPU features ([`kernel`] returns only kernels this CPU runs); every row of `ps`
 /// has `w.blocks` blocks of fast-mode preparation; `out` valid for writes of those cells, which
 /// nothing else reads or writes during the call.
-pub(super) type TiledKernel = unsafe fn(&[Prep<'_>], &Tiled, usize, usize, *mut f32, usize);
+pub(super) type TiledKernel = unsafe fn(&[Prep<'_>], &TiledRef<'_>, usize, usize, *mut f32, usize);
 
 /// Output cells per rayon task (about; at least one group).
 const CELLS_PER_TASK: usize = 4096;
@@ -104,8 +104,8 @@ pub(super) const AVX2_EXACT_MAX_ROWS: usize = 64;
 /// to 512 rows: 1.1–15× on two threads), with AVX2 up to [`AVX2_EXACT_MAX_ROWS`] rows (past
 /// them the SGEMM is faster there; exact mode's results are the model's up to summation
 /// order either way).
-pub(super) fn qmatmul_tiled(math: CpuMath, x: &[f32], m: usize, w: &Tiled, out: &mut [f32]) {
-    let (n, k) = (w.rows, w.blocks * BLOCK);
+pub(super) fn qmatmul_tiled(math: CpuMath, x: &[f32], m: usize, w: &impl TiledWeights, out: &mut [f32]) {
+    let (n, k) = (w.rows(), w.blocks() * BLOCK);
     if m == 0 || n == 0 {
         return;
     }
@@ -122,24 +122,57 @@ pub(super) fn qmatmul_tiled(math: CpuMath, x: &[f32], m: usize, w: &Tiled, out: 
     let dot = kernel(math);
     // As many tasks as runs of at most 4 groups (fewer when the batch is big), rounded up to a
     // multiple of the threads, the groups dealt out evenly.
-    let groups = w.groups();
+    let groups = n.div_ceil(LANES);
     let most = (CELLS_PER_TASK / (m * LANES)).clamp(1, 4);
     let tasks = groups.div_ceil(most).next_multiple_of(rayon::current_num_threads().max(1)).min(groups);
     let edge = |t: usize| t * groups / tasks;
     let ptr = SendPtr(out.as_mut_ptr());
     (0..tasks).into_par_iter().for_each(|t| {
-        let (g0, g1) = (edge(t), edge(t + 1));
-        // SAFETY: `out` is (m, n); columns 16·g0..16·g1 of every row are this task's only;
-        // `kernel` picked a kernel this CPU runs; the rows are `math`'s preparations of k.
-        unsafe { dot(&rows, w, g0, g1, ptr.at(g0 * LANES), n) };
+        w.views(edge(t), edge(t + 1), &mut |v, g0, g1, first| {
+            // SAFETY: `out` is (m, n); columns 16·first.. of every row, for the view's groups
+            // g0..g1 (this task's), are this task's only; `kernel` picked a kernel this CPU
+            // runs; the rows are `math`'s preparations of k.
+            unsafe { dot(&rows, v, g0, g1, ptr.at(first * LANES), n) };
+        });
     });
 }
 
+/// Weights in groups of 16 rows, as the tiled kernels read them ([`TiledRef`]).
+pub(super) trait TiledWeights: Sync {
+    /// Rows.
+    fn rows(&self) -> usize;
+    /// Blocks of 32 per row.
+    fn blocks(&self) -> usize;
+    /// Row `r`'s weights, dequantized.
+    fn dequantize_row(&self, r: usize, out: &mut [f32]);
+    /// Groups `g0..g1` as views: `f(view, from, to, first)` for each, the view's groups
+    /// `from..to` being the matrix's `first..first + to − from`.
+    fn views(&self, g0: usize, g1: usize, f: &mut dyn FnMut(&TiledRef<'_>, usize, usize, usize));
+}
+
+impl TiledWeights for Tiled {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+
+    fn blocks(&self) -> usize {
+        self.blocks
+    }
+
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        Tiled::dequantize_row(self, r, out);
+    }
+
+    fn views(&self, g0: usize, g1: usize, f: &mut dyn FnMut(&TiledRef<'_>, usize, usize, usize)) {
+        f(&self.view(), g0, g1, g0);
+    }
+}
+
 /// The offsets' coefficient per block and the factor applied to their sum (`None`: Q8_0).
-pub(super) fn offset_parts(w: &Tiled) -> Option<(&[f32], f32)> {
+pub(super) fn offset_parts<'a>(w: &TiledRef<'a>) -> Option<(&'a [f32], f32)> {
     match w.fmt {
-        BlockFormat::Q4_1 => Some((&w.mins, 1.0)),
-        BlockFormat::Q4_0 => Some((&w.scales, -8.0)),
+        BlockFormat::Q4_1 => Some((w.mins, 1.0)),
+        BlockFormat::Q4_0 => Some((w.scales, -8.0)),
         BlockFormat::Q8_0 => None,
     }
 }
@@ -148,7 +181,7 @@ pub(super) fn offset_parts(w: &Tiled) -> Option<(&[f32], f32)> {
 ///
 /// # Safety
 /// None: `unsafe` only to be a [`TiledKernel`] (its contract on `out` and `ps` still holds).
-unsafe fn portable(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+unsafe fn portable(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     let offsets = offset_parts(w);
     for g in g0..g1 {
@@ -178,7 +211,7 @@ unsafe fn portable(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f
 ///
 /// # Safety
 /// None: `unsafe` only to be a [`TiledKernel`] (its contract on `out` and `ps` still holds).
-unsafe fn exact_portable(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+unsafe fn exact_portable(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     let offsets = offset_parts(w);
     for g in g0..g1 {
@@ -228,7 +261,7 @@ mod tests {
                         let run = |kern: TiledKernel| {
                             let mut got = vec![f32::NAN; m * stride];
                             // SAFETY: `got` holds m rows of `stride` ≥ the groups' cells.
-                            unsafe { kern(&rows, &w, g0, g1, got.as_mut_ptr(), stride) };
+                            unsafe { kern(&rows, &w.view(), g0, g1, got.as_mut_ptr(), stride) };
                             got
                         };
                         let want = run(portable);
@@ -321,7 +354,7 @@ mod tests {
                 for (name, kern) in kernels(CpuMath::Exact) {
                     let mut got = vec![0.0; m * n];
                     // SAFETY: `got` holds (m, n); the kernel runs on this CPU.
-                    unsafe { kern(&rows, &w, 0, w.groups(), got.as_mut_ptr(), n) };
+                    unsafe { kern(&rows, &w.view(), 0, w.groups(), got.as_mut_ptr(), n) };
                     runs.push((name.to_string(), got));
                 }
                 let mut alone = vec![0.0; n];

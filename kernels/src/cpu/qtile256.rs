@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::qdot::Prep;
 use super::qtile::offset_parts;
-use super::tiled::{LANES, Tiled};
+use super::tiled::{LANES, Tiled, TiledRef};
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Activation rows per pass over a half group's blocks.
@@ -68,7 +68,7 @@ unsafe fn block_sums<const A: usize>(fmt: BlockFormat, at: *const u8, h: usize, 
 /// preparation.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize, h: usize) -> [__m256; A] {
+unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize, h: usize) -> [__m256; A] {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     for p in ps {
         assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
@@ -116,7 +116,7 @@ unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize, h: usize
 /// preparation (`x`, `sums`).
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn exact_half<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize, h: usize) -> [__m256; A] {
+unsafe fn exact_half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize, h: usize) -> [__m256; A] {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     for p in ps {
         assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
@@ -222,7 +222,7 @@ unsafe fn store<const A: usize>(cells: [__m256; A], out: *mut f32, stride: usize
 /// # Safety
 /// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     // SAFETY: the caller's promises.
     unsafe { halves::<false>(ps, w, g0, g1, out, stride) }
 }
@@ -232,7 +232,7 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
 /// # Safety
 /// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel).
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     // SAFETY: the caller's promises.
     unsafe { halves::<true>(ps, w, g0, g1, out, stride) }
 }
@@ -243,7 +243,14 @@ pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize
 /// # Safety
 /// AVX2 and FMA; as [`TiledKernel`](super::qtile::TiledKernel), the rows prepared for the mode.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn halves<const EXACT: bool>(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+unsafe fn halves<const EXACT: bool>(
+    ps: &[Prep<'_>],
+    w: &TiledRef<'_>,
+    g0: usize,
+    g1: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     for g in g0..g1 {
         for h in 0..2 {
             let first = g * LANES + h * HALF;

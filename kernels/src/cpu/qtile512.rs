@@ -9,7 +9,7 @@ use std::arch::x86_64::*;
 
 use super::qdot::Prep;
 use super::qtile::offset_parts;
-use super::tiled::{LANES, Tiled};
+use super::tiled::{LANES, Tiled, TiledRef};
 use crate::quant::{BLOCK, BlockFormat};
 
 /// Activation rows per pass over a group's blocks.
@@ -88,7 +88,7 @@ pub(super) fn finish(acc: __m512, off: __m512, factor: Option<f32>) -> __m512 {
 
 /// The lanes of group `g` that are rows of `w`.
 #[inline]
-pub(super) fn lanes(w: &Tiled, g: usize) -> __mmask16 {
+pub(super) fn lanes(w: &TiledRef<'_>, g: usize) -> __mmask16 {
     let live = (w.rows - g * LANES).min(LANES);
     if live == LANES { 0xFFFF } else { (1u16 << live) - 1 }
 }
@@ -99,7 +99,7 @@ pub(super) fn lanes(w: &Tiled, g: usize) -> __mmask16 {
 /// AVX-512F, BW, VNNI and FMA; `w` has group `g`; every row of `ps` has `w.blocks` blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
 #[inline]
-unsafe fn group<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize) -> [__m512; A] {
+unsafe fn group<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize) -> [__m512; A] {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     for p in ps {
         assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
@@ -135,7 +135,7 @@ unsafe fn group<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize) -> [__m
 /// # Safety
 /// As [`group`]; `out` valid for writes of the group's live lanes in each row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-pub(super) unsafe fn group_rows(ps: &[Prep<'_>], w: &Tiled, g: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn group_rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g: usize, out: *mut f32, stride: usize) {
     let live = lanes(w, g);
     for (i, t) in ps.chunks(ACTS).enumerate() {
         // SAFETY: the caller's promises; rows i·ACTS.. of the output.
@@ -170,7 +170,7 @@ unsafe fn store<const A: usize>(cells: [__m512; A], out: *mut f32, stride: usize
 /// # Safety
 /// AVX-512F, BW, VNNI and FMA; as [`TiledKernel`](super::qtile::TiledKernel).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     for g in g0..g1 {
         // SAFETY: the caller's promises; group g's cells start 16·(g − g0) into each row.
         unsafe { group_rows(ps, w, g, out.add((g - g0) * LANES), stride) };
@@ -185,7 +185,7 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out:
 /// AVX-512F and FMA; `w` has group `g`; every row of `ps` has `w.blocks` blocks (`x`, `sums`).
 #[target_feature(enable = "avx512f,avx512bw,fma")]
 #[inline]
-unsafe fn exact_group<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize) -> [__m512; A] {
+unsafe fn exact_group<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize) -> [__m512; A] {
     let (nb, gb) = (w.blocks, Tiled::group_block_bytes(w.fmt));
     for p in ps {
         assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
@@ -260,7 +260,7 @@ unsafe fn exact_group<const A: usize>(ps: [&Prep<'_>; A], w: &Tiled, g: usize) -
 /// AVX-512F, BW and FMA; as [`TiledKernel`](super::qtile::TiledKernel), the rows prepared for
 /// exact mode.
 #[target_feature(enable = "avx512f,avx512bw,fma")]
-pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &Tiled, g0: usize, g1: usize, out: *mut f32, stride: usize) {
+pub(super) unsafe fn exact_rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usize, out: *mut f32, stride: usize) {
     for g in g0..g1 {
         let live = lanes(w, g);
         for (i, t) in ps.chunks(ACTS).enumerate() {

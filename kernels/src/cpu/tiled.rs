@@ -43,8 +43,21 @@ impl Tiled {
     }
 
     /// Groups of rows.
+    #[cfg(test)]
     pub(crate) fn groups(&self) -> usize {
         self.rows.div_ceil(LANES)
+    }
+
+    /// The whole matrix as the kernels take it.
+    pub(crate) fn view(&self) -> TiledRef<'_> {
+        TiledRef {
+            fmt: self.fmt,
+            rows: self.rows,
+            blocks: self.blocks,
+            quants: &self.quants,
+            scales: &self.scales,
+            mins: &self.mins,
+        }
     }
 
     /// Lays out ggml blocks (`rows * fmt.row_bytes(cols)` bytes; the backend goes through
@@ -94,19 +107,21 @@ impl Tiled {
 
     /// Row `r`'s block `b` as [`Tiled::from_wide`] took it.
     fn wide_block(&self, r: usize, b: usize) -> Wide {
+        let at = ((r / LANES) * self.blocks + b) * LANES + r % LANES;
+        let m = if self.fmt == BlockFormat::Q4_1 { self.mins[at] } else { 0.0 };
+        Wide { d: self.scales[at], m, q: self.block_values(r, b) }
+    }
+
+    /// Row `r`'s block `b`'s values as ggml's block of the format has them.
+    pub(crate) fn block_values(&self, r: usize, b: usize) -> [u8; BLOCK] {
         let (g, c) = (r / LANES, r % LANES);
         let gb = Self::group_block_bytes(self.fmt);
-        let at = (g * self.blocks + b) * LANES + c;
-        let mut w = Wide {
-            d: self.scales[at],
-            m: if self.fmt == BlockFormat::Q4_1 { self.mins[at] } else { 0.0 },
-            q: [0; BLOCK],
-        };
+        let mut q = [0; BLOCK];
         let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
         for p in 0..gb / 64 {
-            w.q[4 * p..4 * p + 4].copy_from_slice(&chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4]);
+            q[4 * p..4 * p + 4].copy_from_slice(&chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4]);
         }
-        w
+        q
     }
 
     /// Puts `other`'s rows (same format and width) after this matrix's: the groups as they
@@ -167,7 +182,23 @@ impl Tiled {
             }
         }
     }
+}
 
+/// Groups of rows of a [`Tiled`] matrix as the kernels read them: the whole matrix, or (for
+/// [`TiledK`](super::tiled_k::TiledK)) one group with its scales and mins widened for the call.
+/// Group `g` of the view is at `g · blocks · group_block_bytes` in `quants` and at
+/// `g · blocks · 16` in `scales` and `mins`; `rows` counts from the view's first group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TiledRef<'a> {
+    pub(crate) fmt: BlockFormat,
+    pub(crate) rows: usize,
+    pub(crate) blocks: usize,
+    pub(crate) quants: &'a [u8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) mins: &'a [f32],
+}
+
+impl TiledRef<'_> {
     /// Weight `j` (of 32) of lane `c` in a group's block `chunks`: 0..16 for Q4, −128..128 for
     /// Q8_0.
     #[inline]
@@ -213,31 +244,6 @@ mod tests {
                 let pad = (t.groups() * LANES - t.rows) * k / BLOCK * (Tiled::group_block_bytes(fmt) / LANES + 8);
                 assert!(t.resident_bytes() <= ggml * 6 / 5 + pad, "{fmt:?}: {} vs {ggml}", t.resident_bytes());
             }
-        }
-    }
-
-    /// Q4_K's f32 sub-block scales survive stacking (a re-layout) bit for bit.
-    #[test]
-    fn q4_k_rows_survive_stacking_bit_for_bit() {
-        use crate::quant::WeightFormat;
-        let k = 256;
-        let (d1, d2) = (
-            crate::quant_k::tests::k_blocks(WeightFormat::Q4K, 19, k, 5),
-            crate::quant_k::tests::k_blocks(WeightFormat::Q4K, 6, k, 6),
-        );
-        let tile = |n: usize, d: &[u8]| {
-            let (fmt, block) = super::super::packed::blocks_of(WeightFormat::Q4K, k, d).expect("blocks");
-            Tiled::from_wide(fmt, n, k / BLOCK, block)
-        };
-        let mut t = tile(19, &d1);
-        t.append(tile(6, &d2));
-        let mut want = vec![0.0; 25 * k];
-        WeightFormat::Q4K.dequantize(&d1, &mut want[..19 * k]);
-        WeightFormat::Q4K.dequantize(&d2, &mut want[19 * k..]);
-        let mut got = vec![0.0; k];
-        for r in 0..25 {
-            t.dequantize_row(r, &mut got);
-            assert!(got.iter().zip(&want[r * k..]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r}");
         }
     }
 }
