@@ -134,10 +134,10 @@ pub struct PrefillChoice {
 }
 
 /// The healthy worker with the least estimated TTFT × (1 + 1 % × `jitter(w)`), `jitter` in
-/// [0, 1). In two passes, nothing allocated (a router with a thousand workers scores each on
-/// every request): the least estimate `m` first; then the jitter, only for workers within
-/// 1 % of `m` — a worker estimated above `m` × 1.01 cannot beat the best one's jittered
-/// score, which is below that. `transfer`: the seconds to move the prompt's KV.
+/// [0, 1). In passes without branches or allocation (a router with a thousand workers scores
+/// each on every request): the least estimate `m` first; then the jittered scores, only for
+/// workers within 1 % of `m` — a worker estimated above `m` × 1.01 cannot beat the best
+/// one's jittered score, which is below that. `transfer`: the seconds to move the prompt's KV.
 fn least_jittered(
     (len, transfer): (usize, f64),
     cached: &[usize],
@@ -175,18 +175,37 @@ fn least_jittered(
         if least == f64::INFINITY {
             return None;
         }
+        // The near-ties' jittered scores in place, the rest out of the running; then the
+        // least score, the first worker among equals (as one pass comparing in order would
+        // give), in four lanes: no chain of dependent compares over a thousand workers.
         let within = least * 1.01;
-        let mut best: Option<(usize, f64)> = None;
-        for (w, &t) in est.iter().enumerate() {
-            if t <= within {
-                let score = t * (1.0 + 0.01 * jitter(w));
-                if best.is_none_or(|(_, b)| score < b) {
-                    best = Some((w, score));
-                }
+        for (w, t) in est.iter_mut().enumerate() {
+            *t = if *t <= within { *t * (1.0 + 0.01 * jitter(w)) } else { f64::INFINITY };
+        }
+        first_least(est)
+    })
+}
+
+/// The index of the least value of `v` (the first among equals); None when every value is
+/// infinite.
+fn first_least(v: &[f64]) -> Option<usize> {
+    let mut lanes = [(f64::INFINITY, usize::MAX); 4];
+    let quads = v.chunks_exact(4);
+    let rest = quads.remainder();
+    for (i, q) in quads.enumerate() {
+        for (l, (lane, &s)) in lanes.iter_mut().zip(q).enumerate() {
+            if s < lane.0 {
+                *lane = (s, 4 * i + l);
             }
         }
-        best.map(|b| b.0)
-    })
+    }
+    let base = v.len() - rest.len();
+    let tail = rest.iter().enumerate().map(|(i, &s)| (s, base + i));
+    let least = lanes
+        .into_iter()
+        .chain(tail)
+        .fold((f64::INFINITY, usize::MAX), |a, b| if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) { b } else { a });
+    (least.0 < f64::INFINITY).then_some(least.1)
 }
 
 /// The jitter a router draws for one request: a number in [0, 1) for each worker, from one
@@ -354,6 +373,38 @@ impl Placer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The four-lane search gives the first least value, as a pass in order would: ties in
+    /// and across lanes, the remainder after the quads, and nothing when all are infinite.
+    #[test]
+    fn first_least_is_the_first_of_the_least() {
+        let naive = |v: &[f64]| {
+            let mut best: Option<(usize, f64)> = None;
+            for (i, &s) in v.iter().enumerate() {
+                if s < f64::INFINITY && best.is_none_or(|(_, b)| s < b) {
+                    best = Some((i, s));
+                }
+            }
+            best.map(|b| b.0)
+        };
+        let inf = f64::INFINITY;
+        let cases: Vec<Vec<f64>> = vec![
+            vec![],
+            vec![inf; 7],
+            vec![3.0, 2.0, 2.0, 5.0, 2.0],
+            vec![4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0],
+            vec![9.0, 8.0, 7.0, 6.0, 5.0, 5.0, 9.0, 9.0, 1.0],
+            vec![inf, inf, inf, 0.5, inf, 0.5],
+        ];
+        for v in cases {
+            assert_eq!(first_least(&v), naive(&v), "{v:?}");
+        }
+        for seed in 0..200u32 {
+            let j = jitter(seed);
+            let v: Vec<f64> = (0..(seed as usize % 37)).map(|w| (j(w) * 8.0).floor()).collect();
+            assert_eq!(first_least(&v), naive(&v), "{v:?}");
+        }
+    }
 
     fn st(queued: u64, rate: f64) -> PrefillState {
         PrefillState::new(true, queued, rate)
