@@ -578,6 +578,18 @@ async fn handle(
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
 
+/// The body's fields, or why not, naming the field that is wrong ("max_tokens: invalid
+/// value: integer `-3`, expected u32 at line 1 column 83"; serde alone names only the place).
+fn common(text: &str) -> Result<Common, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let c: Common = serde_path_to_error::deserialize(&mut de).map_err(|e| match e.path().to_string() {
+        at if at == "." => e.into_inner().to_string(),
+        at => format!("{at}: {}", e.into_inner()),
+    })?;
+    de.end().map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
 /// Reads a request body: UTF-8, JSON with known fields only, the model, the prompt or
 /// messages (tokenized), sampling and stop strings, all checked. Returns the request and
 /// what it asked of the response, or the finished 4xx response.
@@ -587,8 +599,7 @@ pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, Shape), Re
     let Ok(text) = std::str::from_utf8(body) else {
         return Err(err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8"));
     };
-    let c: Common = serde_json::from_str(text)
-        .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
+    let c = common(text).map_err(|e| err(StatusCode::BAD_REQUEST, "bad_json", format!("invalid request JSON: {e}")))?;
     other_fields(&c.other)?;
     prepare(ctx, &c, kind)
 }

@@ -121,6 +121,9 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
             "response_format.json_schema.schema",
         ),
         (chat_with(&|c| c["guided_regex"] = "a{2,1}".into()), "invalid_constraint", "regex"),
+        // A field of the wrong type or range is named, not only placed by line and column.
+        (chat_with(&|c| c["max_tokens"] = (-3).into()), "bad_json", "max_tokens: invalid value: integer `-3`"),
+        (chat_with(&|c| c["temperature"] = "hot".into()), "bad_json", "temperature: invalid type"),
     ];
     for (body, code, names) in named {
         let (s, _, text) = http(a, "POST", "/v1/chat/completions", &body).await;
