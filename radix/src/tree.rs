@@ -2,13 +2,14 @@
 
 use std::collections::HashMap;
 
+use crate::common_prefix;
+
 /// A node's children by their first page. Hashed with foldhash, seeded per process: a
 /// match hashes one page per node it passes (and a router's match asks every shard's root),
-/// which SipHash took ~35 ns for; foldhash's seed keeps crafted prompts from colliding on
-/// purpose.
+/// which SipHash took ~35 ns for. foldhash calls itself minimally DoS-resistant: its random
+/// seed keeps a prompt's collisions from being known in advance, short of a cryptographic
+/// hash.
 type Children = HashMap<Box<[u32]>, NodeId, foldhash::fast::RandomState>;
-
-use crate::common_prefix;
 
 /// A node of a [`RadixTree`]. Ids of removed nodes are reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

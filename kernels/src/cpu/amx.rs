@@ -112,7 +112,7 @@ pub(super) unsafe fn rows(ps: &[Prep<'_>], w: &TiledRef<'_>, g0: usize, g1: usiz
     for p in ps {
         assert!(p.q.len() >= k && p.deltas.len() >= nb && p.sums.len() >= nb);
     }
-    assert!(g1 * nb * gb <= w.quants.len());
+    w.assert_groups(g1);
     // SAFETY: a valid palette-1 configuration; `usable` got the OS's permission.
     unsafe { asm!("ldtilecfg [{0}]", in(reg) &CONFIG, options(nostack, readonly)) };
     UNPACKED.with_borrow_mut(|unpacked| {

@@ -182,6 +182,7 @@ impl Backend for CpuBackend {
             WeightFormat::Q4K if qtile::available(self.math) => {
                 Weights::TiledK(tiled_k::TiledK::new(rows, cols, &data))
             }
+            // Q4_K here only in rows (no tiled kernel for this CPU): f32 scales and mins.
             WeightFormat::Q4_0 | WeightFormat::Q4_1 | WeightFormat::Q8_0 | WeightFormat::Q4K => {
                 let (fmt, block) = packed::blocks_of(format, cols, &data)
                     .ok_or(KernelError::Shape { op: "matrix_quantized", detail: format!("{format:?} in blocks") })?;

@@ -1,4 +1,5 @@
-//! Products on [`Tiled`] weights: `out = x · wᵀ`, 16 weight rows (a group) per vector.
+//! Products on weights in groups of 16 rows ([`Tiled`], and Q4_K's [`TiledK`](super::tiled_k::TiledK),
+//! both seen by the kernels as [`TiledRef`] views): `out = x · wᵀ`, a group per vector.
 //!
 //! Exact mode: each weight of a
 //! block as 16 lanes of f32 times the activation broadcast ([`qtile512`](super::qtile512)'s
@@ -37,7 +38,8 @@ use crate::quant::{BLOCK, BlockFormat};
 /// # Safety (of a call)
 /// The kernel's CPU features ([`kernel`] returns only kernels this CPU runs); every row of `ps`
 /// has `w.blocks` blocks of fast-mode preparation; `out` valid for writes of those cells, which
-/// nothing else reads or writes during the call.
+/// nothing else reads or writes during the call. (The view's groups `..g1` are checked whole,
+/// [`TiledRef::assert_groups`].)
 pub(super) type TiledKernel = unsafe fn(&[Prep<'_>], &TiledRef<'_>, usize, usize, *mut f32, usize);
 
 /// Output cells per rayon task (about; at least one group).
@@ -146,7 +148,9 @@ pub(super) trait TiledWeights: Sync {
     /// Row `r`'s weights, dequantized.
     fn dequantize_row(&self, r: usize, out: &mut [f32]);
     /// Groups `g0..g1` as views: `f(view, from, to, first)` for each, the view's groups
-    /// `from..to` being the matrix's `first..first + to − from`.
+    /// `from..to` being the matrix's `first..first + to − from`. `f` must not call back into
+    /// `views` on the same thread (a view may borrow a per-thread scratch): the kernels
+    /// compute and return.
     fn views(&self, g0: usize, g1: usize, f: &mut dyn FnMut(&TiledRef<'_>, usize, usize, usize));
 }
 

@@ -73,7 +73,7 @@ unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize, h
     for p in ps {
         assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
     }
-    assert!((g + 1) * nb * gb <= w.quants.len() && (g + 1) * nb * LANES <= w.scales.len());
+    w.assert_groups(g + 1);
     let mut acc = [_mm256_setzero_ps(); A];
     for b in 0..nb {
         let at = (g * nb + b) * LANES + HALF * h;
@@ -97,7 +97,7 @@ unsafe fn half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize, h
     std::array::from_fn(|a| {
         let mut off = _mm256_setzero_ps();
         for b in 0..nb {
-            // SAFETY: group g's block b's coefficients (asserted with the scales, same length).
+            // SAFETY: group g's block b's coefficients (asserted with the scales).
             let c = unsafe { _mm256_loadu_ps(cs.as_ptr().add((g * nb + b) * LANES + HALF * h)) };
             off = _mm256_fmadd_ps(c, _mm256_set1_ps(ps[a].sums[b]), off);
         }
@@ -121,7 +121,7 @@ unsafe fn exact_half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: us
     for p in ps {
         assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
     }
-    assert!((g + 1) * nb * gb <= w.quants.len() && (g + 1) * nb * LANES <= w.scales.len());
+    w.assert_groups(g + 1);
     let mask = _mm256_set1_epi32(0x0F);
     let mut acc = [_mm256_setzero_ps(); A];
     for b in 0..nb {
@@ -187,7 +187,7 @@ unsafe fn exact_half<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: us
     std::array::from_fn(|a| {
         let mut off = _mm256_setzero_ps();
         for b in 0..nb {
-            // SAFETY: group g's block b's coefficients (asserted with the scales, same length).
+            // SAFETY: group g's block b's coefficients (asserted with the scales).
             let c = unsafe { _mm256_loadu_ps(cs.as_ptr().add((g * nb + b) * LANES + HALF * h)) };
             off = _mm256_fmadd_ps(c, _mm256_set1_ps(ps[a].sums[b]), off);
         }

@@ -104,7 +104,7 @@ unsafe fn group<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: usize) 
     for p in ps {
         assert!(p.q.len() >= nb * BLOCK && p.deltas.len() >= nb && p.sums.len() >= nb);
     }
-    assert!((g + 1) * nb * gb <= w.quants.len());
+    w.assert_groups(g + 1);
     let offsets = offset_parts(w);
     let signed = w.fmt == BlockFormat::Q8_0;
     let mut acc = [_mm512_setzero_ps(); A];
@@ -190,7 +190,7 @@ unsafe fn exact_group<const A: usize>(ps: [&Prep<'_>; A], w: &TiledRef<'_>, g: u
     for p in ps {
         assert!(p.x.len() >= nb * BLOCK && p.sums.len() >= nb);
     }
-    assert!((g + 1) * nb * gb <= w.quants.len());
+    w.assert_groups(g + 1);
     let offsets = offset_parts(w);
     let signed = w.fmt == BlockFormat::Q8_0;
     let nibbles = _mm512_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0);

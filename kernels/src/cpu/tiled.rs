@@ -199,6 +199,17 @@ pub(crate) struct TiledRef<'a> {
 }
 
 impl TiledRef<'_> {
+    /// Panics unless the view holds groups `..end` whole: their values, scales and (Q4_1)
+    /// mins. The SIMD kernels load them unchecked after this.
+    pub(crate) fn assert_groups(&self, end: usize) {
+        let (nb, gb) = (self.blocks, Tiled::group_block_bytes(self.fmt));
+        let mins = if self.fmt == BlockFormat::Q4_1 { self.mins.len() } else { usize::MAX };
+        assert!(
+            end * nb * gb <= self.quants.len() && end * nb * LANES <= self.scales.len().min(mins),
+            "a tiled view short of {end} groups"
+        );
+    }
+
     /// Weight `j` (of 32) of lane `c` in a group's block `chunks`: 0..16 for Q4, −128..128 for
     /// Q8_0.
     #[inline]

@@ -4,10 +4,11 @@
 //! `d·s` and `−dmin·m` ([`Wide::q4k`]). Kept as f32 for every block, those took 8 bytes per 32
 //! weights beside the 16 of nibbles: 1.33× the file. Here they stay as the file has them —
 //! a 6-bit code each per sub-block (a byte here) and `d`, `dmin` per 256 weights (f32 here) —
-//! and are widened for one group of 16 rows at a time, into a scratch the kernel then reads
-//! from L1: `152 / 144` = 1.06× the file. `d·s` has at most 17 significant bits (an f16 times
-//! a 6-bit integer), so the product in f32 is exact and the widened values are the bits the
-//! f32 arrays held: every kernel's results are unchanged.
+//! and are widened for one group of 16 rows at a time into a per-thread scratch, which the
+//! kernel then reads from L1 or L2 (128 bytes per block of 32 columns: 16 KiB at 4,096
+//! columns): `152 / 144` = 1.06× the file. `d·s` has at most 17 significant bits (an f16
+//! times a 6-bit integer), so the product in f32 is exact and the widened values are the bits
+//! the f32 arrays held: every kernel's results are unchanged.
 //!
 //! Layout, groups of [`LANES`] rows as [`Tiled`]: the nibbles as [`Tiled`]'s Q4_1 quants;
 //! per group block 16 scale codes then 16 min codes; per group super-block (8 blocks) 16 `d`
@@ -168,13 +169,17 @@ impl TiledWeights for TiledK {
     fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         let (g, c) = (r / LANES, r % LANES);
         let (nb, gb) = (self.base.blocks, Tiled::group_block_bytes(BlockFormat::Q4_1));
-        let v = self.base.view();
         for (b, o) in out.chunks_exact_mut(BLOCK).enumerate().take(nb) {
             let ((s, m), (d, dmin)) = (self.code(r, b), self.sup(r, b / PER));
             let (scale, min) = (d * f32::from(s), -(dmin * f32::from(m)));
             let chunks = &self.base.quants[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-            for (j, o) in o.iter_mut().enumerate() {
-                *o = v.int(chunks, c, j) as f32 * scale + min;
+            // Lane c's 4 bytes of each chunk, as `Tiled::dequantize_row` reads them (the
+            // exact-mode SGEMM dequantizes through here: no per-weight dispatch).
+            for p in 0..4 {
+                for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
+                    o[4 * p + t] = f32::from(q & 0xF) * scale + min;
+                    o[16 + 4 * p + t] = f32::from(q >> 4) * scale + min;
+                }
             }
         }
     }
