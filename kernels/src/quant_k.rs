@@ -50,8 +50,9 @@ impl From<BlockFormat> for WeightFormat {
     }
 }
 
+/// The little-endian f16 at `b[at..]`, widened.
 #[inline(always)]
-fn half(b: &[u8], at: usize) -> f32 {
+pub(crate) fn half(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 

@@ -75,34 +75,44 @@ impl Tiled {
         blocks: usize,
         block: impl Fn(usize, usize) -> Wide,
     ) -> Self {
-        let groups = rows.div_ceil(LANES);
+        let n = rows.div_ceil(LANES) * blocks * LANES;
+        let (mut scales, mut mins) = (vec![0.0; n], vec![0.0; if fmt == BlockFormat::Q4_1 { n } else { 0 }]);
+        let t = Self::values_only(fmt, rows, blocks, |r, b| {
+            let w = block(r, b);
+            let at = ((r / LANES) * blocks + b) * LANES + r % LANES;
+            scales[at] = w.d;
+            if let Some(m) = mins.get_mut(at) {
+                *m = w.m;
+            }
+            w.q
+        });
+        Self { scales, mins, ..t }
+    }
+
+    /// Lays out only the values of `rows` rows of `blocks` blocks (scales and mins empty),
+    /// `q(r, b)` giving a block's values as ggml's block of `fmt` has them; called once per
+    /// block, row by row.
+    pub(crate) fn values_only(
+        fmt: BlockFormat,
+        rows: usize,
+        blocks: usize,
+        mut q: impl FnMut(usize, usize) -> [u8; BLOCK],
+    ) -> Self {
         let gb = Self::group_block_bytes(fmt);
-        let mut t = Self {
-            fmt,
-            rows,
-            blocks,
-            quants: vec![0; groups * blocks * gb],
-            scales: vec![0.0; groups * blocks * LANES],
-            mins: vec![0.0; if fmt == BlockFormat::Q4_1 { groups * blocks * LANES } else { 0 }],
-        };
+        let mut quants = vec![0; rows.div_ceil(LANES) * blocks * gb];
         let qb = gb / LANES;
         for r in 0..rows {
             let (g, c) = (r / LANES, r % LANES);
             for b in 0..blocks {
-                let w = block(r, b);
-                let at = (g * blocks + b) * LANES + c;
-                t.scales[at] = w.d;
-                if fmt == BlockFormat::Q4_1 {
-                    t.mins[at] = w.m;
-                }
-                let out = &mut t.quants[(g * blocks + b) * gb..(g * blocks + b + 1) * gb];
+                let v = q(r, b);
+                let out = &mut quants[(g * blocks + b) * gb..(g * blocks + b + 1) * gb];
                 // Chunk p (64 bytes) holds bytes 4p..4p + 4 of every row's block.
-                for (p, quad) in w.q[..qb].chunks_exact(4).enumerate() {
+                for (p, quad) in v[..qb].chunks_exact(4).enumerate() {
                     out[p * 64 + 4 * c..p * 64 + 4 * c + 4].copy_from_slice(quad);
                 }
             }
         }
-        t
+        Self { fmt, rows, blocks, quants, scales: Vec::new(), mins: Vec::new() }
     }
 
     /// Row `r`'s block `b` as [`Tiled::from_wide`] took it.
@@ -161,23 +171,28 @@ impl Tiled {
                 BlockFormat::Q8_0 => 0.0,
             };
             let chunks = &self.quants[(g * self.blocks + b) * gb..(g * self.blocks + b + 1) * gb];
-            // Lane c's 4 bytes of each chunk (the exact-mode SGEMM dequantizes through here:
-            // no per-weight dispatch).
-            match self.fmt {
-                BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
-                    for p in 0..4 {
-                        for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
-                            o[4 * p + t] = f32::from(q & 0xF) * d + off;
-                            o[16 + 4 * p + t] = f32::from(q >> 4) * d + off;
-                        }
-                    }
+            dequantize_lane(self.fmt, chunks, c, d, off, o);
+        }
+    }
+}
+
+/// Lane `c`'s block in a group's block `chunks` as weights `q·d + off` into `o` (32): its 4
+/// bytes of each chunk, no per-weight dispatch (the exact-mode SGEMM dequantizes through
+/// here).
+pub(crate) fn dequantize_lane(fmt: BlockFormat, chunks: &[u8], c: usize, d: f32, off: f32, o: &mut [f32]) {
+    match fmt {
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 => {
+            for p in 0..4 {
+                for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
+                    o[4 * p + t] = f32::from(q & 0xF) * d + off;
+                    o[16 + 4 * p + t] = f32::from(q >> 4) * d + off;
                 }
-                BlockFormat::Q8_0 => {
-                    for p in 0..8 {
-                        for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
-                            o[4 * p + t] = f32::from(q as i8) * d + off;
-                        }
-                    }
+            }
+        }
+        BlockFormat::Q8_0 => {
+            for p in 0..8 {
+                for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
+                    o[4 * p + t] = f32::from(q as i8) * d + off;
                 }
             }
         }

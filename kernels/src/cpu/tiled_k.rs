@@ -18,9 +18,9 @@ use std::cell::RefCell;
 
 use super::packed::Wide;
 use super::qtile::TiledWeights;
-use super::tiled::{LANES, Tiled, TiledRef};
+use super::tiled::{LANES, Tiled, TiledRef, dequantize_lane};
 use crate::quant::{BLOCK, BlockFormat};
-use crate::quant_k::{SUPER, q4k_scale_min};
+use crate::quant_k::{SUPER, half, q4k_scale_min};
 
 /// Blocks of 32 in a super-block.
 const PER: usize = SUPER / BLOCK;
@@ -46,7 +46,6 @@ impl TiledK {
     pub(crate) fn new(rows: usize, cols: usize, data: &[u8]) -> Self {
         let (nsb, bb) = (cols / SUPER, crate::quant::WeightFormat::Q4K.block_bytes());
         let blk = |r: usize, sb: usize| &data[(r * nsb + sb) * bb..][..bb];
-        let half = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
         Self::build(
             rows,
             cols / BLOCK,
@@ -67,8 +66,7 @@ impl TiledK {
         sup: impl Fn(usize, usize) -> (f32, f32),
     ) -> Self {
         assert!(blocks.is_multiple_of(PER), "Q4_K rows are whole super-blocks");
-        let mut base = Tiled::from_wide(BlockFormat::Q4_1, rows, blocks, |r, b| Wide { d: 0.0, m: 0.0, q: q(r, b) });
-        (base.scales, base.mins) = (Vec::new(), Vec::new());
+        let base = Tiled::values_only(BlockFormat::Q4_1, rows, blocks, q);
         let (groups, nsb) = (rows.div_ceil(LANES), blocks / PER);
         let mut codes = vec![0u8; groups * blocks * 2 * LANES];
         let mut supers = vec![0.0f32; groups * nsb * 2 * LANES];
@@ -173,14 +171,7 @@ impl TiledWeights for TiledK {
             let ((s, m), (d, dmin)) = (self.code(r, b), self.sup(r, b / PER));
             let (scale, min) = (d * f32::from(s), -(dmin * f32::from(m)));
             let chunks = &self.base.quants[(g * nb + b) * gb..(g * nb + b + 1) * gb];
-            // Lane c's 4 bytes of each chunk, as `Tiled::dequantize_row` reads them (the
-            // exact-mode SGEMM dequantizes through here: no per-weight dispatch).
-            for p in 0..4 {
-                for (t, &q) in chunks[p * 64 + 4 * c..p * 64 + 4 * c + 4].iter().enumerate() {
-                    o[4 * p + t] = f32::from(q & 0xF) * scale + min;
-                    o[16 + 4 * p + t] = f32::from(q >> 4) * scale + min;
-                }
-            }
+            dequantize_lane(BlockFormat::Q4_1, chunks, c, scale, min, o);
         }
     }
 
