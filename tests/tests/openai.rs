@@ -124,6 +124,7 @@ async fn openai_endpoints_work_and_refuse_bad_input() {
         // A field of the wrong type or range is named, not only placed by line and column.
         (chat_with(&|c| c["max_tokens"] = (-3).into()), "bad_json", "max_tokens: invalid value: integer `-3`"),
         (chat_with(&|c| c["temperature"] = "hot".into()), "bad_json", "temperature: invalid type"),
+        (chat_with(&|c| c["stop"] = 5.into()), "bad_json", "stop: a string or a list of strings"),
     ];
     for (body, code, names) in named {
         let (s, _, text) = http(a, "POST", "/v1/chat/completions", &body).await;

@@ -10,7 +10,7 @@ use super::err;
 use super::messages::MessageIn;
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, a list of strings or a list of token ids")]
 pub(super) enum PromptIn {
     Text(String),
     Texts(Vec<String>),
@@ -18,7 +18,7 @@ pub(super) enum PromptIn {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub(super) enum StopIn {
     One(String),
     Many(Vec<String>),
