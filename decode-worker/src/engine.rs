@@ -140,8 +140,9 @@ pub struct Engine<B: Backend> {
     queues: Queues,
     reqs: HashMap<Room, Req>,
     receiver: Arc<KvReceiver>,
-    /// Pages of closed rooms that a connection may still be writing.
-    draining: Vec<(Room, PageAlloc)>,
+    /// Pages of closed rooms that a connection may still be writing, with the cached prefix
+    /// each read (locked until then: the queues count it among the room's pages).
+    draining: Vec<(Room, PageAlloc, Option<ferry_engine::NodeId>)>,
     handshakes: Handshakes,
     wake: Wake,
     cfg: EngineConfig,

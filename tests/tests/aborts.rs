@@ -10,7 +10,7 @@ use ferry_cluster::RoomKey;
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
 use ferry_proto::v1 as pb;
-use ferry_tests::{Client, Failure, TinyModel, channel, greedy, metric_sum, scrape, settle};
+use ferry_tests::{Client, Failure, TinyModel, channel, greedy, metric_sum, scrape, settle, settle_decode};
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::runs::coalesce;
 use ferry_transfer::tcp::{TcpConfig, TcpSender};
@@ -293,6 +293,42 @@ async fn stalled_transfers_time_out_and_free_the_room() {
         assert!(e.message().contains(state) || e.message().contains("stalled"), "{state}: {}", e.message());
         until("decode pages back", || d.load().free_pages == d.load().total_pages).await;
     }
+    d.stop().await;
+}
+
+/// A transfer that found a cached prefix (delta transfer) and is cancelled mid-write: the
+/// prefix it read stays locked until the last write lands, so the queues' pages and the pool
+/// agree throughout and everything comes back. Before, the cancel unlocked the prefix at once
+/// while the queues counted it among the room's draining pages: the engine's page check
+/// failed whenever a client went away with a write in flight (a rare CI failure of the test
+/// above, its transfer cancel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_cancelled_mid_write_keeps_its_cached_prefix_until_released() {
+    let m = TinyModel::new();
+    let (_, da) = args(&m);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let mut decode = pb::decode_client::DecodeClient::new(channel(d.grpc_addr).await);
+    // The cache holds prompt(100)'s 6 whole pages: prefilled here, finished.
+    let mut local = direct("", 100);
+    local.sampling = Some(ferry_cluster::wire::sampling_to_proto(&greedy(2)));
+    let mut s = decode.generate(local).await.expect("accepted").into_inner();
+    while s.message().await.expect("stream").is_some() {}
+    // prompt(200) starts with it: its room reads those pages, a stalled sender writes the rest.
+    let prefill = stalling_prefill(0, true).await;
+    let s = decode.generate(direct(prefill, 200)).await.expect("accepted").into_inner();
+    until("the run claimed", || stage(&d, "transfer") == 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(s);
+    until("the request gone", || stage(&d, "transfer") == 0).await;
+    // Released after the transfer timeout (1 s) drops the stalled connection.
+    settle_decode(std::slice::from_ref(&d)).await;
+    let mut again = direct("", 100);
+    again.sampling = Some(ferry_cluster::wire::sampling_to_proto(&greedy(2)));
+    let mut s = decode.generate(again).await.expect("the daemon still serves").into_inner();
+    let first = s.message().await.expect("stream").expect("a token");
+    assert_eq!(first.cached_tokens, 96, "the prefix is still cached");
+    while s.message().await.expect("stream").is_some() {}
+    settle_decode(std::slice::from_ref(&d)).await;
     d.stop().await;
 }
 

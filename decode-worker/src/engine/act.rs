@@ -41,7 +41,15 @@ impl<B: Backend> Engine<B> {
                 };
                 self.end(room, Err(why));
             }
-            Action::Free { room, .. } => self.draining.retain(|(r, _)| *r != room),
+            Action::Free { room, .. } => {
+                if let Some(i) = self.draining.iter().position(|d| d.0 == room) {
+                    let (_, pages, prefix) = self.draining.swap_remove(i);
+                    drop(pages);
+                    if let Some(node) = prefix {
+                        self.cache.unlock(node);
+                    }
+                }
+            }
             Action::Refuse(_) | Action::Drain { .. } => {}
         }
     }

@@ -183,7 +183,9 @@ impl<B: Backend> Engine<B> {
             if let Action::Drain { .. } = a
                 && let (Some(p), Some(released)) = (pages.take(), released.take())
             {
-                self.draining.push((room, p));
+                // Its cached prefix stays locked while the room drains: the queues count it
+                // among the draining pages until the last write lands.
+                self.draining.push((room, p, r.cached.take()));
                 self.wake.released(room, released);
             }
         }
