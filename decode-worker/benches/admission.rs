@@ -33,6 +33,8 @@ use ferry_decode::queues::{Action, Admission, Event, Limits, Queues, Stage};
 const PAGE: usize = 16;
 const MAX_NEW: usize = 512;
 const CHUNK: usize = 512;
+/// Prompts are 8–30 tokens (uniform): 19 on average.
+const PROMPTS: (usize, usize) = (8, 30);
 
 /// Seconds a forward pass takes.
 #[derive(Clone, Copy)]
@@ -111,8 +113,8 @@ struct Figures {
 
 fn simulate(admission: Admission, cost: Cost, answers: Answers, clients: usize, secs: f64) -> Figures {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    let prompt = |rng: &mut Rng| 8 + rng.below(23);
-    let demand = clients * (19 + MAX_NEW).div_ceil(PAGE);
+    let prompt = |rng: &mut Rng| PROMPTS.0 + rng.below(PROMPTS.1 - PROMPTS.0 + 1);
+    let demand = clients * (PROMPTS.0.midpoint(PROMPTS.1) + MAX_NEW).div_ceil(PAGE);
     let pool = demand / 3;
     let limits = Limits {
         max_running: 256,
@@ -147,8 +149,8 @@ fn simulate(admission: Admission, cost: Cost, answers: Answers, clients: usize, 
             if let Action::Retract { room, context, .. } = a {
                 let r = reqs.get_mut(&room).expect("retracted request");
                 r.to_compute = context;
-                // Its last generated token is not in the context: recomputing ends by
-                // feeding it, so it is generated again only in the sense of being fed.
+                // It recomputes its prompt and all its tokens but the last, which its next
+                // pass after that feeds as any running request's.
                 f.retractions += 1;
                 f.recomputed += context;
             }

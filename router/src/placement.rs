@@ -135,9 +135,10 @@ pub struct PrefillChoice {
 
 /// The healthy worker with the least estimated TTFT × (1 + 1 % × `jitter(w)`), `jitter` in
 /// [0, 1). In passes over the workers without allocation or dependent chains of compares (a
-/// router with a thousand workers scores each on every request): the least estimate `m` first; then the jittered scores, only for
-/// workers within 1 % of `m` — a worker estimated above `m` × 1.01 cannot beat the best
-/// one's jittered score, which is below that. `transfer`: the seconds to move the prompt's KV.
+/// router with a thousand workers scores each on every request): the least estimate `m`
+/// first; then the jittered scores, only for workers within 1 % of `m` — a worker estimated
+/// above `m` × 1.01 cannot beat the best one's jittered score, which is below that.
+/// `transfer`: the seconds to move the prompt's KV.
 fn least_jittered(
     (len, transfer): (usize, f64),
     cached: &[usize],
