@@ -105,8 +105,8 @@ pub const ROUTER_PROMPT_TOKENS: &str = "ferry_router_prompt_tokens_total";
 /// Workers the router knows, by `role` and `state` (healthy | unhealthy) (gauge).
 pub const ROUTER_WORKERS: &str = "ferry_router_workers";
 /// Pages in the router's prefix indexes, by `role` (prefill | decode: whose caches) and
-/// `state` (confirmed by a worker's KV events | provisional: placed by the router, not
-/// confirmed yet) (gauge).
+/// `state` (confirmed by a worker's KV events | provisional: placed by the router, its mark
+/// not lapsed; a page can be both) (gauge).
 pub const ROUTER_INDEX_PAGES: &str = "ferry_router_index_pages";
 /// Pages a router's prefix index (`role`) evicted, least recently used first, to make room
 /// (counter).

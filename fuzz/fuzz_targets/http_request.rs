@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ferry_router::admission::{Admission, Limits};
 use ferry_router::generate::Ctx;
-use ferry_router::index::PrefixIndex;
+use ferry_router::index::SharedIndex;
 use ferry_router::openai::{Kind, parse};
 use ferry_router::placement::Placer;
 use ferry_router::workers::Registry;
@@ -21,7 +21,7 @@ fn ctx() -> &'static Ctx {
         let path = dir.path().join("hf");
         ferry_engine::tiny::write_hf(&path, &ferry_engine::tiny::TinySpec::default()).expect("tiny model");
         let model = ferry_tokenize::ServedModel::load(&path).expect("served model");
-        let index = ferry_router::index::shared(PrefixIndex::new(16, 1024));
+        let index = Arc::new(SharedIndex::new(16, 1024));
         let ctx = Ctx {
             grammars: Arc::new(ferry_engine::Grammars::new(model.tokenizer.clone())),
             model,

@@ -5,7 +5,7 @@
 #![no_main]
 
 use ferry_proto::v1 as pb;
-use ferry_router::index::PrefixIndex;
+use ferry_router::index::SharedIndex;
 use ferry_router::workers::apply_batch;
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -13,7 +13,7 @@ use prost::Message;
 const MAX_PAGES: usize = 256;
 
 fuzz_target!(|data: &[u8]| {
-    let mut ix = PrefixIndex::new(4, MAX_PAGES);
+    let ix = SharedIndex::new(4, MAX_PAGES);
     let mut at = [None; 3];
     let mut rest = data;
     while rest.len() >= 2 {
@@ -22,9 +22,9 @@ fuzz_target!(|data: &[u8]| {
         let (frame, tail) = rest[2..].split_at(len);
         rest = tail;
         let Ok(batch) = pb::KvEventBatch::decode(frame) else { continue };
-        if apply_batch(&mut ix, slot, batch, &mut at[slot]).is_err() {
+        if apply_batch(&ix, slot, batch, &mut at[slot], &|| true).is_err() {
             at[slot] = None;
-            let _ = ix.clear_worker(slot);
+            let _ = ix.clear_worker(slot, || true);
         }
         assert!(ix.pages() <= MAX_PAGES, "the index grew past its bound: {}", ix.pages());
         let prompt: Vec<u32> = frame.iter().map(|&b| u32::from(b % 8)).collect();

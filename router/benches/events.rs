@@ -16,7 +16,9 @@
 //!   fresh), then a 64-page stored event chained to the session's previous one; after every 4
 //!   stores one removed event takes the last chain of a finished session (a cache evicts
 //!   leaves first). Page-ops per second, a page-op being a page queried, stored or removed
-//!   (smg: about 12.5 M page-ops/s on 2 cores).
+//!   (smg: about 12.5 M page-ops/s on 2 cores). Run twice: on the index itself, then as the
+//!   router runs it (`SharedIndex`: a placement's match, each turn's events one write, which
+//!   applies them to both copies of the events' index).
 //!
 //! `cargo bench -p ferry-router --bench events`; `FERRY_BENCH_QUICK=1` divides the counts by
 //! 20 (CI smoke run).
@@ -30,7 +32,7 @@ use std::time::Instant;
 use rng::Rng;
 
 use ferry_radix::events::{ROOT_HASH, page_hashes};
-use ferry_router::index::PrefixIndex;
+use ferry_router::index::{Event, PrefixIndex, SharedIndex};
 
 const PS: usize = 16;
 /// Big enough for every workload here: an operator sizes the index to what the workers hold.
@@ -64,7 +66,7 @@ fn memory(rng: &mut Rng) {
     }
     let grown = resident().saturating_sub(before) as f64;
     println!(
-        "index memory: {:.0} MB per million pages ({} pages from 500 workers' chains of 1,024; resident memory before and after)",
+        "index memory: {:.0} MB per million pages ({} pages from 500 workers' chains of 1,024; resident memory before and after; the router keeps two copies of its workers' events)",
         grown / ix.pages() as f64,
         ix.pages()
     );
@@ -118,11 +120,48 @@ fn matches(rng: &mut Rng, div: usize) {
     }
 }
 
-fn replay(rng: &mut Rng, div: usize) {
+/// The index a replay runs on: alone, or as the router shares it.
+enum Ix {
+    Plain(PrefixIndex),
+    Shared(SharedIndex),
+}
+
+impl Ix {
+    fn matched(&self, q: &[u32], workers: usize) -> Vec<usize> {
+        match self {
+            Ix::Plain(ix) => ix.matched(q, workers),
+            Ix::Shared(ix) => ix.matched(q, workers),
+        }
+    }
+
+    /// Applies one turn's events.
+    fn apply(&mut self, events: Vec<Event>) {
+        match self {
+            Ix::Plain(ix) => {
+                for e in &events {
+                    ix.apply(e).expect("applied");
+                }
+            }
+            Ix::Shared(ix) => assert_eq!(ix.apply(events, || true), Ok(true)),
+        }
+    }
+
+    fn pages(&self) -> usize {
+        match self {
+            Ix::Plain(ix) => ix.pages(),
+            Ix::Shared(ix) => ix.pages(),
+        }
+    }
+}
+
+fn replay(rng: &mut Rng, div: usize, mut ix: Ix) {
     const WORKERS: usize = 256;
     const TURNS: usize = 5;
     let sessions = 20_000 / div;
-    let mut ix = PrefixIndex::new(PS, MAX_PAGES);
+    let how = match ix {
+        Ix::Plain(_) => "the index alone",
+        Ix::Shared(_) => "as the router shares it",
+    };
     // Finished sessions' chains, last first: (worker, page hashes).
     let mut finished: VecDeque<(usize, Vec<u64>)> = VecDeque::new();
     let (mut ops, mut stores, mut busy) = (0u64, 0u64, 0f64);
@@ -141,28 +180,30 @@ fn replay(rng: &mut Rng, div: usize) {
         for (t, q) in queries.iter().enumerate() {
             let run = t * 64..(t + 1) * 64;
             let parent = if t == 0 { ROOT_HASH } else { conv.hashes[run.start - 1] };
-            let hashes = &conv.hashes[run.clone()];
-            let tokens = &conv.tokens[run.start * PS..run.end * PS];
-            let start = Instant::now();
-            let m = ix.matched(q, WORKERS);
-            ix.stored(w, parent, hashes, tokens).expect("stored");
+            let hashes = conv.hashes[run.clone()].to_vec();
+            let tokens = conv.tokens[run.start * PS..run.end * PS].to_vec();
+            // The events arrive owned (decoded from the worker's stream): made before the clock.
+            let mut events = vec![Event::Stored { worker: w, parent, hashes: hashes.clone(), tokens }];
             stores += 1;
             ops += 128 + 64;
             if stores % 4 == 0
                 && let Some((fw, hs)) = finished.pop_front()
             {
-                ix.removed(fw, &hs).expect("removed");
                 ops += hs.len() as u64;
+                events.push(Event::Removed { worker: fw, hashes: hs });
             }
+            let start = Instant::now();
+            let m = ix.matched(q, WORKERS);
+            ix.apply(events);
             busy += start.elapsed().as_secs_f64();
             assert!(m[w] >= 6 * t * PS, "the session's earlier turns are indexed");
-            chains.push(hashes.to_vec());
+            chains.push(hashes);
         }
         // Leaves first: the last chain goes first.
         finished.extend(chains.into_iter().rev().map(|hs| (w, hs)));
     }
     println!(
-        "mixed replay: {WORKERS} workers, {sessions} sessions x {TURNS} turns: {:.1} M page-ops/s ({ops} page-ops in {:.2} s; index {} pages) | smg ~12.5 M page-ops/s on 2 cores",
+        "mixed replay, {how}: {WORKERS} workers, {sessions} sessions x {TURNS} turns: {:.1} M page-ops/s ({ops} page-ops in {:.2} s; index {} pages) | smg ~12.5 M page-ops/s on 2 cores",
         ops as f64 / busy / 1e6,
         busy,
         ix.pages()
@@ -175,5 +216,6 @@ fn main() {
     memory(&mut rng);
     store(&mut rng);
     matches(&mut rng, div);
-    replay(&mut rng, div);
+    replay(&mut rng, div, Ix::Plain(PrefixIndex::new(PS, MAX_PAGES)));
+    replay(&mut rng, div, Ix::Shared(SharedIndex::new(PS, MAX_PAGES)));
 }

@@ -1,6 +1,7 @@
 //! Router placement benchmark, issue 17's workload W1, through the router's own path: match
-//! (`PrefixIndex::matched`) → choose (`Placer::prefill`) → provisional insert
-//! (`PrefixIndex::provisional`), exactly what every request does.
+//! (`SharedIndex::matched`: the workers' events and the router's marks) → choose
+//! (`Placer::prefill`) → provisional insert (`SharedIndex::provisional`), exactly what every
+//! request does.
 //!
 //! W workers (64; `FERRY_BENCH_WORKERS` for others), all healthy, equal load; pages of 16
 //! tokens; token ids uniform in [0, 50,000) from a fixed seed; G = 64 prefix groups. Preload
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use rng::Rng;
 
-use ferry_router::index::PrefixIndex;
+use ferry_router::index::SharedIndex;
 use ferry_router::placement::{Placer, Policy, PrefillState, jitter};
 
 const PS: usize = 16;
@@ -38,7 +39,7 @@ const TTL: Duration = Duration::from_secs(3600);
 const SMG: [(f64, f64); 3] = [(5.0, 5.8), (10.7, 14.2), (13.2, 17.3)];
 
 struct Router {
-    ix: PrefixIndex,
+    ix: SharedIndex,
     placer: Placer,
     states: Vec<PrefillState>,
     rng: Rng,
@@ -98,7 +99,7 @@ fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64), fau
 /// would cost more than the placement.
 fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
     let Router { ix, placer, states, .. } = r;
-    let (ix, placer) = (ferry_router::index::shared(ix), std::sync::Mutex::new(placer));
+    let placer = std::sync::Mutex::new(placer);
     let tails: Vec<Vec<u32>> = (0..64).map(|_| rng.tokens(LEN - PREFIX)).collect();
     let now = Instant::now();
     let per = 10_000 / div;
@@ -118,9 +119,9 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
                             p.extend_from_slice(&tails[(i * 7 + me) % tails.len()]);
                             p[PREFIX] = (50_000 + (round * 2 + me) * per + i) as u32;
                             let t0 = Instant::now();
-                            let m = ix.lock().matched(&p[..p.len() - 1], states.len());
+                            let m = ix.matched(&p[..p.len() - 1], states.len());
                             let c = placer.lock().expect("placer").prefill(p.len(), &m, states, jitter(i as u32));
-                            ix.lock().provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
+                            ix.provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
                             busy += t0.elapsed().as_secs_f64();
                         }
                         busy
@@ -147,7 +148,7 @@ fn main() {
     let states = (0..workers).map(|_| PrefillState::new(true, 0, 5000.0)).collect();
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
-    let mut r = Router { ix: PrefixIndex::new(PS, 1 << 20), placer, states, rng: Rng(0xfeed) };
+    let mut r = Router { ix: SharedIndex::new(PS, 1 << 20), placer, states, rng: Rng(0xfeed) };
     let now = Instant::now();
     let n = 10_000 / div;
     let mut preloaded = Vec::with_capacity(n);
@@ -198,6 +199,7 @@ fn main() {
         index.push(b);
     }
     report("(c) fresh", &mut whole, &mut index, SMG[2], faults() - f0);
-    println!("index: {} pages, {} evicted, {} dropped", r.ix.pages(), r.ix.evicted(), r.ix.dropped());
+    let s = r.ix.stats();
+    println!("index: {} pages, {} evicted, {} dropped", s.provisional, s.evicted, s.dropped);
     threads(r, &groups, &mut rng, div);
 }

@@ -54,7 +54,7 @@ pub struct Ctx {
     /// The workers.
     pub workers: Arc<Registry>,
     /// Who holds which prefix.
-    pub index: SharedIndex,
+    pub index: Arc<SharedIndex>,
     /// Placement.
     pub placer: Mutex<Placer>,
     /// Prompts with fewer uncached tokens are prefilled on the decode worker.
@@ -197,12 +197,12 @@ impl Ctx {
         let gone = PrefillState::new(false, 0, 0.0);
         let prefill_states: Vec<PrefillState> =
             snap.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect();
-        let cached = self.index.lock().matched(&req.tokens[..len - 1], prefill_states.len());
+        let cached = self.index.matched(&req.tokens[..len - 1], prefill_states.len());
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
-        let decode_cached = self.workers.decode_index().lock().matched(&req.tokens[..len - 1], decode_slots);
+        let decode_cached = self.workers.decode_index().matched(&req.tokens[..len - 1], decode_slots);
         // A decode worker computes the whole prompt of a request with several sequences
         // (they must own the pages they share) or asking for prompt logprobs: its cache
         // saves such a request nothing there, and draws it nowhere.
@@ -255,7 +255,7 @@ impl Ctx {
         clock.lap("placement", arrived);
         let key = RoomKey::random();
         if let Some((slot, ..)) = &prefill {
-            let _ = self.index.lock().provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
+            let _ = self.index.provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);

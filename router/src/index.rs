@@ -12,8 +12,12 @@
 //! and drops new pages (counted) only when it has nothing left to evict.
 
 mod lru;
+mod published;
 mod shard;
+mod shared;
 mod table;
+
+pub use shared::{Event, IndexStats, SharedIndex};
 
 use std::time::{Duration, Instant};
 
@@ -31,16 +35,6 @@ pub enum IndexError {
     /// A slot past a shard's 64 (an internal error: the index maps slots to shards).
     #[error("worker slot {0} is past the {SHARD_WORKERS} of a shard")]
     Slot(usize),
-}
-
-/// The index as the router shares it between placements and event ingestion: one lock,
-/// handed over fairly when asked (`parking_lot`), so that ingestion yielding between slices
-/// of a snapshot lets a waiting placement in.
-pub type SharedIndex = std::sync::Arc<parking_lot::Mutex<PrefixIndex>>;
-
-/// `ix`, to share.
-pub fn shared(ix: PrefixIndex) -> SharedIndex {
-    std::sync::Arc::new(parking_lot::Mutex::new(ix))
 }
 
 /// Which workers hold which prefixes.
@@ -145,6 +139,14 @@ impl PrefixIndex {
     /// provisional marks included).
     pub fn matched(&self, prompt: &[u32], workers: usize) -> Vec<usize> {
         let mut out = vec![0; workers];
+        self.matched_into(prompt, &mut out);
+        out
+    }
+
+    /// [`Self::matched`] for slots `0..out.len()`, into `out`: each slot's entry becomes the
+    /// larger of what it held and what this index says.
+    pub fn matched_into(&self, prompt: &[u32], out: &mut [usize]) {
+        let workers = out.len();
         for (i, s) in self.shards.iter().enumerate() {
             let base = i * SHARD_WORKERS;
             if base >= workers {
@@ -152,7 +154,6 @@ impl PrefixIndex {
             }
             s.matched_into(prompt, &mut out[base..workers.min(base + SHARD_WORKERS)]);
         }
-        out
     }
 }
 

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use crate::admission::{Admission, Limits};
 pub use crate::config::RouterConfig;
 use crate::generate::Ctx;
-use crate::index::PrefixIndex;
+use crate::index::SharedIndex;
 use crate::placement::{Placer, Policy};
 use crate::service::RouterSvc;
 use crate::workers::Registry;
@@ -110,7 +110,8 @@ pub struct RouterArgs {
     #[arg(long, env = ferry_cluster::env::PAGE_SIZE, default_value_t = 16, help_heading = "Placement")]
     pub page_size: usize,
     /// Most pages a prefix index holds (memory bound; the router keeps one for prefill
-    /// workers' caches and one for decode workers').
+    /// workers' caches and one for decode workers', each with its workers' KV events in two
+    /// copies and its own placements apart, each part within this bound).
     #[arg(long, env = ferry_cluster::env::MAX_INDEX_PAGES, default_value_t = 1 << 20, help_heading = "Placement")]
     pub max_index_pages: usize,
     /// API keys the public endpoints accept (`Authorization: Bearer <key>` over HTTP, the
@@ -195,7 +196,7 @@ pub struct Running {
 impl Running {
     /// Pages in the prefix index.
     pub fn index_pages(&self) -> usize {
-        self.ctx.index.lock().pages()
+        self.ctx.index.pages()
     }
 
     /// The workers.
@@ -250,7 +251,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         model.name = n.clone();
     }
     model.tokenizer = model.tokenizer.clone().with_head_cache(args.tokenizer_cache_mib.saturating_mul(1 << 20));
-    let index = index::shared(PrefixIndex::new(args.page_size, args.max_index_pages));
+    let index = Arc::new(SharedIndex::new(args.page_size, args.max_index_pages));
     let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {
         registry.upsert(w).map_err(StartError::Config)?;

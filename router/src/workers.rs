@@ -186,8 +186,8 @@ struct Member {
 /// slot in its role's prefix index while it is a member; leaving frees the slot and the index
 /// entries in it.
 pub struct Registry {
-    index: SharedIndex,
-    decode_index: SharedIndex,
+    index: Arc<SharedIndex>,
+    decode_index: Arc<SharedIndex>,
     tls: Option<Arc<InternalTls>>,
     members: Mutex<(Vec<Option<Member>>, Vec<Member>)>,
     /// The members as every placement reads them: replaced whole (under `members`' lock)
@@ -220,11 +220,8 @@ fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<Channel,
 impl Registry {
     /// No workers yet; prefill workers' KV events will feed `index`, decode workers' an
     /// index of the same page size and budget ([`Self::decode_index`]).
-    pub fn new(index: SharedIndex) -> Self {
-        let decode_index = {
-            let ix = index.lock();
-            crate::index::shared(crate::index::PrefixIndex::new(ix.page_size(), ix.max_pages()))
-        };
+    pub fn new(index: Arc<SharedIndex>) -> Self {
+        let decode_index = Arc::new(SharedIndex::new(index.page_size(), index.max_pages()));
         Self {
             index,
             decode_index,
@@ -240,7 +237,7 @@ impl Registry {
     }
 
     /// The index of `role`'s workers.
-    fn index_of(&self, role: Role) -> &SharedIndex {
+    fn index_of(&self, role: Role) -> &Arc<SharedIndex> {
         match role {
             Role::Prefill => &self.index,
             Role::Decode => &self.decode_index,
@@ -334,7 +331,7 @@ impl Registry {
         self.publish(m);
         member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
         member.events.abort();
-        let _ = self.index_of(role).lock().clear_worker(member.worker.slot);
+        let _ = self.index_of(role).clear_worker(member.worker.slot, || true);
         tracing::info!(worker = %id, role = role.as_str(), "worker left");
         true
     }
@@ -390,12 +387,10 @@ impl Registry {
                         _ => {
                             if w.update(false, |h| h.check_failed(Instant::now())) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
-                                // Checked under the lock, as event ingestion does: a worker that
-                                // left meanwhile may have handed its slot to a newcomer.
-                                let mut ix = index.lock();
-                                if w.member.load(std::sync::atomic::Ordering::SeqCst) {
-                                    let _ = ix.clear_worker(w.slot);
-                                }
+                                // Checked with ingestion shut out, as ingestion checks: a worker
+                                // that left meanwhile may have handed its slot to a newcomer.
+                                let member = || w.member.load(std::sync::atomic::Ordering::SeqCst);
+                                let _ = index.clear_worker(w.slot, member);
                             }
                         }
                     }
@@ -425,17 +420,13 @@ impl Registry {
             metrics::gauge!(M::ROUTER_WORKERS, "role" => role, "state" => "unhealthy").set(down);
         }
         for (role, index) in [("prefill", &self.index), ("decode", &self.decode_index)] {
-            let (pages, confirmed, evicted, dropped) = {
-                // An idle router forgets lapsed placements too.
-                let mut ix = index.lock();
-                ix.expire(Instant::now());
-                (ix.pages(), ix.confirmed(), ix.evicted(), ix.dropped())
-            };
-            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "confirmed").set(confirmed as f64);
-            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional")
-                .set(pages.saturating_sub(confirmed) as f64);
-            metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(evicted);
-            metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(dropped);
+            // An idle router forgets lapsed placements too.
+            index.expire(Instant::now());
+            let s = index.stats();
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "confirmed").set(s.confirmed as f64);
+            metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional").set(s.provisional as f64);
+            metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(s.evicted);
+            metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(s.dropped);
         }
     }
 }

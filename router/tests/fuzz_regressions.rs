@@ -2,12 +2,12 @@
 //! (`[slot, length, KvEventBatch]`… through `workers::apply_batch`).
 
 use ferry_proto::v1 as pb;
-use ferry_router::index::PrefixIndex;
+use ferry_router::index::SharedIndex;
 use ferry_router::workers::apply_batch;
 use prost::Message;
 
-fn replay(mut rest: &[u8]) -> PrefixIndex {
-    let mut ix = PrefixIndex::new(4, 256);
+fn replay(mut rest: &[u8]) -> SharedIndex {
+    let ix = SharedIndex::new(4, 256);
     let mut at = [None; 3];
     while rest.len() >= 2 {
         let slot = usize::from(rest[0] % 3);
@@ -15,9 +15,9 @@ fn replay(mut rest: &[u8]) -> PrefixIndex {
         let (frame, tail) = rest[2..].split_at(len);
         rest = tail;
         let Ok(batch) = pb::KvEventBatch::decode(frame) else { continue };
-        if apply_batch(&mut ix, slot, batch, &mut at[slot]).is_err() {
+        if apply_batch(&ix, slot, batch, &mut at[slot], &|| true).is_err() {
             at[slot] = None;
-            let _ = ix.clear_worker(slot);
+            let _ = ix.clear_worker(slot, || true);
         }
         let prompt: Vec<u32> = frame.iter().map(|&b| u32::from(b % 8)).collect();
         let _ = ix.matched(&prompt, 3);

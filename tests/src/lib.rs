@@ -458,7 +458,7 @@ pub async fn seen(routers: &[&ferry_router::Running], tokens: &[u32]) {
     for _ in 0..500 {
         let known = |r: &&ferry_router::Running| {
             let slots = r.workers().snapshot().decode.len();
-            r.workers().decode_index().lock().matched(tokens, slots).contains(&tokens.len())
+            r.workers().decode_index().matched(tokens, slots).contains(&tokens.len())
         };
         if routers.iter().all(known) {
             return;

@@ -193,7 +193,7 @@ impl Ctx {
     /// prompt; None: prefill on the decode worker.
     fn fallback(&self, tokens: &[u32], tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
-        let cached = self.index.lock().matched(&tokens[..tokens.len() - 1], snap.prefill.len());
+        let cached = self.index.matched(&tokens[..tokens.len() - 1], snap.prefill.len());
         let open = snap.prefill.iter().enumerate().filter_map(|(s, w)| Some((s, w.as_ref()?)));
         open.filter(|(_, w)| !tried.contains(&w.id) && w.healthy())
             .max_by_key(|&(s, _)| (cached[s], std::cmp::Reverse(s)))

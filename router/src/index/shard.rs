@@ -494,9 +494,10 @@ impl Shard {
         out
     }
 
-    /// [`Self::matched`] into `out` (one entry per slot, at most [`SHARD_WORKERS`]), which
-    /// must hold zeros: a slot whose workers hold nothing of the prompt is not written, so a
-    /// shard holding nothing of it costs one lookup at its root.
+    /// [`Self::matched`] into `out` (one entry per slot, at most [`SHARD_WORKERS`]): each
+    /// entry becomes the larger of what it held and the slot's match. A slot whose workers
+    /// hold nothing of the prompt is not written, so a shard holding nothing of it costs one
+    /// lookup at its root.
     pub fn matched_into(&self, prompt: &[u32], out: &mut [usize]) {
         let ps = self.page_size();
         let workers = out.len().min(SHARD_WORKERS);
@@ -505,7 +506,8 @@ impl Shard {
                 return;
             }
             while bits != 0 {
-                out[bits.trailing_zeros() as usize] = tokens;
+                let o = &mut out[bits.trailing_zeros() as usize];
+                *o = (*o).max(tokens);
                 bits &= bits - 1;
             }
         };

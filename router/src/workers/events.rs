@@ -1,10 +1,10 @@
 //! Following a worker's KV events into its role's prefix index: subscribe with a snapshot,
 //! apply batches in sequence, resubscribe after any gap, epoch change or error.
 //!
-//! The index is shared with every placement, so events are applied one lock hold at a time
-//! and a snapshot (a worker's whole cache, a million pages on a big one) a slice of runs at a
-//! time: a placement waits for at most [`SNAPSHOT_PAGES_PER_LOCK`] pages of ingestion, not for
-//! the whole snapshot.
+//! Placements never wait for ingestion ([`SharedIndex`]: it writes the copy they are not
+//! reading), but ingestion waits for ingestion: a batch is one write, and a snapshot (a
+//! worker's whole cache, a million pages on a big one) [`SNAPSHOT_PAGES_PER_WRITE`] pages a
+//! write, so that other workers' events go in between and placements see it arrive.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,30 +12,26 @@ use std::time::Duration;
 use ferry_proto::v1 as pb;
 
 use super::Worker;
-use crate::index::{IndexError, PrefixIndex, SharedIndex};
+use crate::index::{Event, SharedIndex};
 
 /// The largest KV event batch the router takes from a worker. A snapshot of a worker's whole
 /// cache is one batch, ~60 MB for a million pages of 16 tokens: tonic's default (4 MB)
 /// refused any cache past ~80,000 pages, and the router resubscribed forever.
 pub const MAX_EVENT_BATCH_BYTES: usize = 1 << 30;
 
-/// Snapshot pages applied per hold of the index lock (~0.1 ms of work).
-pub const SNAPSHOT_PAGES_PER_LOCK: usize = 1024;
+/// Snapshot pages applied per write of the index (~0.5 ms of work per copy).
+pub const SNAPSHOT_PAGES_PER_WRITE: usize = 4096;
 
 /// Keeps `index` fed with worker `slot`'s KV events, forever: subscribes with a
 /// snapshot, applies batches in sequence, and on any gap, epoch change or error forgets the
 /// worker's entries and resubscribes.
-pub async fn follow_events(w: Arc<Worker>, slot: usize, index: SharedIndex) {
-    while w.member.load(std::sync::atomic::Ordering::SeqCst) {
+pub async fn follow_events(w: Arc<Worker>, slot: usize, index: Arc<SharedIndex>) {
+    let member = || w.member.load(std::sync::atomic::Ordering::SeqCst);
+    while member() {
         if let Err(why) = follow_once(&w, slot, &index).await {
             tracing::debug!(worker = %w.id, %why, "KV event stream ended; resyncing");
         }
-        {
-            let mut ix = index.lock();
-            if w.member.load(std::sync::atomic::Ordering::SeqCst) {
-                let _ = ix.clear_worker(slot);
-            }
-        }
+        let _ = index.clear_worker(slot, member);
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -46,37 +42,11 @@ async fn follow_once(w: &Worker, slot: usize, index: &SharedIndex) -> Result<(),
     let req = pb::SubscribeRequest { epoch: 0, after_sequence: 0, want_snapshot: true };
     let mut stream = c.subscribe(req).await.map_err(|s| s.to_string())?.into_inner();
     let mut at: Option<(u64, u64)> = None; // (epoch, last sequence)
-    // The index, locked, while the worker is still a member (a worker removed has its
-    // entries cleared under this lock: nothing of it may be applied after).
-    let locked = || {
-        let ix = index.lock();
-        if w.member.load(std::sync::atomic::Ordering::SeqCst) { Ok(ix) } else { Err("left the cluster".to_string()) }
-    };
+    // Applied only while the worker is still a member, asked with ingestion shut out: a worker
+    // removed has its entries cleared by a later write, and nothing of it may follow.
+    let member = || w.member.load(std::sync::atomic::Ordering::SeqCst);
     while let Some(batch) = stream.message().await.map_err(|s| s.to_string())? {
-        for e in batch.events {
-            in_sequence(&mut at, batch.epoch, &e)?;
-            match e.kind {
-                Some(pb::kv_event::Kind::Snapshot(all)) => {
-                    locked()?.clear_worker(slot).map_err(|x| x.to_string())?;
-                    let mut runs = all.pages.into_iter().peekable();
-                    while runs.peek().is_some() {
-                        let mut ix = locked()?;
-                        let mut pages = 0;
-                        while pages < SNAPSHOT_PAGES_PER_LOCK
-                            && let Some(s) = runs.next()
-                        {
-                            pages += s.page_hashes.len().max(1);
-                            ix.stored(slot, s.parent_hash, &s.page_hashes, &s.token_ids).map_err(|x| x.to_string())?;
-                        }
-                        // Hand the lock to a waiting placement, if any: a plain unlock lets
-                        // this loop take it back at once, slice after slice (measured: 30-90
-                        // ms waits behind a million-page snapshot).
-                        parking_lot::MutexGuard::unlock_fair(ix);
-                    }
-                }
-                kind => apply(&mut *locked()?, slot, kind).map_err(|x| x.to_string())?,
-            }
-        }
+        apply_batch(index, slot, batch, &mut at, &member)?;
     }
     Err("stream closed".into())
 }
@@ -96,34 +66,49 @@ fn in_sequence(at: &mut Option<(u64, u64)>, epoch: u64, e: &pb::KvEvent) -> Resu
     Ok(())
 }
 
-/// Applies one batch of worker `slot`'s KV events to `ix`, in sequence: `at` is the (epoch,
-/// last sequence) applied so far (None: nothing yet, so the batch must start with a snapshot).
-/// A gap, an epoch change without a snapshot or an event the index refuses is an error, after
-/// which the caller forgets the worker's entries and resubscribes.
+/// Applies one batch of worker `slot`'s KV events to `ix`, in sequence, while `admit()` (asked
+/// at each write, with ingestion shut out) says so: `at` is the (epoch, last sequence) applied
+/// so far (None: nothing yet, so the batch must start with a snapshot). A gap, an epoch
+/// change without a snapshot, an event the index refuses or a refusal to admit is an error,
+/// after which the caller forgets the worker's entries and resubscribes.
 pub fn apply_batch(
-    ix: &mut PrefixIndex,
+    ix: &SharedIndex,
     slot: usize,
     batch: pb::KvEventBatch,
     at: &mut Option<(u64, u64)>,
+    admit: &dyn Fn() -> bool,
 ) -> Result<(), String> {
+    let write = |events: Vec<Event>| match ix.apply(events, admit) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("left the cluster".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    let stored = |s: pb::KvStored| Event::Stored {
+        worker: slot,
+        parent: s.parent_hash,
+        hashes: s.page_hashes,
+        tokens: s.token_ids,
+    };
+    let mut run = Vec::new();
     for e in batch.events {
         in_sequence(at, batch.epoch, &e)?;
-        apply(ix, slot, e.kind).map_err(|x| x.to_string())?;
-    }
-    Ok(())
-}
-
-fn apply(ix: &mut PrefixIndex, slot: usize, kind: Option<pb::kv_event::Kind>) -> Result<(), IndexError> {
-    match kind {
-        Some(pb::kv_event::Kind::Stored(s)) => ix.stored(slot, s.parent_hash, &s.page_hashes, &s.token_ids),
-        Some(pb::kv_event::Kind::Removed(r)) => ix.removed(slot, &r.page_hashes),
-        Some(pb::kv_event::Kind::Snapshot(all)) => {
-            ix.clear_worker(slot)?;
-            for s in all.pages {
-                ix.stored(slot, s.parent_hash, &s.page_hashes, &s.token_ids)?;
+        match e.kind {
+            Some(pb::kv_event::Kind::Stored(s)) => run.push(stored(s)),
+            Some(pb::kv_event::Kind::Removed(r)) => run.push(Event::Removed { worker: slot, hashes: r.page_hashes }),
+            Some(pb::kv_event::Kind::Snapshot(all)) => {
+                run.push(Event::Clear { worker: slot });
+                let mut pages = 0;
+                for s in all.pages {
+                    pages += s.page_hashes.len().max(1);
+                    run.push(stored(s));
+                    if pages >= SNAPSHOT_PAGES_PER_WRITE {
+                        write(std::mem::take(&mut run))?;
+                        pages = 0;
+                    }
+                }
             }
-            Ok(())
+            None => {}
         }
-        None => Ok(()),
     }
+    write(run)
 }

@@ -1,0 +1,223 @@
+//! The index as the router shares it between placements and the workers' KV events, so that
+//! a placement never waits for event ingestion:
+//!
+//! - what the workers' events say is in a [`PrefixIndex`] kept in two copies
+//!   ([`Published`]): ingestion changes the copy placements are not reading, then sends them
+//!   to it. Each event is applied twice (once per copy), and the copies cost twice the memory;
+//! - the router's own placements (provisional marks, which the next placement must see at
+//!   once) are in a second [`PrefixIndex`] that only placements and housekeeping lock, for a
+//!   match or one insert at a time.
+//!
+//! A worker matches the longer of its two prefixes: each is prefix-closed, so along a prompt
+//! the union of what the events and the marks say is the longer of the two.
+
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::published::{Absorb, Published};
+use super::{IndexError, PrefixIndex};
+
+/// A worker's KV event, owned: applied to one copy of the index now and to the other later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A worker cached a run of whole pages.
+    Stored {
+        /// The worker's slot.
+        worker: usize,
+        /// The hash of the page the run follows (the root's for a run from the start).
+        parent: u64,
+        /// Each page's chained hash.
+        hashes: Vec<u64>,
+        /// The pages' tokens, page after page.
+        tokens: Vec<u32>,
+    },
+    /// A worker evicted pages.
+    Removed {
+        /// The worker's slot.
+        worker: usize,
+        /// The pages' hashes.
+        hashes: Vec<u64>,
+    },
+    /// Forget everything a worker holds (it resyncs, restarted, left or died).
+    Clear {
+        /// The worker's slot.
+        worker: usize,
+    },
+}
+
+impl PrefixIndex {
+    /// Applies event `e`.
+    pub fn apply(&mut self, e: &Event) -> Result<(), IndexError> {
+        match e {
+            Event::Stored { worker, parent, hashes, tokens } => self.stored(*worker, *parent, hashes, tokens),
+            Event::Removed { worker, hashes } => self.removed(*worker, hashes),
+            Event::Clear { worker } => self.clear_worker(*worker),
+        }
+    }
+}
+
+impl Absorb for PrefixIndex {
+    type Op = Event;
+    type Error = IndexError;
+
+    fn absorb(&mut self, e: &Event) -> Result<(), IndexError> {
+        self.apply(e)
+    }
+}
+
+/// The index's gauges and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexStats {
+    /// Pages some worker's KV events say it holds.
+    pub confirmed: usize,
+    /// Pages the router placed whose marks have not lapsed (events may confirm some of them
+    /// too: they are counted in both).
+    pub provisional: usize,
+    /// Pages evicted, least recently used first, to make room for new ones.
+    pub evicted: u64,
+    /// New pages dropped because the index was full and nothing could be evicted.
+    pub dropped: u64,
+}
+
+/// Which workers hold which prefixes, shared: see the module's documentation.
+pub struct SharedIndex {
+    events: Published<PrefixIndex>,
+    marks: Mutex<PrefixIndex>,
+    page_size: usize,
+    max_pages: usize,
+}
+
+impl SharedIndex {
+    /// Empty, over pages of `page_size` tokens; the events' index and the marks each hold at
+    /// most `max_pages` pages (the events' twice: it has two copies).
+    pub fn new(page_size: usize, max_pages: usize) -> Self {
+        let ix = || PrefixIndex::new(page_size, max_pages);
+        Self { events: Published::new(ix(), ix()), marks: Mutex::new(ix()), page_size: page_size.max(1), max_pages }
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Most pages the events' index holds, and the marks.
+    pub fn max_pages(&self) -> usize {
+        self.max_pages
+    }
+
+    /// For each worker slot `0..workers`, how many tokens of `prompt` it holds (whole pages,
+    /// provisional marks included). Never waits for event ingestion.
+    pub fn matched(&self, prompt: &[u32], workers: usize) -> Vec<usize> {
+        let mut out = vec![0; workers];
+        self.events.read().matched_into(prompt, &mut out);
+        self.marks.lock().matched_into(prompt, &mut out);
+        out
+    }
+
+    /// The router placed `prompt` on `worker` at `now`: its whole pages count as held there
+    /// for `ttl`, or until the marks are cleared; marks whose time has come go first.
+    pub fn provisional(&self, worker: usize, prompt: &[u32], now: Instant, ttl: Duration) -> Result<(), IndexError> {
+        self.marks.lock().provisional(worker, prompt, now, ttl)
+    }
+
+    /// Drops provisional marks whose time has come.
+    pub fn expire(&self, now: Instant) {
+        self.marks.lock().expire(now);
+    }
+
+    /// When `admit()` (asked with ingestion shut out) says so, applies `events` in order,
+    /// stopping at the first the index refuses (a gap in the worker's stream: resync it).
+    /// `Ok(false)`: not admitted, nothing applied.
+    pub fn apply(
+        &self,
+        events: impl IntoIterator<Item = Event>,
+        admit: impl FnOnce() -> bool,
+    ) -> Result<bool, IndexError> {
+        self.events.write(events, admit)
+    }
+
+    /// Forgets what worker `worker` holds, events and marks, when `admit()` (asked with
+    /// ingestion shut out) says so.
+    pub fn clear_worker(&self, worker: usize, admit: impl FnOnce() -> bool) -> Result<bool, IndexError> {
+        if !self.apply([Event::Clear { worker }], admit)? {
+            return Ok(false);
+        }
+        self.marks.lock().clear_worker(worker)?;
+        Ok(true)
+    }
+
+    /// Pages indexed: confirmed by events, and placed only.
+    pub fn pages(&self) -> usize {
+        let s = self.stats();
+        s.confirmed + s.provisional
+    }
+
+    /// The gauges and counters.
+    pub fn stats(&self) -> IndexStats {
+        let (confirmed, e_evicted, e_dropped) = {
+            let e = self.events.read();
+            (e.confirmed(), e.evicted(), e.dropped())
+        };
+        let m = self.marks.lock();
+        IndexStats {
+            confirmed,
+            provisional: m.pages(),
+            evicted: e_evicted + m.evicted(),
+            dropped: e_dropped + m.dropped(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_radix::events::{ROOT_HASH, page_hashes};
+
+    const PS: usize = 4;
+
+    fn stored(worker: usize, tokens: &[u32]) -> Event {
+        Event::Stored { worker, parent: ROOT_HASH, hashes: page_hashes(ROOT_HASH, tokens, PS), tokens: tokens.to_vec() }
+    }
+
+    #[test]
+    fn a_worker_matches_the_longer_of_its_events_and_its_marks() {
+        let ix = SharedIndex::new(PS, 1000);
+        let t0 = Instant::now();
+        let p: Vec<u32> = (0..24).collect();
+        assert_eq!(ix.apply([stored(1, &p[..8]), stored(2, &p[..20])], || true), Ok(true));
+        ix.provisional(1, &p[..16], t0, Duration::from_secs(1)).expect("placed");
+        ix.provisional(3, &p[..4], t0, Duration::from_secs(1)).expect("placed");
+        assert_eq!(ix.matched(&p, 4), vec![0, 16, 20, 4]);
+        assert_eq!(ix.stats(), IndexStats { confirmed: 5, provisional: 4, evicted: 0, dropped: 0 });
+        ix.expire(t0 + Duration::from_secs(1));
+        assert_eq!(ix.matched(&p, 4), vec![0, 8, 20, 0], "marks lapse, events stay");
+        assert_eq!(ix.clear_worker(2, || false), Ok(false), "not admitted: kept");
+        assert_eq!(ix.matched(&p, 4)[2], 20);
+        ix.provisional(2, &p, t0, Duration::from_secs(9)).expect("placed");
+        assert_eq!(ix.clear_worker(2, || true), Ok(true));
+        assert_eq!(ix.matched(&p, 4), vec![0, 8, 0, 0], "events and marks both forgotten");
+        // Both copies took every event: the next writes leave the same answers.
+        assert_eq!(
+            ix.apply([Event::Removed { worker: 1, hashes: page_hashes(ROOT_HASH, &p[..8], PS)[1..].to_vec() }], || {
+                true
+            }),
+            Ok(true)
+        );
+        assert_eq!(ix.matched(&p, 4), vec![0, 4, 0, 0]);
+        assert_eq!(ix.apply([], || true), Ok(true));
+        assert_eq!(ix.matched(&p, 4), vec![0, 4, 0, 0]);
+        assert_eq!(ix.pages(), 1);
+    }
+
+    #[test]
+    fn an_event_the_index_refuses_stops_the_batch() {
+        let ix = SharedIndex::new(PS, 1000);
+        let p: Vec<u32> = (0..8).collect();
+        let orphan = Event::Stored { worker: 0, parent: 77, hashes: vec![5], tokens: vec![1, 2, 3, 4] };
+        assert_eq!(ix.apply([stored(0, &p[..4]), orphan, stored(1, &p)], || true), Err(IndexError::UnknownParent(77)));
+        assert_eq!(ix.matched(&p, 2), vec![4, 0]);
+        assert_eq!(ix.apply([], || true), Ok(true));
+        assert_eq!(ix.matched(&p, 2), vec![4, 0], "the other copy took the same part");
+    }
+}
