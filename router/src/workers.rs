@@ -115,12 +115,25 @@ pub struct Worker {
     view: view::View,
     /// Still a member of the registry (events for its slot are applied only while it is).
     member: std::sync::atomic::AtomicBool,
+    /// Wakes the calls waiting on it when its active checks take it out of placement or it
+    /// leaves ([`Self::taken_out`]).
+    out: tokio::sync::Notify,
 }
 
 impl Worker {
     /// Reachable recently and not tripped.
     pub fn healthy(&self) -> bool {
         self.view.healthy(Instant::now())
+    }
+
+    /// Completes when its active checks next take it out of placement, or it leaves the
+    /// registry (its etcd lease expired, say; counted from this call, even before the future
+    /// is first polled). A call waiting on a worker that stopped answering — a frozen process
+    /// keeps its TCP connections up and its kernel acknowledges, so only the HTTP/2 pings
+    /// notice, after `KEEPALIVE_INTERVAL` + `KEEPALIVE_TIMEOUT` — ends with it and is retried
+    /// elsewhere. (A worker stopping gracefully leaves first, then ends its calls itself.)
+    pub fn taken_out(&self) -> tokio::sync::futures::Notified<'_> {
+        self.out.notified()
     }
 
     /// Changes its health with `f` and publishes the result to placement (its load report
@@ -299,6 +312,7 @@ impl Registry {
             health: Mutex::new(Health::default()),
             view: view::View::default(),
             member: std::sync::atomic::AtomicBool::new(true),
+            out: tokio::sync::Notify::new(),
         });
         let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(self.index_of(w.role))));
         // A new worker is out of placement until a check passes: checked now, not at the next
@@ -330,6 +344,7 @@ impl Registry {
         let Some(member) = gone else { return false };
         self.publish(m);
         member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
+        member.worker.out.notify_waiters();
         member.events.abort();
         let _ = self.index_of(role).clear_worker(member.worker.slot, || true);
         tracing::info!(worker = %id, role = role.as_str(), "worker left");
@@ -387,6 +402,7 @@ impl Registry {
                         _ => {
                             if w.update(false, |h| h.check_failed(Instant::now())) {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
+                                w.out.notify_waiters();
                                 // Checked with ingestion shut out, as ingestion checks: a worker
                                 // that left meanwhile may have handed its slot to a newcomer.
                                 let member = || w.member.load(std::sync::atomic::Ordering::SeqCst);

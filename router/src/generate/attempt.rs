@@ -155,7 +155,14 @@ impl Ctx {
                 let Some(pw) = pw else { return Ok(None) };
                 let mut pc =
                     pb::prefill_client::PrefillClient::new(pw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-                match pc.prefill(traces::request_with(preq, &trace)).await {
+                let answer = tokio::select! {
+                    a = pc.prefill(traces::request_with(preq, &trace)) => a,
+                    () = pw.taken_out() => Err(Status::unavailable(format!(
+                        "prefill worker {} failed its health checks during the call",
+                        pw.id
+                    ))),
+                };
+                match answer {
                     Ok(r) => {
                         pw.ok();
                         let r = r.into_inner();
@@ -239,6 +246,12 @@ impl Ctx {
                             }
                         },
                         m => return Ok(Attempt { first: Some(m), ..a }),
+                    },
+                    // A decode worker that stopped answering holds its call until the HTTP/2
+                    // pings notice; its failed health checks end it sooner.
+                    () = a.decode.taken_out() => {
+                        a.prefill.abort();
+                        (Stage::Decode, Status::unavailable(format!("decode worker {} failed its health checks during the call", a.decode.id)))
                     },
                     r = &mut a.prefill => match r {
                         Ok(Err(s)) => (Stage::Prefill, s),

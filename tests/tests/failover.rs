@@ -1,0 +1,223 @@
+//! A worker the router's health checks take out of placement, or that leaves the cluster,
+//! while it holds a request's call before the first token loses the call: the request is
+//! retried elsewhere at once and completes with the colocated engine's tokens.
+//!
+//! Before, the call waited on the worker: for ever on one whose process still answers HTTP/2
+//! pings but not the call (these tests), ~8 s on a frozen one (the pings' interval and
+//! timeout; the chaos suite's SIGSTOP phase), though the router stopped placing on it within
+//! ~0.3 s.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ferry_cluster::discovery::Role;
+use ferry_proto::v1 as pb;
+use ferry_tests::{TinyModel, greedy, metric_sum, scrape, settle, settle_decode};
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// A worker that takes every call and answers none of them (its health checks and load
+/// reports are answered), counting the calls taken.
+#[derive(Clone, Default)]
+struct Silent {
+    calls: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl pb::prefill_server::Prefill for Silent {
+    async fn prefill(&self, _: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::pending().await
+    }
+
+    async fn abort(&self, _: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        Ok(Response::new(pb::AbortResponse { found: false }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::bootstrap_server::Bootstrap for Silent {
+    async fn handshake(&self, _: Request<pb::HandshakeRequest>) -> Result<Response<pb::HandshakeResponse>, Status> {
+        std::future::pending().await
+    }
+}
+
+#[tonic::async_trait]
+impl pb::decode_server::Decode for Silent {
+    type GenerateStream = futures::stream::Pending<Result<pb::DecodeResponse, Status>>;
+
+    async fn generate(&self, _: Request<pb::DecodeRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(futures::stream::pending()))
+    }
+
+    async fn abort(&self, _: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
+        Ok(Response::new(pb::AbortResponse { found: false }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::load_server::Load for Silent {
+    /// Roomier than any real worker here, so that placement picks it.
+    async fn report(&self, _: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
+        Ok(Response::new(pb::LoadReport { free_pages: 1 << 20, total_pages: 1 << 20, ..Default::default() }))
+    }
+}
+
+/// Serves `s` (every service but the one a role lacks is harmless) on a free port; the
+/// reporter turns its health checks.
+async fn serve(s: Silent) -> (SocketAddr, HealthReporter) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_service_status("", ServingStatus::Serving).await;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health_svc)
+            .add_service(pb::prefill_server::PrefillServer::new(s.clone()))
+            .add_service(pb::bootstrap_server::BootstrapServer::new(s.clone()))
+            .add_service(pb::decode_server::DecodeServer::new(s.clone()))
+            .add_service(pb::load_server::LoadServer::new(s))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
+    );
+    (addr, health)
+}
+
+/// The tests here one at a time: the routers' metrics are the process's, and each test counts
+/// its own retries.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Polls `cond` every 5 ms for up to 10 s.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 31 + 7) % 350) as u32).collect()
+}
+
+/// Workers that give up on nothing on their own within the test (a room they time out would
+/// fail the call, and the router would retry it anyway).
+fn patient(w: &mut ferry_cluster::args::WorkerArgs) {
+    w.pool_pages = 1024;
+    w.bootstrap_timeout = 60.0;
+    w.waiting_timeout = 60.0;
+    w.transfer_timeout = 60.0;
+}
+
+/// Sends a request through router `r` and, once the silent worker took its call, `fault`;
+/// the request must complete within 30 s with the colocated engine's tokens, and the router
+/// must count one retry of `stage`.
+async fn request_outlives_the_silent_worker(
+    m: &TinyModel,
+    r: &ferry_router::Running,
+    silent: &Silent,
+    fault: impl std::future::Future<Output = ()>,
+    stage: &str,
+) {
+    let tokens = prompt(100);
+    let want = ferry_tests::colocated(&m.path(), std::slice::from_ref(&tokens), &greedy(4));
+    let label = format!("stage=\"{stage}\"");
+    let before = metric_sum(&scrape(r.metrics_addr).await, "ferry_router_retries_total", &label);
+    let (addr, sent) = (r.grpc_addr, tokens.clone());
+    let request = tokio::spawn(async move { ferry_tests::routed(addr, &sent, &greedy(4)).await });
+    until("the silent worker took the call", || silent.calls.load(Ordering::SeqCst) > 0).await;
+    fault.await;
+    let (got, _) = tokio::time::timeout(Duration::from_secs(30), request)
+        .await
+        .expect("the request waited on the worker its health checks took out")
+        .expect("request task");
+    assert_eq!(got, want[0], "retried elsewhere");
+    let body = scrape(r.metrics_addr).await;
+    let retries: Vec<&str> = body.lines().filter(|l| l.starts_with("ferry_router_retries_total")).collect();
+    assert_eq!(metric_sum(&body, "ferry_router_retries_total", &label) - before, 1.0, "{retries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_worker_taken_out_mid_call_loses_the_call_to_a_retry() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let mut da = ferry_decode::DecodeArgs::for_model(m.path());
+    patient(&mut da.worker);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let silent = Silent::default();
+    let (addr, health) = serve(silent.clone()).await;
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![addr.to_string()], vec![d.grpc_addr.to_string()]);
+    // The prompt goes to the prefill worker, not computed on the decode worker: the retry
+    // then computes it there (no other prefill worker).
+    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+    let r = ferry_router::start(ra).await.expect("router up");
+    until("both workers healthy", || r.ready(1, 1)).await;
+    let unhealthy = health.set_service_status("", ServingStatus::NotServing);
+    request_outlives_the_silent_worker(&m, &r, &silent, unhealthy, "prefill").await;
+    let ds = [d];
+    settle_decode(&ds).await;
+    r.stop().await;
+    let [d] = ds;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_worker_taken_out_before_the_first_token_loses_the_call_to_a_retry() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
+    patient(&mut pa.worker);
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let mut da = ferry_decode::DecodeArgs::for_model(m.path());
+    patient(&mut da.worker);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let silent = Silent::default();
+    let (addr, health) = serve(silent.clone()).await;
+    // The silent decode worker reports the most room: the request goes there first.
+    let mut ra = ferry_router::RouterArgs::new(
+        m.path(),
+        vec![p.grpc_addr.to_string()],
+        vec![addr.to_string(), d.grpc_addr.to_string()],
+    );
+    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+    let r = ferry_router::start(ra).await.expect("router up");
+    until("every worker healthy", || r.ready(1, 2)).await;
+    let unhealthy = health.set_service_status("", ServingStatus::NotServing);
+    request_outlives_the_silent_worker(&m, &r, &silent, unhealthy, "decode").await;
+    let ds = [d];
+    settle(&p, &ds).await;
+    r.stop().await;
+    p.stop().await;
+    let [d] = ds;
+    d.stop().await;
+}
+
+/// The same when the prefill worker leaves the cluster (its etcd lease expired: a frozen
+/// process renews nothing) before its health checks fail: its calls end with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let mut da = ferry_decode::DecodeArgs::for_model(m.path());
+    patient(&mut da.worker);
+    let d = ferry_decode::start(da).await.expect("decode up");
+    let silent = Silent::default();
+    let (addr, _health) = serve(silent.clone()).await;
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![addr.to_string()], vec![d.grpc_addr.to_string()]);
+    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+    let r = ferry_router::start(ra).await.expect("router up");
+    until("both workers healthy", || r.ready(1, 1)).await;
+    let id = r.workers().snapshot().prefill[0].as_ref().expect("the prefill worker").id.clone();
+    let leaves = async { assert!(r.workers().remove(Role::Prefill, &id), "removed") };
+    request_outlives_the_silent_worker(&m, &r, &silent, leaves, "prefill").await;
+    let ds = [d];
+    settle_decode(&ds).await;
+    r.stop().await;
+    let [d] = ds;
+    d.stop().await;
+}
