@@ -136,6 +136,12 @@ impl Worker {
         self.out.notified()
     }
 
+    /// Its circuit is open or it left the registry: what [`Self::taken_out`] waits for,
+    /// checked once the future is taken (it may have happened before).
+    pub fn out_of_service(&self) -> bool {
+        !self.member.load(std::sync::atomic::Ordering::SeqCst) || !self.healthy()
+    }
+
     /// Changes its health with `f` and publishes the result to placement (its load report
     /// too when `load`: `f` brought a new one).
     fn update<R>(&self, load: bool, f: impl FnOnce(&mut Health) -> R) -> R {

@@ -24,6 +24,9 @@ use tonic_health::server::HealthReporter;
 #[derive(Clone, Default)]
 struct Silent {
     calls: Arc<AtomicUsize>,
+    /// A decode call gets its response headers (then nothing); otherwise not even those, as
+    /// from a frozen process.
+    headers: bool,
 }
 
 #[tonic::async_trait]
@@ -51,6 +54,9 @@ impl pb::decode_server::Decode for Silent {
 
     async fn generate(&self, _: Request<pb::DecodeRequest>) -> Result<Response<Self::GenerateStream>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if !self.headers {
+            std::future::pending::<()>().await;
+        }
         Ok(Response::new(futures::stream::pending()))
     }
 
@@ -167,7 +173,18 @@ async fn a_prefill_worker_taken_out_mid_call_loses_the_call_to_a_retry() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_worker_taken_out_before_its_answer_loses_the_call_to_a_retry() {
+    decode_taken_out(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_worker_taken_out_before_the_first_token_loses_the_call_to_a_retry() {
+    decode_taken_out(true).await;
+}
+
+/// A silent decode worker (its response headers sent when `headers`) taken out of placement
+/// while it holds a request's decode call.
+async fn decode_taken_out(headers: bool) {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = TinyModel::new();
     let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
@@ -176,7 +193,7 @@ async fn a_decode_worker_taken_out_before_the_first_token_loses_the_call_to_a_re
     let mut da = ferry_decode::DecodeArgs::for_model(m.path());
     patient(&mut da.worker);
     let d = ferry_decode::start(da).await.expect("decode up");
-    let silent = Silent::default();
+    let silent = Silent { headers, ..Silent::default() };
     let (addr, health) = serve(silent.clone()).await;
     // The silent decode worker reports the most room: the request goes there first.
     let mut ra = ferry_router::RouterArgs::new(

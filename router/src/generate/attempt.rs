@@ -103,6 +103,75 @@ pub(super) struct Attempt {
     pub(super) key: RoomKey,
 }
 
+/// What a call waiting on a worker taken out of placement, or gone, ends with.
+fn out_of_service(role: &str, w: &Worker) -> Status {
+    Status::unavailable(format!(
+        "{role} worker {} was taken out of placement (failed health checks) or left during the call",
+        w.id
+    ))
+}
+
+/// `call` to worker `w`, unless its health checks take it out of placement or it leaves
+/// first ([`Worker::taken_out`]): a frozen process keeps its connections up, and only the
+/// HTTP/2 pings would end the call, seconds later. The error says whether the worker answered
+/// it (false: ended here, not to be counted against the worker again).
+async fn unless_taken_out<T>(
+    w: &Worker,
+    role: &str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, (Status, bool)> {
+    let out = w.taken_out();
+    if w.out_of_service() {
+        return Err((out_of_service(role, w), false));
+    }
+    tokio::select! {
+        biased;
+        r = call => r.map_err(|s| (s, true)),
+        () = out => Err((out_of_service(role, w), false)),
+    }
+}
+
+/// Attempt `a` once its first decode message came (`first`), or its prefill call ended first
+/// (its outcome put back); or the stage that failed it and why. A decode worker that stopped
+/// answering holds its call until the HTTP/2 pings notice: its failed health checks, or its
+/// leaving, end the attempt sooner.
+async fn first_of(mut a: Attempt) -> Result<Attempt, (Stage, Status)> {
+    let dw = Arc::clone(&a.decode);
+    let out = dw.taken_out();
+    if dw.out_of_service() {
+        a.prefill.abort();
+        return Err((Stage::Decode, out_of_service("decode", &dw)));
+    }
+    tokio::select! {
+        biased;
+        m = a.stream.next() => match m {
+            Some(Err(s)) => match tokio::time::timeout(BLAME_GRACE, &mut a.prefill).await {
+                // The decode worker failed because its prefill did: blame the prefill.
+                Ok(Ok(Err(p))) => Err((Stage::Prefill, p)),
+                _ => {
+                    a.prefill.abort();
+                    Err((Stage::Decode, s))
+                }
+            },
+            m => Ok(Attempt { first: Some(m), ..a }),
+        },
+        r = &mut a.prefill => match r {
+            Ok(Err(s)) => Err((Stage::Prefill, s)),
+            other => {
+                // Done: put the outcome back for the end of the request.
+                let prefill = PrefillTask::spawn(async move {
+                    other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
+                });
+                Ok(Attempt { prefill, ..a })
+            }
+        },
+        () = out => {
+            a.prefill.abort();
+            Err((Stage::Decode, out_of_service("decode", &dw)))
+        },
+    }
+}
+
 /// Whether a failure before the first token is worth another attempt elsewhere: not when the
 /// request itself is at fault.
 fn retriable(code: Code) -> bool {
@@ -155,14 +224,8 @@ impl Ctx {
                 let Some(pw) = pw else { return Ok(None) };
                 let mut pc =
                     pb::prefill_client::PrefillClient::new(pw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-                let answer = tokio::select! {
-                    a = pc.prefill(traces::request_with(preq, &trace)) => a,
-                    () = pw.taken_out() => Err(Status::unavailable(format!(
-                        "prefill worker {} failed its health checks during the call",
-                        pw.id
-                    ))),
-                };
-                match answer {
+                let call = pc.prefill(traces::request_with(preq, &trace));
+                match unless_taken_out(&pw, "prefill", call).await {
                     Ok(r) => {
                         pw.ok();
                         let r = r.into_inner();
@@ -171,8 +234,8 @@ impl Ctx {
                         let prompt = super::stream::scored(&r.prompt_logprobs, &r.prompt_top_logprobs);
                         Ok(Some(Prefilled { cached: r.cached_tokens, first_top, phases, prompt }))
                     }
-                    Err(s) => {
-                        if s.code() == Code::Unavailable {
+                    Err((s, answered)) => {
+                        if answered && s.code() == Code::Unavailable {
                             pw.failed();
                         }
                         Err(s)
@@ -181,13 +244,13 @@ impl Ctx {
             }
             .instrument(tracing::Span::current()),
         );
-        match dc.generate(traces::request_with(dreq, &trace)).await {
+        match unless_taken_out(dw, "decode", dc.generate(traces::request_with(dreq, &trace))).await {
             Ok(s) => {
                 dw.ok();
                 Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw), key })
             }
-            Err(s) => {
-                if s.code() == Code::Unavailable {
+            Err((s, answered)) => {
+                if answered && s.code() == Code::Unavailable {
                     dw.failed();
                 }
                 prefill_task.abort();
@@ -235,34 +298,9 @@ impl Ctx {
         for retry in 0..=MAX_RETRIES {
             let (stage, status) = match self.attempt(req, key, target.clone(), &decode, pull).await {
                 Err(s) => (Stage::Decode, s),
-                Ok(mut a) => tokio::select! {
-                    m = a.stream.next() => match m {
-                        Some(Err(s)) => match tokio::time::timeout(BLAME_GRACE, &mut a.prefill).await {
-                            // The decode worker failed because its prefill did: blame the prefill.
-                            Ok(Ok(Err(p))) => (Stage::Prefill, p),
-                            _ => {
-                                a.prefill.abort();
-                                (Stage::Decode, s)
-                            }
-                        },
-                        m => return Ok(Attempt { first: Some(m), ..a }),
-                    },
-                    // A decode worker that stopped answering holds its call until the HTTP/2
-                    // pings notice; its failed health checks end it sooner.
-                    () = a.decode.taken_out() => {
-                        a.prefill.abort();
-                        (Stage::Decode, Status::unavailable(format!("decode worker {} failed its health checks during the call", a.decode.id)))
-                    },
-                    r = &mut a.prefill => match r {
-                        Ok(Err(s)) => (Stage::Prefill, s),
-                        other => {
-                            // Done: put the outcome back for the end of the request.
-                            let prefill = PrefillTask::spawn(async move {
-                                other.unwrap_or_else(|e| Err(Status::internal(e.to_string())))
-                            });
-                            return Ok(Attempt { prefill, ..a });
-                        }
-                    },
+                Ok(a) => match first_of(a).await {
+                    Ok(a) => return Ok(a),
+                    Err(failed) => failed,
                 },
             };
             if retry == MAX_RETRIES || !retriable(status.code()) {

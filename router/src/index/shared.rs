@@ -140,11 +140,17 @@ impl SharedIndex {
     /// Forgets what worker `worker` holds, events and marks, when `admit()` (asked with
     /// ingestion shut out) says so.
     pub fn clear_worker(&self, worker: usize, admit: impl FnOnce() -> bool) -> Result<bool, IndexError> {
-        if !self.apply([Event::Clear { worker }], admit)? {
-            return Ok(false);
-        }
-        self.marks.lock().clear_worker(worker)?;
-        Ok(true)
+        // The marks too with ingestion shut out: a slot handed to a newcomer right after
+        // keeps the newcomer's marks.
+        let mut marks = Ok(());
+        let admitted = self.apply([Event::Clear { worker }], || {
+            let yes = admit();
+            if yes {
+                marks = self.marks.lock().clear_worker(worker);
+            }
+            yes
+        })?;
+        marks.map(|()| admitted)
     }
 
     /// Pages indexed: confirmed by events, and placed only.
