@@ -20,7 +20,7 @@
 //! ([`super::lru`]), and drops (and counts) only new pages that cannot fit even then.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use ferry_radix::events::{ROOT_HASH, page_hashes};
@@ -345,7 +345,9 @@ impl Shard {
         let b = bit(worker)?;
         // The first page named in each node: one cut per node, whatever the event's order
         // (removing a run's pages from its end, each cut renamed every page before it).
-        let mut first: HashMap<NodeId, (usize, u64)> = HashMap::new();
+        // In node order, not a hash map's: the router keeps two copies of its events' index,
+        // which must make the same cuts in the same order (`super::published`).
+        let mut first: BTreeMap<NodeId, (usize, u64)> = BTreeMap::new();
         for &h in hashes {
             match self.locate(h) {
                 Some((node, k)) => {
