@@ -216,6 +216,71 @@ mod tests {
         assert_eq!(ix.pages(), 1);
     }
 
+    /// Both copies of the events' index must change alike (`Absorb`'s contract): random
+    /// stores, removals and clears of three workers, in writes of 1 to 4 events, into a
+    /// budget small enough to evict, answer every probe exactly as one index given the same
+    /// events does, after every write (each copy is the current one every other write).
+    #[test]
+    fn both_copies_answer_as_one_index_through_random_traffic() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let (ix, mut one) = (SharedIndex::new(PS, 40), PrefixIndex::new(PS, 40));
+        let mut held: Vec<Vec<Vec<u32>>> = vec![Vec::new(); 3];
+        let probes: Vec<Vec<u32>> = (0..32).map(|i| (0..24).map(|k| (i >> (k / PS % 5)) & 1).collect()).collect();
+        for _ in 0..1500 {
+            let mut batch = Vec::new();
+            for _ in 0..1 + next(4) {
+                let w = next(3) as usize;
+                batch.push(match next(10) {
+                    // A run below one of the worker's earlier runs (its parent may be gone:
+                    // evicted, then the run is dropped and counted).
+                    3 | 4 if !held[w].is_empty() => {
+                        let head = held[w][next(held[w].len() as u64) as usize].clone();
+                        let parent = *page_hashes(ROOT_HASH, &head, PS).last().expect("a page");
+                        let tail: Vec<u32> = (0..(1 + next(3) as usize) * PS).map(|_| next(2) as u32).collect();
+                        held[w].push([head, tail.clone()].concat());
+                        Event::Stored { worker: w, parent, hashes: page_hashes(parent, &tail, PS), tokens: tail }
+                    }
+                    5 | 6 if !held[w].is_empty() => {
+                        let i = next(held[w].len() as u64) as usize;
+                        let t = held[w].swap_remove(i);
+                        let hs = page_hashes(ROOT_HASH, &t, PS);
+                        Event::Removed { worker: w, hashes: hs[next(hs.len() as u64) as usize..].to_vec() }
+                    }
+                    7 => {
+                        held[w].clear();
+                        Event::Clear { worker: w }
+                    }
+                    _ => {
+                        let t: Vec<u32> = (0..(1 + next(6) as usize) * PS).map(|_| next(2) as u32).collect();
+                        held[w].push(t.clone());
+                        stored(w, &t)
+                    }
+                });
+            }
+            // The one index stops where a write stops: at the first event refused.
+            let mut want = Ok(true);
+            for e in &batch {
+                if let Err(x) = one.apply(e) {
+                    want = Err(x);
+                    break;
+                }
+            }
+            assert_eq!(ix.apply(batch, || true), want);
+            for p in &probes {
+                assert_eq!(ix.matched(p, 3), one.matched(p, 3), "probe {p:?}");
+            }
+            assert_eq!((ix.stats().confirmed, ix.stats().evicted), (one.confirmed(), one.evicted()));
+        }
+        let (evicted, dropped) = (one.evicted(), one.dropped());
+        assert!(evicted > 100 && dropped > 0, "the traffic filled the budget: {evicted} evicted, {dropped} dropped");
+    }
+
     #[test]
     fn an_event_the_index_refuses_stops_the_batch() {
         let ix = SharedIndex::new(PS, 1000);
