@@ -431,6 +431,17 @@ pub async fn generate_traced(router: std::net::SocketAddr, request_id: &str, ids
     while s.message().await.expect("stream").is_some() {}
 }
 
+/// Polls `cond` every 5 ms for up to 10 s; panics naming `what` past that.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
 /// A `Router.Generate` of `prompt` through the router at `addr`: the
 /// tokens and the prompt tokens the serving workers found cached.
 pub async fn routed(addr: std::net::SocketAddr, prompt: &[u32], params: &SamplingParams) -> (Vec<u32>, u32) {

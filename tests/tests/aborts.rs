@@ -10,7 +10,7 @@ use ferry_cluster::RoomKey;
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
 use ferry_proto::v1 as pb;
-use ferry_tests::{Client, Failure, TinyModel, channel, greedy, metric_sum, scrape, settle, settle_decode};
+use ferry_tests::{Client, Failure, TinyModel, channel, greedy, metric_sum, scrape, settle, settle_decode, until};
 use ferry_transfer::memory::HostPages;
 use ferry_transfer::runs::coalesce;
 use ferry_transfer::tcp::{TcpConfig, TcpSender};
@@ -43,17 +43,6 @@ fn direct(bootstrap: impl ToString, tokens: usize) -> pb::DecodeRequest {
         token_ids: prompt(tokens),
         sampling: None,
     }
-}
-
-/// Polls `cond` every 5 ms for up to 10 s.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..2000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn stage(d: &ferry_decode::Running, s: &str) -> usize {

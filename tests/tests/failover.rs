@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use ferry_cluster::discovery::Role;
 use ferry_proto::v1 as pb;
-use ferry_tests::{TinyModel, greedy, metric_sum, scrape, settle, settle_decode};
+use ferry_tests::{TinyModel, greedy, metric_sum, scrape, settle, settle_decode, until};
 use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -96,17 +96,6 @@ async fn serve(s: Silent) -> (SocketAddr, HealthReporter) {
 /// its own retries.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Polls `cond` every 5 ms for up to 10 s.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..2000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 fn prompt(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 31 + 7) % 350) as u32).collect()
 }
@@ -148,28 +137,47 @@ async fn request_outlives_the_silent_worker(
     assert_eq!(metric_sum(&body, "ferry_router_retries_total", &label) - before, 1.0, "{retries:?}");
 }
 
+/// A silent prefill worker, a patient decode worker and a router over them, all healthy.
+struct SilentPrefill {
+    m: TinyModel,
+    d: ferry_decode::Running,
+    silent: Silent,
+    health: HealthReporter,
+    r: ferry_router::Running,
+}
+
+impl SilentPrefill {
+    async fn start() -> Self {
+        let m = TinyModel::new();
+        let mut da = ferry_decode::DecodeArgs::for_model(m.path());
+        patient(&mut da.worker);
+        let d = ferry_decode::start(da).await.expect("decode up");
+        let silent = Silent::default();
+        let (addr, health) = serve(silent.clone()).await;
+        let mut ra = ferry_router::RouterArgs::new(m.path(), vec![addr.to_string()], vec![d.grpc_addr.to_string()]);
+        // The prompt goes to the prefill worker, not computed on the decode worker: the retry
+        // then computes it there (no other prefill worker).
+        (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+        let r = ferry_router::start(ra).await.expect("router up");
+        until("both workers healthy", || r.ready(1, 1)).await;
+        Self { m, d, silent, health, r }
+    }
+
+    /// Checks the decode worker's pages are back, then stops.
+    async fn stop(self) {
+        settle_decode(std::slice::from_ref(&self.d)).await;
+        self.r.stop().await;
+        self.d.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_worker_taken_out_mid_call_loses_the_call_to_a_retry() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let m = TinyModel::new();
-    let mut da = ferry_decode::DecodeArgs::for_model(m.path());
-    patient(&mut da.worker);
-    let d = ferry_decode::start(da).await.expect("decode up");
-    let silent = Silent::default();
-    let (addr, health) = serve(silent.clone()).await;
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![addr.to_string()], vec![d.grpc_addr.to_string()]);
-    // The prompt goes to the prefill worker, not computed on the decode worker: the retry
-    // then computes it there (no other prefill worker).
-    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
-    let r = ferry_router::start(ra).await.expect("router up");
-    until("both workers healthy", || r.ready(1, 1)).await;
-    let unhealthy = health.set_service_status("", ServingStatus::NotServing);
-    request_outlives_the_silent_worker(&m, &r, &silent, unhealthy, "prefill").await;
-    let ds = [d];
-    settle_decode(&ds).await;
-    r.stop().await;
-    let [d] = ds;
-    d.stop().await;
+    let c = SilentPrefill::start().await;
+    let unhealthy = c.health.set_service_status("", ServingStatus::NotServing);
+    request_outlives_the_silent_worker(&c.m, &c.r, &c.silent, unhealthy, "prefill").await;
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,11 +214,9 @@ async fn decode_taken_out(headers: bool) {
     until("every worker healthy", || r.ready(1, 2)).await;
     let unhealthy = health.set_service_status("", ServingStatus::NotServing);
     request_outlives_the_silent_worker(&m, &r, &silent, unhealthy, "decode").await;
-    let ds = [d];
-    settle(&p, &ds).await;
+    settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
     p.stop().await;
-    let [d] = ds;
     d.stop().await;
 }
 
@@ -219,22 +225,9 @@ async fn decode_taken_out(headers: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let m = TinyModel::new();
-    let mut da = ferry_decode::DecodeArgs::for_model(m.path());
-    patient(&mut da.worker);
-    let d = ferry_decode::start(da).await.expect("decode up");
-    let silent = Silent::default();
-    let (addr, _health) = serve(silent.clone()).await;
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![addr.to_string()], vec![d.grpc_addr.to_string()]);
-    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
-    let r = ferry_router::start(ra).await.expect("router up");
-    until("both workers healthy", || r.ready(1, 1)).await;
-    let id = r.workers().snapshot().prefill[0].as_ref().expect("the prefill worker").id.clone();
-    let leaves = async { assert!(r.workers().remove(Role::Prefill, &id), "removed") };
-    request_outlives_the_silent_worker(&m, &r, &silent, leaves, "prefill").await;
-    let ds = [d];
-    settle_decode(&ds).await;
-    r.stop().await;
-    let [d] = ds;
-    d.stop().await;
+    let c = SilentPrefill::start().await;
+    let id = c.r.workers().snapshot().prefill[0].as_ref().expect("the prefill worker").id.clone();
+    let leaves = async { assert!(c.r.workers().remove(Role::Prefill, &id), "removed") };
+    request_outlives_the_silent_worker(&c.m, &c.r, &c.silent, leaves, "prefill").await;
+    c.stop().await;
 }
