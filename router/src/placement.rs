@@ -147,8 +147,9 @@ fn least_jittered(
     jitter: &mut impl FnMut(usize) -> f64,
 ) -> Option<usize> {
     let default_spt = 1.0 / default_rate;
-    // Multiplications only, no branch but selects: what a thousand workers cost.
-    let estimate = |s: &PrefillState, held: usize| {
+    // Multiplications only, no branch but selects: what a thousand workers cost. (Token
+    // counts convert through i64, one instruction; usize to f64 is a branchy sequence.)
+    let estimate = move |s: &PrefillState, held: usize| {
         let spt = if s.seconds_per_token > 0.0 { s.seconds_per_token } else { default_spt };
         let t = (s.queued + (len - held.min(len)) as i64 as f64) * spt + transfer;
         if s.healthy { t } else { f64::INFINITY }
@@ -159,8 +160,9 @@ fn least_jittered(
     }
     ESTIMATES.with_borrow_mut(|est| {
         est.clear();
-        let held = cached.iter().copied().chain(std::iter::repeat(0));
-        est.extend(states.iter().zip(held).map(|(s, h)| estimate(s, h)));
+        let n = cached.len().min(states.len());
+        est.extend(states[..n].iter().zip(&cached[..n]).map(|(s, &h)| estimate(s, h)));
+        est.extend(states[n..].iter().map(|s| estimate(s, 0)));
         // Four running minimums, not one chain of dependent compares.
         let mut lanes = [f64::INFINITY; 4];
         let quads = est.chunks_exact(4);
@@ -176,37 +178,39 @@ fn least_jittered(
         if least == f64::INFINITY {
             return None;
         }
-        // The near-ties' jittered scores in place, the rest out of the running; then the
-        // least score, the first worker among equals (as one pass comparing in order would
-        // give), in four lanes: no chain of dependent compares over a thousand workers.
+        // The near-ties' jittered scores in place, the rest out of the running (no branch:
+        // the loop vectorizes); then the least score, the first worker among equals.
         let within = least * 1.01;
         for (w, t) in est.iter_mut().enumerate() {
-            *t = if *t <= within { *t * (1.0 + 0.01 * jitter(w)) } else { f64::INFINITY };
+            let j = *t * (1.0 + 0.01 * jitter(w));
+            *t = if *t <= within { j } else { f64::INFINITY };
         }
         first_least(est)
     })
 }
 
 /// The index of the least value of `v` (the first among equals); None when every value is
-/// infinite.
+/// infinite. In four lanes of selects, no branch and no chain of dependent compares over a
+/// thousand workers.
 fn first_least(v: &[f64]) -> Option<usize> {
-    let mut lanes = [(f64::INFINITY, usize::MAX); 4];
+    let (mut least, mut at) = ([f64::INFINITY; 4], [usize::MAX; 4]);
     let quads = v.chunks_exact(4);
     let rest = quads.remainder();
     for (i, q) in quads.enumerate() {
-        for (l, (lane, &s)) in lanes.iter_mut().zip(q).enumerate() {
-            if s < lane.0 {
-                *lane = (s, 4 * i + l);
-            }
+        for l in 0..4 {
+            let lt = q[l] < least[l];
+            least[l] = if lt { q[l] } else { least[l] };
+            at[l] = if lt { 4 * i + l } else { at[l] };
         }
     }
     let base = v.len() - rest.len();
     let tail = rest.iter().enumerate().map(|(i, &s)| (s, base + i));
-    let least = lanes
+    let best = least
         .into_iter()
+        .zip(at)
         .chain(tail)
         .fold((f64::INFINITY, usize::MAX), |a, b| if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) { b } else { a });
-    (least.0 < f64::INFINITY).then_some(least.1)
+    (best.0 < f64::INFINITY).then_some(best.1)
 }
 
 /// The jitter a router draws for one request: a number in [0, 1) for each worker, from one
