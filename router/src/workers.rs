@@ -46,6 +46,9 @@ struct Health {
     /// Consecutive failed calls.
     call_failures: u32,
     open_until: Option<Instant>,
+    /// Its circuit opened and has not closed since (reopening after the half-open time
+    /// included): one outage, told once.
+    out: bool,
     load: Option<pb::LoadReport>,
     seen: bool,
 }
@@ -63,15 +66,22 @@ impl Health {
         let tripped = self.check_failures.max(self.call_failures) >= TRIP_AFTER;
         if tripped && self.open_until.is_none_or(|t| now >= t) {
             self.open_until = Some(now + OPEN_FOR);
+            self.out = true;
             return true;
         }
         false
     }
 
+    /// Closes the circuit.
+    fn close(&mut self) {
+        self.open_until = None;
+        self.out = false;
+    }
+
     fn call_ok(&mut self) {
         self.call_failures = 0;
         if self.check_failures < TRIP_AFTER {
-            self.open_until = None;
+            self.close();
         }
         self.seen = true;
     }
@@ -86,7 +96,7 @@ impl Health {
         self.load = Some(load);
         self.seen = true;
         if self.call_failures < TRIP_AFTER {
-            self.open_until = None;
+            self.close();
         }
     }
 
@@ -404,10 +414,29 @@ impl Registry {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match check(&w).await {
-                        Ok(r) => w.update(true, |h| h.check_ok(r)),
+                        Ok(r) => {
+                            let back = w.update(true, |h| {
+                                let was_out = h.out;
+                                h.check_ok(r);
+                                was_out && !h.out
+                            });
+                            if back {
+                                tracing::info!(worker = %w.id, "worker answers its checks again: back in placement");
+                            }
+                        }
                         _ => {
-                            if w.update(false, |h| h.check_failed(Instant::now())) {
+                            let (opened, first) = w.update(false, |h| {
+                                let was_out = h.out;
+                                let opened = h.check_failed(Instant::now());
+                                (opened, opened && !was_out)
+                            });
+                            if first {
                                 tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
+                            } else if opened {
+                                // Half-open and failing again: the same outage, told once.
+                                tracing::debug!(worker = %w.id, "worker still unreachable or not serving");
+                            }
+                            if opened {
                                 w.out.notify_waiters();
                                 // Checked with ingestion shut out, as ingestion checks: a worker
                                 // that left meanwhile may have handed its slot to a newcomer.
@@ -532,5 +561,33 @@ mod tests {
         assert!(!h.healthy(later));
         h.check_ok(pb::LoadReport::default());
         assert!(h.healthy(later));
+    }
+
+    /// A worker that stays unreachable reopens its circuit every `OPEN_FOR`; the router told
+    /// the operator so every time (a warning every 2 s while a worker was frozen). One outage
+    /// is one `out` spell, from the circuit opening to its closing.
+    #[test]
+    fn an_outage_is_one_spell_however_often_the_circuit_reopens() {
+        let t0 = Instant::now();
+        let mut h = Health::default();
+        h.check_ok(pb::LoadReport::default());
+        for _ in 1..TRIP_AFTER {
+            h.check_failed(t0);
+        }
+        assert!(!h.out);
+        assert!(h.check_failed(t0) && h.out, "opened: out");
+        let later = t0 + OPEN_FOR;
+        assert!(h.check_failed(later), "half-open, failing again: reopened");
+        assert!(h.out, "still the same outage");
+        h.check_ok(pb::LoadReport::default());
+        assert!(!h.out && h.healthy(later), "closed: back");
+        // Calls that fail open it too; a passing check does not close what calls opened.
+        for _ in 0..TRIP_AFTER {
+            h.call_failed(later);
+        }
+        h.check_ok(pb::LoadReport::default());
+        assert!(h.out, "failed calls keep it out");
+        h.call_ok();
+        assert!(!h.out);
     }
 }

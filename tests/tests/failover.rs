@@ -2,6 +2,9 @@
 //! while it holds a request's call before the first token loses the call: the request is
 //! retried elsewhere at once and completes with the colocated engine's tokens.
 //!
+//! After its first token a request cannot be retried: its decode stream ends with a retriable
+//! UNAVAILABLE a second after the worker is taken out, unless it still sends.
+//!
 //! Before, the call waited on the worker: for ever on one whose process still answers HTTP/2
 //! pings but not the call (these tests), ~8 s on a frozen one (the pings' interval and
 //! timeout; the chaos suite's SIGSTOP phase), though the router stopped placing on it within
@@ -27,6 +30,9 @@ struct Silent {
     /// A decode call gets its response headers (then nothing); otherwise not even those, as
     /// from a frozen process.
     headers: bool,
+    /// A decode call gets its headers and one token, then nothing (a process frozen after
+    /// its first token).
+    one_token: bool,
 }
 
 #[tonic::async_trait]
@@ -50,14 +56,23 @@ impl pb::bootstrap_server::Bootstrap for Silent {
 
 #[tonic::async_trait]
 impl pb::decode_server::Decode for Silent {
-    type GenerateStream = futures::stream::Pending<Result<pb::DecodeResponse, Status>>;
+    type GenerateStream = futures::stream::BoxStream<'static, Result<pb::DecodeResponse, Status>>;
 
     async fn generate(&self, _: Request<pb::DecodeRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        use futures::StreamExt;
         self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.one_token {
+            let token = pb::DecodeResponse {
+                token_ids: vec![7],
+                logprobs: vec![pb::TokenLogprob { token_id: 7, logprob: 0.0 }],
+                ..Default::default()
+            };
+            return Ok(Response::new(futures::stream::once(async { Ok(token) }).chain(futures::stream::pending()).boxed()));
+        }
         if !self.headers {
             std::future::pending::<()>().await;
         }
-        Ok(Response::new(futures::stream::pending()))
+        Ok(Response::new(futures::stream::pending().boxed()))
     }
 
     async fn abort(&self, _: Request<pb::AbortRequest>) -> Result<Response<pb::AbortResponse>, Status> {
@@ -230,4 +245,52 @@ async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
     let leaves = async { assert!(c.r.workers().remove(Role::Prefill, &id), "removed") };
     request_outlives_the_silent_worker(&c.m, &c.r, &c.silent, leaves, "prefill").await;
     c.stop().await;
+}
+
+/// A decode worker that sent a token, then nothing, taken out of placement by its health
+/// checks: the request cannot be retried (a token went out) and ends with a retriable
+/// UNAVAILABLE naming the worker, about a second after it is taken out. Before, the stream
+/// waited on the HTTP/2 pings: for ever here (this process answers them), ~8 s on a frozen one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_stream_silent_after_its_worker_is_taken_out_ends() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
+    patient(&mut pa.worker);
+    let p = ferry_prefill::start(pa).await.expect("prefill up");
+    let silent = Silent { one_token: true, ..Silent::default() };
+    let (addr, health) = serve(silent.clone()).await;
+    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![addr.to_string()]);
+    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+    let r = ferry_router::start(ra).await.expect("router up");
+    until("both workers healthy", || r.ready(1, 1)).await;
+    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt(100) })),
+        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
+        return_token_ids: true,
+        ..Default::default()
+    };
+    let mut s = c.generate(req).await.expect("generate").into_inner();
+    // The first message may carry the request's id alone.
+    let mut tokens = Vec::new();
+    while tokens.is_empty() {
+        let m = tokio::time::timeout(Duration::from_secs(30), s.message()).await.expect("the first token in time");
+        tokens = m.expect("the first token").expect("a message").token_ids;
+    }
+    assert_eq!(tokens, vec![7], "the silent worker's token");
+    health.set_service_status("", ServingStatus::NotServing).await;
+    let since = std::time::Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(30), s.message())
+        .await
+        .expect("the stream waited on the worker its health checks took out");
+    let err = end.expect_err("the stream ends with an error, not a finish");
+    let waited = since.elapsed();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains(&addr.to_string()) || err.message().contains("decode worker"), "{err:?}");
+    // Three failed checks (polled every 100 ms, a second's timeout at most each) and a second
+    // of silence: well under the pings' 8 s.
+    assert!(waited < Duration::from_secs(7), "ended after {waited:?}");
+    r.stop().await;
+    p.stop().await;
 }

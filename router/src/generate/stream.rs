@@ -3,7 +3,7 @@
 //! last piece.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
 use ferry_cluster::phases::PhaseClock;
@@ -27,6 +27,39 @@ fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> R
         return RouterError::MidStream { worker: worker.to_string(), sent, cause: s.message().to_string() };
     }
     s.into()
+}
+
+/// How long a decode stream may send nothing once its worker is out of placement (its health
+/// checks failed, or it left the registry) before the router ends it.
+const SILENT_WHILE_OUT: Duration = Duration::from_secs(1);
+
+/// The stream's next message — or, when its worker `w` is out of placement and the stream has
+/// sent nothing since `last` for [`SILENT_WHILE_OUT`], `UNAVAILABLE`. A frozen process keeps
+/// its connections up: without this a stream that had sent tokens waited on the HTTP/2 pings
+/// (~8 s), or for ever on a process that answers pings but not its calls. A worker taken out
+/// but still generating (a busy one answering its checks late) keeps its streams: they send.
+async fn next_unless_silent_while_out<S, M>(s: &mut S, w: &Worker, last: Instant) -> Option<Result<M, Status>>
+where
+    S: futures::Stream<Item = Result<M, Status>> + Unpin,
+{
+    loop {
+        let out = w.taken_out();
+        if w.out_of_service() {
+            let until = tokio::time::Instant::from_std(last + SILENT_WHILE_OUT);
+            return tokio::time::timeout_at(until, s.next()).await.unwrap_or_else(|_| {
+                Some(Err(Status::unavailable(format!(
+                    "decode worker {} was taken out of placement (failed health checks) or left, and sent nothing for {} ms",
+                    w.id,
+                    last.elapsed().as_millis()
+                ))))
+            });
+        }
+        tokio::select! {
+            biased;
+            m = s.next() => return m,
+            () = out => {}
+        }
+    }
 }
 
 /// One sequence of a request (`n` > 1 makes several, their messages interleaved).
@@ -76,12 +109,14 @@ impl Ctx {
                 t.abort();
             }
         };
+        let mut last_message = Instant::now();
         while ended < n {
             let msg = match (pending.take(), stream.as_mut()) {
                 (Some(m), _) => m,
-                (None, Some(s)) => s.next().await,
+                (None, Some(s)) => next_unless_silent_while_out(s, &decode, last_message).await,
                 (None, None) => None,
             };
+            last_message = Instant::now();
             let Some(msg) = msg else {
                 abort(&prefill_task);
                 return Err(RouterError::Internal("the decode stream ended without a finish reason".into()));
