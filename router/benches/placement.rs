@@ -8,14 +8,15 @@
 //! N = 10,000 requests of 4,096 tokens (a group's 2,048-token prefix + 2,048 fresh tokens), so
 //! the first request of a group defines its home; then time 20,000 requests of each kind:
 //! (a) an exact repeat of a preloaded request, (b) a group prefix + 2,048 fresh tokens, (c)
-//! 4,096 fresh tokens (10,000). Prints mean / p50 / p99 and ops/s per kind, the index cost
+//! 4,096 fresh tokens (10,000). Prints mean / p50 / p99 / max and ops/s per kind, the index cost
 //! (match + insert) apart, the affinity of (b) (share placed on its group's home), and smg's
 //! `CacheAwarePolicy::select_worker` on this machine beside them (issue 17's figures).
 //!
 //! The index is bounded as the router's is by default (`--max-index-pages`, 2^20 pages): the
 //! workload indexes 6.4 M pages, so past the first ~1 M each placement of fresh tokens evicts
 //! the least recently used ones, as a long-running router does. Each phase prints the minor
-//! page faults it took (first touches of fresh memory, ~5 µs each on this machine's VM).
+//! page faults it took (first touches of fresh memory, ~5 µs each on this machine's VM); (c)
+//! also prints its second half apart, once its nodes evict nodes of their own size.
 //!
 //! `cargo bench -p ferry-router --bench placement`; `FERRY_BENCH_QUICK=1` divides the counts
 //! by 20 (CI smoke run).
@@ -79,10 +80,11 @@ fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: (f64, f64), fau
     let us = 1e6;
     let mean = whole.iter().sum::<f64>() / whole.len() as f64;
     println!(
-        "{kind}: mean {:.1} / p50 {:.1} / p99 {:.1} µs, {:.0} ops/s; index (match + insert) p50 {:.1} µs; {:.2} page faults per placement | smg p50 {:.1}, mean {:.1} µs: p50 ratio Ferry/smg {:.2}",
+        "{kind}: mean {:.1} / p50 {:.1} / p99 {:.1} / max {:.0} µs, {:.0} ops/s; index (match + insert) p50 {:.1} µs; {:.2} page faults per placement | smg p50 {:.1}, mean {:.1} µs: p50 ratio Ferry/smg {:.2}",
         mean * us,
         pct(whole, 0.5) * us,
         pct(whole, 0.99) * us,
+        whole.last().copied().unwrap_or(0.0) * us,
         1.0 / mean,
         pct(index, 0.5) * us,
         faults as f64 / whole.len() as f64,
@@ -191,14 +193,24 @@ fn main() {
     report("(b) group prefix + fresh", &mut whole, &mut index, SMG[1], faults() - f0);
     println!("(b) affinity: {:.1} % placed on the group's home (smg 100 %)", 100.0 * at_home as f64 / count as f64);
     let (mut whole, mut index) = (Vec::new(), Vec::new());
-    let f0 = faults();
-    for _ in 0..10_000 / div {
+    let (f0, count) = (faults(), 10_000 / div);
+    let mut f_half = f0;
+    for i in 0..count {
+        if i == count / 2 {
+            f_half = faults();
+        }
         let p = rng.tokens(LEN);
         let (_, a, b) = r.place(&p, now);
         whole.push(a);
         index.push(b);
     }
+    // The first ~4,000 of these evict the preload's leaves (2,048 tokens each) for nodes of
+    // 4,096: no kept key of a removed node is large enough, so each new key is fresh memory
+    // (page faults). The second half evicts nodes of its own size, as a router long fed fresh
+    // prompts does: shown apart.
+    let (mut late, mut late_index) = (whole[count / 2..].to_vec(), index[count / 2..].to_vec());
     report("(c) fresh", &mut whole, &mut index, SMG[2], faults() - f0);
+    report("(c) its second half", &mut late, &mut late_index, SMG[2], faults() - f_half);
     let s = r.ix.stats();
     println!("index: {} pages, {} evicted, {} dropped", s.provisional, s.evicted, s.dropped);
     threads(r, &groups, &mut rng, div);
