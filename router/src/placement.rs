@@ -163,18 +163,7 @@ fn least_jittered(
         let n = cached.len().min(states.len());
         est.extend(states[..n].iter().zip(&cached[..n]).map(|(s, &h)| estimate(s, h)));
         est.extend(states[n..].iter().map(|s| estimate(s, 0)));
-        // Four running minimums, not one chain of dependent compares.
-        let mut lanes = [f64::INFINITY; 4];
-        let quads = est.chunks_exact(4);
-        for &t in quads.remainder() {
-            lanes[0] = if t < lanes[0] { t } else { lanes[0] };
-        }
-        for q in quads {
-            for (l, &t) in lanes.iter_mut().zip(q) {
-                *l = if t < *l { t } else { *l };
-            }
-        }
-        let least = lanes.into_iter().fold(f64::INFINITY, |a, b| if b < a { b } else { a });
+        let least = least(est);
         if least == f64::INFINITY {
             return None;
         }
@@ -189,28 +178,28 @@ fn least_jittered(
     })
 }
 
-/// The index of the least value of `v` (the first among equals); None when every value is
-/// infinite. In four lanes of selects, no branch and no chain of dependent compares over a
-/// thousand workers.
-fn first_least(v: &[f64]) -> Option<usize> {
-    let (mut least, mut at) = ([f64::INFINITY; 4], [usize::MAX; 4]);
+/// The least value of `v` (infinite when empty), in four running minimums: no chain of
+/// dependent compares over a thousand workers (the loop vectorizes).
+fn least(v: &[f64]) -> f64 {
+    let mut lanes = [f64::INFINITY; 4];
     let quads = v.chunks_exact(4);
-    let rest = quads.remainder();
-    for (i, q) in quads.enumerate() {
-        for l in 0..4 {
-            let lt = q[l] < least[l];
-            least[l] = if lt { q[l] } else { least[l] };
-            at[l] = if lt { 4 * i + l } else { at[l] };
+    for &t in quads.remainder() {
+        lanes[0] = if t < lanes[0] { t } else { lanes[0] };
+    }
+    for q in quads {
+        for (l, &t) in lanes.iter_mut().zip(q) {
+            *l = if t < *l { t } else { *l };
         }
     }
-    let base = v.len() - rest.len();
-    let tail = rest.iter().enumerate().map(|(i, &s)| (s, base + i));
-    let best = least
-        .into_iter()
-        .zip(at)
-        .chain(tail)
-        .fold((f64::INFINITY, usize::MAX), |a, b| if b.0 < a.0 || (b.0 == a.0 && b.1 < a.1) { b } else { a });
-    (best.0 < f64::INFINITY).then_some(best.1)
+    lanes.into_iter().fold(f64::INFINITY, |a, b| if b < a { b } else { a })
+}
+
+/// The index of the least value of `v` (the first among equals); None when every value is
+/// infinite. Two passes that vectorize — the least, then where it first is — rather than one
+/// carrying an index with every compare.
+fn first_least(v: &[f64]) -> Option<usize> {
+    let m = least(v);
+    if m < f64::INFINITY { v.iter().position(|&t| t == m) } else { None }
 }
 
 /// The jitter a router draws for one request: a number in [0, 1) for each worker, from one
