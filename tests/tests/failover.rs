@@ -247,6 +247,53 @@ async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
     c.stop().await;
 }
 
+/// A router over a prefill worker and a decode worker that sends one token, then nothing,
+/// and a request's stream through it once that token arrived.
+struct OneToken {
+    p: ferry_prefill::Running,
+    health: HealthReporter,
+    addr: SocketAddr,
+    r: ferry_router::Running,
+    stream: tonic::Streaming<pb::GenerateResponse>,
+}
+
+impl OneToken {
+    async fn start() -> Self {
+        let m = TinyModel::new();
+        let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
+        patient(&mut pa.worker);
+        let p = ferry_prefill::start(pa).await.expect("prefill up");
+        let silent = Silent { one_token: true, ..Silent::default() };
+        let (addr, health) = serve(silent).await;
+        let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![addr.to_string()]);
+        (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
+        let r = ferry_router::start(ra).await.expect("router up");
+        until("both workers healthy", || r.ready(1, 1)).await;
+        let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
+        let req = pb::GenerateRequest {
+            prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt(100) })),
+            sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
+            return_token_ids: true,
+            ..Default::default()
+        };
+        let mut stream = c.generate(req).await.expect("generate").into_inner();
+        // The first message may carry the request's id alone.
+        let mut tokens = Vec::new();
+        while tokens.is_empty() {
+            let m = tokio::time::timeout(Duration::from_secs(30), stream.message()).await.expect("the first token in time");
+            tokens = m.expect("the first token").expect("a message").token_ids;
+        }
+        assert_eq!(tokens, vec![7], "the silent worker's token");
+        Self { p, health, addr, r, stream }
+    }
+
+    async fn stop(self) {
+        drop(self.stream);
+        self.r.stop().await;
+        self.p.stop().await;
+    }
+}
+
 /// A decode worker that sent a token, then nothing, taken out of placement by its health
 /// checks: the request cannot be retried (a token went out) and ends with a retriable
 /// UNAVAILABLE naming the worker, about a second after it is taken out. Before, the stream
@@ -254,43 +301,31 @@ async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decode_stream_silent_after_its_worker_is_taken_out_ends() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let m = TinyModel::new();
-    let mut pa = ferry_prefill::PrefillArgs::for_model(m.path());
-    patient(&mut pa.worker);
-    let p = ferry_prefill::start(pa).await.expect("prefill up");
-    let silent = Silent { one_token: true, ..Silent::default() };
-    let (addr, health) = serve(silent.clone()).await;
-    let mut ra = ferry_router::RouterArgs::new(m.path(), vec![p.grpc_addr.to_string()], vec![addr.to_string()]);
-    (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
-    let r = ferry_router::start(ra).await.expect("router up");
-    until("both workers healthy", || r.ready(1, 1)).await;
-    let mut c = pb::router_client::RouterClient::new(ferry_tests::channel(r.grpc_addr).await);
-    let req = pb::GenerateRequest {
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids: prompt(100) })),
-        sampling: Some(ferry_cluster::wire::sampling_to_proto(&greedy(4))),
-        return_token_ids: true,
-        ..Default::default()
-    };
-    let mut s = c.generate(req).await.expect("generate").into_inner();
-    // The first message may carry the request's id alone.
-    let mut tokens = Vec::new();
-    while tokens.is_empty() {
-        let m = tokio::time::timeout(Duration::from_secs(30), s.message()).await.expect("the first token in time");
-        tokens = m.expect("the first token").expect("a message").token_ids;
-    }
-    assert_eq!(tokens, vec![7], "the silent worker's token");
-    health.set_service_status("", ServingStatus::NotServing).await;
+    let mut c = OneToken::start().await;
+    c.health.set_service_status("", ServingStatus::NotServing).await;
     let since = std::time::Instant::now();
-    let end = tokio::time::timeout(Duration::from_secs(30), s.message())
+    let end = tokio::time::timeout(Duration::from_secs(30), c.stream.message())
         .await
         .expect("the stream waited on the worker its health checks took out");
     let err = end.expect_err("the stream ends with an error, not a finish");
     let waited = since.elapsed();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains(&addr.to_string()) || err.message().contains("decode worker"), "{err:?}");
+    assert!(err.message().contains(&c.addr.to_string()) || err.message().contains("decode worker"), "{err:?}");
     // Three failed checks (polled every 100 ms, a second's timeout at most each) and a second
     // of silence: well under the pings' 8 s.
     assert!(waited < Duration::from_secs(7), "ended after {waited:?}");
-    r.stop().await;
-    p.stop().await;
+    c.stop().await;
+}
+
+/// A decode worker that leaves the registry but answers its pings is draining on its way out:
+/// its streams go on, however long they are silent (a request there may be queued or retracted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_stream_of_a_worker_that_left_goes_on() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut c = OneToken::start().await;
+    let id = c.r.workers().snapshot().decode[0].id.clone();
+    assert!(c.r.workers().remove(Role::Decode, &id), "removed");
+    let end = tokio::time::timeout(Duration::from_secs(3), c.stream.message()).await;
+    assert!(end.is_err(), "the stream of a worker that left ended: {end:?}");
+    c.stop().await;
 }
