@@ -146,6 +146,14 @@ impl Worker {
         self.out.notified()
     }
 
+    /// Whether it answers a health check within a second, whatever the answer: a worker
+    /// draining on its way out says NOT_SERVING, a frozen one says nothing.
+    pub async fn answers(&self) -> bool {
+        let mut h = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
+        let ask = h.check(tonic_health::pb::HealthCheckRequest { service: String::new() });
+        matches!(tokio::time::timeout(Duration::from_secs(1), ask).await, Ok(Ok(_)))
+    }
+
     /// Its circuit is open or it left the registry: what [`Self::taken_out`] waits for,
     /// checked once the future is taken (it may have happened before).
     pub fn out_of_service(&self) -> bool {

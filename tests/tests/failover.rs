@@ -3,7 +3,8 @@
 //! retried elsewhere at once and completes with the colocated engine's tokens.
 //!
 //! After its first token a request cannot be retried: its decode stream ends with a retriable
-//! UNAVAILABLE a second after the worker is taken out, unless it still sends.
+//! UNAVAILABLE once the worker is out, the stream silent and the worker not answering at all
+//! (a draining worker answers, and keeps its streams).
 //!
 //! Before, the call waited on the worker: for ever on one whose process still answers HTTP/2
 //! pings but not the call (these tests), ~8 s on a frozen one (the pings' interval and
@@ -12,15 +13,15 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ferry_cluster::discovery::Role;
 use ferry_proto::v1 as pb;
 use ferry_tests::{TinyModel, greedy, metric_sum, scrape, settle, settle_decode, until};
 use tonic::{Request, Response, Status};
-use tonic_health::ServingStatus;
-use tonic_health::server::HealthReporter;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// A worker that takes every call and answers none of them (its health checks and load
 /// reports are answered), counting the calls taken.
@@ -88,23 +89,58 @@ impl pb::load_server::Load for Silent {
     }
 }
 
-/// Serves `s` (every service but the one a role lacks is harmless) on a free port; the
-/// reporter turns its health checks.
-async fn serve(s: Silent) -> (SocketAddr, HealthReporter) {
+/// The silent worker's health service: SERVING, or NOT_SERVING once told (as a worker says
+/// while it drains), or no answer at all once frozen (as from a stopped process, whose
+/// connections stay up).
+#[derive(Clone, Default)]
+struct Checks {
+    not_serving: Arc<AtomicBool>,
+    frozen: Arc<AtomicBool>,
+}
+
+impl Checks {
+    fn not_serving(&self) {
+        self.not_serving.store(true, Ordering::SeqCst);
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tonic::async_trait]
+impl tonic_health::pb::health_server::Health for Checks {
+    async fn check(&self, _: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
+        if self.frozen.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        let status = if self.not_serving.load(Ordering::SeqCst) { ServingStatus::NotServing } else { ServingStatus::Serving };
+        Ok(Response::new(HealthCheckResponse { status: status as i32 }))
+    }
+
+    type WatchStream = futures::stream::Pending<Result<HealthCheckResponse, Status>>;
+
+    async fn watch(&self, _: Request<HealthCheckRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("watch"))
+    }
+}
+
+/// Serves `s` (every service but the one a role lacks is harmless) on a free port, with the
+/// health service returned.
+async fn serve(s: Silent) -> (SocketAddr, Checks) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr");
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_service_status("", ServingStatus::Serving).await;
+    let checks = Checks::default();
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(health_svc)
+            .add_service(tonic_health::pb::health_server::HealthServer::new(checks.clone()))
             .add_service(pb::prefill_server::PrefillServer::new(s.clone()))
             .add_service(pb::bootstrap_server::BootstrapServer::new(s.clone()))
             .add_service(pb::decode_server::DecodeServer::new(s.clone()))
             .add_service(pb::load_server::LoadServer::new(s))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(l)),
     );
-    (addr, health)
+    (addr, checks)
 }
 
 /// The tests here one at a time: the routers' metrics are the process's, and each test counts
@@ -157,7 +193,7 @@ struct SilentPrefill {
     m: TinyModel,
     d: ferry_decode::Running,
     silent: Silent,
-    health: HealthReporter,
+    health: Checks,
     r: ferry_router::Running,
 }
 
@@ -190,7 +226,7 @@ impl SilentPrefill {
 async fn a_prefill_worker_taken_out_mid_call_loses_the_call_to_a_retry() {
     let _one = ONE_AT_A_TIME.lock().await;
     let c = SilentPrefill::start().await;
-    let unhealthy = c.health.set_service_status("", ServingStatus::NotServing);
+    let unhealthy = async { c.health.not_serving() };
     request_outlives_the_silent_worker(&c.m, &c.r, &c.silent, unhealthy, "prefill").await;
     c.stop().await;
 }
@@ -227,7 +263,7 @@ async fn decode_taken_out(headers: bool) {
     (ra.local_prefill_below, ra.local_prefill_max) = (0, 0);
     let r = ferry_router::start(ra).await.expect("router up");
     until("every worker healthy", || r.ready(1, 2)).await;
-    let unhealthy = health.set_service_status("", ServingStatus::NotServing);
+    let unhealthy = async { health.not_serving() };
     request_outlives_the_silent_worker(&m, &r, &silent, unhealthy, "decode").await;
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
@@ -251,7 +287,7 @@ async fn a_prefill_worker_that_leaves_mid_call_loses_the_call_to_a_retry() {
 /// and a request's stream through it once that token arrived.
 struct OneToken {
     p: ferry_prefill::Running,
-    health: HealthReporter,
+    health: Checks,
     addr: SocketAddr,
     r: ferry_router::Running,
     stream: tonic::Streaming<pb::GenerateResponse>,
@@ -294,15 +330,16 @@ impl OneToken {
     }
 }
 
-/// A decode worker that sent a token, then nothing, taken out of placement by its health
-/// checks: the request cannot be retried (a token went out) and ends with a retriable
-/// UNAVAILABLE naming the worker, about a second after it is taken out. Before, the stream
-/// waited on the HTTP/2 pings: for ever here (this process answers them), ~8 s on a frozen one.
+/// A decode worker that sent a token, then stopped answering anything (frozen), taken out of
+/// placement by its health checks: the request cannot be retried (a token went out) and ends
+/// with a retriable UNAVAILABLE naming the worker once a last health check goes unanswered.
+/// Before, the stream waited on the HTTP/2 pings: for ever here (this process still answers
+/// them), ~8 s on a frozen one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decode_stream_silent_after_its_worker_is_taken_out_ends() {
+async fn a_decode_stream_silent_after_its_worker_froze_ends() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut c = OneToken::start().await;
-    c.health.set_service_status("", ServingStatus::NotServing).await;
+    c.health.freeze();
     let since = std::time::Instant::now();
     let end = tokio::time::timeout(Duration::from_secs(30), c.stream.message())
         .await
@@ -310,22 +347,24 @@ async fn a_decode_stream_silent_after_its_worker_is_taken_out_ends() {
     let err = end.expect_err("the stream ends with an error, not a finish");
     let waited = since.elapsed();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains(&c.addr.to_string()) || err.message().contains("decode worker"), "{err:?}");
-    // Three failed checks (polled every 100 ms, a second's timeout at most each) and a second
-    // of silence: well under the pings' 8 s.
-    assert!(waited < Duration::from_secs(7), "ended after {waited:?}");
+    assert!(err.message().contains(&c.addr.to_string()), "{err:?}");
+    // Three unanswered checks (a second's timeout each) and one more: under the pings' 8 s.
+    assert!(waited < Duration::from_secs(8), "ended after {waited:?}");
     c.stop().await;
 }
 
-/// A decode worker that leaves the registry but answers its pings is draining on its way out:
-/// its streams go on, however long they are silent (a request there may be queued or retracted).
+/// A decode worker draining on its way out says NOT_SERVING and leaves the registry, then
+/// finishes its requests: its streams go on, however long they are silent (a request there may
+/// be queued or retracted), because it still answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decode_stream_of_a_worker_that_left_goes_on() {
+async fn a_decode_stream_of_a_draining_worker_goes_on() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut c = OneToken::start().await;
+    c.health.not_serving();
+    until("the worker out of placement", || !c.r.ready(1, 1)).await;
     let id = c.r.workers().snapshot().decode[0].id.clone();
     assert!(c.r.workers().remove(Role::Decode, &id), "removed");
     let end = tokio::time::timeout(Duration::from_secs(3), c.stream.message()).await;
-    assert!(end.is_err(), "the stream of a worker that left ended: {end:?}");
+    assert!(end.is_err(), "the stream of a draining worker ended: {end:?}");
     c.stop().await;
 }

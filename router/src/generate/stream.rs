@@ -29,33 +29,42 @@ fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> R
     s.into()
 }
 
-/// How long a decode stream may send nothing once its worker's circuit is open (its health
-/// checks or calls failed) before the router ends it.
+/// How long a decode stream may send nothing, once its worker is out of placement or gone
+/// from the registry, before the router asks whether the worker answers at all.
 const SILENT_WHILE_OUT: Duration = Duration::from_secs(1);
 
-/// The stream's next message — or, when its worker `w`'s circuit is open and the stream has
-/// sent nothing since `last` for [`SILENT_WHILE_OUT`], `UNAVAILABLE`. A frozen process keeps
-/// its connections up: without this a stream that had sent tokens waited on the HTTP/2 pings
-/// (~8 s), or for ever on a process that answers pings but not its calls. A worker taken out
-/// but still generating (a busy one answering its checks late) keeps its streams: they send.
-/// A worker that only left the registry is left to the pings: one draining on its way out
-/// finishes its requests, some of which may wait there for a while (retracted, queued).
+/// The stream's next message — or `UNAVAILABLE` when its worker `w` is out of placement (its
+/// circuit opened) or left the registry, the stream has sent nothing since `last` for
+/// [`SILENT_WHILE_OUT`], and the worker does not answer a health check within a second
+/// ([`Worker::answers`]). A frozen process keeps its connections up: without this a stream
+/// that had sent tokens waited on the HTTP/2 pings (~8 s), or for ever on a process that
+/// answers pings but not its calls. A worker that answers — draining on its way out (it says
+/// NOT_SERVING and leaves, then finishes its requests, some of which may wait there a while),
+/// or busy — keeps its streams, as does one whose stream still sends.
 async fn next_unless_silent_while_out<S, M>(s: &mut S, w: &Worker, last: Instant) -> Option<Result<M, Status>>
 where
     S: futures::Stream<Item = Result<M, Status>> + Unpin,
 {
     loop {
         let out = w.taken_out();
-        if !w.healthy() {
+        if w.out_of_service() {
             let until = tokio::time::Instant::from_std(last + SILENT_WHILE_OUT);
-            return tokio::time::timeout_at(until, s.next()).await.unwrap_or_else(|_| {
-                Some(Err(Status::unavailable(format!(
-                    "decode worker {} was taken out of placement (failed health checks or calls) and sent nothing for {} ms",
-                    w.id,
-                    last.elapsed().as_millis()
-                ))))
-            });
+            if let Ok(m) = tokio::time::timeout_at(until, s.next()).await {
+                return m;
+            }
+            tokio::select! {
+                biased;
+                m = s.next() => return m,
+                alive = w.answers() => if !alive {
+                    return Some(Err(Status::unavailable(format!(
+                        "decode worker {} is out of placement, sent nothing for {} ms and does not answer",
+                        w.id,
+                        last.elapsed().as_millis()
+                    ))));
+                },
+            }
         }
+        // Answering, or in service: the stream, or the next time the worker is taken out.
         tokio::select! {
             biased;
             m = s.next() => return m,
