@@ -68,7 +68,9 @@ impl pb::decode_server::Decode for Silent {
                 logprobs: vec![pb::TokenLogprob { token_id: 7, logprob: 0.0 }],
                 ..Default::default()
             };
-            return Ok(Response::new(futures::stream::once(async { Ok(token) }).chain(futures::stream::pending()).boxed()));
+            return Ok(Response::new(
+                futures::stream::once(async { Ok(token) }).chain(futures::stream::pending()).boxed(),
+            ));
         }
         if !self.headers {
             std::future::pending::<()>().await;
@@ -114,7 +116,8 @@ impl tonic_health::pb::health_server::Health for Checks {
         if self.frozen.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        let status = if self.not_serving.load(Ordering::SeqCst) { ServingStatus::NotServing } else { ServingStatus::Serving };
+        let status =
+            if self.not_serving.load(Ordering::SeqCst) { ServingStatus::NotServing } else { ServingStatus::Serving };
         Ok(Response::new(HealthCheckResponse { status: status as i32 }))
     }
 
@@ -316,7 +319,8 @@ impl OneToken {
         // The first message may carry the request's id alone.
         let mut tokens = Vec::new();
         while tokens.is_empty() {
-            let m = tokio::time::timeout(Duration::from_secs(30), stream.message()).await.expect("the first token in time");
+            let m =
+                tokio::time::timeout(Duration::from_secs(30), stream.message()).await.expect("the first token in time");
             tokens = m.expect("the first token").expect("a message").token_ids;
         }
         assert_eq!(tokens, vec![7], "the silent worker's token");
