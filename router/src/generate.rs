@@ -21,7 +21,7 @@ mod stream;
 use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
-use crate::placement::{DecodeState, NoDecode, Path, Placer, PrefillState, jitter};
+use crate::placement::{DecodeState, NoDecode, Path, Placer, jitter};
 use crate::workers::{Registry, Worker};
 
 /// A decode worker as placement sees it.
@@ -194,9 +194,7 @@ impl Ctx {
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let now = Instant::now();
-        let gone = PrefillState::new(false, 0, 0.0);
-        let prefill_states: Vec<PrefillState> =
-            snap.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect();
+        let prefill_states = snap.prefill_states(now);
         let cached = self.index.matched(&req.tokens[..len - 1], prefill_states.len());
         let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished

@@ -136,6 +136,23 @@ impl Worker {
         self.view.healthy(Instant::now())
     }
 
+    /// A worker in slot `slot` that no registry lists: nothing checks it or follows its
+    /// events, and its channel connects on first use (benches that place on real workers'
+    /// published state; call within a tokio runtime). Out of placement until [`Self::ok`].
+    pub fn standalone(id: WorkerId, role: Role, addr: &str, slot: usize) -> Result<Self, String> {
+        Ok(Self {
+            id,
+            role,
+            addr: addr.to_string(),
+            channel: channel(addr, role, None)?,
+            slot,
+            health: Mutex::new(Health::default()),
+            view: view::View::default(),
+            member: std::sync::atomic::AtomicBool::new(true),
+            out: tokio::sync::Notify::new(),
+        })
+    }
+
     /// Completes when its active checks next take it out of placement, or it leaves the
     /// registry (its etcd lease expired, say; counted from this call, even before the future
     /// is first polled). A call waiting on a worker that stopped answering — a frozen process
@@ -176,6 +193,7 @@ impl Worker {
 
     /// What placement reads of a prefill worker: no lock, three numbers (a router scores
     /// every worker on every request).
+    #[inline]
     pub fn prefill_state(&self, now: Instant) -> PrefillState {
         self.view.prefill_state(now)
     }
@@ -207,6 +225,13 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// What placement reads of every prefill slot at `now`, in slot order (a free slot:
+    /// unhealthy): what every request scores.
+    pub fn prefill_states(&self, now: Instant) -> Vec<PrefillState> {
+        let gone = PrefillState::new(false, 0, 0.0);
+        self.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect()
+    }
+
     /// Every worker, prefill first.
     pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
         self.prefill.iter().flatten().chain(&self.decode)

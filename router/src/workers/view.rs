@@ -88,11 +88,16 @@ impl View {
     }
 
     /// Seen and its circuit not open at `now` ([`Health::healthy`]).
+    #[inline]
     pub(super) fn healthy(&self, now: Instant) -> bool {
         let open = self.open_until.load(Relaxed);
         self.seen.load(Relaxed) && (open == 0 || since_epoch(now) >= open - 1)
     }
 
+    /// Inlined into the caller's loop over a thousand workers: called, it returned the state
+    /// through the stack, and copying it out read its `bool` with wider loads than wrote it (a
+    /// failed store-to-load forward each): 9.8 µs for 1,024 workers, 3.3 inlined.
+    #[inline]
     pub(super) fn prefill_state(&self, now: Instant) -> PrefillState {
         if !self.reported.load(Acquire) {
             return PrefillState::new(self.healthy(now), 0, 0.0);
