@@ -163,12 +163,13 @@ impl Worker {
         self.out.notified()
     }
 
-    /// Whether it answers a health check within a second, whatever the answer: a worker
-    /// draining on its way out says NOT_SERVING, a frozen one says nothing.
+    /// Whether a health check to it ends within a second, whatever the outcome: a worker
+    /// draining on its way out says NOT_SERVING, or refuses new calls at once (its server
+    /// shuts down gracefully: open streams go on, new calls fail); a frozen one says nothing.
     pub async fn answers(&self) -> bool {
         let mut h = tonic_health::pb::health_client::HealthClient::new(self.channel.clone());
         let ask = h.check(tonic_health::pb::HealthCheckRequest { service: String::new() });
-        matches!(tokio::time::timeout(Duration::from_secs(1), ask).await, Ok(Ok(_)))
+        tokio::time::timeout(Duration::from_secs(1), ask).await.is_ok()
     }
 
     /// Its circuit is open or it left the registry: what [`Self::taken_out`] waits for,
@@ -206,12 +207,27 @@ impl Worker {
 
     /// A call to it succeeded.
     pub fn ok(&self) {
-        self.update(false, Health::call_ok);
+        let back = self.update(false, |h| {
+            let was_out = h.out;
+            h.call_ok();
+            was_out && !h.out
+        });
+        if back {
+            tracing::info!(worker = %self.id, "worker answers its calls again: back in placement");
+        }
     }
 
     /// A call to it failed; returns true when this opened its circuit.
     pub fn failed(&self) -> bool {
-        self.update(false, |h| h.call_failed(Instant::now()))
+        let (opened, first) = self.update(false, |h| {
+            let was_out = h.out;
+            let opened = h.call_failed(Instant::now());
+            (opened, opened && !was_out)
+        });
+        if first {
+            tracing::warn!(worker = %self.id, "worker's calls failing: taken out of placement");
+        }
+        opened
     }
 }
 

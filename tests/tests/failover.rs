@@ -98,6 +98,8 @@ impl pb::load_server::Load for Silent {
 struct Checks {
     not_serving: Arc<AtomicBool>,
     frozen: Arc<AtomicBool>,
+    /// Checks fail at once, as new calls to a server shutting down gracefully do.
+    refusing: Arc<AtomicBool>,
 }
 
 impl Checks {
@@ -108,6 +110,10 @@ impl Checks {
     fn freeze(&self) {
         self.frozen.store(true, Ordering::SeqCst);
     }
+
+    fn refuse(&self) {
+        self.refusing.store(true, Ordering::SeqCst);
+    }
 }
 
 #[tonic::async_trait]
@@ -115,6 +121,9 @@ impl tonic_health::pb::health_server::Health for Checks {
     async fn check(&self, _: Request<HealthCheckRequest>) -> Result<Response<HealthCheckResponse>, Status> {
         if self.frozen.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
+        }
+        if self.refusing.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("the server is shutting down"));
         }
         let status =
             if self.not_serving.load(Ordering::SeqCst) { ServingStatus::NotServing } else { ServingStatus::Serving };
@@ -370,5 +379,18 @@ async fn a_decode_stream_of_a_draining_worker_goes_on() {
     assert!(c.r.workers().remove(Role::Decode, &id), "removed");
     let end = tokio::time::timeout(Duration::from_secs(3), c.stream.message()).await;
     assert!(end.is_err(), "the stream of a draining worker ended: {end:?}");
+    c.stop().await;
+}
+
+/// The same when the draining worker's server, shutting down gracefully, refuses new calls
+/// (the router's checks among them) while its open streams go on: a refusal is an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_stream_of_a_worker_refusing_new_calls_goes_on() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut c = OneToken::start().await;
+    c.health.refuse();
+    until("the worker out of placement", || !c.r.ready(1, 1)).await;
+    let end = tokio::time::timeout(Duration::from_secs(3), c.stream.message()).await;
+    assert!(end.is_err(), "the stream of a worker refusing new calls ended: {end:?}");
     c.stop().await;
 }
