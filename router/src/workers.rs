@@ -207,25 +207,39 @@ impl Worker {
 
     /// A call to it succeeded.
     pub fn ok(&self) {
-        let back = self.update(false, |h| {
-            let was_out = h.out;
-            h.call_ok();
-            was_out && !h.out
-        });
-        if back {
-            tracing::info!(worker = %self.id, "worker answers its calls again: back in placement");
-        }
+        self.succeeded(false, "calls", Health::call_ok);
     }
 
     /// A call to it failed; returns true when this opened its circuit.
     pub fn failed(&self) -> bool {
+        self.tripped("calls failing", |h| h.call_failed(Instant::now()))
+    }
+
+    /// Applies a success `f` (a report with it when `load`); tells the operator when it closed
+    /// the circuit, `by` what.
+    fn succeeded(&self, load: bool, by: &str, f: impl FnOnce(&mut Health)) {
+        let back = self.update(load, |h| {
+            let was_out = h.out;
+            f(h);
+            was_out && !h.out
+        });
+        if back {
+            tracing::info!(worker = %self.id, "worker answers its {by} again: back in placement");
+        }
+    }
+
+    /// Applies a failure `f` (true when it opened the circuit) and returns its answer; tells
+    /// the operator once per outage (`why`), not every time the circuit reopens.
+    fn tripped(&self, why: &str, f: impl FnOnce(&mut Health) -> bool) -> bool {
         let (opened, first) = self.update(false, |h| {
             let was_out = h.out;
-            let opened = h.call_failed(Instant::now());
+            let opened = f(h);
             (opened, opened && !was_out)
         });
         if first {
-            tracing::warn!(worker = %self.id, "worker's calls failing: taken out of placement");
+            tracing::warn!(worker = %self.id, "worker {why}: taken out of placement");
+        } else if opened {
+            tracing::debug!(worker = %self.id, "worker still {why}");
         }
         opened
     }
@@ -463,28 +477,9 @@ impl Registry {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match check(&w).await {
-                        Ok(r) => {
-                            let back = w.update(true, |h| {
-                                let was_out = h.out;
-                                h.check_ok(r);
-                                was_out && !h.out
-                            });
-                            if back {
-                                tracing::info!(worker = %w.id, "worker answers its checks again: back in placement");
-                            }
-                        }
+                        Ok(r) => w.succeeded(true, "checks", |h| h.check_ok(r)),
                         _ => {
-                            let (opened, first) = w.update(false, |h| {
-                                let was_out = h.out;
-                                let opened = h.check_failed(Instant::now());
-                                (opened, opened && !was_out)
-                            });
-                            if first {
-                                tracing::warn!(worker = %w.id, "worker unreachable or not serving: taken out of placement");
-                            } else if opened {
-                                // Half-open and failing again: the same outage, told once.
-                                tracing::debug!(worker = %w.id, "worker still unreachable or not serving");
-                            }
+                            let opened = w.tripped("unreachable or not serving", |h| h.check_failed(Instant::now()));
                             if opened {
                                 w.out.notify_waiters();
                                 // Checked with ingestion shut out, as ingestion checks: a worker
