@@ -22,88 +22,15 @@ use crate::index::SharedIndex;
 use crate::placement::{DecodeState, PrefillState};
 
 mod events;
+mod health;
 mod view;
 
 use events::follow_events;
 pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
-
-/// Consecutive failures that open a worker's circuit.
-const TRIP_AFTER: u32 = 3;
-/// How long an open circuit keeps a worker out of placement.
-const OPEN_FOR: Duration = Duration::from_secs(2);
+use health::Health;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A worker's circuit breaker, fed by the active checks and by calls, counted apart: a
-/// passing health check does not clear failed calls (a worker whose health endpoint answers
-/// while its calls fail stays out of placement), only a call that succeeds does.
-#[derive(Debug, Default)]
-struct Health {
-    /// Consecutive failed active checks.
-    check_failures: u32,
-    /// Consecutive failed calls.
-    call_failures: u32,
-    open_until: Option<Instant>,
-    /// Its circuit opened and has not closed since (reopening after the half-open time
-    /// included): one outage, told once.
-    out: bool,
-    load: Option<pb::LoadReport>,
-    seen: bool,
-}
-
-impl Health {
-    /// What [`view::View::healthy`] answers once this is published.
-    #[cfg(test)]
-    fn healthy(&self, now: Instant) -> bool {
-        self.seen && self.open_until.is_none_or(|t| now >= t)
-    }
-
-    /// Opens the circuit when either count reached [`TRIP_AFTER`] and it is not open now (a
-    /// half-open worker that fails again reopens at once); true when this opened it.
-    fn trip(&mut self, now: Instant) -> bool {
-        let tripped = self.check_failures.max(self.call_failures) >= TRIP_AFTER;
-        if tripped && self.open_until.is_none_or(|t| now >= t) {
-            self.open_until = Some(now + OPEN_FOR);
-            self.out = true;
-            return true;
-        }
-        false
-    }
-
-    /// Closes the circuit.
-    fn close(&mut self) {
-        self.open_until = None;
-        self.out = false;
-    }
-
-    fn call_ok(&mut self) {
-        self.call_failures = 0;
-        if self.check_failures < TRIP_AFTER {
-            self.close();
-        }
-        self.seen = true;
-    }
-
-    fn call_failed(&mut self, now: Instant) -> bool {
-        self.call_failures += 1;
-        self.trip(now)
-    }
-
-    fn check_ok(&mut self, load: pb::LoadReport) {
-        self.check_failures = 0;
-        self.load = Some(load);
-        self.seen = true;
-        if self.call_failures < TRIP_AFTER {
-            self.close();
-        }
-    }
-
-    fn check_failed(&mut self, now: Instant) -> bool {
-        self.check_failures += 1;
-        self.trip(now)
-    }
 }
 
 /// One worker.
@@ -576,62 +503,5 @@ mod tests {
         assert_eq!(poll_period(ms(100), 1000.0, 1024), ms(1024));
         assert_eq!(poll_period(ms(100), 1e-300, 1024), Duration::from_secs(3600), "capped, no overflow");
         assert_eq!(poll_period(ms(100), f64::NAN, 1024), Duration::from_secs(3600));
-    }
-
-    /// Issue 21's defect 8: every passing health check used to clear the breaker, so a worker
-    /// failing its calls kept getting traffic.
-    #[test]
-    fn passing_health_checks_do_not_clear_failed_calls() {
-        let t0 = Instant::now();
-        let mut h = Health::default();
-        h.check_ok(pb::LoadReport::default());
-        assert!(h.healthy(t0));
-        assert!(!h.call_failed(t0) && !h.call_failed(t0));
-        assert!(h.call_failed(t0), "the third failed call opens the circuit");
-        h.check_ok(pb::LoadReport::default());
-        assert!(!h.healthy(t0), "its health endpoint answering does not close it");
-        // Half-open after OPEN_FOR: one more failed call reopens it at once.
-        let later = t0 + OPEN_FOR;
-        assert!(h.healthy(later));
-        assert!(h.call_failed(later));
-        assert!(!h.healthy(later));
-        // A call that succeeds closes it.
-        h.call_ok();
-        assert!(h.healthy(later));
-        // Failed checks trip it on their own, and a passing check closes what they opened.
-        for _ in 0..TRIP_AFTER {
-            h.check_failed(later);
-        }
-        assert!(!h.healthy(later));
-        h.check_ok(pb::LoadReport::default());
-        assert!(h.healthy(later));
-    }
-
-    /// A worker that stays unreachable reopens its circuit every `OPEN_FOR`; the router told
-    /// the operator so every time (a warning every 2 s while a worker was frozen). One outage
-    /// is one `out` spell, from the circuit opening to its closing.
-    #[test]
-    fn an_outage_is_one_spell_however_often_the_circuit_reopens() {
-        let t0 = Instant::now();
-        let mut h = Health::default();
-        h.check_ok(pb::LoadReport::default());
-        for _ in 1..TRIP_AFTER {
-            h.check_failed(t0);
-        }
-        assert!(!h.out);
-        assert!(h.check_failed(t0) && h.out, "opened: out");
-        let later = t0 + OPEN_FOR;
-        assert!(h.check_failed(later), "half-open, failing again: reopened");
-        assert!(h.out, "still the same outage");
-        h.check_ok(pb::LoadReport::default());
-        assert!(!h.out && h.healthy(later), "closed: back");
-        // Calls that fail open it too; a passing check does not close what calls opened.
-        for _ in 0..TRIP_AFTER {
-            h.call_failed(later);
-        }
-        h.check_ok(pb::LoadReport::default());
-        assert!(h.out, "failed calls keep it out");
-        h.call_ok();
-        assert!(!h.out);
     }
 }

@@ -146,7 +146,7 @@ mod tests {
             assert_eq!(d.admissible_pages, load.map_or(0, |l| u64::from(l.free_pages + l.evictable_pages)));
             assert!(!v.decode_state(now, true, 0).healthy, "excluded");
         };
-        let at = [t0, t0 + Duration::from_millis(1), t0 + super::super::OPEN_FOR, t0 + Duration::from_secs(60)];
+        let at = [t0, t0 + Duration::from_millis(1), t0 + super::super::health::OPEN_FOR, t0 + Duration::from_secs(60)];
         let step = |h: &mut Health, f: &dyn Fn(&mut Health)| {
             f(h);
             v.publish(h, true);
@@ -164,13 +164,13 @@ mod tests {
             ..Default::default()
         };
         step(&mut h, &|h| h.check_ok(report.clone()));
-        for _ in 0..super::super::TRIP_AFTER {
+        for _ in 0..super::super::health::TRIP_AFTER {
             step(&mut h, &|h| {
                 h.call_failed(t0);
             });
         }
         assert!(!v.healthy(t0), "tripped");
-        assert!(v.healthy(t0 + super::super::OPEN_FOR), "half-open");
+        assert!(v.healthy(t0 + super::super::health::OPEN_FOR), "half-open");
         step(&mut h, &|h| h.call_ok());
         assert!(v.healthy(t0));
     }
