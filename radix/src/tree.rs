@@ -219,15 +219,25 @@ impl<V: Payload> RadixTree<V> {
         chain.iter().rev().flat_map(|&c| self.key(c).iter().copied()).collect()
     }
 
-    /// Every node, parents before children (pre-order), root excluded.
+    /// Every node, parents before children (pre-order), root excluded; siblings in the order
+    /// of their ids, so that two trees built by the same changes walk alike (a node's
+    /// children are hashed with a seed of their own).
     pub fn walk(&self) -> Vec<NodeId> {
-        let mut out = Vec::with_capacity(self.len);
-        let mut stack = vec![NodeId::ROOT];
+        self.walk_below(NodeId::ROOT)
+    }
+
+    /// [`Self::walk`] from `top` (included unless it is the root) down.
+    pub fn walk_below(&self, top: NodeId) -> Vec<NodeId> {
+        let mut out = Vec::with_capacity(if top == NodeId::ROOT { self.len } else { 1 });
+        let mut stack = vec![top];
         while let Some(n) = stack.pop() {
             if n != NodeId::ROOT {
                 out.push(n);
             }
+            let from = stack.len();
             stack.extend(self.children(n));
+            // Popped last first: the smallest id is walked first.
+            stack[from..].sort_unstable_by(|a, b| b.cmp(a));
         }
         out
     }

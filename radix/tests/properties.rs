@@ -71,10 +71,14 @@ proptest! {
     #[test]
     fn matches_agree_with_the_naive_model(ops in proptest::collection::vec(op(), 1..60)) {
         let mut t: RadixTree<Labels> = RadixTree::new(PS);
+        // Built by the same changes, a second tree makes the same ids and walks alike (the
+        // router's two copies of its index share one table of node ids).
+        let mut twin: RadixTree<Labels> = RadixTree::new(PS);
         for op in ops {
             match op {
                 Op::Insert(s) => {
                     let before = t.match_prefix(&s).tokens;
+                    twin.insert(&s, |existing| labels(&s, existing));
                     let ins = t.insert(&s, |existing| labels(&s, existing));
                     prop_assert_eq!(ins.existing_pages * PS, before);
                     prop_assert_eq!(t.match_prefix(&s).tokens, s.len() / PS * PS);
@@ -93,12 +97,14 @@ proptest! {
                     if let Some(&l) = leaves.get(i % leaves.len().max(1)) {
                         let n = t.len();
                         prop_assert!(t.remove_leaf(l).is_some());
+                        prop_assert!(twin.remove_leaf(l).is_some());
                         prop_assert_eq!(t.len(), n - 1);
                         prop_assert!(!t.contains(l));
                     }
                 }
             }
             check_invariants(&t);
+            prop_assert_eq!(t.walk(), twin.walk());
         }
     }
 }

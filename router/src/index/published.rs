@@ -5,6 +5,9 @@
 //!
 //! A write takes operations and applies each to one copy, then the same operations to the
 //! other copy one write later: the value must change the same way for the same operations.
+//! What the value needs only to make changes (the index: its page table) can be kept once, by
+//! the writer: the first making of a change uses it and leaves a trace, from which the second
+//! makes the same change without it.
 //! Readers share a copy and wait for nobody; the writer waits for the readers still on the
 //! copy it is about to change (a read is short), and writers wait for each other.
 
@@ -19,8 +22,27 @@ pub trait Absorb {
     /// Why a change could not be made (the value may have taken part of it, the same part in
     /// either copy).
     type Error;
-    /// Makes change `op`.
-    fn absorb(&mut self, op: &Self::Op) -> Result<(), Self::Error>;
+    /// What the writer keeps once for both copies.
+    type Side: Default;
+    /// What first makings of changes left for the second, in order.
+    type Trace: Default;
+    /// Makes change `op` with `side`, adding to `trace` what the second making needs.
+    fn absorb(&mut self, op: &Self::Op, side: &mut Self::Side, trace: &mut Self::Trace) -> Result<(), Self::Error>;
+    /// Makes change `op` again, as `absorb` made it in the other copy from the same state,
+    /// taking from `trace` what that left (any error was told then).
+    fn absorb_again(&mut self, op: &Self::Op, trace: &mut Self::Trace);
+    /// Empties `trace` once the second makings took all of it.
+    fn reset(trace: &mut Self::Trace) {
+        *trace = Self::Trace::default();
+    }
+}
+
+/// What the writer holds: the operations the copy readers are not sent to lacks, and their
+/// trace; what it keeps once for both copies.
+struct Writer<T: Absorb> {
+    behind: Vec<T::Op>,
+    trace: T::Trace,
+    side: T::Side,
 }
 
 /// `T` in two copies: readers on the current one, the writer on the other.
@@ -28,14 +50,20 @@ pub struct Published<T: Absorb> {
     copies: [RwLock<T>; 2],
     /// The copy readers are sent to.
     current: AtomicUsize,
-    /// Held by the writer; the operations the copy readers are not sent to lacks.
-    behind: Mutex<Vec<T::Op>>,
+    /// Held by the writer.
+    writer: Mutex<Writer<T>>,
 }
 
 impl<T: Absorb> Published<T> {
     /// `a` and `b`, which must be equal.
     pub fn new(a: T, b: T) -> Self {
-        Self { copies: [RwLock::new(a), RwLock::new(b)], current: AtomicUsize::new(0), behind: Mutex::new(Vec::new()) }
+        let writer = Writer { behind: Vec::new(), trace: T::Trace::default(), side: T::Side::default() };
+        Self { copies: [RwLock::new(a), RwLock::new(b)], current: AtomicUsize::new(0), writer: Mutex::new(writer) }
+    }
+
+    /// What the writer keeps once for both copies, read once no write is being made.
+    pub fn side<R>(&self, f: impl FnOnce(&T::Side) -> R) -> R {
+        f(&self.writer.lock().side)
     }
 
     /// The current copy, without waiting for a write: a copy the writer holds, or is waiting
@@ -53,19 +81,21 @@ impl<T: Absorb> Published<T> {
     /// and sends readers to them; stops at the first change that fails and returns its error
     /// (what came before it, and its own part, stay made). `Ok(false)`: not admitted.
     pub fn write(&self, ops: impl IntoIterator<Item = T::Op>, admit: impl FnOnce() -> bool) -> Result<bool, T::Error> {
-        let mut behind = self.behind.lock();
+        let mut writer = self.writer.lock();
         if !admit() {
             return Ok(false);
         }
         let other = 1 - self.current.load(Ordering::Acquire);
         let mut copy = self.copies[other].write();
+        let Writer { behind, trace, side } = &mut *writer;
         // The last write's changes, made to the current copy then: any error was told then.
         for op in behind.drain(..) {
-            let _ = copy.absorb(&op);
+            copy.absorb_again(&op, trace);
         }
+        T::reset(trace);
         let mut out = Ok(true);
         for op in ops {
-            let made = copy.absorb(&op);
+            let made = copy.absorb(&op, side, trace);
             behind.push(op);
             if let Err(e) = made {
                 out = Err(e);
@@ -97,7 +127,18 @@ mod tests {
     impl Absorb for Log {
         type Op = Push;
         type Error = u32;
-        fn absorb(&mut self, op: &Push) -> Result<(), u32> {
+        type Side = ();
+        type Trace = ();
+        fn absorb(&mut self, op: &Push, _: &mut (), _: &mut ()) -> Result<(), u32> {
+            self.push(op)
+        }
+        fn absorb_again(&mut self, op: &Push, _: &mut ()) {
+            let _ = self.push(op);
+        }
+    }
+
+    impl Log {
+        fn push(&mut self, op: &Push) -> Result<(), u32> {
             if let Some((entered, gate)) = &op.1 {
                 let _ = entered.send(());
                 let _ = gate.recv();

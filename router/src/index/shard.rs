@@ -28,7 +28,7 @@ use ferry_radix::{NodeId, Payload, RadixTree};
 
 use super::IndexError;
 use super::lru::{List, Lru};
-use super::table::{Loc, PageTable};
+use super::table::{Loc, Mode, PageTable, Trace};
 
 /// Worker slots in one shard (a bit each).
 pub const SHARD_WORKERS: usize = 64;
@@ -76,8 +76,13 @@ impl Payload for Run {
 /// Which of a shard's workers hold which prefixes.
 pub struct Shard {
     tree: RadixTree<Run>,
-    /// The pages that came in KV events, by hash.
+    /// The pages that came in KV events, by hash (empty in a copy of the shared events'
+    /// index, which is lent the writer's one table for each change: `mode`).
     pages: PageTable,
+    /// Whose table this shard looks pages up in, now.
+    mode: Mode,
+    /// The lookups of the change being made, when it is traced or made again from a trace.
+    trace: Trace,
     /// Pages in the tree.
     count: usize,
     /// The most pages this shard may hold now (the index sets it from its whole budget).
@@ -111,6 +116,8 @@ impl Shard {
         Self {
             tree: RadixTree::new(page_size.max(1)),
             pages: PageTable::default(),
+            mode: Mode::Own,
+            trace: Trace::default(),
             count: 0,
             max_pages,
             dropped: 0,
@@ -147,9 +154,51 @@ impl Shard {
         self.pages.len()
     }
 
+    /// Makes a change (`f`) with `table` as the page table, pushing what each lookup found to
+    /// `trace`: the first copy of the shared events' index to make it.
+    pub(super) fn recording<R>(
+        &mut self,
+        table: &mut PageTable,
+        trace: &mut Trace,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
+        std::mem::swap(&mut self.pages, table);
+        std::mem::swap(&mut self.trace, trace);
+        self.mode = Mode::Record;
+        let made = f(self);
+        self.mode = Mode::Own;
+        std::mem::swap(&mut self.trace, trace);
+        std::mem::swap(&mut self.pages, table);
+        made
+    }
+
+    /// Makes a change (`f`) again, as [`Self::recording`] made it in the other copy from the
+    /// same state: lookups answer from `trace`, in order, and no table changes.
+    pub(super) fn replaying<R>(&mut self, trace: &mut Trace, f: impl FnOnce(&mut Self) -> R) -> R {
+        std::mem::swap(&mut self.trace, trace);
+        self.mode = Mode::Replay;
+        let made = f(self);
+        self.mode = Mode::Own;
+        std::mem::swap(&mut self.trace, trace);
+        made
+    }
+
     /// Where page `h` is, when some event brought it and it is still indexed: its node and
     /// its index in the node.
     fn locate(&mut self, h: u64) -> Option<(NodeId, usize)> {
+        match self.mode {
+            Mode::Own => self.lookup(h),
+            Mode::Record => {
+                let found = self.lookup(h);
+                self.trace.push(found);
+                found
+            }
+            Mode::Replay => self.trace.pop(),
+        }
+    }
+
+    /// [`Self::locate`] in the table.
+    fn lookup(&mut self, h: u64) -> Option<(NodeId, usize)> {
         let loc = *self.pages.get(&h)?;
         let hashes = &self.tree.value(loc.node)?.hashes;
         if hashes.get(loc.at as usize) == Some(&h) {
@@ -249,6 +298,9 @@ impl Shard {
         }
         self.queue(upper);
         self.lru.after(lower, upper);
+        if self.mode == Mode::Replay {
+            return;
+        }
         let Shard { tree, pages, .. } = self;
         if let Some(r) = tree.value(upper).filter(|r| r.confirmed) {
             for (k, h) in r.hashes.iter().enumerate() {
@@ -331,6 +383,9 @@ impl Shard {
             }
         }
         self.touch(&path);
+        if self.mode == Mode::Replay {
+            return Ok(());
+        }
         let Shard { tree, pages, .. } = self;
         for &id in &path[from..] {
             for (k, &h) in tree.value(id).map_or(&[][..], |r| &r.hashes).iter().enumerate() {
@@ -463,17 +518,16 @@ impl Shard {
 
     /// Drops page `h` from the table.
     fn forget(&mut self, h: u64) {
-        self.pages.remove(&h);
+        if self.mode != Mode::Replay {
+            self.pages.remove(&h);
+        }
     }
 
+    /// Removes `root` and every node below it, children before their parents, in an order
+    /// set by the nodes' ids (both copies of the shared index free the same ids alike, and
+    /// so make the same ids next: the one page table names nodes by id).
     fn remove_subtree(&mut self, root: NodeId) {
-        let mut stack = vec![root];
-        let mut order = Vec::new();
-        while let Some(n) = stack.pop() {
-            order.push(n);
-            stack.extend(self.tree.children(n));
-        }
-        for n in order.into_iter().rev() {
+        for n in self.tree.walk_below(root).into_iter().rev() {
             let pages = self.tree.pages(n);
             self.lru.unlink(n);
             if let Some(r) = self.tree.remove_leaf(n) {

@@ -3,7 +3,12 @@
 //!
 //! - what the workers' events say is in a [`PrefixIndex`] kept in two copies
 //!   ([`Published`]): ingestion changes the copy placements are not reading, then sends them
-//!   to it. Each event is applied twice (once per copy), and the copies cost twice the memory;
+//!   to it. Each event is applied twice (once per copy), and the trees cost twice the memory;
+//!   the page table, which only ingestion reads (to find an event's pages by hash), is kept
+//!   once: the copy that takes an event first looks its pages up there and leaves what it
+//!   found in a trace; the other takes the same event from that trace a write later. The
+//!   copies make the same node ids for the same events (`RadixTree::walk` orders siblings
+//!   by id), so one table names the pages of both;
 //! - the router's own placements (provisional marks, which the next placement must see at
 //!   once) are in a second [`PrefixIndex`] that only placements and housekeeping lock, for a
 //!   match or one insert at a time.
@@ -16,6 +21,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use super::published::{Absorb, Published};
+use super::shard::{SHARD_WORKERS, Shard};
+use super::table::{PageTable, Trace};
 use super::{IndexError, PrefixIndex};
 
 /// A worker's KV event, owned: applied to one copy of the index now and to the other later.
@@ -49,20 +56,71 @@ pub enum Event {
 impl PrefixIndex {
     /// Applies event `e`.
     pub fn apply(&mut self, e: &Event) -> Result<(), IndexError> {
-        match e {
-            Event::Stored { worker, parent, hashes, tokens } => self.stored(*worker, *parent, hashes, tokens),
-            Event::Removed { worker, hashes } => self.removed(*worker, hashes),
-            Event::Clear { worker } => self.clear_worker(*worker),
+        match self.shard_of(e) {
+            Some((_, s, slot)) => e.apply_to(s, slot),
+            None => Ok(()),
         }
+    }
+}
+
+impl Event {
+    fn worker(&self) -> usize {
+        match self {
+            Event::Stored { worker, .. } | Event::Removed { worker, .. } | Event::Clear { worker } => *worker,
+        }
+    }
+
+    /// Applies this event to shard `s`, where the worker is slot `slot`.
+    fn apply_to(&self, s: &mut Shard, slot: usize) -> Result<(), IndexError> {
+        match self {
+            Event::Stored { parent, hashes, tokens, .. } => s.stored(slot, *parent, hashes, tokens),
+            Event::Removed { hashes, .. } => s.removed(slot, hashes),
+            Event::Clear { .. } => s.clear_worker(slot),
+        }
+    }
+}
+
+/// The page tables of the shared events' index, one per shard, which the writer keeps once
+/// for both copies.
+#[derive(Default)]
+pub struct Tables(Vec<PageTable>);
+
+impl PrefixIndex {
+    /// The shard event `e` changes, made when new (a clear makes none), and its number and
+    /// the worker's slot in it.
+    fn shard_of(&mut self, e: &Event) -> Option<(usize, &mut Shard, usize)> {
+        let w = e.worker();
+        let i = w / SHARD_WORKERS;
+        if matches!(e, Event::Clear { .. }) && i >= self.shards.len() {
+            return None;
+        }
+        let (s, slot) = self.shard(w);
+        Some((i, s, slot))
     }
 }
 
 impl Absorb for PrefixIndex {
     type Op = Event;
     type Error = IndexError;
+    type Side = Tables;
+    type Trace = Trace;
 
-    fn absorb(&mut self, e: &Event) -> Result<(), IndexError> {
-        self.apply(e)
+    fn absorb(&mut self, e: &Event, tables: &mut Tables, trace: &mut Trace) -> Result<(), IndexError> {
+        let Some((i, s, slot)) = self.shard_of(e) else { return Ok(()) };
+        if tables.0.len() <= i {
+            tables.0.resize_with(i + 1, PageTable::default);
+        }
+        s.recording(&mut tables.0[i], trace, |s| e.apply_to(s, slot))
+    }
+
+    fn absorb_again(&mut self, e: &Event, trace: &mut Trace) {
+        if let Some((_, s, slot)) = self.shard_of(e) {
+            let _ = s.replaying(trace, |s| e.apply_to(s, slot));
+        }
+    }
+
+    fn reset(trace: &mut Trace) {
+        trace.clear();
     }
 }
 
@@ -161,10 +219,11 @@ impl SharedIndex {
 
     /// The gauges and counters.
     pub fn stats(&self) -> IndexStats {
-        let (confirmed, e_evicted, e_dropped) = {
+        let (e_evicted, e_dropped) = {
             let e = self.events.read();
-            (e.confirmed(), e.evicted(), e.dropped())
+            (e.evicted(), e.dropped())
         };
+        let confirmed = self.events.side(|t| t.0.iter().map(PageTable::len).sum());
         let m = self.marks.lock();
         IndexStats {
             confirmed,

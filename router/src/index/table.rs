@@ -83,6 +83,47 @@ fn part_of(h: u64) -> usize {
     ((h >> 32) & 63) as usize
 }
 
+/// What a shard's page lookups found, in order, as one copy of the shared events' index made a
+/// change with the one table the writer keeps; the other copy makes the same change again from
+/// these answers, with no table (`super::shared`).
+#[derive(Debug, Default)]
+pub struct Trace {
+    found: Vec<Option<(NodeId, u32)>>,
+    next: usize,
+}
+
+impl Trace {
+    /// Empty, its room kept.
+    pub(super) fn clear(&mut self) {
+        self.found.clear();
+        self.next = 0;
+    }
+
+    pub(super) fn push(&mut self, found: Option<(NodeId, usize)>) {
+        self.found.push(found.map(|(n, k)| (n, k as u32)));
+    }
+
+    /// The next answer, in the order they were pushed.
+    pub(super) fn pop(&mut self) -> Option<(NodeId, usize)> {
+        let found = self.found.get(self.next).copied();
+        debug_assert!(found.is_some(), "a change made again looked up more than the first time");
+        self.next += 1;
+        found.flatten().map(|(n, k)| (n, k as usize))
+    }
+}
+
+/// Which page table a shard uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) enum Mode {
+    /// Its own (an index used alone).
+    #[default]
+    Own,
+    /// The shared index's one table, lent for a change; lookups are traced.
+    Record,
+    /// None: the change is made again from the trace of its first making.
+    Replay,
+}
+
 /// Where a page that came in a KV event is: in `node`, at index `at` — or, after a split cut
 /// the node's head off, at a smaller index.
 #[derive(Debug, Clone, Copy)]
