@@ -1,5 +1,5 @@
 //! Router placement benchmark, issue 17's workload W1, through the router's own path: the
-//! workers' published health and load (`Snapshot::prefill_states`) → match
+//! workers' published health and load (`Registry::prefill_board`'s board) → match
 //! (`SharedIndex::matched`: the workers' events and the router's marks) → choose
 //! (`Placer::prefill`) → provisional insert (`SharedIndex::provisional`), exactly what every
 //! request does.
@@ -35,7 +35,7 @@ use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::Role;
 use ferry_router::index::SharedIndex;
 use ferry_router::placement::{Placer, Policy, jitter};
-use ferry_router::workers::{Snapshot, Worker};
+use ferry_router::workers::{Board, Worker};
 
 const PS: usize = 16;
 const GROUPS: usize = 64;
@@ -48,8 +48,8 @@ const SMG: [(f64, f64); 3] = [(5.0, 5.8), (10.7, 14.2), (13.2, 17.3)];
 struct Router {
     ix: SharedIndex,
     placer: Placer,
-    /// The workers as placement reads them: each one's published health and load.
-    workers: Snapshot,
+    /// The workers' published health and load, as placement reads them.
+    workers: Arc<Board>,
     rng: Rng,
 }
 
@@ -57,12 +57,12 @@ impl Router {
     /// One placement; returns the worker and (whole, index-only) seconds.
     fn place(&mut self, prompt: &[u32], now: Instant) -> (usize, f64, f64) {
         let t = Instant::now();
-        let states = self.workers.prefill_states(now);
+        let board = self.workers.load();
         let t0 = Instant::now();
-        let m = self.ix.matched(&prompt[..prompt.len() - 1], states.len());
+        let m = self.ix.matched(&prompt[..prompt.len() - 1], board.len());
         let t_match = t0.elapsed();
         let j = self.rng.next();
-        let c = self.placer.prefill(prompt.len(), &m, &states, jitter(j as u32));
+        let c = self.placer.prefill(prompt.len(), &m, &board, now, jitter(j as u32));
         let w = c.map_or(0, |c| c.worker);
         let t1 = Instant::now();
         self.ix.provisional(w, prompt, now, TTL).expect("insert");
@@ -130,9 +130,9 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
                             p.extend_from_slice(&tails[(i * 7 + me) % tails.len()]);
                             p[PREFIX] = (50_000 + (round * 2 + me) * per + i) as u32;
                             let t0 = Instant::now();
-                            let states = workers.prefill_states(now);
-                            let m = ix.matched(&p[..p.len() - 1], states.len());
-                            let c = placer.lock().expect("placer").prefill(p.len(), &m, &states, jitter(i as u32));
+                            let board = workers.load();
+                            let m = ix.matched(&p[..p.len() - 1], board.len());
+                            let c = placer.lock().expect("placer").prefill(p.len(), &m, &board, now, jitter(i as u32));
                             ix.provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
                             busy += t0.elapsed().as_secs_f64();
                         }
@@ -161,18 +161,18 @@ fn main() {
     // (placement assumes the default rate, 5,000 tokens/s); their channels never connect.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let _in_rt = rt.enter();
-    let prefill = (0..workers)
+    let board = Arc::new(Board::default());
+    let _workers: Vec<Worker> = (0..workers)
         .map(|w| {
             let id = WorkerId::new(format!("prefill-{w}")).expect("id");
-            let worker = Worker::standalone(id, Role::Prefill, "127.0.0.1:9", w).expect("worker");
+            let worker = Worker::standalone(id, Role::Prefill, "127.0.0.1:9", w, Some(&board)).expect("worker");
             worker.ok();
-            Some(Arc::new(worker))
+            worker
         })
         .collect();
-    let snap = Snapshot { prefill, decode: Vec::new() };
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
-    let mut r = Router { ix: SharedIndex::new(PS, 1 << 20), placer, workers: snap, rng: Rng(0xfeed) };
+    let mut r = Router { ix: SharedIndex::new(PS, 1 << 20), placer, workers: board, rng: Rng(0xfeed) };
     let now = Instant::now();
     let n = 10_000 / div;
     let mut preloaded = Vec::with_capacity(n);

@@ -194,9 +194,9 @@ impl Ctx {
         let len = req.tokens.len();
         let snap = self.workers.snapshot();
         let now = Instant::now();
-        let prefill_states = snap.prefill_states(now);
-        let cached = self.index.matched(&req.tokens[..len - 1], prefill_states.len());
-        let choice = lock(&self.placer).prefill(len, &cached, &prefill_states, jitter(rand::random()));
+        let board = self.workers.prefill_board();
+        let cached = self.index.matched(&req.tokens[..len - 1], board.len());
+        let choice = lock(&self.placer).prefill(len, &cached, &board, now, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
@@ -223,7 +223,7 @@ impl Ctx {
         let held = decode_states[d].cached_tokens;
         let path = lock(&self.placer).path(
             len,
-            choice.map(|c| (c, prefill_states[c.worker])),
+            choice.map(|c| (c, board.state(c.worker, now))),
             held,
             self.local_prefill_below,
             self.local_prefill_max,
@@ -239,7 +239,9 @@ impl Ctx {
         let pull = matches!(path, Path::Pull(_));
         let prefill = match path {
             Path::Prefill(c) | Path::Pull(c) => {
-                snap.prefill[c.worker].as_ref().map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
+                // The board and the members are read apart: a worker that joined since holds
+                // a slot past the members read (out of placement until its first check).
+                snap.prefill.get(c.worker).and_then(Option::as_ref).map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
             }
             Path::Local(_) => None,
         };

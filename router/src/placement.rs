@@ -11,6 +11,12 @@
 //! same reports do not all pick the same worker.
 
 use std::str::FromStr;
+use std::time::Instant;
+
+mod board;
+
+pub use board::PrefillBoard;
+pub(crate) use board::since_epoch;
 
 /// How prefill workers are chosen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -138,31 +144,43 @@ pub struct PrefillChoice {
 /// router with a thousand workers scores each on every request): the least estimate `m`
 /// first; then the jittered scores, only for workers within 1 % of `m` — a worker estimated
 /// above `m` × 1.01 cannot beat the best one's jittered score, which is below that.
-/// `transfer`: the seconds to move the prompt's KV.
+/// `transfer`: the seconds to move the prompt's KV; `now`: nanoseconds from the placement
+/// epoch.
 fn least_jittered(
     (len, transfer): (usize, f64),
     cached: &[usize],
-    states: &[PrefillState],
+    board: &PrefillBoard,
+    now: f64,
     default_rate: f64,
     jitter: &mut impl FnMut(usize) -> f64,
 ) -> Option<usize> {
-    let default_spt = 1.0 / default_rate;
-    // Multiplications only, no branch but selects: what a thousand workers cost. (Token
-    // counts convert through i64, one instruction; usize to f64 is a branchy sequence.)
-    let estimate = move |s: &PrefillState, held: usize| {
-        let spt = if s.seconds_per_token > 0.0 { s.seconds_per_token } else { default_spt };
-        let t = (s.queued + (len - held.min(len)) as i64 as f64) * spt + transfer;
-        if s.healthy { t } else { f64::INFINITY }
-    };
+    let (default_spt, len_f) = (1.0 / default_rate, len as f64);
+    let (ready, queued, spt) = board.numbers();
     thread_local! {
         /// The estimates of the last request placed on this thread, reused.
         static ESTIMATES: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     ESTIMATES.with_borrow_mut(|est| {
         est.clear();
-        let n = cached.len().min(states.len());
-        est.extend(states[..n].iter().zip(&cached[..n]).map(|(s, &h)| estimate(s, h)));
-        est.extend(states[n..].iter().map(|s| estimate(s, 0)));
+        est.resize(ready.len(), 0.0);
+        // Equal slices, indexed: no bounds checks, and the loop vectorizes.
+        let n = cached.len().min(ready.len());
+        let (e, r, q, s, c) = (&mut est[..n], &ready[..n], &queued[..n], &spt[..n], &cached[..n]);
+        for i in 0..n {
+            e[i] = estimate(
+                Numbers { ready: r[i], queued: q[i], spt: s[i], held: c[i] },
+                len_f,
+                transfer,
+                default_spt,
+                now,
+            );
+        }
+        let m = ready.len();
+        let (e, r, q, s) = (&mut est[n..m], &ready[n..m], &queued[n..m], &spt[n..m]);
+        for i in 0..m - n {
+            e[i] =
+                estimate(Numbers { ready: r[i], queued: q[i], spt: s[i], held: 0 }, len_f, transfer, default_spt, now);
+        }
         let least = least(est);
         if least == f64::INFINITY {
             return None;
@@ -176,6 +194,37 @@ fn least_jittered(
         }
         first_least(est)
     })
+}
+
+/// One worker's placement numbers ([`PrefillBoard`]) and the tokens of the prompt it holds.
+struct Numbers {
+    ready: f64,
+    queued: f64,
+    spt: f64,
+    held: usize,
+}
+
+/// A worker's estimated time to first token for a prompt of `len` tokens (`transfer`: the
+/// seconds to move its KV) at `now` (nanoseconds from the placement epoch); infinite when it
+/// is not healthy then. Multiplications only and selects, no branch: it runs for a thousand
+/// workers, two at a time. (A token count becomes an `f64` by the exponent trick, which
+/// vectorizes where `as f64` of an integer does not: counts are far below 2^52.) Its inputs by
+/// value: read through a closure's captures, they were reloaded on every iteration (the
+/// estimates' store might have changed them) and the loop stayed scalar.
+#[inline(always)]
+fn estimate(w: Numbers, len: f64, transfer: f64, default_spt: f64, now: f64) -> f64 {
+    const TWO_52: f64 = 4_503_599_627_370_496.0;
+    let held = f64::from_bits((w.held as u64 & ((1 << 52) - 1)) | TWO_52.to_bits()) - TWO_52;
+    // Selects by masks: written as `if`, the compiler kept a branch and the loop scalar.
+    let pick = |yes: bool, a: f64, b: f64| {
+        f64::from_bits(
+            (a.to_bits() & 0u64.wrapping_sub(u64::from(yes))) | (b.to_bits() & u64::from(yes).wrapping_sub(1)),
+        )
+    };
+    let spt = pick(w.spt > 0.0, w.spt, default_spt);
+    let lack = len - held;
+    let t = (w.queued + pick(lack > 0.0, lack, 0.0)) * spt + transfer;
+    pick(now >= w.ready, t, f64::INFINITY)
 }
 
 /// The least value of `v` (infinite when empty), in four running minimums: no chain of
@@ -264,19 +313,21 @@ impl Placer {
     }
 
     /// Picks the prefill worker for a prompt of `len` tokens; `cached[w]` is what worker `w`
-    /// holds of it; `jitter(i)` returns a number in [0, 1) for worker `i`.
+    /// holds of it; `board` has every worker's numbers (healthy or not at `now`); `jitter(i)`
+    /// returns a number in [0, 1) for worker `i`.
     pub fn prefill(
         &mut self,
         len: usize,
         cached: &[usize],
-        states: &[PrefillState],
+        board: &PrefillBoard,
+        now: Instant,
         mut jitter: impl FnMut(usize) -> f64,
     ) -> Option<PrefillChoice> {
-        let healthy = || (0..states.len()).filter(|&w| states[w].healthy);
+        let healthy = || (0..board.len()).filter(|&w| board.healthy(w, now));
         let held = |w: usize| cached.get(w).copied().unwrap_or(0).min(len);
         let (default_rate, transfer) = (self.default_rate.max(1.0), self.transfer_seconds(len));
         let ttft = |w: usize| {
-            let s = &states[w];
+            let s = board.state(w, now);
             let rate = if s.tokens_per_second > 0.0 { s.tokens_per_second } else { default_rate };
             (s.queued_tokens as f64 + (len - held(w)) as f64) / rate + transfer
         };
@@ -289,8 +340,10 @@ impl Placer {
                 self.rr = self.rr.wrapping_add(1);
                 healthy().nth(self.rr % n)?
             }
-            Policy::LeastLoad => healthy().min_by_key(|&w| (states[w].queued_tokens, w))?,
-            Policy::CacheAware => least_jittered((len, transfer), cached, states, default_rate, &mut jitter)?,
+            Policy::LeastLoad => healthy().min_by_key(|&w| (board.state(w, now).queued_tokens, w))?,
+            Policy::CacheAware => {
+                least_jittered((len, transfer), cached, board, PrefillBoard::at(now), default_rate, &mut jitter)?
+            }
         };
         Some(PrefillChoice { worker: w, cached_tokens: held(w), ttft: ttft(w) })
     }
@@ -400,6 +453,11 @@ mod tests {
         }
     }
 
+    /// A board of `states`.
+    fn on(states: &[PrefillState]) -> PrefillBoard {
+        PrefillBoard::from_states(states)
+    }
+
     fn st(queued: u64, rate: f64) -> PrefillState {
         PrefillState::new(true, queued, rate)
     }
@@ -409,32 +467,36 @@ mod tests {
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
         let none = |_| 0.0;
         // Worker 1 holds 900 of 1000 tokens: 100 to compute against 1000 elsewhere.
-        let c = p.prefill(1000, &[0, 900, 0], &[st(0, 1000.0), st(0, 1000.0), st(0, 1000.0)], none).expect("one");
+        let c = p
+            .prefill(1000, &[0, 900, 0], &on(&[st(0, 1000.0), st(0, 1000.0), st(0, 1000.0)]), Instant::now(), none)
+            .expect("one");
         assert_eq!((c.worker, c.cached_tokens), (1, 900));
         assert!((c.ttft - 0.1).abs() < 1e-9);
         // The same worker with 2000 queued tokens is slower than an idle cold one.
-        let c = p.prefill(1000, &[0, 900], &[st(0, 1000.0), st(2000, 1000.0)], none).expect("one");
+        let c = p.prefill(1000, &[0, 900], &on(&[st(0, 1000.0), st(2000, 1000.0)]), Instant::now(), none).expect("one");
         assert_eq!(c.worker, 0);
         // A faster worker wins a cold race; unhealthy ones never win.
         let mut down = st(0, 1e6);
         down.healthy = false;
-        let c = p.prefill(1000, &[0, 0, 0], &[st(0, 1000.0), st(0, 4000.0), down], none).expect("one");
+        let c =
+            p.prefill(1000, &[0, 0, 0], &on(&[st(0, 1000.0), st(0, 4000.0), down]), Instant::now(), none).expect("one");
         assert_eq!(c.worker, 1);
-        assert!(p.prefill(10, &[], &[down], none).is_none());
+        assert!(p.prefill(10, &[], &on(&[down]), Instant::now(), none).is_none());
     }
 
     #[test]
     fn jitter_spreads_exact_ties_and_other_policies_ignore_caches() {
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
         let tie = [st(0, 1000.0), st(0, 1000.0)];
-        let a = p.prefill(100, &[0, 0], &tie, |w| if w == 0 { 0.9 } else { 0.1 }).expect("one");
-        let b = p.prefill(100, &[0, 0], &tie, |w| if w == 0 { 0.1 } else { 0.9 }).expect("one");
+        let a = p.prefill(100, &[0, 0], &on(&tie), Instant::now(), |w| if w == 0 { 0.9 } else { 0.1 }).expect("one");
+        let b = p.prefill(100, &[0, 0], &on(&tie), Instant::now(), |w| if w == 0 { 0.1 } else { 0.9 }).expect("one");
         assert_ne!(a.worker, b.worker);
         let mut rr = Placer::new(Policy::RoundRobin, 1000.0, 0.0, 1e9);
-        let picks: Vec<usize> = (0..4).map(|_| rr.prefill(10, &[10, 0], &tie, |_| 0.0).expect("one").worker).collect();
+        let picks: Vec<usize> =
+            (0..4).map(|_| rr.prefill(10, &[10, 0], &on(&tie), Instant::now(), |_| 0.0).expect("one").worker).collect();
         assert_eq!(picks, vec![1, 0, 1, 0]);
         let mut ll = Placer::new(Policy::LeastLoad, 1000.0, 0.0, 1e9);
-        let c = ll.prefill(10, &[10, 0], &[st(50, 1.0), st(5, 1.0)], |_| 0.0).expect("one");
+        let c = ll.prefill(10, &[10, 0], &on(&[st(50, 1.0), st(5, 1.0)]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!((c.worker, c.cached_tokens), (1, 0));
         assert_eq!("least-load".parse::<Policy>(), Ok(Policy::LeastLoad));
         assert!("random".parse::<Policy>().is_err());
@@ -455,7 +517,7 @@ mod tests {
             assert_eq!(bits.len(), 1024, "seed {seed}");
             let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
             let tie = vec![st(0, 1000.0); 1024];
-            winners.insert(p.prefill(100, &[], &tie, j).expect("one").worker);
+            winners.insert(p.prefill(100, &[], &on(&tie), Instant::now(), j).expect("one").worker);
         }
         assert!(winners.len() > 48, "64 seeds picked only {} workers", winners.len());
     }
@@ -501,7 +563,7 @@ mod tests {
         let st = PrefillState::new(true, 0, 1000.0);
         // 1000 tokens' pages move in 1 ms.
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e9);
-        let c = p.prefill(1000, &[0], &[st], |_| 0.0).expect("one");
+        let c = p.prefill(1000, &[0], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         // The decode worker holds 900 of 1000 tokens: 100 there (0.1 s) beats 1000 on the
         // prefill worker (1 s) and the transfer of 100 tokens' pages.
         assert_eq!(p.path(1000, Some((c, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
@@ -524,13 +586,13 @@ mod tests {
         assert_eq!(p.path(1000, Some((c, st)), 0, 101, 0), Path::Prefill(c));
         // The prefill worker holds as much and is idle: the decode worker saves only the
         // transfer; with no transfer cost, a tie, which the prefill worker takes.
-        let same = p.prefill(1000, &[900], &[st], |_| 0.0).expect("one");
+        let same = p.prefill(1000, &[900], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(p.path(1000, Some((same, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
         let mut free = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
-        let same = free.prefill(1000, &[900], &[st], |_| 0.0).expect("one");
+        let same = free.prefill(1000, &[900], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(free.path(1000, Some((same, st)), 900, 0, 512), Path::Prefill(same));
         // The prefill worker holds more and is idle: it is sooner.
-        let warm = p.prefill(1000, &[990], &[st], |_| 0.0).expect("one");
+        let warm = p.prefill(1000, &[990], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(p.path(1000, Some((warm, st)), 500, 0, 512), Path::Prefill(warm));
         assert_eq!(p.path(1000, None, 0, 0, 512), Path::Local(LocalWhy::NoPrefill));
         // A whole prompt held still computes its last token.

@@ -19,11 +19,14 @@ use ferry_proto::v1 as pb;
 use tonic::transport::Channel;
 
 use crate::index::SharedIndex;
-use crate::placement::{DecodeState, PrefillState};
+use crate::placement::{DecodeState, PrefillBoard};
 
+mod board;
 mod events;
 mod health;
 mod view;
+
+pub use board::Board;
 
 use events::follow_events;
 pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
@@ -50,6 +53,9 @@ pub struct Worker {
     health: Mutex<Health>,
     /// Its health and load as placement reads them, without the lock.
     view: view::View,
+    /// A prefill worker's place on its registry's board, and its serial there (a slot's
+    /// later holder has another).
+    board: Option<(Arc<Board>, u64)>,
     /// Still a member of the registry (events for its slot are applied only while it is).
     member: std::sync::atomic::AtomicBool,
     /// Wakes the calls waiting on it when its active checks take it out of placement or it
@@ -65,19 +71,37 @@ impl Worker {
 
     /// A worker in slot `slot` that no registry lists: nothing checks it or follows its
     /// events, and its channel connects on first use (benches that place on real workers'
-    /// published state; call within a tokio runtime). Out of placement until [`Self::ok`].
-    pub fn standalone(id: WorkerId, role: Role, addr: &str, slot: usize) -> Result<Self, String> {
-        Ok(Self {
+    /// published state; call within a tokio runtime), publishing to `board` when given. Out
+    /// of placement until [`Self::ok`].
+    pub fn standalone(
+        id: WorkerId,
+        role: Role,
+        addr: &str,
+        slot: usize,
+        board: Option<&Arc<Board>>,
+    ) -> Result<Self, String> {
+        Ok(Self::new(id, role, addr.to_string(), channel(addr, role, None)?, slot, board))
+    }
+
+    /// In `slot`, claiming it on `board` when given.
+    fn new(id: WorkerId, role: Role, addr: String, channel: Channel, slot: usize, board: Option<&Arc<Board>>) -> Self {
+        let board = board.map(|b| {
+            let serial = board::serial();
+            b.claim(slot, serial);
+            (Arc::clone(b), serial)
+        });
+        Self {
             id,
             role,
-            addr: addr.to_string(),
-            channel: channel(addr, role, None)?,
+            addr,
+            channel,
             slot,
             health: Mutex::new(Health::default()),
             view: view::View::default(),
+            board,
             member: std::sync::atomic::AtomicBool::new(true),
             out: tokio::sync::Notify::new(),
-        })
+        }
     }
 
     /// Completes when its active checks next take it out of placement, or it leaves the
@@ -111,6 +135,9 @@ impl Worker {
         let mut h = lock(&self.health);
         let r = f(&mut h);
         self.view.publish(&h, load);
+        if let Some((board, serial)) = &self.board {
+            board.publish(self.slot, *serial, h.ready_at(), &h.prefill_state());
+        }
         r
     }
 
@@ -119,15 +146,8 @@ impl Worker {
         lock(&self.health).load.clone()
     }
 
-    /// What placement reads of a prefill worker: no lock, three numbers (a router scores
-    /// every worker on every request).
-    #[inline]
-    pub fn prefill_state(&self, now: Instant) -> PrefillState {
-        self.view.prefill_state(now)
-    }
-
-    /// What placement reads of a decode worker (unhealthy as well when `excluded`).
-    /// What placement reads of a decode worker holding `cached_tokens` of the prompt.
+    /// What placement reads of a decode worker holding `cached_tokens` of the prompt
+    /// (unhealthy as well when `excluded`).
     pub fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
         self.view.decode_state(now, excluded, cached_tokens)
     }
@@ -182,13 +202,6 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// What placement reads of every prefill slot at `now`, in slot order (a free slot:
-    /// unhealthy): what every request scores.
-    pub fn prefill_states(&self, now: Instant) -> Vec<PrefillState> {
-        let gone = PrefillState::new(false, 0, 0.0);
-        self.prefill.iter().map(|w| w.as_ref().map_or(gone, |w| w.prefill_state(now))).collect()
-    }
-
     /// Every worker, prefill first.
     pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
         self.prefill.iter().flatten().chain(&self.decode)
@@ -212,6 +225,8 @@ pub struct Registry {
     /// The members as every placement reads them: replaced whole (under `members`' lock)
     /// when one joins or leaves, read without waiting.
     current: arc_swap::ArcSwap<Snapshot>,
+    /// What placement scores of every prefill slot, published by the workers.
+    board: Arc<Board>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -247,7 +262,14 @@ impl Registry {
             tls: None,
             members: Mutex::new((Vec::new(), Vec::new())),
             current: arc_swap::ArcSwap::from_pointee(Snapshot::default()),
+            board: Arc::default(),
         }
+    }
+
+    /// What placement scores of every prefill slot (a free slot: unhealthy), by slot: one
+    /// atomic load.
+    pub fn prefill_board(&self) -> Arc<PrefillBoard> {
+        self.board.load()
     }
 
     /// What decode workers' caches hold, by their [`Worker::slot`].
@@ -309,17 +331,8 @@ impl Registry {
             // The lowest slot no decode member holds.
             Role::Decode => (0..).find(|s| !m.1.iter().any(|x| x.worker.slot == *s)).unwrap_or(0),
         };
-        let worker = Arc::new(Worker {
-            id: w.id.clone(),
-            role: w.role,
-            addr: w.addr.clone(),
-            channel,
-            slot,
-            health: Mutex::new(Health::default()),
-            view: view::View::default(),
-            member: std::sync::atomic::AtomicBool::new(true),
-            out: tokio::sync::Notify::new(),
-        });
+        let board = (w.role == Role::Prefill).then_some(&self.board);
+        let worker = Arc::new(Worker::new(w.id.clone(), w.role, w.addr.clone(), channel, slot, board));
         let events = tokio::spawn(follow_events(Arc::clone(&worker), slot, Arc::clone(self.index_of(w.role))));
         // A new worker is out of placement until a check passes: checked now, not at the next
         // round (a second or more away with a thousand workers).
@@ -349,6 +362,9 @@ impl Registry {
         };
         let Some(member) = gone else { return false };
         self.publish(m);
+        if let Some((board, serial)) = &member.worker.board {
+            board.release(member.worker.slot, *serial);
+        }
         member.worker.member.store(false, std::sync::atomic::Ordering::SeqCst);
         member.worker.out.notify_waiters();
         member.events.abort();

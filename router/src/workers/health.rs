@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use ferry_proto::v1 as pb;
 
+use crate::placement::PrefillState;
+
 /// Consecutive failures that open a worker's circuit.
 pub(super) const TRIP_AFTER: u32 = 3;
 /// How long an open circuit keeps a worker out of placement.
@@ -32,6 +34,20 @@ impl Health {
     #[cfg(test)]
     pub(super) fn healthy(&self, now: Instant) -> bool {
         self.seen && self.open_until.is_none_or(|t| now >= t)
+    }
+
+    /// From when it is healthy, nanoseconds from the placement epoch (0: now); None: not
+    /// until something changes ([`Self::healthy`] as the prefill board keeps it).
+    pub(super) fn ready_at(&self) -> Option<u64> {
+        self.seen.then(|| self.open_until.map_or(0, crate::placement::since_epoch))
+    }
+
+    /// What placement scores of it as a prefill worker (its `healthy` as of no time in
+    /// particular: the board keeps [`Self::ready_at`]).
+    pub(super) fn prefill_state(&self) -> PrefillState {
+        let (queued, rate) =
+            self.load.as_ref().map_or((0, 0.0), |l| (l.queued_prefill_tokens, l.prefill_tokens_per_second));
+        PrefillState::new(self.seen, queued, rate)
     }
 
     /// Opens the circuit when either count reached [`TRIP_AFTER`] and it is not open now (a

@@ -1,48 +1,32 @@
-//! What placement reads of a worker, without a lock: its health and the few numbers of its
-//! load report that placement scores. Whoever changes the worker's [`super::Health`] (an
-//! active check, a call's outcome) publishes them here while holding its lock; every placement
-//! reads them for every worker with relaxed atomic loads. A router with a thousand workers
-//! used to take a thousand mutexes per request here.
+//! What placement reads of a worker, without a lock: its health and the numbers of a decode
+//! worker's load report that placement scores (a prefill worker's are on the registry's
+//! board, `super::board`, one array per number). Whoever changes the worker's
+//! [`super::Health`] (an active check, a call's outcome) publishes them here while holding
+//! its lock; placements read them with relaxed atomic loads. A router with a thousand
+//! workers used to take a thousand mutexes per request here.
 //!
 //! The numbers are read one by one, not as one consistent report: a placement racing a report
-//! may mix the old queue length with the new rate. Both are estimates already a poll interval
-//! old, so this costs nothing placement could notice.
+//! may mix the old numbers with the new. Both are estimates already a poll interval old, so
+//! this costs nothing placement could notice.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
 use std::time::Instant;
 
 use ferry_proto::v1 as pb;
 
 use super::Health;
-use crate::placement::{DecodeState, PrefillState, seconds_per_token};
-
-/// The instant every published deadline counts from.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// Nanoseconds from [`epoch`] to `t` (0 for instants before it).
-fn since_epoch(t: Instant) -> u64 {
-    t.saturating_duration_since(epoch()).as_nanos().try_into().unwrap_or(u64::MAX)
-}
+use crate::placement::{DecodeState, since_epoch};
 
 /// A worker's placement inputs, published.
 #[derive(Debug)]
 pub(super) struct View {
     /// An active check or a call has succeeded since it joined.
     seen: AtomicBool,
-    /// While its circuit is open: 1 + nanoseconds from [`epoch`] until it half-opens; 0
-    /// when closed.
+    /// While its circuit is open: 1 + nanoseconds from the placement epoch until it
+    /// half-opens; 0 when closed.
     open_until: AtomicU64,
     /// A load report came.
     reported: AtomicBool,
-    queued_prefill_tokens: AtomicU64,
-    /// f64 bits.
-    prefill_tokens_per_second: AtomicU64,
-    /// f64 bits: its reciprocal, 0 when not measured ([`PrefillState::new`]).
-    prefill_seconds_per_token: AtomicU64,
     /// Free plus evictable pages (a decode worker's).
     admissible_pages: AtomicU64,
     total_pages: AtomicU64,
@@ -50,14 +34,10 @@ pub(super) struct View {
 
 impl Default for View {
     fn default() -> Self {
-        epoch();
         Self {
             seen: AtomicBool::new(false),
             open_until: AtomicU64::new(0),
             reported: AtomicBool::new(false),
-            queued_prefill_tokens: AtomicU64::new(0),
-            prefill_tokens_per_second: AtomicU64::new(0f64.to_bits()),
-            prefill_seconds_per_token: AtomicU64::new(0f64.to_bits()),
             admissible_pages: AtomicU64::new(0),
             total_pages: AtomicU64::new(0),
         }
@@ -79,10 +59,6 @@ impl View {
     }
 
     fn publish_load(&self, l: &pb::LoadReport) {
-        self.queued_prefill_tokens.store(l.queued_prefill_tokens, Relaxed);
-        let rate = l.prefill_tokens_per_second;
-        self.prefill_tokens_per_second.store(rate.to_bits(), Relaxed);
-        self.prefill_seconds_per_token.store(seconds_per_token(rate).to_bits(), Relaxed);
         self.admissible_pages.store(u64::from(l.free_pages) + u64::from(l.evictable_pages), Relaxed);
         self.total_pages.store(u64::from(l.total_pages), Relaxed);
     }
@@ -92,22 +68,6 @@ impl View {
     pub(super) fn healthy(&self, now: Instant) -> bool {
         let open = self.open_until.load(Relaxed);
         self.seen.load(Relaxed) && (open == 0 || since_epoch(now) >= open - 1)
-    }
-
-    /// Inlined into the caller's loop over a thousand workers: called, it returned the state
-    /// through the stack, and copying it out read its `bool` with wider loads than wrote it (a
-    /// failed store-to-load forward each): 9.8 µs for 1,024 workers, 3.3 inlined.
-    #[inline]
-    pub(super) fn prefill_state(&self, now: Instant) -> PrefillState {
-        if !self.reported.load(Acquire) {
-            return PrefillState::new(self.healthy(now), 0, 0.0);
-        }
-        PrefillState::with_reciprocal(
-            self.healthy(now),
-            self.queued_prefill_tokens.load(Relaxed),
-            f64::from_bits(self.prefill_tokens_per_second.load(Relaxed)),
-            f64::from_bits(self.prefill_seconds_per_token.load(Relaxed)),
-        )
     }
 
     pub(super) fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
@@ -127,8 +87,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::placement::{PrefillBoard, PrefillState};
 
-    /// The published view answers what the locked health answers, at every step of a
+    /// The published view, and the prefill board, answer what the locked health answers, at every step of a
     /// breaker's life and before and after a report.
     #[test]
     fn the_view_agrees_with_the_health_it_publishes() {
@@ -137,10 +98,13 @@ mod tests {
         let agree = |h: &Health, v: &View, now: Instant| {
             assert_eq!(v.healthy(now), h.healthy(now), "{h:?} at {:?}", now - t0);
             let load = h.load.as_ref();
-            let p = v.prefill_state(now);
-            assert_eq!(p.queued_tokens, load.map_or(0, |l| l.queued_prefill_tokens));
-            assert_eq!(p.tokens_per_second, load.map_or(0.0, |l| l.prefill_tokens_per_second));
-            assert_eq!(p, PrefillState::new(h.healthy(now), p.queued_tokens, p.tokens_per_second));
+            // The prefill board as a worker publishes to it (`Board::publish`).
+            let mut board = PrefillBoard::default();
+            board.set(2, h.ready_at(), &h.prefill_state());
+            assert_eq!(board.healthy(2, now), h.healthy(now), "{h:?} at {:?}", now - t0);
+            let (queued, rate) = load.map_or((0, 0.0), |l| (l.queued_prefill_tokens, l.prefill_tokens_per_second));
+            assert_eq!(board.state(2, now), PrefillState::new(h.healthy(now), queued, rate));
+            assert!(!board.healthy(1, now) && !board.healthy(3, now), "free slots");
             let d = v.decode_state(now, false, 3);
             assert_eq!(d.total_pages, load.map_or(u64::MAX, |l| u64::from(l.total_pages)));
             assert_eq!(d.admissible_pages, load.map_or(0, |l| u64::from(l.free_pages + l.evictable_pages)));
