@@ -16,6 +16,7 @@
 //! A worker matches the longer of its two prefixes: each is prefix-closed, so along a prompt
 //! the union of what the events and the marks say is the longer of the two.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -141,6 +142,9 @@ pub struct IndexStats {
 /// Which workers hold which prefixes, shared: see the module's documentation.
 pub struct SharedIndex {
     events: Published<PrefixIndex>,
+    /// The pages in the writer's page tables after the last write (the stats read this, not
+    /// the tables, which they would wait for a write to read).
+    confirmed: AtomicUsize,
     marks: Mutex<PrefixIndex>,
     page_size: usize,
     max_pages: usize,
@@ -151,7 +155,13 @@ impl SharedIndex {
     /// most `max_pages` pages (the events' twice: it has two copies).
     pub fn new(page_size: usize, max_pages: usize) -> Self {
         let ix = || PrefixIndex::new(page_size, max_pages);
-        Self { events: Published::new(ix(), ix()), marks: Mutex::new(ix()), page_size: page_size.max(1), max_pages }
+        Self {
+            events: Published::new(ix(), ix()),
+            confirmed: AtomicUsize::new(0),
+            marks: Mutex::new(ix()),
+            page_size: page_size.max(1),
+            max_pages,
+        }
     }
 
     /// Tokens per page.
@@ -192,7 +202,10 @@ impl SharedIndex {
         events: impl IntoIterator<Item = Event>,
         admit: impl FnOnce() -> bool,
     ) -> Result<bool, IndexError> {
-        self.events.write(events, admit)
+        let written = self.events.write(events, admit);
+        let confirmed = self.events.side(|t| t.0.iter().map(PageTable::len).sum());
+        self.confirmed.store(confirmed, Ordering::Relaxed);
+        written
     }
 
     /// Forgets what worker `worker` holds, events and marks, when `admit()` (asked with
@@ -223,7 +236,7 @@ impl SharedIndex {
             let e = self.events.read();
             (e.evicted(), e.dropped())
         };
-        let confirmed = self.events.side(|t| t.0.iter().map(PageTable::len).sum());
+        let confirmed = self.confirmed.load(Ordering::Relaxed);
         let m = self.marks.lock();
         IndexStats {
             confirmed,
