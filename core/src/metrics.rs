@@ -114,6 +114,9 @@ pub const ROUTER_INDEX_EVICTED: &str = "ferry_router_index_evicted_pages_total";
 /// New pages a router's prefix index (`role`) dropped because it was full of pages it could
 /// not evict (counter).
 pub const ROUTER_INDEX_DROPPED: &str = "ferry_router_index_dropped_pages_total";
+/// Writes after which the two copies of a router's events index (`role`) may answer
+/// differently: a bug in the router, never expected (counter).
+pub const ROUTER_INDEX_DIVERGED: &str = "ferry_router_index_diverged_writes_total";
 /// Prompt tokens the router's tokenizer took from its head cache (`kind` = hit) or
 /// tokenized (`kind` = miss) (counter).
 pub const ROUTER_TOKENIZER_CACHE_TOKENS: &str = "ferry_router_tokenizer_cache_tokens_total";
@@ -303,6 +306,7 @@ pub const ALL: &[Metric] = &[
     ),
     m(ROUTER_INDEX_EVICTED, Kind::Counter, "role", "Pages a router's prefix index evicted to make room"),
     m(ROUTER_INDEX_DROPPED, Kind::Counter, "role", "New pages a router's prefix index dropped, full"),
+    m(ROUTER_INDEX_DIVERGED, Kind::Counter, "role", "Writes after which the index's two copies may differ (a bug)"),
     m(
         ROUTER_TOKENIZER_CACHE_TOKENS,
         Kind::Counter,

@@ -239,9 +239,9 @@ impl Ctx {
         let pull = matches!(path, Path::Pull(_));
         let prefill = match path {
             Path::Prefill(c) | Path::Pull(c) => {
-                // The board and the members are read apart: a worker that joined since holds
-                // a slot past the members read (out of placement until its first check).
-                snap.prefill.get(c.worker).and_then(Option::as_ref).map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
+                // The board and the members are read apart: the slot may have changed hands
+                // between the reads (then the prompt is computed where it decodes).
+                snap.prefill_scored(&board, c.worker).map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
             }
             Path::Local(_) => None,
         };

@@ -76,7 +76,8 @@ impl PrefixIndex {
     }
 
     /// Pages some worker's KV events confirm (the rest of [`Self::pages`] are the router's
-    /// provisional placements).
+    /// provisional placements). Counted in its page tables: 0 for a copy of the shared
+    /// events' index, which keeps none ([`SharedIndex::stats`] counts the writer's).
     pub fn confirmed(&self) -> usize {
         self.shards.iter().map(Shard::confirmed).sum()
     }

@@ -206,6 +206,13 @@ impl Snapshot {
     pub fn all(&self) -> impl Iterator<Item = &Arc<Worker>> {
         self.prefill.iter().flatten().chain(&self.decode)
     }
+
+    /// The prefill worker in `slot` whose numbers `board` has (read apart from this
+    /// snapshot): None when the slot changed hands between the two reads, or is free.
+    pub fn prefill_scored(&self, board: &PrefillBoard, slot: usize) -> Option<&Arc<Worker>> {
+        let w = self.prefill.get(slot)?.as_ref()?;
+        (w.board.as_ref().map(|(_, serial)| *serial) == Some(board.holder(slot))).then_some(w)
+    }
 }
 
 struct Member {
@@ -465,6 +472,7 @@ impl Registry {
             metrics::gauge!(M::ROUTER_INDEX_PAGES, "role" => role, "state" => "provisional").set(s.provisional as f64);
             metrics::counter!(M::ROUTER_INDEX_EVICTED, "role" => role).absolute(s.evicted);
             metrics::counter!(M::ROUTER_INDEX_DROPPED, "role" => role).absolute(s.dropped);
+            metrics::counter!(M::ROUTER_INDEX_DIVERGED, "role" => role).absolute(s.diverged);
         }
     }
 }
@@ -519,5 +527,29 @@ mod tests {
         assert_eq!(poll_period(ms(100), 1000.0, 1024), ms(1024));
         assert_eq!(poll_period(ms(100), 1e-300, 1024), Duration::from_secs(3600), "capped, no overflow");
         assert_eq!(poll_period(ms(100), f64::NAN, 1024), Duration::from_secs(3600));
+    }
+
+    /// Placement reads the board and the members apart: when a slot changes hands between
+    /// the two reads, the request does not go to the member it was not scored for.
+    #[tokio::test]
+    async fn a_slot_that_changed_hands_is_not_sent_to() {
+        let r = Registry::new(Arc::new(SharedIndex::new(16, 1000)));
+        let join = |id: &str, port: u16| {
+            let w = discovery::Worker {
+                id: WorkerId::new(id).expect("id"),
+                role: Role::Prefill,
+                addr: format!("http://127.0.0.1:{port}"),
+            };
+            r.upsert(&w).expect("joined");
+        };
+        join("a", 1);
+        let (snap, board) = (r.snapshot(), r.prefill_board());
+        assert_eq!(snap.prefill_scored(&board, 0).map(|w| w.id.as_str()), Some("a"));
+        assert!(r.remove(Role::Prefill, &WorkerId::new("a").expect("id")));
+        join("b", 2);
+        let board = r.prefill_board();
+        assert!(snap.prefill_scored(&board, 0).is_none(), "scored b, sent to a");
+        assert_eq!(r.snapshot().prefill_scored(&board, 0).map(|w| w.id.as_str()), Some("b"));
+        assert!(snap.prefill_scored(&board, 1).is_none(), "no slot");
     }
 }

@@ -11,7 +11,7 @@
 //! Readers share a copy and wait for nobody; the writer waits for the readers still on the
 //! copy it is about to change (a read is short), and writers wait for each other.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 
@@ -31,9 +31,11 @@ pub trait Absorb {
     /// Makes change `op` again, as `absorb` made it in the other copy from the same state,
     /// taking from `trace` what that left (any error was told then).
     fn absorb_again(&mut self, op: &Self::Op, trace: &mut Self::Trace);
-    /// Empties `trace` once the second makings took all of it.
-    fn reset(trace: &mut Self::Trace) {
+    /// Empties `trace` once the second makings are made; false when they did not take
+    /// exactly what the first left (the copies may differ: a bug, counted).
+    fn reset(trace: &mut Self::Trace) -> bool {
         *trace = Self::Trace::default();
+        true
     }
 }
 
@@ -52,18 +54,31 @@ pub struct Published<T: Absorb> {
     current: AtomicUsize,
     /// Held by the writer.
     writer: Mutex<Writer<T>>,
+    /// Writes whose second makings did not take exactly what the first left.
+    diverged: AtomicU64,
 }
 
 impl<T: Absorb> Published<T> {
     /// `a` and `b`, which must be equal.
     pub fn new(a: T, b: T) -> Self {
         let writer = Writer { behind: Vec::new(), trace: T::Trace::default(), side: T::Side::default() };
-        Self { copies: [RwLock::new(a), RwLock::new(b)], current: AtomicUsize::new(0), writer: Mutex::new(writer) }
+        Self {
+            copies: [RwLock::new(a), RwLock::new(b)],
+            current: AtomicUsize::new(0),
+            writer: Mutex::new(writer),
+            diverged: AtomicU64::new(0),
+        }
     }
 
     /// What the writer keeps once for both copies, read once no write is being made.
     pub fn side<R>(&self, f: impl FnOnce(&T::Side) -> R) -> R {
         f(&self.writer.lock().side)
+    }
+
+    /// Writes whose second makings did not take exactly what the first left (each a bug:
+    /// the copies may differ since).
+    pub fn diverged(&self) -> u64 {
+        self.diverged.load(Ordering::Relaxed)
     }
 
     /// The current copy, without waiting for a write: a copy the writer holds, or is waiting
@@ -92,7 +107,10 @@ impl<T: Absorb> Published<T> {
         for op in behind.drain(..) {
             copy.absorb_again(&op, trace);
         }
-        T::reset(trace);
+        if !T::reset(trace) {
+            self.diverged.fetch_add(1, Ordering::Relaxed);
+            tracing::error!("a write's second making did not take what its first left: the copies may differ");
+        }
         let mut out = Ok(true);
         for op in ops {
             let made = copy.absorb(&op, side, trace);

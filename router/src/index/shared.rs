@@ -120,8 +120,8 @@ impl Absorb for PrefixIndex {
         }
     }
 
-    fn reset(trace: &mut Trace) {
-        trace.clear();
+    fn reset(trace: &mut Trace) -> bool {
+        trace.finish()
     }
 }
 
@@ -137,6 +137,8 @@ pub struct IndexStats {
     pub evicted: u64,
     /// New pages dropped because the index was full and nothing could be evicted.
     pub dropped: u64,
+    /// Writes after which the two copies of the events' index may differ (each a bug).
+    pub diverged: u64,
 }
 
 /// Which workers hold which prefixes, shared: see the module's documentation.
@@ -243,6 +245,7 @@ impl SharedIndex {
             provisional: m.pages(),
             evicted: e_evicted + m.evicted(),
             dropped: e_dropped + m.dropped(),
+            diverged: self.events.diverged(),
         }
     }
 }
@@ -267,7 +270,7 @@ mod tests {
         ix.provisional(1, &p[..16], t0, Duration::from_secs(1)).expect("placed");
         ix.provisional(3, &p[..4], t0, Duration::from_secs(1)).expect("placed");
         assert_eq!(ix.matched(&p, 4), vec![0, 16, 20, 4]);
-        assert_eq!(ix.stats(), IndexStats { confirmed: 5, provisional: 4, evicted: 0, dropped: 0 });
+        assert_eq!(ix.stats(), IndexStats { confirmed: 5, provisional: 4, evicted: 0, dropped: 0, diverged: 0 });
         ix.expire(t0 + Duration::from_secs(1));
         assert_eq!(ix.matched(&p, 4), vec![0, 8, 20, 0], "marks lapse, events stay");
         assert_eq!(ix.clear_worker(2, || false), Ok(false), "not admitted: kept");
@@ -289,7 +292,7 @@ mod tests {
     }
 
     /// Both copies of the events' index must change alike (`Absorb`'s contract): random
-    /// stores, removals and clears of three workers, in writes of 1 to 4 events, into a
+    /// stores, removals and clears of three workers (in three shards: slots 0, 64, 130), in writes of 1 to 4 events, into a
     /// budget small enough to evict, answer every probe exactly as one index given the same
     /// events does, after every write (each copy is the current one every other write).
     #[test]
@@ -302,6 +305,8 @@ mod tests {
             rng % n
         };
         let (ix, mut one) = (SharedIndex::new(PS, 40), PrefixIndex::new(PS, 40));
+        let slots = [0, SHARD_WORKERS, 2 * SHARD_WORKERS + 2];
+        let n = slots[2] + 1;
         let mut held: Vec<Vec<Vec<u32>>> = vec![Vec::new(); 3];
         let probes: Vec<Vec<u32>> = (0..32).map(|i| (0..24).map(|k| (i >> (k / PS % 5)) & 1).collect()).collect();
         for _ in 0..1500 {
@@ -316,22 +321,22 @@ mod tests {
                         let parent = *page_hashes(ROOT_HASH, &head, PS).last().expect("a page");
                         let tail: Vec<u32> = (0..(1 + next(3) as usize) * PS).map(|_| next(2) as u32).collect();
                         held[w].push([head, tail.clone()].concat());
-                        Event::Stored { worker: w, parent, hashes: page_hashes(parent, &tail, PS), tokens: tail }
+                        Event::Stored { worker: slots[w], parent, hashes: page_hashes(parent, &tail, PS), tokens: tail }
                     }
                     5 | 6 if !held[w].is_empty() => {
                         let i = next(held[w].len() as u64) as usize;
                         let t = held[w].swap_remove(i);
                         let hs = page_hashes(ROOT_HASH, &t, PS);
-                        Event::Removed { worker: w, hashes: hs[next(hs.len() as u64) as usize..].to_vec() }
+                        Event::Removed { worker: slots[w], hashes: hs[next(hs.len() as u64) as usize..].to_vec() }
                     }
                     7 => {
                         held[w].clear();
-                        Event::Clear { worker: w }
+                        Event::Clear { worker: slots[w] }
                     }
                     _ => {
                         let t: Vec<u32> = (0..(1 + next(6) as usize) * PS).map(|_| next(2) as u32).collect();
                         held[w].push(t.clone());
-                        stored(w, &t)
+                        stored(slots[w], &t)
                     }
                 });
             }
@@ -345,9 +350,10 @@ mod tests {
             }
             assert_eq!(ix.apply(batch, || true), want);
             for p in &probes {
-                assert_eq!(ix.matched(p, 3), one.matched(p, 3), "probe {p:?}");
+                assert_eq!(ix.matched(p, n), one.matched(p, n), "probe {p:?}");
             }
-            assert_eq!((ix.stats().confirmed, ix.stats().evicted), (one.confirmed(), one.evicted()));
+            let s = ix.stats();
+            assert_eq!((s.confirmed, s.evicted, s.diverged), (one.confirmed(), one.evicted(), 0));
         }
         let (evicted, dropped) = (one.evicted(), one.dropped());
         assert!(evicted > 100 && dropped > 0, "the traffic filled the budget: {evicted} evicted, {dropped} dropped");

@@ -90,25 +90,33 @@ fn part_of(h: u64) -> usize {
 pub struct Trace {
     found: Vec<Option<(NodeId, u32)>>,
     next: usize,
+    /// A second making asked for more answers than the first left.
+    overrun: bool,
 }
 
 impl Trace {
-    /// Empty, its room kept.
-    pub(super) fn clear(&mut self) {
+    /// Empty, its room kept. False when the second makings did not take exactly the answers
+    /// the first left: they looked up otherwise, and the copies may differ.
+    pub(super) fn finish(&mut self) -> bool {
+        let whole = !self.overrun && self.next == self.found.len();
         self.found.clear();
         self.next = 0;
+        self.overrun = false;
+        whole
     }
 
     pub(super) fn push(&mut self, found: Option<(NodeId, usize)>) {
         self.found.push(found.map(|(n, k)| (n, k as u32)));
     }
 
-    /// The next answer, in the order they were pushed.
+    /// The next answer, in the order they were pushed (none, noted, past the last).
     pub(super) fn pop(&mut self) -> Option<(NodeId, usize)> {
-        let found = self.found.get(self.next).copied();
-        debug_assert!(found.is_some(), "a change made again looked up more than the first time");
+        let Some(&found) = self.found.get(self.next) else {
+            self.overrun = true;
+            return None;
+        };
         self.next += 1;
-        found.flatten().map(|(n, k)| (n, k as usize))
+        found.map(|(n, k)| (n, k as usize))
     }
 }
 
@@ -135,6 +143,25 @@ pub(super) struct Loc {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second making that looks up other than the first did is told (the copies may differ).
+    #[test]
+    fn a_trace_tells_when_it_was_not_taken_whole() {
+        let mut t = Trace::default();
+        let (a, b) = (Some((NodeId::ROOT, 3)), None);
+        t.push(a);
+        t.push(b);
+        assert_eq!((t.pop(), t.pop()), (a, b));
+        assert!(t.finish(), "taken whole");
+        t.push(a);
+        t.push(b);
+        assert_eq!(t.pop(), a);
+        assert!(!t.finish(), "one answer left");
+        t.push(a);
+        assert_eq!((t.pop(), t.pop()), (a, None));
+        assert!(!t.finish(), "asked past the last");
+        assert!(t.finish(), "finished: empty");
+    }
 
     /// The pages of one part must not share the bits `hashbrown` tags slots with, or nearly
     /// every probe compares keys in memory (a performance bug no answer shows).

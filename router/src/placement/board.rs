@@ -31,6 +31,9 @@ pub struct PrefillBoard {
     seconds_per_token: Vec<f64>,
     /// The states the numbers came from (their `healthy` as of the last change).
     states: Vec<PrefillState>,
+    /// Each slot's worker, by its serial (0: none): a placement reads the board and the
+    /// registry's members apart, and sends a request only to the worker it scored.
+    holders: Vec<u64>,
 }
 
 impl PrefillBoard {
@@ -73,17 +76,36 @@ impl PrefillBoard {
     /// Slot `w` holds a worker in state `s`, healthy from `ready_at` (nanoseconds from the
     /// epoch; None: not until a later change).
     pub(crate) fn set(&mut self, w: usize, ready_at: Option<u64>, s: &PrefillState) {
+        self.grow(w);
+        self.ready_at[w] = ready_at.map_or(f64::INFINITY, |r| r as f64);
+        self.queued[w] = s.queued;
+        self.seconds_per_token[w] = s.seconds_per_token;
+        self.states[w] = *s;
+    }
+
+    /// Slots up to `w` exist (new ones free).
+    fn grow(&mut self, w: usize) {
         if self.states.len() <= w {
             let gone = PrefillState::new(false, 0, 0.0);
             self.ready_at.resize(w + 1, f64::INFINITY);
             self.queued.resize(w + 1, 0.0);
             self.seconds_per_token.resize(w + 1, 0.0);
             self.states.resize(w + 1, gone);
+            self.holders.resize(w + 1, 0);
         }
-        self.ready_at[w] = ready_at.map_or(f64::INFINITY, |r| r as f64);
-        self.queued[w] = s.queued;
-        self.seconds_per_token[w] = s.seconds_per_token;
-        self.states[w] = *s;
+    }
+
+    /// Slot `w`'s worker is the one numbered `serial` (0: none), out of placement until it
+    /// publishes.
+    pub(crate) fn hold(&mut self, w: usize, serial: u64) {
+        self.clear(w);
+        self.holders[w] = serial;
+    }
+
+    /// The serial of slot `w`'s worker when these numbers were its (0: none, or a board not
+    /// kept by a registry).
+    pub fn holder(&self, w: usize) -> u64 {
+        self.holders.get(w).copied().unwrap_or(0)
     }
 
     /// Slot `w` is free, or its worker out of placement until it publishes.

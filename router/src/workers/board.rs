@@ -40,7 +40,7 @@ impl Board {
             holders.resize(slot + 1, 0);
         }
         holders[slot] = serial;
-        self.change(|b| b.clear(slot));
+        self.change(|b| b.hold(slot, serial));
     }
 
     /// Worker `serial` left `slot` (nothing, when another holds it now).
@@ -48,7 +48,7 @@ impl Board {
         let mut holders = self.holders.lock();
         if holders.get(slot) == Some(&serial) {
             holders[slot] = 0;
-            self.change(|b| b.clear(slot));
+            self.change(|b| b.hold(slot, 0));
         }
     }
 
@@ -92,6 +92,7 @@ mod tests {
         let (old, new) = (serial(), serial());
         b.claim(1, old);
         assert_eq!(b.load().len(), 2, "slots below a claimed one exist, free");
+        assert_eq!((b.load().holder(0), b.load().holder(1)), (0, old));
         assert!(!b.load().healthy(1, now), "out of placement until it publishes");
         b.publish(1, old, Some(0), &PrefillState::new(true, 10, 100.0));
         assert_eq!(b.load().state(1, now), PrefillState::new(true, 10, 100.0));
@@ -100,7 +101,9 @@ mod tests {
         assert!(Arc::ptr_eq(&before, &b.load()), "nothing changed: no copy");
         b.release(1, old);
         assert!(!b.load().healthy(1, now));
+        assert_eq!(b.load().holder(1), 0, "left");
         b.claim(1, new);
+        assert_eq!(b.load().holder(1), new);
         b.publish(1, new, Some(0), &PrefillState::new(true, 7, 50.0));
         b.publish(1, old, Some(0), &PrefillState::new(true, 999, 1.0));
         b.release(1, old);
