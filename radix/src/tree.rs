@@ -319,7 +319,6 @@ impl<V: Payload> RadixTree<V> {
         let upper_val = std::mem::replace(&mut n.value, lower_val);
         let parent = n.parent;
         let lower_first: Box<[u32]> = n.key[..ps].into();
-        let upper_first: Box<[u32]> = upper_key[..ps].into();
         let upper = self.alloc_node(Node { parent, key: upper_key, children: Children::default(), value: upper_val });
         if let Some(u) = self.node_mut(upper) {
             u.children.insert(lower_first, id);
@@ -327,9 +326,15 @@ impl<V: Payload> RadixTree<V> {
         if let Some(n) = self.node_mut(id) {
             n.parent = Some(upper);
         }
-        if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
-            p.children.insert(upper_first, upper);
+        // The upper part starts with the node's first page: its parent's entry, made to name
+        // the upper node (no new key).
+        let u = self.nodes[upper.index()].take();
+        if let (Some(u), Some(p)) = (&u, parent.and_then(|p| self.node_mut(p)))
+            && let Some(entry) = p.children.get_mut(&u.key[..ps])
+        {
+            *entry = upper;
         }
+        self.nodes[upper.index()] = u;
         upper
     }
 
@@ -386,11 +391,11 @@ impl<V: Payload> RadixTree<V> {
             return None;
         }
         let parent = n.parent;
-        let first: Box<[u32]> = n.key[..ps].into();
-        if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
-            p.children.remove(&first);
-        }
         let mut node = self.nodes[id.index()].take()?;
+        // Found by the removed node's own first page: no key made to remove it.
+        if let Some(p) = parent.and_then(|p| self.node_mut(p)) {
+            p.children.remove(&node.key[..ps]);
+        }
         let key = std::mem::take(&mut node.key);
         if self.spare_tokens + key.capacity() <= SPARE_TOKENS {
             self.spare_tokens += key.capacity();
