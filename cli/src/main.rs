@@ -35,7 +35,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Start a whole cluster on this machine (router, prefill and decode daemons) and serve
-    /// until Ctrl-C.
+    /// until Ctrl-C. It logs warnings, and the router's workers joining, leaving and coming
+    /// back into placement (`RUST_LOG` overrides).
     Up(up::UpArgs),
     /// Load a router with a workload and report latency, throughput and goodput.
     Bench(Box<bench::BenchArgs>),

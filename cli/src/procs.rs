@@ -38,7 +38,7 @@ impl Proc {
 
 fn spawn(name: &str, mut cmd: Command) -> anyhow::Result<(Child, mpsc::Receiver<Ready>)> {
     if std::env::var_os("RUST_LOG").is_none() {
-        cmd.env("RUST_LOG", "warn");
+        cmd.env("RUST_LOG", crate::up::LOG);
     }
     cmd.arg("--ready-line").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     #[cfg(target_os = "linux")]

@@ -165,6 +165,11 @@ pub fn announce(model: &Path, list: &[Endpoint], http: SocketAddr, grpc: SocketA
     println!("ferry up: ready; OpenAI API at http://{http}/v1, gRPC at {grpc}; Ctrl-C stops");
 }
 
+/// What `ferry up` logs unless `RUST_LOG` says otherwise: warnings, and the router's workers
+/// joining, leaving and coming back into placement (a worker taken out of placement is a
+/// warning; without its return at info, the log told every outage's start and never its end).
+pub const LOG: &str = "warn,ferry_router::workers=info";
+
 /// Runs `ferry up`.
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.decode == 0 {
@@ -178,7 +183,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     rt.block_on(async {
         // In the runtime: the OTLP exporter's client lives there.
         let otlp = args.telemetry.otlp_endpoint.as_deref();
-        let _telemetry = ferry_cluster::telemetry::init("ferry-up", "warn", otlp)?;
+        let _telemetry = ferry_cluster::telemetry::init("ferry-up", LOG, otlp)?;
         in_process(&args, &model).await
     })
 }

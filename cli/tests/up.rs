@@ -1,7 +1,8 @@
 //! `ferry up --processes` on loopback with the real SmolLM2 model: it prints its endpoints
 //! and a ready line, answers a chat completion in the OpenAI JSON shape coherently, stops on
-//! SIGINT with a clean exit, and leaves no daemon process behind. Its daemons talk mutual TLS
-//! by default: a caller on the network without the cluster's certificate reads no cached
+//! SIGINT with a clean exit, and leaves no daemon process behind; a frozen daemon's outage and
+//! its end are both in its log. Its daemons talk mutual TLS by default: a caller on the
+//! network without the cluster's certificate reads no cached
 //! prompt and cannot bypass the router.
 
 mod common;
@@ -68,6 +69,19 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
     };
     let r = tokio::time::timeout(Duration::from_secs(10), probe).await.expect("the probe ends");
     assert!(r.is_err(), "a direct Decode.Generate bypassing the router was answered: {r:?}");
+
+    // A frozen prefill daemon: its outage and its end are both in `ferry up`'s log (the
+    // return used to be at a level `ferry up` did not show).
+    let prefill_pid = up.pid_of.iter().find(|(n, _)| n == "prefill-0").map(|x| x.1).expect("prefill-0's pid");
+    let signal = |sig| {
+        // SAFETY: kill(2) on a daemon `ferry up` started and still runs.
+        assert_eq!(unsafe { libc::kill(prefill_pid as libc::pid_t, sig) }, 0);
+    };
+    signal(libc::SIGSTOP);
+    let out = up.logged(&["prefill-0", "taken out of placement"], 60);
+    signal(libc::SIGCONT);
+    assert!(out, "no outage logged for a frozen prefill daemon");
+    assert!(up.logged(&["prefill-0", "back in placement"], 60), "its return was not logged");
 
     // SIGINT, as Ctrl-C: a clean exit, and no daemon left.
     assert!(up.interrupt(), "`ferry up` exits cleanly");

@@ -16,6 +16,10 @@ pub struct Up {
     pub pids: Vec<u32>,
     /// Each daemon's name and gRPC address (`prefill-0`, `decode-0`, `router`).
     pub grpc_of: Vec<(String, std::net::SocketAddr)>,
+    /// Each daemon's name and process id.
+    pub pid_of: Vec<(String, u32)>,
+    /// Its log lines (its daemons' stderr) so far, with its default `RUST_LOG`.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Up {
@@ -35,12 +39,29 @@ impl Up {
             .args(extra)
             .arg("--model")
             .arg(ferry_tests::smollm2())
+            .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start `ferry up`");
         let unspecified = std::net::SocketAddr::from(([0, 0, 0, 0], 0));
-        let mut up =
-            Self { child: Some(child), http: unspecified, grpc: unspecified, pids: Vec::new(), grpc_of: Vec::new() };
+        let mut up = Self {
+            child: Some(child),
+            http: unspecified,
+            grpc: unspecified,
+            pids: Vec::new(),
+            grpc_of: Vec::new(),
+            pid_of: Vec::new(),
+            log: std::sync::Arc::default(),
+        };
+        let err = BufReader::new(up.child.as_mut().and_then(|c| c.stderr.take()).expect("stderr"));
+        let log = std::sync::Arc::clone(&up.log);
+        std::thread::spawn(move || {
+            for l in err.lines().map_while(Result::ok) {
+                eprintln!("{l}");
+                log.lock().expect("log").push(l);
+            }
+        });
         let out = BufReader::new(up.child.as_mut().and_then(|c| c.stdout.take()).expect("stdout"));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         std::thread::spawn(move || {
@@ -52,7 +73,11 @@ impl Up {
         loop {
             let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
             if let Some((_, pid)) = line.rsplit_once("pid ") {
-                up.pids.push(pid.trim().parse::<u32>().expect("a pid"));
+                let pid = pid.trim().parse::<u32>().expect("a pid");
+                up.pids.push(pid);
+                if let Some(name) = line.split_whitespace().next() {
+                    up.pid_of.push((name.to_string(), pid));
+                }
             }
             let words: Vec<&str> = line.split_whitespace().collect();
             if let [name, "gRPC", addr, ..] = words[..]
@@ -67,6 +92,19 @@ impl Up {
                 return up;
             }
         }
+    }
+
+    /// Waits up to `secs` seconds for a log line holding every one of `words`.
+    #[allow(dead_code, reason = "each test binary compiles this fixture; the bench test reads no log")]
+    pub fn logged(&self, words: &[&str], secs: u64) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        while std::time::Instant::now() < deadline {
+            if self.log.lock().expect("log").iter().any(|l| words.iter().all(|w| l.contains(w))) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
     }
 
     /// SIGINT, as Ctrl-C; returns whether it exited cleanly.
