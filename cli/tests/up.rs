@@ -77,11 +77,22 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
         // SAFETY: kill(2) on a daemon `ferry up` started and still runs.
         assert_eq!(unsafe { libc::kill(prefill_pid as libc::pid_t, sig) }, 0);
     };
+    /// Thaws the daemon however the test ends (a stopped process ignores the SIGTERM its
+    /// parent's death sends it, and would linger).
+    struct Thaw(u32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) on a daemon `ferry up` started.
+            unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGCONT) };
+        }
+    }
+    let from = up.log.lock().expect("log").len();
     signal(libc::SIGSTOP);
-    let out = up.logged(&["prefill-0", "taken out of placement"], 60);
-    signal(libc::SIGCONT);
+    let thaw = Thaw(prefill_pid);
+    let out = up.logged(from, &["prefill-0", "taken out of placement"], 60);
+    drop(thaw);
     assert!(out, "no outage logged for a frozen prefill daemon");
-    assert!(up.logged(&["prefill-0", "back in placement"], 60), "its return was not logged");
+    assert!(up.logged(from, &["prefill-0", "back in placement"], 60), "its return was not logged");
 
     // SIGINT, as Ctrl-C: a clean exit, and no daemon left.
     assert!(up.interrupt(), "`ferry up` exits cleanly");

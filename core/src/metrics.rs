@@ -115,7 +115,8 @@ pub const ROUTER_INDEX_EVICTED: &str = "ferry_router_index_evicted_pages_total";
 /// not evict (counter).
 pub const ROUTER_INDEX_DROPPED: &str = "ferry_router_index_dropped_pages_total";
 /// Writes after which the two copies of a router's events index (`role`) may answer
-/// differently: a bug in the router, never expected (counter).
+/// differently: a bug in the router, never expected (counter; a write is checked when the
+/// next one makes its changes again in the other copy).
 pub const ROUTER_INDEX_DIVERGED: &str = "ferry_router_index_diverged_writes_total";
 /// Prompt tokens the router's tokenizer took from its head cache (`kind` = hit) or
 /// tokenized (`kind` = miss) (counter).

@@ -329,10 +329,12 @@ impl<V: Payload> RadixTree<V> {
         // The upper part starts with the node's first page: its parent's entry, made to name
         // the upper node (no new key).
         let u = self.nodes[upper.index()].take();
-        if let (Some(u), Some(p)) = (&u, parent.and_then(|p| self.node_mut(p)))
-            && let Some(entry) = p.children.get_mut(&u.key[..ps])
-        {
-            *entry = upper;
+        if let (Some(u), Some(p)) = (&u, parent.and_then(|p| self.node_mut(p))) {
+            let entry = p.children.get_mut(&u.key[..ps]);
+            debug_assert!(entry.is_some(), "a node's parent has an entry for its first page");
+            if let Some(entry) = entry {
+                *entry = upper;
+            }
         }
         self.nodes[upper.index()] = u;
         upper

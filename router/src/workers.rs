@@ -208,7 +208,8 @@ impl Snapshot {
     }
 
     /// The prefill worker in `slot` whose numbers `board` has (read apart from this
-    /// snapshot): None when the slot changed hands between the two reads, or is free.
+    /// snapshot): None when the slot changed hands between the two reads, or is free (or its
+    /// worker publishes to no board: a registry's always do).
     pub fn prefill_scored(&self, board: &PrefillBoard, slot: usize) -> Option<&Arc<Worker>> {
         let w = self.prefill.get(slot)?.as_ref()?;
         (w.board.as_ref().map(|(_, serial)| *serial) == Some(board.holder(slot))).then_some(w)

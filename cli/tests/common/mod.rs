@@ -57,18 +57,18 @@ impl Up {
         let err = BufReader::new(up.child.as_mut().and_then(|c| c.stderr.take()).expect("stderr"));
         let log = std::sync::Arc::clone(&up.log);
         std::thread::spawn(move || {
-            for l in err.lines().map_while(Result::ok) {
+            each_line(err, |l| {
                 eprintln!("{l}");
                 log.lock().expect("log").push(l);
-            }
+            });
         });
         let out = BufReader::new(up.child.as_mut().and_then(|c| c.stdout.take()).expect("stdout"));
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
+            each_line(out, |l| {
                 println!("{l}");
                 let _ = tx.send(l);
-            }
+            });
         });
         loop {
             let line = rx.recv_timeout(Duration::from_secs(300)).expect("`ferry up` prints a ready line");
@@ -94,12 +94,14 @@ impl Up {
         }
     }
 
-    /// Waits up to `secs` seconds for a log line holding every one of `words`.
+    /// Waits up to `secs` seconds for a log line past the first `from` holding every one of
+    /// `words`.
     #[allow(dead_code, reason = "each test binary compiles this fixture; the bench test reads no log")]
-    pub fn logged(&self, words: &[&str], secs: u64) -> bool {
+    pub fn logged(&self, from: usize, words: &[&str], secs: u64) -> bool {
         let deadline = std::time::Instant::now() + Duration::from_secs(secs);
         while std::time::Instant::now() < deadline {
-            if self.log.lock().expect("log").iter().any(|l| words.iter().all(|w| l.contains(w))) {
+            let log = self.log.lock().expect("log");
+            if log.iter().skip(from).any(|l| words.iter().all(|w| l.contains(w))) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -115,6 +117,21 @@ impl Up {
             libc::kill(child.id() as libc::pid_t, libc::SIGINT);
         }
         child.wait().expect("wait for `ferry up`").success()
+    }
+}
+
+/// Gives `f` each line read until the end (lines that are not UTF-8 too, repaired): a reader
+/// that stopped early would leave the pipe full and every daemon writing to it blocked.
+fn each_line(mut r: impl BufRead, mut f: impl FnMut(String)) {
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) => return,
+            Ok(_) => f(String::from_utf8_lossy(&buf).trim_end_matches(['\n', '\r']).to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
 }
 

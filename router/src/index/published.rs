@@ -76,7 +76,7 @@ impl<T: Absorb> Published<T> {
     }
 
     /// Writes whose second makings did not take exactly what the first left (each a bug:
-    /// the copies may differ since).
+    /// the copies may differ since), counted when the next write makes them.
     pub fn diverged(&self) -> u64 {
         self.diverged.load(Ordering::Relaxed)
     }
@@ -208,6 +208,50 @@ mod tests {
         assert_eq!(p.read().0, vec![1, 2, 3, 4]);
         p.write([], || true).unwrap_or_else(|_| unreachable!());
         assert_eq!(p.read().0, vec![1, 2, 3, 4], "both copies took every change once");
+    }
+
+    /// A sum whose second makings take the first's trace, one entry each, except for 13,
+    /// which takes none (a copy that went its own way).
+    #[derive(Default)]
+    struct Sum(u32);
+
+    impl Absorb for Sum {
+        type Op = u32;
+        type Error = ();
+        type Side = ();
+        type Trace = Vec<u32>;
+        fn absorb(&mut self, op: &u32, _: &mut (), trace: &mut Vec<u32>) -> Result<(), ()> {
+            trace.push(*op);
+            self.0 += op;
+            Ok(())
+        }
+        fn absorb_again(&mut self, op: &u32, trace: &mut Vec<u32>) {
+            if *op != 13 {
+                trace.remove(0);
+            }
+            self.0 += op;
+        }
+        fn reset(trace: &mut Vec<u32>) -> bool {
+            let whole = trace.is_empty();
+            trace.clear();
+            whole
+        }
+    }
+
+    /// A write whose second making leaves part of the trace is counted (at the next write).
+    #[test]
+    fn a_second_making_that_strays_is_counted() {
+        let p = Published::new(Sum::default(), Sum::default());
+        assert_eq!(p.write([1, 2], || true), Ok(true));
+        assert_eq!(p.write([], || true), Ok(true));
+        assert_eq!(p.diverged(), 0);
+        assert_eq!(p.write([13, 4], || true), Ok(true));
+        assert_eq!(p.diverged(), 0, "not checked until made again");
+        assert_eq!(p.write([], || true), Ok(true));
+        assert_eq!(p.diverged(), 1);
+        assert_eq!(p.write([5], || true), Ok(true));
+        assert_eq!(p.write([], || true), Ok(true));
+        assert_eq!(p.diverged(), 1, "only the write that strayed");
     }
 
     #[test]
