@@ -89,14 +89,27 @@ async fn ferry_up_processes_answers_and_leaves_nothing_behind() {
     let from = up.log.lock().expect("log").len();
     signal(libc::SIGSTOP);
     let thaw = Thaw(prefill_pid);
-    let out = up.logged(from, &["prefill-0", "taken out of placement"], 60);
+    let out = logged(&up, from, &["prefill-0", "taken out of placement"], 60);
     drop(thaw);
     assert!(out, "no outage logged for a frozen prefill daemon");
-    assert!(up.logged(from, &["prefill-0", "back in placement"], 60), "its return was not logged");
+    assert!(logged(&up, from, &["prefill-0", "back in placement"], 60), "its return was not logged");
 
     // SIGINT, as Ctrl-C: a clean exit, and no daemon left.
     assert!(up.interrupt(), "`ferry up` exits cleanly");
     for pid in pids {
         assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "daemon process {pid} is still there");
     }
+}
+
+/// Waits up to `secs` seconds for a line of `up`'s log past the first `from` holding every
+/// one of `words`.
+fn logged(up: &common::Up, from: usize, words: &[&str], secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < deadline {
+        if up.log.lock().expect("log").iter().skip(from).any(|l| words.iter().all(|w| l.contains(w))) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
 }

@@ -27,6 +27,8 @@ pub mod openai;
 mod output;
 pub mod placement;
 mod service;
+#[cfg(test)]
+mod testing;
 pub mod tls;
 pub mod workers;
 

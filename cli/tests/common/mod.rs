@@ -94,21 +94,6 @@ impl Up {
         }
     }
 
-    /// Waits up to `secs` seconds for a log line past the first `from` holding every one of
-    /// `words`.
-    #[allow(dead_code, reason = "each test binary compiles this fixture; the bench test reads no log")]
-    pub fn logged(&self, from: usize, words: &[&str], secs: u64) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-        while std::time::Instant::now() < deadline {
-            let log = self.log.lock().expect("log");
-            if log.iter().skip(from).any(|l| words.iter().all(|w| l.contains(w))) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
-    }
-
     /// SIGINT, as Ctrl-C; returns whether it exited cleanly.
     pub fn interrupt(mut self) -> bool {
         let Some(mut child) = self.child.take() else { return false };

@@ -102,35 +102,6 @@ pub struct Shard {
     expiry: BinaryHeap<Reverse<(Instant, NodeId)>>,
 }
 
-/// A shard lent a page table and a trace for one change, given back when it ends, even by a
-/// panic (the writer's one table would otherwise stay in a copy).
-struct Lent<'a> {
-    shard: &'a mut Shard,
-    table: Option<&'a mut PageTable>,
-    trace: &'a mut Trace,
-}
-
-impl<'a> Lent<'a> {
-    fn new(shard: &'a mut Shard, mode: Mode, mut table: Option<&'a mut PageTable>, trace: &'a mut Trace) -> Self {
-        if let Some(t) = table.as_deref_mut() {
-            std::mem::swap(&mut shard.pages, t);
-        }
-        std::mem::swap(&mut shard.trace, trace);
-        shard.mode = mode;
-        Self { shard, table, trace }
-    }
-}
-
-impl Drop for Lent<'_> {
-    fn drop(&mut self) {
-        self.shard.mode = Mode::Own;
-        std::mem::swap(&mut self.shard.trace, self.trace);
-        if let Some(t) = self.table.as_deref_mut() {
-            std::mem::swap(&mut self.shard.pages, t);
-        }
-    }
-}
-
 /// The bit of shard slot `worker` (`< SHARD_WORKERS`).
 fn bit(worker: usize) -> Result<u64, IndexError> {
     if worker >= SHARD_WORKERS {
@@ -191,14 +162,14 @@ impl Shard {
         trace: &mut Trace,
         f: impl FnOnce(&mut Self) -> R,
     ) -> R {
-        let lent = Lent::new(self, Mode::Record, Some(table), trace);
+        let lent = lent::Lent::new(self, Mode::Record, Some(table), trace);
         f(lent.shard)
     }
 
     /// Makes a change (`f`) again, as [`Self::recording`] made it in the other copy from the
     /// same state: lookups answer from `trace`, in order, and no table changes.
     pub(super) fn replaying<R>(&mut self, trace: &mut Trace, f: impl FnOnce(&mut Self) -> R) -> R {
-        let lent = Lent::new(self, Mode::Replay, None, trace);
+        let lent = lent::Lent::new(self, Mode::Replay, None, trace);
         f(lent.shard)
     }
 
@@ -601,5 +572,6 @@ impl Shard {
     }
 }
 
+mod lent;
 #[cfg(test)]
 mod tests;

@@ -297,13 +297,7 @@ mod tests {
     /// events does, after every write (each copy is the current one every other write).
     #[test]
     fn both_copies_answer_as_one_index_through_random_traffic() {
-        let mut rng = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut next = crate::testing::rng(0x2545_f491_4f6c_dd1d);
         let (ix, mut one) = (SharedIndex::new(PS, 40), PrefixIndex::new(PS, 40));
         let slots = [0, SHARD_WORKERS, 2 * SHARD_WORKERS + 2];
         let n = slots[2] + 1;

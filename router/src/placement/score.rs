@@ -168,13 +168,7 @@ mod tests {
     /// runs the AVX2 ones in every other test; a CPU without it runs the baseline).
     #[test]
     fn both_compilations_choose_alike() {
-        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move |n: u64| {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng % n
-        };
+        let mut next = crate::testing::rng(0x9E37_79B9_7F4A_7C15);
         for _ in 0..500 {
             let m = 1 + next(300) as usize;
             let ready: Vec<f64> = (0..m).map(|_| if next(5) == 0 { f64::INFINITY } else { next(3) as f64 }).collect();

@@ -182,13 +182,7 @@ fn check_order(ix: &Shard) {
 /// into a shard too small for them: the recency order stays whole and the bound holds.
 #[test]
 fn the_recency_order_survives_random_traffic() {
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = crate::testing::rng(0x9e37_79b9_7f4a_7c15);
     let t0 = Instant::now();
     let mut ix = Shard::new(PS, 40);
     // Each worker's cached prefixes, whole pages.
