@@ -9,7 +9,7 @@
 const HUGE: usize = 2 << 20;
 
 /// The whole huge pages inside `[ptr, ptr + len)`: their start and length, if any.
-fn inside(ptr: *const u8, len: usize) -> Option<(usize, usize)> {
+pub(crate) fn inside(ptr: *const u8, len: usize) -> Option<(usize, usize)> {
     let start = (ptr as usize).checked_next_multiple_of(HUGE)?;
     let end = (ptr as usize).saturating_add(len) / HUGE * HUGE;
     (end > start).then(|| (start, end - start))

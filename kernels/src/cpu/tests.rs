@@ -134,9 +134,12 @@ fn pages_copy_to_a_host_arena_and_back() {
 }
 
 /// Issue 23: weight matrices go on huge pages where the kernel allows, as the KV arena
-/// does. Each kind of matrix big enough to hold whole 2 MiB pages carries the advice (`hg`)
-/// once built and once stacked; whether the kernel then finds free huge pages depends on
-/// the machine's memory at the time, so the advice is what is checked.
+/// does. Each kind of matrix carries the advice (`hg`) on the whole 2 MiB pages inside its
+/// values, once built and once stacked; whether the kernel then finds free huge pages
+/// depends on the machine's memory at the time, so the advice is what is checked. Every
+/// matrix here holds at least 4 MiB of values, so that whole pages lie inside wherever the
+/// allocator put them (a 3 MiB one holds none when it starts in the first half of a huge
+/// page: the Q6_K check failed that way once in CI).
 #[cfg(target_os = "linux")]
 #[test]
 fn big_weight_matrices_are_advised_onto_huge_pages() {
@@ -144,8 +147,9 @@ fn big_weight_matrices_are_advised_onto_huge_pages() {
     use packed::tests::{blocks, floats};
     let (n, k) = (2048, 2048);
     let advised = |what: &str, values: *const u8, len: usize| {
-        let mid = values as usize + len / 2;
-        let flags = huge::vm_flags_at(mid);
+        let (first, _) =
+            huge::inside(values, len).unwrap_or_else(|| panic!("{what}: no whole huge page in {len} bytes"));
+        let flags = huge::vm_flags_at(first);
         assert!(flags.iter().any(|f| f == "hg"), "{what}: VmFlags {flags:?}");
     };
     let check = |what: &str, m: &CpuMat| match &m.data {
@@ -163,8 +167,9 @@ fn big_weight_matrices_are_advised_onto_huge_pages() {
         check("q8_0", &q8(1).expect("q8_0"));
         let stacked = b.stack(vec![q8(2).expect("q8_0"), q8(3).expect("q8_0")]).expect("stacked");
         check("stacked q8_0", &stacked);
-        let q6 = crate::quant_k::tests::k_blocks(WeightFormat::Q6K, n, k, 4);
-        check("q6_k", &b.matrix_quantized(n, k, WeightFormat::Q6K, q6).expect("q6_k"));
+        // 3/4 byte a weight: twice the rows for 6 MiB.
+        let q6 = crate::quant_k::tests::k_blocks(WeightFormat::Q6K, 2 * n, k, 4);
+        check("q6_k", &b.matrix_quantized(2 * n, k, WeightFormat::Q6K, q6).expect("q6_k"));
         let half: Vec<u8> = (0..n * k).flat_map(|i| half::f16::from_f32(i as f32 * 1e-6).to_le_bytes()).collect();
         check("f16", &b.matrix_quantized(n, k, WeightFormat::F16, half).expect("f16"));
     }
