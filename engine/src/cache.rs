@@ -289,11 +289,11 @@ impl RadixCache {
             return (ins.last().unwrap_or(NodeId::ROOT), 0, duplicates);
         };
         let parent = self.tree.parent(new).unwrap_or(NodeId::ROOT);
-        self.dirty.push(Dirty::Child(parent, self.tree.key(new)[..self.page_size()].into()));
+        self.dirty.push(Dirty::Child(parent, self.tree.first_page(new).into()));
         if let Some(e) = self.tree.value(parent) {
             parent_hash = e.hashes.last().copied().unwrap_or(ROOT_HASH);
         }
-        let key = self.tree.key(new).to_vec();
+        let key = self.tree.key(new);
         let hashes = page_hashes(parent_hash, &key, ps);
         if let Some(e) = self.tree.value_mut(new) {
             e.hashes = hashes.clone();
@@ -355,7 +355,7 @@ impl RadixCache {
             let parent = self.tree.parent(n).unwrap_or(NodeId::ROOT);
             let parent_hash = self.tree.value(parent).and_then(|e| e.hashes.last().copied()).unwrap_or(ROOT_HASH);
             let hashes = self.tree.value(n).map(|e| e.hashes.clone()).unwrap_or_default();
-            runs.push(Stored { parent_hash, page_hashes: hashes, token_ids: self.tree.key(n).to_vec() });
+            runs.push(Stored { parent_hash, page_hashes: hashes, token_ids: self.tree.key(n) });
         }
         KvEvent { epoch: self.epoch, sequence: self.sequence, kind: EventKind::Snapshot(runs) }
     }

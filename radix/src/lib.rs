@@ -3,8 +3,8 @@
 //! (payload: which workers hold the prefix). It does no I/O.
 //!
 //! - [`RadixTree`]: nodes in an arena; each node's key is a whole number of pages of tokens
-//!   (the root's is empty); children are keyed by their first page, so a lookup step is one
-//!   hash probe. Insert splits a node at the divergence point; match reports how far a prompt
+//!   (the root's is empty), kept in one piece or in chunks of a bounded size; children are
+//!   keyed by their first page, so a lookup step is one hash probe. Insert splits a node at the divergence point; match reports how far a prompt
 //!   is cached, at page granularity; leaves can be removed; nodes can be walked.
 //! - [`common_prefix`]: prefix comparison that gallops — windows of doubling size compared as
 //!   slices (memcmp), then a binary search inside the window that differs — so a 4,096-token

@@ -23,7 +23,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
-use ferry_radix::events::{ROOT_HASH, page_hashes};
+use ferry_radix::events::{ROOT_HASH, page_hash};
 use ferry_radix::{NodeId, Payload, RadixTree};
 
 use super::IndexError;
@@ -32,6 +32,15 @@ use super::table::{Loc, Mode, PageTable, Trace};
 
 /// Worker slots in one shard (a bit each).
 pub const SHARD_WORKERS: usize = 64;
+
+/// The most tokens in one chunk of a node's key ([`RadixTree::with_chunks`]): the chunks of
+/// an evicted node's key then fit a new one whatever the prompts' lengths.
+#[cfg(not(test))]
+const KEY_CHUNK: usize = 2048;
+/// Unit tests use pages of 4 tokens and short prompts: chunks of two pages, so that their
+/// matches, splits and evictions cross chunks.
+#[cfg(test)]
+const KEY_CHUNK: usize = 8;
 
 /// A node's pages and the workers that hold every one of them.
 #[derive(Debug, Clone, Default)]
@@ -114,7 +123,7 @@ impl Shard {
     /// An empty index over pages of `page_size` tokens holding at most `max_pages` pages.
     pub fn new(page_size: usize, max_pages: usize) -> Self {
         Self {
-            tree: RadixTree::new(page_size.max(1)),
+            tree: RadixTree::with_chunks(page_size.max(1), KEY_CHUNK),
             pages: PageTable::default(),
             mode: Mode::Own,
             trace: Trace::default(),
@@ -220,7 +229,12 @@ impl Shard {
             let pages = self.tree.pages(id);
             let missing = self.tree.value(id).is_some_and(|r| r.hashes.len() != pages);
             if missing {
-                let hs = page_hashes(prev, self.tree.key(id), ps);
+                let mut hs = Vec::with_capacity(pages);
+                let mut h = prev;
+                for page in self.tree.key_chunks(id).flat_map(|c| c.chunks_exact(ps)) {
+                    h = page_hash(h, page);
+                    hs.push(h);
+                }
                 if let Some(r) = self.tree.value_mut(id) {
                     r.hashes = hs;
                 }
@@ -517,15 +531,25 @@ impl Shard {
     /// set by the nodes' ids (both copies of the shared index free the same ids alike, and
     /// so make the same ids next: the one page table names nodes by id).
     fn remove_subtree(&mut self, root: NodeId) {
+        if self.tree.child_count(root) == 0 {
+            // A leaf (as every eviction removes): no walk to allocate.
+            self.remove_one(root);
+            return;
+        }
         for n in self.tree.walk_below(root).into_iter().rev() {
-            let pages = self.tree.pages(n);
-            self.lru.unlink(n);
-            if let Some(r) = self.tree.remove_leaf(n) {
-                self.count -= pages;
-                if r.confirmed {
-                    for h in r.hashes {
-                        self.forget(h);
-                    }
+            self.remove_one(n);
+        }
+    }
+
+    /// Removes leaf `n` from the tree, the recency order and (its pages) the table.
+    fn remove_one(&mut self, n: NodeId) {
+        let pages = self.tree.pages(n);
+        self.lru.unlink(n);
+        if let Some(r) = self.tree.remove_leaf(n) {
+            self.count -= pages;
+            if r.confirmed {
+                for h in r.hashes {
+                    self.forget(h);
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The shard against hand-worked cases and random traffic.
 
 use super::*;
+use ferry_radix::events::page_hashes;
 use std::time::Duration;
 
 const PS: usize = 4;
