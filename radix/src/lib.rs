@@ -18,6 +18,7 @@
 
 pub mod events;
 mod gallop;
+mod stream;
 mod tree;
 
 pub use gallop::common_prefix;

@@ -364,7 +364,7 @@ impl<V: Payload> RadixTree<V> {
             None => Vec::with_capacity(tokens.len()),
         };
         key.clear();
-        key.extend_from_slice(tokens);
+        crate::stream::extend(&mut key, tokens);
         key
     }
 
