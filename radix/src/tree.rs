@@ -187,12 +187,16 @@ impl<V: Payload> RadixTree<V> {
     }
 
     /// A tree ([`Self::new`]) that keeps its keys in chunks of at most `max_tokens` tokens
-    /// (rounded down to whole pages, at least one). Chunks then come in few sizes, so the
-    /// chunks of a removed node's key fit a new key whatever the lengths of the prompts that
-    /// come and go: a tree that evicts as fast as it grows touches no fresh memory even when
-    /// its nodes' lengths change. (A router's index whose 4,096-token nodes replaced
-    /// 2,048-token ones took ~3 page faults a placement, one key at a time.) Nodes are as
-    /// in any tree: a match compares a key chunk by chunk.
+    /// (rounded down to whole pages, at least one). Every run of `max_tokens` or more then
+    /// fills whole chunks of one size, so the chunks of a long node removed fit the long
+    /// parts of any new key: a tree that evicts as fast as it grows touches no fresh memory
+    /// for them even when its nodes' lengths change (a router's index whose 4,096-token
+    /// nodes replaced 2,048-token ones took ~3 page faults a placement, one key at a time).
+    /// A key's last chunk, and the tail a split copies out, are sized to their tokens, so
+    /// shorter keys reuse memory only as the allocator finds it. Such a tree also writes
+    /// chunks of 256 tokens or more with non-temporal stores: its keys are written into the
+    /// cold memory of evicted nodes and read again, if ever, much later. Nodes are as in any
+    /// tree: a match compares a key chunk by chunk.
     ///
     /// # Panics
     /// When `page_size` is 0.
@@ -238,7 +242,11 @@ impl<V: Payload> RadixTree<V> {
 
     /// The node's own tokens, copied out.
     pub fn key(&self, id: NodeId) -> Vec<u32> {
-        self.key_chunks(id).flat_map(|c| c.iter().copied()).collect()
+        let mut out = Vec::with_capacity(self.key_len(id));
+        for c in self.key_chunks(id) {
+            out.extend_from_slice(c);
+        }
+        out
     }
 
     /// The first page of the node's tokens (empty for the root).
@@ -364,7 +372,12 @@ impl<V: Payload> RadixTree<V> {
             None => Vec::with_capacity(tokens.len()),
         };
         key.clear();
-        crate::stream::extend(&mut key, tokens);
+        if self.chunk == usize::MAX {
+            // A tree that reads new keys straight back (the engine's cache hashes them).
+            key.extend_from_slice(tokens);
+        } else {
+            crate::stream::extend(&mut key, tokens);
+        }
         key
     }
 

@@ -164,3 +164,60 @@ fn insert_below_continues_a_path_from_a_node() {
     assert_eq!(ins.split.map(|s| s.1), Some(below), "split, the deeper part keeping its id");
     check_invariants(&t);
 }
+
+/// At the router's sizes (pages of 16, chunks of 2,048 tokens) and with keys long enough to
+/// be copied by non-temporal stores: a chunked tree and a plain one, split at pages on and
+/// around chunk boundaries, then emptied and filled again from the kept chunks, hold the
+/// same keys and answer the same matches.
+#[test]
+fn long_keys_split_alike_in_chunks_and_whole() {
+    const P: usize = 16;
+    struct Unit;
+    impl Payload for Unit {
+        fn split_off(&mut self, _: usize) -> Self {
+            Unit
+        }
+    }
+    let mut x: u64 = 0x9e37_79b9;
+    let mut tokens = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 50_000) as u32
+            })
+            .collect()
+    };
+    let mut plain: RadixTree<Unit> = RadixTree::new(P);
+    let mut chunked: RadixTree<Unit> = RadixTree::with_chunks(P, 2048);
+    for round in 0..2 {
+        let key = tokens(5_008);
+        let a = plain.insert(&key, |_| Unit).new_node.expect("new");
+        let b = chunked.insert(&key, |_| Unit).new_node.expect("new");
+        assert_eq!(a, b);
+        let lower = a;
+        // Each split leaves the lower part with the id: cut it further down, page by page.
+        let mut cut = 0;
+        for at in [1, 127, 128, 129, 255, 256, 300] {
+            let (u1, u2) = (plain.split(lower, at - cut), chunked.split(lower, at - cut));
+            assert_eq!(u1, u2, "round {round}, split at page {at}");
+            cut = at;
+        }
+        for id in plain.walk() {
+            assert_eq!(plain.key(id), chunked.key(id), "round {round}, node {id:?}");
+            assert_eq!(chunked.key_len(id), chunked.key(id).len());
+            assert_eq!(chunked.first_page(id), &chunked.key(id)[..P]);
+            assert!(chunked.key_chunks(id).all(|c| !c.is_empty() && c.len() <= 2048 && c.len() % P == 0));
+        }
+        let mut probe = key.clone();
+        probe[3_000] = 50_001;
+        assert_eq!(plain.match_prefix(&probe), chunked.match_prefix(&probe));
+        assert_eq!(chunked.match_prefix(&key).tokens, 5_008 / P * P);
+        // Empty both, leaves first, so the next round's keys come from the kept chunks.
+        while let Some(leaf) = plain.walk().into_iter().find(|&n| plain.child_count(n) == 0) {
+            assert!(plain.remove_leaf(leaf).is_some() && chunked.remove_leaf(leaf).is_some());
+        }
+        assert!(chunked.is_empty());
+    }
+}

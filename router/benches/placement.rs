@@ -217,7 +217,8 @@ fn w1(shape: &Shape, workers: usize, board: Arc<Board>, groups: &[Vec<u32>], rng
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
     let mut r = Router { ix: SharedIndex::new(PS, 1 << 20), placer, workers: board, rng: Rng(0xfeed) };
     let now = Instant::now();
-    let n = preload / div;
+    // At least one request per group, so every group has a home (the quick run divides N).
+    let n = (preload / div).max(GROUPS);
     let mut preloaded = Vec::with_capacity(n);
     let mut home = vec![None; GROUPS];
     let t0 = Instant::now();

@@ -33,8 +33,8 @@ use super::table::{Loc, Mode, PageTable, Trace};
 /// Worker slots in one shard (a bit each).
 pub const SHARD_WORKERS: usize = 64;
 
-/// The most tokens in one chunk of a node's key ([`RadixTree::with_chunks`]): the chunks of
-/// an evicted node's key then fit a new one whatever the prompts' lengths.
+/// The most tokens in one chunk of a node's key ([`RadixTree::with_chunks`]): the whole
+/// chunks of an evicted long node then fit the long parts of new ones, whatever their lengths.
 #[cfg(not(test))]
 const KEY_CHUNK: usize = 2048;
 /// Unit tests use pages of 4 tokens and short prompts: chunks of two pages, so that their
