@@ -297,7 +297,11 @@ impl<V: Payload> RadixTree<V> {
             chain.push(c);
             cur = self.parent(c);
         }
-        chain.iter().rev().flat_map(|&c| self.key_chunks(c)).flat_map(|c| c.iter().copied()).collect()
+        let mut out = Vec::new();
+        for c in chain.iter().rev().flat_map(|&c| self.key_chunks(c)) {
+            out.extend_from_slice(c);
+        }
+        out
     }
 
     /// Every node, parents before children (pre-order), root excluded; siblings in the order
