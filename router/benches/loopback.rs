@@ -5,7 +5,8 @@
 //!
 //! Bodies: a 16 KB chat (an 8 KB system prompt shared by every request, an 8 KB user message
 //! of its own), with the tokenizer's head cache on and off; and `/v1/completions` with a
-//! ~4,500-token prompt, its first half shared. Each request writes its own number at the start
+//! ~4,500-token prompt, its first half shared; and a short chat (a 64-byte user message: the
+//! router's fixed cost per request). Each request writes its own number at the start
 //! of its own part, so no two prompts are alike; the router tokenizes every one.
 //!
 //! Per cell it prints req/s, the router's CPU (from `/proc`), router CPU-µs per answered
@@ -20,7 +21,11 @@
 //! `cargo bench -p ferry-router --bench loopback`; `FERRY_BENCH_PREFILL=N` for N prefill
 //! workers instead of 4 (the router scores every one per request); needs SmolLM2 (`FERRY_SMOLLM2` or the
 //! `ferry model fetch smollm2-135m` cache) and `taskset`; `FERRY_BENCH_QUICK=1` runs 0.5 s
-//! cells at c = 1 and 8 (CI smoke run).
+//! cells at c = 1 and 8 (CI smoke run). For profiling one cell: `FERRY_BENCH_ONLY` names the
+//! runs to keep (any of `chat`, `chat-nocache`, `completions`, `short`, comma-separated),
+//! `FERRY_BENCH_C` the concurrency levels (e.g. `1`), `FERRY_BENCH_SECS` a cell's seconds;
+//! `FERRY_BENCH_ROUTER_CORE=1` puts the router on the load's core (no request then crosses
+//! cores: what waking an idle core costs).
 
 #[path = "common/mock_workers.rs"]
 mod mock_workers;
@@ -118,6 +123,17 @@ fn workloads(model: &ServedModel) -> Vec<Workload> {
         comp_ids.push(tok.encode(&prompt).expect("encode"));
         comp.push(split(serde_json::json!({"model": name, "max_tokens": OUTPUT_TOKENS, "prompt": prompt}).to_string()));
     }
+    // A short chat: the router's fixed cost per request.
+    let (mut short, mut short_ids) = (Vec::new(), Vec::new());
+    for _ in 0..variants {
+        let user = format!("{MARK} {}", text(&mut rng, 64));
+        let msgs = [ferry_tokenize::ChatMessage::new("user", user.clone())];
+        short_ids.push(tok.encode(&template.render(&msgs, true).expect("render")).expect("encode"));
+        let body = serde_json::json!({
+            "model": name, "max_tokens": OUTPUT_TOKENS, "messages": [{"role": "user", "content": user}],
+        });
+        short.push(split(body.to_string()));
+    }
     let chat_bytes = chat.iter().map(|(a, b)| a.len() + b.len()).sum::<usize>() / variants;
     let comp_tokens = comp_ids.iter().map(Vec::len).sum::<usize>() / variants;
     println!(
@@ -127,6 +143,7 @@ fn workloads(model: &ServedModel) -> Vec<Workload> {
     vec![
         Workload { name: "chat 16 KB", path: "/v1/chat/completions", bodies: chat, ids: chat_ids },
         Workload { name: "completions 4.5 k tokens", path: "/v1/completions", bodies: comp, ids: comp_ids },
+        Workload { name: "short chat (~64 bytes)", path: "/v1/chat/completions", bodies: short, ids: short_ids },
     ]
 }
 
@@ -172,7 +189,8 @@ fn prefill_workers() -> usize {
 async fn start_router(model: &PathBuf, prefill: &[String], decode: &[String], cache_mib: usize) -> Router {
     let http = format!("127.0.0.1:{}", free_port());
     let mut c = Command::new("taskset");
-    c.args(["-c", "0", env!("CARGO_BIN_EXE_ferry-router"), "--model"]).arg(model);
+    let core = std::env::var("FERRY_BENCH_ROUTER_CORE").unwrap_or_else(|_| "0".into());
+    c.args(["-c", &core, env!("CARGO_BIN_EXE_ferry-router"), "--model"]).arg(model);
     for p in prefill {
         c.args(["--prefill", p]);
     }
@@ -354,6 +372,13 @@ async fn run(quick: bool) {
         decode.push(mock_workers::serve("decode").await);
     }
     let (secs, levels): (f64, &[usize]) = if quick { (0.5, &[1, 8]) } else { (3.0, &[1, 8, 32, 128]) };
+    let secs = std::env::var("FERRY_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(secs);
+    let levels: Vec<usize> = match std::env::var("FERRY_BENCH_C") {
+        Ok(v) => v.split(',').map(|c| c.trim().parse().expect("FERRY_BENCH_C: comma-separated numbers")).collect(),
+        Err(_) => levels.to_vec(),
+    };
+    let only = std::env::var("FERRY_BENCH_ONLY").ok();
+    let keep = |tag: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| t.trim() == tag));
     println!(
         "router pinned to core 0; {} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell",
         prefill.len()
@@ -361,8 +386,13 @@ async fn run(quick: bool) {
     println!(
         "smg (issue 17, this machine): 16 KB chat on raw text 4.7 k req/s/core, 209 us CPU/request; 4.5 k-token prompt with tokenization 478 req/s/core, 2.08 ms CPU/request"
     );
-    let runs = [(&loads[0], 64, "head cache on"), (&loads[0], 0, "head cache off"), (&loads[1], 64, "")];
-    for (w, cache, note) in runs {
+    let runs = [
+        (&loads[0], 64, "head cache on", "chat"),
+        (&loads[0], 0, "head cache off", "chat-nocache"),
+        (&loads[1], 64, "", "completions"),
+        (&loads[2], 64, "", "short"),
+    ];
+    for (w, cache, note, _) in runs.into_iter().filter(|r| keep(r.3)) {
         let router = start_router(&path, &prefill, &decode, cache).await;
         let pid = router.child.id();
         // Warm up: connections, the head cache's shared system prompt, allocator.
@@ -384,7 +414,7 @@ async fn run(quick: bool) {
             "RSS MB",
             "busy %"
         );
-        for &c in levels {
+        for &c in &levels {
             let cpu0 = router_cpu(pid);
             let t = Instant::now();
             let (mut lat, failed, refused) = through_router(&router.http, w, c, secs).await;

@@ -24,7 +24,8 @@ use std::collections::{BinaryHeap, HashMap};
 use aho_corasick::{AhoCorasick, MatchKind};
 
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
-use parking_lot::RwLock;
+use crate::gpt2_ascii;
+use parking_lot::{RwLock, RwLockReadGuard};
 use serde_json::Value as Json;
 
 /// GPT-2's pre-tokenizer pattern (HF's `ByteLevel` with `use_regex`).
@@ -35,6 +36,8 @@ const LOOKAHEAD: &str = r"\s+(?!\S)|";
 const MAX_CACHED_WORDS: usize = 1 << 16;
 /// Longer words are not remembered (HF's limit too): a prompt of long runs cannot pin memory.
 const MAX_CACHED_WORD: usize = 256;
+/// Words looked up between chances for a waiting writer to take the cache.
+const LOOKUPS_PER_YIELD: u32 = 256;
 
 /// Pre-tokens' bytes to their ids.
 type WordCache = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
@@ -48,6 +51,16 @@ struct Pre {
     newline_alternative: bool,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
     digits: bool,
+    /// GPT-2's pattern: ASCII pre-tokens are cut by hand ([`gpt2_ascii`]).
+    gpt2: bool,
+}
+
+/// The word cache as one encode reads it: one read lock for the whole text (yielded now and
+/// then to a waiting writer), and the words it had to merge, added when the text is done.
+struct Words<'a> {
+    cache: RwLockReadGuard<'a, WordCache>,
+    fresh: WordCache,
+    lookups: u32,
 }
 
 /// A byte-level BPE tokenizer equal to an HF one (see the module documentation).
@@ -96,7 +109,7 @@ fn byte_level(p: &Json, use_regex: bool) -> bool {
 fn pre_of(p: &Json) -> Option<Pre> {
     let plain = |pattern: &str, newline_alternative: bool, digits: bool| -> Option<Pre> {
         let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
-        Some(Pre { re, newline_alternative, digits })
+        Some(Pre { re, newline_alternative, digits, gpt2: pattern == GPT2_PATTERN })
     };
     if byte_level(p, true) {
         return plain(GPT2_PATTERN, false, false);
@@ -214,38 +227,55 @@ impl FastBpe {
     /// The ids of `text`, as HF's `encode(text, false)` gives them.
     pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
+        let mut words = Words { cache: self.cache.read(), fresh: WordCache::default(), lookups: 0 };
         let mut at = 0;
         if let Some(added) = &self.added {
             for m in added.find_iter(text) {
-                self.piece(&text[at..m.start()], &mut out);
+                self.piece(&text[at..m.start()], &mut words, &mut out);
                 out.push(self.added_ids[m.pattern().as_usize()]);
                 at = m.end();
             }
         }
-        self.piece(&text[at..], &mut out);
+        self.piece(&text[at..], &mut words, &mut out);
+        let Words { cache, fresh, .. } = words;
+        drop(cache);
+        if !fresh.is_empty() {
+            let mut cache = self.cache.write();
+            if cache.len() + fresh.len() > MAX_CACHED_WORDS {
+                cache.clear();
+            }
+            cache.extend(fresh);
+        }
         out
     }
 
     /// A piece between added tokens.
-    fn piece(&self, piece: &str, out: &mut Vec<u32>) {
+    fn piece(&self, piece: &str, words: &mut Words<'_>, out: &mut Vec<u32>) {
         if !self.pre.digits {
-            return self.regex_piece(piece, out);
+            return self.regex_piece(piece, words, out);
         }
         let mut start = 0;
         for (i, c) in piece.char_indices() {
             if c.is_numeric() {
-                self.regex_piece(&piece[start..i], out);
-                self.regex_piece(&piece[i..i + c.len_utf8()], out);
+                self.regex_piece(&piece[start..i], words, out);
+                self.regex_piece(&piece[i..i + c.len_utf8()], words, out);
                 start = i + c.len_utf8();
             }
         }
-        self.regex_piece(&piece[start..], out);
+        self.regex_piece(&piece[start..], words, out);
     }
 
-    fn regex_piece(&self, piece: &str, out: &mut Vec<u32>) {
+    fn regex_piece(&self, piece: &str, words: &mut Words<'_>, out: &mut Vec<u32>) {
         use regex_automata::{Anchored, Input};
         let mut at = 0;
         while at < piece.len() {
+            if self.pre.gpt2
+                && let Some(end) = gpt2_ascii::next(piece.as_bytes(), at)
+            {
+                self.word(&piece.as_bytes()[at..end], words, out);
+                at = end;
+                continue;
+            }
             // The accepted patterns match at every character, so a match anchored here is the
             // leftmost one, found without the reverse scan an unanchored search needs for its
             // start; the unanchored search is the fallback.
@@ -253,18 +283,18 @@ impl FastBpe {
             let found =
                 self.pre.re.search(&input.clone().anchored(Anchored::Yes)).or_else(|| self.pre.re.search(&input));
             let Some(m) = found else {
-                self.word(&piece.as_bytes()[at..], out);
+                self.word(&piece.as_bytes()[at..], words, out);
                 break;
             };
             let (start, mut end) = (m.start(), m.end());
             if end <= at {
                 // An empty match (none of the accepted patterns has one): never loop on it.
-                self.word(&piece.as_bytes()[at..], out);
+                self.word(&piece.as_bytes()[at..], words, out);
                 break;
             }
             if start > at {
                 // Text no alternative matched (none of the accepted patterns leaves any).
-                self.word(&piece.as_bytes()[at..start], out);
+                self.word(&piece.as_bytes()[at..start], words, out);
             }
             let s = &piece[start..end];
             if end < piece.len()
@@ -276,13 +306,13 @@ impl FastBpe {
                 // `\s+(?!\S)`: the run gives up its last character to what follows.
                 end = start + last;
             }
-            self.word(&piece.as_bytes()[start..end], out);
+            self.word(&piece.as_bytes()[start..end], words, out);
             at = end;
         }
     }
 
     /// One pre-token.
-    fn word(&self, bytes: &[u8], out: &mut Vec<u32>) {
+    fn word(&self, bytes: &[u8], words: &mut Words<'_>, out: &mut Vec<u32>) {
         if bytes.is_empty() {
             return;
         }
@@ -290,20 +320,19 @@ impl FastBpe {
             out.push(*id);
             return;
         }
-        if let Some(ids) = self.cache.read().get(bytes) {
+        words.lookups += 1;
+        if words.lookups.is_multiple_of(LOOKUPS_PER_YIELD) {
+            RwLockReadGuard::bump(&mut words.cache);
+        }
+        if let Some(ids) = words.cache.get(bytes).or_else(|| words.fresh.get(bytes)) {
             out.extend_from_slice(ids);
             return;
         }
         let ids = self.merge(bytes);
         out.extend_from_slice(&ids);
-        if bytes.len() >= MAX_CACHED_WORD {
-            return;
+        if bytes.len() < MAX_CACHED_WORD && words.fresh.len() < MAX_CACHED_WORDS {
+            words.fresh.insert(bytes.into(), ids.into_boxed_slice());
         }
-        let mut cache = self.cache.write();
-        if cache.len() >= MAX_CACHED_WORDS {
-            cache.clear();
-        }
-        cache.insert(bytes.into(), ids.into_boxed_slice());
     }
 
     /// HF's `Word::merge_all` without dropout: the lowest-ranked pair first, the leftmost

@@ -19,6 +19,7 @@ mod fast_bpe;
 pub mod gguf;
 mod gguf_vocab;
 pub mod gguf_write;
+mod gpt2_ascii;
 mod head_cache;
 mod request;
 mod served;

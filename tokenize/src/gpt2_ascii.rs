@@ -1,0 +1,169 @@
+//! GPT-2's pre-tokenizer pattern decided by hand where the text is ASCII, for the fast BPE
+//! path ([`crate::fast_bpe`]); the regex decides wherever a pre-token touches other text.
+//!
+//! The pattern, `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`,
+//! matched leftmost-first from a pre-token's start, reads only forward from there. So a
+//! pre-token decided here and the next one found by the regex (or the other way round) cut
+//! the text exactly as the regex alone would.
+//!
+//! On ASCII: letters are `A–Z a–z`, numbers `0–9`, whitespace `\t \n \x0B \x0C \r` and space
+//! (Unicode's White_Space; `\x1C–\x1F` are not in it), and every other byte below `0x80` is
+//! neither. A byte from `0x80` up starts or continues characters this module does not
+//! classify (`é` is a letter, U+00A0 whitespace, `²` a number): a pre-token that starts
+//! there, or that could run on into one, is left to the regex ([`next`] returns `None`).
+
+/// The classes of the pattern's alternatives, by byte.
+const OTHER: u8 = 0;
+const LETTER: u8 = 1;
+const DIGIT: u8 = 2;
+const SPACE: u8 = 3;
+/// Any byte from `0x80` up: not classified here.
+const WIDE: u8 = 4;
+
+const CLASS: [u8; 256] = {
+    let mut t = [OTHER; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = match b as u8 {
+            b'A'..=b'Z' | b'a'..=b'z' => LETTER,
+            b'0'..=b'9' => DIGIT,
+            b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => SPACE,
+            0x80..=0xFF => WIDE,
+            _ => OTHER,
+        };
+        b += 1;
+    }
+    t
+};
+
+/// The end of the pre-token that starts at `at` (`at < text.len()`), or `None` where the
+/// regex must decide it.
+#[inline]
+pub(crate) fn next(text: &[u8], at: usize) -> Option<usize> {
+    let class = |i: usize| text.get(i).map(|&b| CLASS[b as usize]);
+    let first = text[at];
+    if first == b'\'' {
+        let rest = &text[at + 1..];
+        let len = match rest {
+            [b's' | b't' | b'm' | b'd', ..] => 1,
+            [b'r' | b'v', b'e', ..] | [b'l', b'l', ..] => 2,
+            _ => 0,
+        };
+        if len > 0 {
+            return Some(at + 1 + len);
+        }
+    }
+    // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: one optional space, then a run of one class.
+    let body = if first == b' ' { at + 1 } else { at };
+    match class(body) {
+        Some(c @ (LETTER | DIGIT | OTHER)) => {
+            let mut end = body + 1;
+            while let Some(k) = class(end) {
+                if k != c {
+                    // A wide byte might carry the run on (`café`, `x—y`).
+                    return (k != WIDE).then_some(end);
+                }
+                end += 1;
+            }
+            Some(end)
+        }
+        Some(WIDE) => None,
+        // Whitespace here, or a space before whitespace or the end: `\s+(?!\S)|\s+`.
+        _ => space_run(text, at),
+    }
+}
+
+/// `\s+(?!\S)|\s+` from `at`, where whitespace starts: the whole run where it ends the text;
+/// otherwise the run less its last character (which goes with what follows), or the one
+/// character of a run that short.
+fn space_run(text: &[u8], at: usize) -> Option<usize> {
+    let mut end = at + 1;
+    while let Some(&b) = text.get(end) {
+        match CLASS[b as usize] {
+            SPACE => end += 1,
+            // U+0085, U+00A0 … would carry the run on.
+            WIDE => return None,
+            _ => return Some(if end - at >= 2 { end - 1 } else { end }),
+        }
+    }
+    Some(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The regex's pieces of `text` (anchored matches, the look-around restored as
+    /// `fast_bpe` does), for comparison.
+    fn by_regex(re: &regex_automata::meta::Regex, text: &str) -> Vec<(usize, usize)> {
+        use regex_automata::{Anchored, Input};
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let m = re.search(&Input::new(text).range(at..).anchored(Anchored::Yes)).expect("matches everywhere");
+            let mut end = m.end();
+            let s = &text[at..end];
+            if end < text.len()
+                && s.chars().all(char::is_whitespace)
+                && let Some((last, _)) = s.char_indices().next_back()
+                && last > 0
+            {
+                end = at + last;
+            }
+            out.push((at, end));
+            at = end;
+        }
+        out
+    }
+
+    fn gpt2() -> regex_automata::meta::Regex {
+        let pattern = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
+        regex_automata::meta::Regex::new(pattern).expect("pattern")
+    }
+
+    /// Mixed pieces: at every start this module decides, it must agree with the regex, and it
+    /// must decide every start of plain ASCII text.
+    #[test]
+    fn every_decided_piece_is_the_regexs() {
+        let re = gpt2();
+        let alphabet: &[&str] = &[
+            "a", "Z", "s", "t", "r", "e", "v", "m", "l", "d", "'", "0", "7", " ", " ", "  ", "\t", "\n", "\r", "\x0b",
+            "\x0c", "\x1c", "\x1f", "\x00", "\x7f", ".", "!", "-", "é", "\u{a0}", "\u{85}", "\u{3000}", "²", "東",
+            "🚢", "\u{301}",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut decided = 0;
+        for round in 0..20_000 {
+            let len = 1 + (rand() % 14) as usize;
+            // Half the texts ASCII only.
+            let ascii = round % 2 == 0;
+            let text: String = (0..len)
+                .map(|_| {
+                    loop {
+                        let s = alphabet[(rand() % alphabet.len() as u64) as usize];
+                        if !ascii || s.is_ascii() {
+                            break s;
+                        }
+                    }
+                })
+                .collect();
+            let pieces = by_regex(&re, &text);
+            for &(start, end) in &pieces {
+                match next(text.as_bytes(), start) {
+                    Some(e) => {
+                        assert_eq!(e, end, "{text:?} from {start}");
+                        decided += 1;
+                    }
+                    None => assert!(!ascii, "{text:?} from {start}: ASCII left undecided"),
+                }
+            }
+        }
+        assert!(decided > 50_000, "only {decided} pieces decided");
+    }
+}
