@@ -389,9 +389,10 @@ async fn handle(
     let parsed = {
         let ctx = Arc::clone(&ctx);
         // The refusal is the finished response, once per request: its size is no concern.
+        let len = body.len();
         #[allow(clippy::result_large_err)]
         let job = move || parse(&ctx, &body, kind);
-        crate::offload::Pool::global().run(job).await
+        crate::offload::Pool::global().run_sized(len, job).await
     };
     let (mut p, shape) = match parsed {
         Ok(Ok(x)) => {

@@ -37,11 +37,15 @@ impl RouterSvc {
     /// ([`crate::offload`]); busy: RESOURCE_EXHAUSTED.
     async fn tokens(&self, input: Input) -> Result<Vec<u32>, Status> {
         let ctx = Arc::clone(&self.0);
+        let bytes = match &input {
+            Input::Text(t) => t.len(),
+            Input::Chat(c) => c.iter().map(|m| m.role.len() + m.content.len()).sum(),
+        };
         let job = move || match input {
             Input::Text(t) => encode(&ctx, &t),
             Input::Chat(c) => chat(&ctx, &c),
         };
-        crate::offload::Pool::global().run(job).await.map_err(|busy| {
+        crate::offload::Pool::global().run_sized(bytes, job).await.map_err(|busy| {
             metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => "tokenizer_busy")
                 .increment(1);
             Status::resource_exhausted(busy.to_string())
