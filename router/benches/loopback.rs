@@ -15,7 +15,10 @@
 //! the direct baseline — the load calling the mock workers' `Prefill` and `Generate` itself
 //! with the prompt's ids, as the router would — and the difference (added p50 / p99), and the
 //! router's RSS, and the share refused as busy (429: the tokenizer pool's queue, 64 per
-//! core, is full; a refused client waits 5 ms). smg's figures (issue 17, this machine) are
+//! core, is full; a refused client waits 5 ms). Last, the direct baseline again from a
+//! thread on the router's core (`dir0`: every call then crosses cores, as the router's do)
+//! and the router's p50 beyond it (`+p50/0`: the router's own work, without the cost of
+//! waking the other core that the one-core baseline never pays). smg's figures (issue 17, this machine) are
 //! printed beside.
 //!
 //! `cargo bench -p ferry-router --bench loopback`; `FERRY_BENCH_PREFILL=N` for N prefill
@@ -343,6 +346,25 @@ async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, s
     all
 }
 
+/// The direct baseline run from the router's core: a thread of its own on core 0 (the mock
+/// workers stay on core 1), so that each call crosses cores as the router's do. What the
+/// router adds beyond it is its own work; the difference between the two baselines is what
+/// waking the other core costs.
+async fn direct_from_core0(prefill: &[String], decode: &[String], w: &Workload, c: usize, secs: f64) -> Vec<f64> {
+    let (prefill, decode) = (prefill.to_vec(), decode.to_vec());
+    let w = Workload { name: w.name, path: w.path, bodies: Vec::new(), ids: w.ids.clone() };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let me = std::fs::read_link("/proc/thread-self").expect("thread-self");
+        let tid = me.file_name().expect("tid").to_string_lossy().into_owned();
+        let pinned = Command::new("taskset").args(["-p", "-c", "0", &tid]).stdout(Stdio::null()).status();
+        assert!(pinned.is_ok_and(|s| s.success()), "taskset could not pin the core-0 load");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let _ = tx.send(rt.block_on(direct(&prefill, &decode, &w, c, secs)));
+    });
+    rx.await.expect("core-0 load")
+}
+
 fn main() {
     let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -399,7 +421,7 @@ async fn run(quick: bool) {
         through_router(&router.http, w, 2, if quick { 0.2 } else { 1.0 }).await;
         println!("\n{} {note}", w.name);
         println!(
-            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7}",
+            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8}",
             "c",
             "req/s",
             "cpu %",
@@ -412,7 +434,9 @@ async fn run(quick: bool) {
             "+p50 ms",
             "+p99 ms",
             "RSS MB",
-            "busy %"
+            "busy %",
+            "dir0 p50",
+            "+p50/0"
         );
         for &c in &levels {
             let cpu0 = router_cpu(pid);
@@ -425,8 +449,10 @@ async fn run(quick: bool) {
             let (p50, p99) = (pct(&mut lat, 0.5) * 1e3, pct(&mut lat, 0.99) * 1e3);
             let mut dir = direct(&prefill, &decode, w, c, secs).await;
             let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
+            let mut far = direct_from_core0(&prefill, &decode, w, c, secs).await;
+            let f50 = pct(&mut far, 0.5) * 1e3;
             println!(
-                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1}",
+                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1} {f50:>8.2} {:>8.2}",
                 n / wall,
                 cpu / wall * 100.0,
                 cpu / n * 1e6,
@@ -434,7 +460,8 @@ async fn run(quick: bool) {
                 p50 - d50,
                 p99 - d99,
                 rss_mb(pid, "VmRSS"),
-                100.0 * refused as f64 / (n + refused as f64)
+                100.0 * refused as f64 / (n + refused as f64),
+                p50 - f50
             );
         }
         println!("router peak RSS {:.0} MB", rss_mb(pid, "VmHWM"));
