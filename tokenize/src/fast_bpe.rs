@@ -224,6 +224,12 @@ impl FastBpe {
         Ok(Self { added, added_ids, pre, byte_ids, merges, whole, cache: RwLock::new(HashMap::default()) })
     }
 
+    /// Whether the pre-tokenizer is GPT-2's pattern (with or without digits cut first): the
+    /// head cache may then cut plain text between words (`head_cache::word_cut`).
+    pub(crate) fn gpt2(&self) -> bool {
+        self.pre.gpt2
+    }
+
     /// The ids of `text`, as HF's `encode(text, false)` gives them.
     pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
@@ -548,6 +554,34 @@ mod tests {
                     assert_eq!(fast.encode(&t), want, "{name}, cached words: {t:?}");
                 }
             }
+        }
+    }
+
+    /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
+    /// texts sharing heads of every length: the ids equal HF's, and heads are reused.
+    #[test]
+    fn word_cuts_of_the_head_cache_keep_hf_ids() {
+        let smollm = json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level_json(true)]});
+        for (name, pre) in [("gpt2", byte_level_json(true)), ("smollm", smollm)] {
+            let tok = tokenizer(pre, false);
+            let fast = FastBpe::new(&tok).expect("fast path");
+            assert!(fast.gpt2());
+            let cache = crate::head_cache::HeadCache::new(&tok, 1 << 20).expect("cache").with_word_cuts(&tok);
+            let base: String = texts(400, 9).concat();
+            let tails = texts(300, 21);
+            for (i, tail) in tails.iter().enumerate() {
+                // Heads cut anywhere, also inside the texts' spaces and words.
+                let mut at = (i * 7919) % base.len();
+                while !base.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let t = format!("{}{tail}", &base[..at]);
+                let want = tok.encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+                let got = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
+                assert_eq!(got, want, "{name}: {t:?}");
+            }
+            let stats = cache.stats();
+            assert!(stats.hit_tokens > stats.miss_tokens, "{name}: heads reused: {stats:?}");
         }
     }
 

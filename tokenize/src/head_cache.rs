@@ -12,6 +12,12 @@
 //! compared in full, so a hit is always exact. The cache holds at most `max_bytes` (texts, ids
 //! and bookkeeping) and forgets least recently used leaves first.
 //!
+//! Plain text has no such tokens (a `/v1/completions` prompt, a long document pasted into one
+//! message). For GPT-2's byte-level BPE the cache also cuts it between words, at a space after
+//! a printable character and before a letter, the first such place past every ~2 KiB
+//! ([`HeadCache::with_word_cuts`]): the same text before a cut gives the same cuts, so a shared
+//! head is found whatever follows it.
+//!
 //! Tokenizers it cannot split safely (truncation or padding set, added specials kept in the
 //! text, no boundary token) get no cache: [`HeadCache::new`] returns `None`.
 
@@ -28,6 +34,12 @@ use crate::TokenizeError;
 const ROOT: u32 = u32::MAX;
 /// Bytes a node costs beyond its text and ids (node, map entry, allocations).
 const NODE_OVERHEAD: usize = 96;
+/// With word cuts, a long stretch of plain text is cut about this often (bytes; 1,024 measured
+/// no better, with more segments to keep).
+#[cfg(not(test))]
+const CUT_EVERY: usize = 2048;
+#[cfg(test)]
+const CUT_EVERY: usize = 48;
 
 /// What the cache has saved, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,6 +87,40 @@ pub struct HeadCache {
     /// figures (every request, for metrics) takes no lock.
     held_bytes: AtomicU64,
     held_segments: AtomicU64,
+    /// Plain text is cut between words too ([`HeadCache::with_word_cuts`]).
+    word_cuts: bool,
+}
+
+/// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE: a space between a printable
+/// ASCII character and an ASCII letter. The pre-token before it (a run of letters, digits or
+/// other marks, or a contraction) ends there whatever follows, and the one after starts there
+/// (` ?\p{L}+`); the pattern reads only forward, so the text after `p` cuts alike on its own.
+/// (Either neighbour alone would do; both are asked. A space inside a run of whitespace is
+/// no cut: `a   b` is `a`, two spaces, ` b`.) No added token holds a space
+/// ([`HeadCache::with_word_cuts`]), so none spans `p`.
+fn word_cut(b: &[u8], p: usize) -> bool {
+    p > 0 && p + 1 < b.len() && b[p] == b' ' && b[p + 1].is_ascii_alphabetic() && b[p - 1].is_ascii_graphic()
+}
+
+/// `ends` (each the end of a boundary token) with word cuts added between them and after the
+/// last: in each stretch, the first cut at or after every [`CUT_EVERY`] bytes from the last.
+fn with_cuts(text: &str, ends: &[usize]) -> Vec<usize> {
+    let b = text.as_bytes();
+    let mut all = Vec::with_capacity(ends.len() + text.len() / CUT_EVERY);
+    let mut start = 0;
+    for end in ends.iter().copied().chain(std::iter::once(text.len())) {
+        let mut next = start + CUT_EVERY;
+        while next < end {
+            let Some(p) = (next..end).find(|&p| word_cut(&b[..end], p)) else { break };
+            all.push(p);
+            next = p + CUT_EVERY;
+        }
+        if end < text.len() {
+            all.push(end);
+        }
+        start = end;
+    }
+    all
 }
 
 impl std::fmt::Debug for HeadCache {
@@ -157,7 +203,17 @@ impl HeadCache {
             miss_tokens: AtomicU64::new(0),
             held_bytes: AtomicU64::new(0),
             held_segments: AtomicU64::new(0),
+            word_cuts: false,
         })
+    }
+
+    /// Cuts long stretches of plain text between words too, so that a shared head without
+    /// special tokens (a completion's few-shot examples, a long document) is reused. Only for
+    /// a tokenizer that [`word_cut`] holds for — GPT-2's byte-level BPE, as the fast path
+    /// (`fast_bpe`) runs it — and whose added tokens hold no space; otherwise unchanged.
+    pub(crate) fn with_word_cuts(mut self, tok: &tokenizers::Tokenizer) -> Self {
+        self.word_cuts = tok.get_added_tokens_decoder().values().all(|t| !t.content.contains(' '));
+        self
     }
 
     /// What the cache has saved and holds (no lock taken).
@@ -178,7 +234,10 @@ impl HeadCache {
         tokenize: impl Fn(&str) -> Result<Vec<u32>, TokenizeError>,
     ) -> Result<Vec<u32>, TokenizeError> {
         let raw = |s: &str| if s.is_empty() { Ok(Vec::new()) } else { tokenize(s) };
-        let ends: Vec<usize> = self.boundaries.find_iter(text).map(|m| m.end()).collect();
+        let mut ends: Vec<usize> = self.boundaries.find_iter(text).map(|m| m.end()).collect();
+        if self.word_cuts {
+            ends = with_cuts(text, &ends);
+        }
         if ends.is_empty() {
             let ids = raw(text)?;
             self.miss_tokens.fetch_add(ids.len() as u64, Ordering::Relaxed);

@@ -129,7 +129,10 @@ impl Tokenizer {
     /// This tokenizer with a [`HeadCache`] of at most `max_bytes` (shared by its clones), where
     /// its vocabulary allows one; 0 turns the cache off.
     pub fn with_head_cache(mut self, max_bytes: usize) -> Self {
-        self.head_cache = HeadCache::new(&self.inner, max_bytes).map(Arc::new);
+        let word_cuts = self.fast.as_ref().is_some_and(|f| f.gpt2());
+        self.head_cache = HeadCache::new(&self.inner, max_bytes)
+            .map(|c| if word_cuts { c.with_word_cuts(&self.inner) } else { c })
+            .map(Arc::new);
         self
     }
 
