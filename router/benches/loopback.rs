@@ -18,7 +18,8 @@
 //! core, is full; a refused client waits 5 ms). Last, the direct baseline again from a
 //! thread on the router's core (`dir0`: every call then crosses cores, as the router's do)
 //! and the router's p50 beyond it (`+p50/0`: the router's own work, without the cost of
-//! waking the other core that the one-core baseline never pays). smg's figures (issue 17, this machine) are
+//! waking the other core that the one-core baseline never pays). After each run, `GET /health`
+//! at c = 1: the HTTP hop to the router's core alone. smg's figures (issue 17, this machine) are
 //! printed beside.
 //!
 //! `cargo bench -p ferry-router --bench loopback`; `FERRY_BENCH_PREFILL=N` for N prefill
@@ -346,6 +347,25 @@ async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, s
     all
 }
 
+/// p50 (ms) of `GET /health` on one keep-alive connection for `secs`: what any HTTP hop to
+/// the router's core costs, before it does any work for a request.
+async fn health_p50(addr: &str, secs: f64) -> f64 {
+    let mut send = connect(addr).await;
+    let mut lat = Vec::new();
+    let t0 = Instant::now();
+    while t0.elapsed().as_secs_f64() < secs {
+        let req = hyper::Request::get("/health")
+            .header("host", addr)
+            .body(http_body_util::Full::<hyper::body::Bytes>::default())
+            .expect("request");
+        let t = Instant::now();
+        let resp = send.send_request(req).await.expect("health");
+        resp.into_body().collect().await.expect("health body");
+        lat.push(t.elapsed().as_secs_f64());
+    }
+    pct(&mut lat, 0.5) * 1e3
+}
+
 /// The direct baseline run from the router's core: a thread of its own on core 0 (the mock
 /// workers stay on core 1), so that each call crosses cores as the router's do. What the
 /// router adds beyond it is its own work; the difference between the two baselines is what
@@ -464,6 +484,10 @@ async fn run(quick: bool) {
                 p50 - f50
             );
         }
-        println!("router peak RSS {:.0} MB", rss_mb(pid, "VmHWM"));
+        println!(
+            "router peak RSS {:.0} MB; GET /health at c = 1: p50 {:.3} ms (the HTTP hop alone)",
+            rss_mb(pid, "VmHWM"),
+            health_p50(&router.http, secs.min(1.0)).await
+        );
     }
 }

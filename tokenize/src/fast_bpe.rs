@@ -84,7 +84,7 @@ impl std::fmt::Debug for FastBpe {
 
 /// GPT-2's byte-to-character table: printable bytes stand for themselves, the others for
 /// characters from U+0100 on.
-fn byte_chars() -> [char; 256] {
+pub(crate) fn byte_chars() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..=255u8 {

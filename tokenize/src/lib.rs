@@ -12,6 +12,7 @@
 //! - [`ServedModel`]: name, tokenizer, vocabulary and context of a model, from its metadata
 //!   alone (what the router needs).
 
+mod byte_decode;
 mod chat;
 mod detok;
 mod error;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value as Json;
 
+use crate::byte_decode::ByteDecoder;
 use crate::fast_bpe::FastBpe;
 use crate::gguf::{GgufHeader, Value};
 use crate::{ChatTemplate, HeadCache, TokenizeError};
@@ -22,6 +23,8 @@ pub struct Tokenizer {
     head_cache: Option<Arc<HeadCache>>,
     /// HF's ids without HF's pipeline, where the vocabulary's shape allows.
     fast: Option<Arc<FastBpe>>,
+    /// HF's decoding without HF's pipeline, for a `ByteLevel` decoder.
+    bytes: Option<Arc<ByteDecoder>>,
 }
 
 impl Tokenizer {
@@ -123,7 +126,8 @@ impl Tokenizer {
             )));
         }
         let fast = FastBpe::new(&inner).map(Arc::new);
-        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size, head_cache: None, fast })
+        let bytes = ByteDecoder::new(&inner).map(Arc::new);
+        Ok(Self { inner, bos_id, add_bos, eos_ids, chat_template, vocab_size, head_cache: None, fast, bytes })
     }
 
     /// This tokenizer with a [`HeadCache`] of at most `max_bytes` (shared by its clones), where
@@ -205,6 +209,11 @@ impl Tokenizer {
     /// The text of `ids`; special tokens are kept when `skip_special` is false.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizeError> {
         self.inner.decode(ids, skip_special).map_err(|e| TokenizeError::Tokenizer(e.to_string()))
+    }
+
+    /// The byte table of a `ByteLevel` decoder ([`crate::Detokenizer`] reads it).
+    pub(crate) fn byte_decoder(&self) -> Option<&ByteDecoder> {
+        self.bytes.as_deref()
     }
 
     /// The token string of one id (as the vocabulary writes it).

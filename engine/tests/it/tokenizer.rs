@@ -41,6 +41,39 @@ fn detokenizer_never_emits_half_a_character() {
     }
 }
 
+/// Random ids — any token, special ones, ids past the vocabulary — streamed piece by piece:
+/// the pieces are HF's own decoding of all the ids (lossy where the bytes are not UTF-8), and
+/// what has been emitted is always the start of HF's decoding of the ids so far.
+#[test]
+fn detokenizer_pieces_are_hfs_decoding_of_any_ids() {
+    for tok in
+        [load(&TinyModel::new(TinySpec::default()).hf()).tokenizer().clone(), load(&smollm2()).tokenizer().clone()]
+    {
+        let n = tok.vocab_size() as u64;
+        let mut next = xorshift(0x5eed);
+        for round in 0..300 {
+            let ids: Vec<u32> = (0..1 + next() % 40)
+                .map(|_| match next() % 10 {
+                    0 => (next() % 20) as u32,      // control tokens
+                    1 => (n + next() % 4) as u32,   // past the vocabulary
+                    2..=4 => (next() % 300) as u32, // single bytes and short merges
+                    _ => (next() % n) as u32,
+                })
+                .collect();
+            let skip = round % 2 == 0;
+            let mut d = Detokenizer::new(skip);
+            let mut emitted = String::new();
+            for (k, &id) in ids.iter().enumerate() {
+                emitted.push_str(&d.push(&tok, id).expect("push"));
+                let so_far = tok.hf().decode(&ids[..=k], skip).expect("decode");
+                assert!(so_far.starts_with(&emitted), "{ids:?}: {emitted:?} is not the start of {so_far:?}");
+            }
+            emitted.push_str(&d.flush(&tok).expect("flush"));
+            assert_eq!(emitted, tok.hf().decode(&ids, skip).expect("decode"), "{ids:?} (skip special {skip})");
+        }
+    }
+}
+
 #[test]
 fn smollm2_special_tokens_and_chat_template() {
     let model = load(&smollm2());
