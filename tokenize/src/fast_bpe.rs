@@ -56,7 +56,8 @@ struct Pre {
 }
 
 /// The word cache as one encode reads it: one read lock for the whole text (yielded now and
-/// then to a waiting writer), and the words it had to merge, added when the text is done.
+/// then to a waiting writer, and released while a new word is merged), and the words it had
+/// to merge, added when the text is done.
 struct Words<'a> {
     cache: RwLockReadGuard<'a, WordCache>,
     fresh: WordCache,
@@ -334,7 +335,9 @@ impl FastBpe {
             out.extend_from_slice(ids);
             return;
         }
-        let ids = self.merge(bytes);
+        // Merged without the lock: a long word must not hold up a writer, and through it every
+        // other reader.
+        let ids = RwLockReadGuard::unlocked(&mut words.cache, || self.merge(bytes));
         out.extend_from_slice(&ids);
         if bytes.len() < MAX_CACHED_WORD && words.fresh.len() < MAX_CACHED_WORDS {
             words.fresh.insert(bytes.into(), ids.into_boxed_slice());
@@ -582,6 +585,17 @@ mod tests {
             }
             let stats = cache.stats();
             assert!(stats.hit_tokens > stats.miss_tokens, "{name}: heads reused: {stats:?}");
+            // A text that ends with a boundary token is all segments, none left as the tail:
+            // the second time, nothing is tokenized.
+            let mut half = base.len() / 2;
+            while !base.is_char_boundary(half) {
+                half -= 1;
+            }
+            let t = format!("{}<|im_end|>", &base[..half]);
+            let first = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
+            let missed = cache.stats().miss_tokens;
+            assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), first);
+            assert_eq!(cache.stats().miss_tokens, missed, "{name}: all of it from the cache");
         }
     }
 

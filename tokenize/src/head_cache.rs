@@ -108,14 +108,16 @@ fn with_cuts(text: &str, ends: &[usize]) -> Vec<usize> {
     let b = text.as_bytes();
     let mut all = Vec::with_capacity(ends.len() + text.len() / CUT_EVERY);
     let mut start = 0;
-    for end in ends.iter().copied().chain(std::iter::once(text.len())) {
+    // The boundary ends, then the end of the text (not itself a segment's end: the tail).
+    let stretches = ends.iter().map(|&e| (e, true)).chain(std::iter::once((text.len(), false)));
+    for (end, boundary) in stretches {
         let mut next = start + CUT_EVERY;
         while next < end {
             let Some(p) = (next..end).find(|&p| word_cut(&b[..end], p)) else { break };
             all.push(p);
             next = p + CUT_EVERY;
         }
-        if end < text.len() {
+        if boundary {
             all.push(end);
         }
         start = end;
