@@ -16,6 +16,7 @@ use futures::Stream;
 use tracing::Instrument as _;
 
 mod attempt;
+mod packed;
 mod stream;
 
 use crate::admission::Admission;

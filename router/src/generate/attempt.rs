@@ -12,6 +12,7 @@ use futures::StreamExt;
 use tonic::{Code, Status};
 use tracing::Instrument as _;
 
+use super::packed::{self, PackedIds, WithIds};
 use super::{Ctx, Prepared, lock};
 use crate::placement::DecodeState;
 use crate::workers::Worker;
@@ -206,25 +207,25 @@ impl Ctx {
             request_id: req.request_id.to_string(),
             room: room.clone(),
             prefill_bootstrap_addr: pw.as_ref().map(|w| w.addr.clone()).unwrap_or_default(),
-            token_ids: req.tokens.clone(),
+            token_ids: Vec::new(),
             sampling: sampling.clone(),
         };
-        let mut dc = pb::decode_client::DecodeClient::new(dw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
+        let ids = PackedIds::new(&req.tokens);
+        let dreq = WithIds::decode(dreq, ids.clone());
         let preq = pb::PrefillRequest {
             request_id: req.request_id.to_string(),
             room,
-            token_ids: req.tokens.clone(),
+            token_ids: Vec::new(),
             sampling,
             priority: 0,
             pull_from: if pull { dw.addr.clone() } else { String::new() },
         };
+        let preq = WithIds::prefill(preq, ids);
         let trace = req.trace.unwrap_or_else(TraceContext::random);
         let prefill_task = PrefillTask::spawn(
             async move {
                 let Some(pw) = pw else { return Ok(None) };
-                let mut pc =
-                    pb::prefill_client::PrefillClient::new(pw.channel.clone()).max_decoding_message_size(MAX_ANSWER);
-                let call = pc.prefill(traces::request_with(preq, &trace));
+                let call = packed::prefill(pw.channel.clone(), MAX_ANSWER, traces::request_with(preq, &trace));
                 match unless_taken_out(&pw, "prefill", call).await {
                     Ok(r) => {
                         pw.ok();
@@ -244,7 +245,8 @@ impl Ctx {
             }
             .instrument(tracing::Span::current()),
         );
-        match unless_taken_out(dw, "decode", dc.generate(traces::request_with(dreq, &trace))).await {
+        let call = packed::generate(dw.channel.clone(), MAX_ANSWER, traces::request_with(dreq, &trace));
+        match unless_taken_out(dw, "decode", call).await {
             Ok(s) => {
                 dw.ok();
                 Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw), key })
