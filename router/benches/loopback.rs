@@ -14,8 +14,8 @@
 //! latency, the same through
 //! the direct baseline — the load calling the mock workers' `Prefill` and `Generate` itself
 //! with the prompt's ids, as the router would — and the difference (added p50 / p99), and the
-//! router's RSS, and the share refused as busy (429: the tokenizer pool's queue, 64 per
-//! core, is full; a refused client waits 5 ms). Last, the direct baseline again from a
+//! router's RSS, and the share refused as busy (429: the tokenizer pool's queue is full —
+//! 1,024 requests or 16 MiB of bodies per core; a refused client waits 5 ms). Last, the direct baseline again from a
 //! thread on the router's core (`dir0`: every call then crosses cores, as the router's do)
 //! and the router's p50 beyond it (`+p50/0`: the router's own work, without the cost of
 //! waking the other core that the one-core baseline never pays). After each run, `GET /health`
