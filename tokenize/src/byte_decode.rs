@@ -8,9 +8,7 @@
 //! HF's `decode` builds a string per id and a vector per call: on the router that was ~13 µs
 //! of an 8-token answer, decoded twice per token by the detokenizer's window.
 
-use std::collections::HashMap;
-
-use crate::fast_bpe::byte_chars;
+use crate::token_bytes::byte_level_byte;
 
 /// Every id's bytes, and whether it is a special token.
 pub(crate) struct ByteDecoder {
@@ -30,15 +28,13 @@ impl ByteDecoder {
         if !matches!(tok.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_))) {
             return None;
         }
-        let chars = byte_chars();
-        let byte_of: HashMap<char, u8> = chars.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
         let n = tok.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1);
         let added = tok.get_added_vocabulary();
         let (mut bytes, mut special) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for id in 0..n as u32 {
             // An id without a token decodes to nothing.
             let token = tok.id_to_token(id).unwrap_or_default();
-            let mapped: Option<Vec<u8>> = token.chars().map(|c| byte_of.get(&c).copied()).collect();
+            let mapped: Option<Vec<u8>> = token.chars().map(byte_level_byte).collect();
             bytes.push(mapped.unwrap_or_else(|| token.as_bytes().to_vec()).into_boxed_slice());
             special.push(added.is_special_token(&token));
         }

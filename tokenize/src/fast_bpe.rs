@@ -25,6 +25,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use crate::gpt2_ascii;
+use crate::token_bytes::{byte_chars, byte_level_byte};
 use parking_lot::{RwLock, RwLockReadGuard};
 use serde_json::Value as Json;
 
@@ -81,24 +82,6 @@ impl std::fmt::Debug for FastBpe {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FastBpe").field("pre", &self.pre).field("merges", &self.merges.len()).finish()
     }
-}
-
-/// GPT-2's byte-to-character table: printable bytes stand for themselves, the others for
-/// characters from U+0100 on.
-pub(crate) fn byte_chars() -> [char; 256] {
-    let mut table = ['\0'; 256];
-    let mut next = 256u32;
-    for b in 0..=255u8 {
-        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
-        table[b as usize] = if printable {
-            b as char
-        } else {
-            let c = char::from_u32(next).unwrap_or('\0');
-            next += 1;
-            c
-        };
-    }
-    table
 }
 
 fn byte_level(p: &Json, use_regex: bool) -> bool {
@@ -187,8 +170,7 @@ impl FastBpe {
         };
         // The vocabulary by raw bytes.
         let chars = byte_chars();
-        let char_byte: HashMap<char, u8> = chars.iter().enumerate().map(|(b, c)| (*c, b as u8)).collect();
-        let to_bytes = |s: &str| -> Option<Vec<u8>> { s.chars().map(|c| char_byte.get(&c).copied()).collect() };
+        let to_bytes = |s: &str| -> Option<Vec<u8>> { s.chars().map(byte_level_byte).collect() };
         let vocab = need(model["vocab"].as_object(), "vocabulary")?;
         let mut by_text: HashMap<&str, u32> = HashMap::with_capacity(vocab.len());
         for (k, v) in vocab {
@@ -394,147 +376,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::bpe_fixtures::{byte_level_json, split, texts, tokenizer};
     use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
-
-    const PIECES: &[&str] = &[
-        "hello",
-        "Hello",
-        " world",
-        "  ",
-        "   ",
-        "\n",
-        "\n\n",
-        " \n",
-        "\r\n",
-        "\t",
-        "\u{a0}",
-        "\u{3000}",
-        "'s",
-        "'LL",
-        "'re",
-        "don't",
-        "123",
-        "4567",
-        " 89",
-        "½",
-        "٣",
-        "é",
-        "naïve",
-        "東京",
-        "タワー",
-        "🚢",
-        "🌊",
-        "e\u{301}",
-        "!!",
-        " ?",
-        "...",
-        "-",
-        "$x",
-        "<|im_start|>",
-        "<|im_end|>",
-        "<s>",
-        "a",
-        "b",
-        " the",
-        "ing",
-        "x",
-        "\u{200b}",
-        "\u{85}",
-    ];
-
-    /// A byte-level BPE vocabulary trained on `corpus`: the 256 byte characters, then `merges`
-    /// merges of the most frequent pair (a real, if small, BPE).
-    fn trained(corpus: &str, merges: usize) -> (serde_json::Map<String, Json>, Vec<String>) {
-        let chars = byte_chars();
-        let mut vocab: Vec<String> = chars.iter().map(|c| c.to_string()).collect();
-        let mut words: Vec<Vec<u32>> =
-            corpus.split_inclusive(' ').map(|w| w.bytes().map(u32::from).collect()).collect();
-        let mut list = Vec::new();
-        for _ in 0..merges {
-            let mut counts: HashMap<(u32, u32), usize> = HashMap::new();
-            for w in &words {
-                for p in w.windows(2) {
-                    *counts.entry((p[0], p[1])).or_default() += 1;
-                }
-            }
-            let Some(((a, b), _)) = counts.into_iter().max_by(|x, y| x.1.cmp(&y.1).then_with(|| y.0.cmp(&x.0))) else {
-                break;
-            };
-            let merged = format!("{}{}", vocab[a as usize], vocab[b as usize]);
-            list.push(format!("{} {}", vocab[a as usize], vocab[b as usize]));
-            let id = match vocab.iter().position(|t| *t == merged) {
-                Some(i) => i as u32,
-                None => {
-                    vocab.push(merged);
-                    (vocab.len() - 1) as u32
-                }
-            };
-            for w in &mut words {
-                let mut i = 0;
-                while i + 1 < w.len() {
-                    if w[i] == a && w[i + 1] == b {
-                        w[i] = id;
-                        w.remove(i + 1);
-                    }
-                    i += 1;
-                }
-            }
-        }
-        (vocab.into_iter().enumerate().map(|(i, t)| (t, json!(i))).collect(), list)
-    }
-
-    fn tokenizer(pre: Json, ignore_merges: bool) -> tokenizers::Tokenizer {
-        static TRAINED: std::sync::OnceLock<(serde_json::Map<String, Json>, Vec<String>)> = std::sync::OnceLock::new();
-        let (vocab, merges) = TRAINED.get_or_init(|| {
-            let mut rng = 11u64;
-            let corpus: String = (0..4_000)
-                .map(|_| {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    PIECES[(rng % PIECES.len() as u64) as usize]
-                })
-                .collect();
-            trained(&corpus, 300)
-        });
-        let n = vocab.len();
-        let added: Vec<Json> = ["<|im_start|>", "<|im_end|>", "<s>"]
-            .iter()
-            .enumerate()
-            .map(|(i, c)| json!({"id": n + i, "content": c, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
-            .collect();
-        let def = json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
-            "pre_tokenizer": pre, "post_processor": null, "decoder": byte_level_json(true),
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
-        });
-        def.to_string().parse().expect("tokenizer")
-    }
-
-    fn texts(count: usize, seed: u64) -> Vec<String> {
-        let mut x = seed;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        (0..count)
-            .map(|_| (0..next() % 30).map(|_| PIECES[(next() % PIECES.len() as u64) as usize]).collect())
-            .collect()
-    }
-
-    fn byte_level_json(use_regex: bool) -> Json {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-    }
-
-    fn split(pattern: &str) -> Json {
-        json!({"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
-            byte_level_json(false)]})
-    }
 
     #[test]
     fn fast_ids_equal_hf_ids_for_every_pre_tokenizer() {
@@ -557,45 +400,6 @@ mod tests {
                     assert_eq!(fast.encode(&t), want, "{name}, cached words: {t:?}");
                 }
             }
-        }
-    }
-
-    /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
-    /// texts sharing heads of every length: the ids equal HF's, and heads are reused.
-    #[test]
-    fn word_cuts_of_the_head_cache_keep_hf_ids() {
-        let smollm = json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, byte_level_json(true)]});
-        for (name, pre) in [("gpt2", byte_level_json(true)), ("smollm", smollm)] {
-            let tok = tokenizer(pre, false);
-            let fast = FastBpe::new(&tok).expect("fast path");
-            assert!(fast.gpt2());
-            let cache = crate::head_cache::HeadCache::new(&tok, 1 << 20).expect("cache").with_word_cuts(&tok);
-            let base: String = texts(400, 9).concat();
-            let tails = texts(300, 21);
-            for (i, tail) in tails.iter().enumerate() {
-                // Heads cut anywhere, also inside the texts' spaces and words.
-                let mut at = (i * 7919) % base.len();
-                while !base.is_char_boundary(at) {
-                    at -= 1;
-                }
-                let t = format!("{}{tail}", &base[..at]);
-                let want = tok.encode(t.as_str(), false).expect("encode").get_ids().to_vec();
-                let got = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
-                assert_eq!(got, want, "{name}: {t:?}");
-            }
-            let stats = cache.stats();
-            assert!(stats.hit_tokens > stats.miss_tokens, "{name}: heads reused: {stats:?}");
-            // A text that ends with a boundary token is all segments, none left as the tail:
-            // the second time, nothing is tokenized.
-            let mut half = base.len() / 2;
-            while !base.is_char_boundary(half) {
-                half -= 1;
-            }
-            let t = format!("{}<|im_end|>", &base[..half]);
-            let first = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
-            let missed = cache.stats().miss_tokens;
-            assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), first);
-            assert_eq!(cache.stats().miss_tokens, missed, "{name}: all of it from the cache");
         }
     }
 

@@ -522,4 +522,43 @@ mod tests {
         assert_eq!(cache.stats().hit_tokens, before, "the first conversation was forgotten");
         assert!(cache.stats().segments > 100, "{:?}", cache.stats());
     }
+
+    /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
+    /// texts sharing heads of every length: the ids equal HF's, and heads are reused.
+    #[test]
+    fn word_cuts_of_the_head_cache_keep_hf_ids() {
+        let smollm = json!({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true}, crate::bpe_fixtures::byte_level_json(true)]});
+        for (name, pre) in [("gpt2", crate::bpe_fixtures::byte_level_json(true)), ("smollm", smollm)] {
+            let tok = crate::bpe_fixtures::tokenizer(pre, false);
+            let fast = crate::fast_bpe::FastBpe::new(&tok).expect("fast path");
+            assert!(fast.gpt2());
+            let cache = HeadCache::new(&tok, 1 << 20).expect("cache").with_word_cuts(&tok);
+            let base: String = crate::bpe_fixtures::texts(400, 9).concat();
+            let tails = crate::bpe_fixtures::texts(300, 21);
+            for (i, tail) in tails.iter().enumerate() {
+                // Heads cut anywhere, also inside the texts' spaces and words.
+                let mut at = (i * 7919) % base.len();
+                while !base.is_char_boundary(at) {
+                    at -= 1;
+                }
+                let t = format!("{}{tail}", &base[..at]);
+                let want = tok.encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+                let got = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
+                assert_eq!(got, want, "{name}: {t:?}");
+            }
+            let stats = cache.stats();
+            assert!(stats.hit_tokens > stats.miss_tokens, "{name}: heads reused: {stats:?}");
+            // A text that ends with a boundary token is all segments, none left as the tail:
+            // the second time, nothing is tokenized.
+            let mut half = base.len() / 2;
+            while !base.is_char_boundary(half) {
+                half -= 1;
+            }
+            let t = format!("{}<|im_end|>", &base[..half]);
+            let first = cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached");
+            let missed = cache.stats().miss_tokens;
+            assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), first);
+            assert_eq!(cache.stats().miss_tokens, missed, "{name}: all of it from the cache");
+        }
+    }
 }

@@ -12,6 +12,8 @@
 //! - [`ServedModel`]: name, tokenizer, vocabulary and context of a model, from its metadata
 //!   alone (what the router needs).
 
+#[cfg(test)]
+mod bpe_fixtures;
 mod byte_decode;
 mod chat;
 mod detok;

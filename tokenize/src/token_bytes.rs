@@ -2,16 +2,32 @@
 //! string): byte-level BPE vocabularies write each byte as a printable character (GPT-2's
 //! table), SentencePiece ones write a space as `▁` and unknown bytes as `<0xNN>`.
 
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+/// GPT-2's byte-to-character table: printable bytes stand for themselves, the others for
+/// characters from U+0100 on.
+pub(crate) fn byte_chars() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut next = 256u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        table[b as usize] = if printable {
+            b as char
+        } else {
+            let c = char::from_u32(next).unwrap_or('\0');
+            next += 1;
+            c
+        };
+    }
+    table
+}
+
 /// GPT-2's byte → character table, inverted: the byte a vocabulary character stands for.
 pub(crate) fn byte_level_byte(c: char) -> Option<u8> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    let n = c as u32;
-    if n < 256 && printable(n) {
-        return Some(n as u8);
-    }
-    // The other bytes, in order, are written as U+0100, U+0101, ...
-    let k = n.checked_sub(256)? as usize;
-    (0u32..256).filter(|&b| !printable(b)).nth(k).map(|b| b as u8)
+    static BYTES: LazyLock<HashMap<char, u8>> =
+        LazyLock::new(|| byte_chars().iter().enumerate().map(|(b, c)| (*c, b as u8)).collect());
+    BYTES.get(&c).copied()
 }
 
 /// The bytes of a SentencePiece piece: `<0xNN>` is that byte; `▁` is a space.

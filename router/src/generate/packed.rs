@@ -11,9 +11,10 @@ use std::sync::Arc;
 use ferry_proto::v1 as pb;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
-use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::{Response, Status, Streaming};
+use tonic_prost::ProstDecoder;
 
 /// `PrefillRequest.token_ids`' field number (`proto/proto/ferry/v1/worker.proto`).
 const PREFILL_IDS: u32 = 3;
@@ -73,7 +74,7 @@ impl<M: Message> WithIds<M> {
     }
 }
 
-/// Writes [`WithIds`] requests, reads prost responses.
+/// Writes [`WithIds`] requests; reads answers as the generated clients do (tonic-prost).
 struct IdsCodec<M, R>(PhantomData<(M, R)>);
 
 struct IdsEncoder<M>(PhantomData<M>);
@@ -88,22 +89,6 @@ impl<M: Message + Send + 'static> Encoder for IdsEncoder<M> {
     }
 }
 
-/// prost's decoding, as the generated clients use it.
-struct ProstDecoder<R>(PhantomData<R>);
-
-impl<R: Message + Default + Send + 'static> Decoder for ProstDecoder<R> {
-    type Item = R;
-    type Error = Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<R>, Status> {
-        R::decode(buf).map(Some).map_err(|e| Status::internal(e.to_string()))
-    }
-
-    fn buffer_settings(&self) -> BufferSettings {
-        BufferSettings::default()
-    }
-}
-
 impl<M: Message + Send + 'static, R: Message + Default + Send + 'static> Codec for IdsCodec<M, R> {
     type Encode = WithIds<M>;
     type Decode = R;
@@ -115,7 +100,7 @@ impl<M: Message + Send + 'static, R: Message + Default + Send + 'static> Codec f
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstDecoder(PhantomData)
+        ProstDecoder::new(BufferSettings::default())
     }
 }
 
