@@ -15,6 +15,7 @@ use std::sync::Arc;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -36,39 +37,60 @@ pub fn channel(
         return Ok(configure(crate::mtls::endpoint(addr)?).connect_lazy());
     };
     crate::mtls::check_scheme(addr, true)?;
-    // host:port, without a scheme or a path.
-    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-    let host_port = rest.split('/').next().unwrap_or(rest).to_string();
-    let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
-    let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
-    let name = ServerName::try_from(name.to_string()).map_err(|e| format!("{addr}: server name {name:?}: {e}"))?;
+    let target = Target::new(addr, tls, expect)?;
     // http:// because this connector already did TLS: tonic must not try again.
-    let ep = configure(crate::mtls::endpoint(&format!("http://{host_port}"))?);
-    let connector = TlsConnector::from(tls.client_config());
+    let ep = configure(crate::mtls::endpoint(&format!("http://{}", target.host_port))?);
     let dial = tower::service_fn(move |_: Uri| {
-        let (connector, name, host_port) = (connector.clone(), name.clone(), host_port.clone());
-        async move {
-            let tcp = TcpStream::connect(&host_port).await?;
-            tcp.set_nodelay(true)?;
-            let stream = connector.connect(name, tcp).await?;
-            let leaf = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
-            let role = leaf.map(role_of).unwrap_or_else(|| Err("no certificate".into()));
-            if role != Ok(expect) {
-                let why = match role {
-                    Ok(r) => format!("a certificate for the {r}"),
-                    Err(e) => format!("a certificate with {e}"),
-                };
-                metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => "client", "reason" => "wrong_role")
-                    .increment(1);
-                // At debug: a misplaced worker is dialled on every health check; the check's
-                // failure (with this message) is what the caller reports.
-                tracing::debug!(peer = %host_port, expected = %expect, %why, "peer refused: wrong role");
-                return Err(std::io::Error::other(format!("{host_port} is not a {expect} worker: it presents {why}")));
-            }
-            Ok::<_, std::io::Error>(TokioIo::new(stream))
-        }
+        let target = target.clone();
+        async move { target.connect().await.map(TokioIo::new) }
     });
     Ok(ep.connect_with_connector_lazy(dial))
+}
+
+/// Where a mutual TLS connection goes: `host:port`, the name its certificate must carry, and
+/// the role it must name.
+#[derive(Clone)]
+pub(crate) struct Target {
+    pub(crate) host_port: String,
+    name: ServerName<'static>,
+    connector: TlsConnector,
+    expect: PeerRole,
+}
+
+impl Target {
+    /// `addr` (`host:port` or an `https://` URI) under `tls`, its certificate to name `expect`.
+    pub(crate) fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, String> {
+        // host:port, without a scheme or a path.
+        let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+        let host_port = rest.split('/').next().unwrap_or(rest).to_string();
+        let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
+        let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
+        let name = ServerName::try_from(name.to_string()).map_err(|e| format!("{addr}: server name {name:?}: {e}"))?;
+        Ok(Self { host_port, name, connector: TlsConnector::from(tls.client_config()), expect })
+    }
+
+    /// TCP (no delay), then rustls, then the role check; a peer whose certificate names
+    /// another role is refused (counted as `wrong_role`, role `client`).
+    pub(crate) async fn connect(&self) -> std::io::Result<TlsStream<TcpStream>> {
+        let (expect, host_port) = (self.expect, &self.host_port);
+        let tcp = TcpStream::connect(host_port).await?;
+        tcp.set_nodelay(true)?;
+        let stream = self.connector.connect(self.name.clone(), tcp).await?;
+        let leaf = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+        let role = leaf.map(role_of).unwrap_or_else(|| Err("no certificate".into()));
+        if role != Ok(expect) {
+            let why = match role {
+                Ok(r) => format!("a certificate for the {r}"),
+                Err(e) => format!("a certificate with {e}"),
+            };
+            metrics::counter!(crate::metrics::BAD_REQUESTS, "role" => "client", "reason" => "wrong_role").increment(1);
+            // At debug: a misplaced worker is dialled on every health check; the check's
+            // failure (with this message) is what the caller reports.
+            tracing::debug!(peer = %host_port, expected = %expect, %why, "peer refused: wrong role");
+            return Err(std::io::Error::other(format!("{host_port} is not a {expect} worker: it presents {why}")));
+        }
+        Ok(stream)
+    }
 }
 
 /// Lazily connecting channels to the daemons of one role, one per address: a worker's calls

@@ -21,6 +21,7 @@ mod device;
 pub mod dial;
 pub mod discovery;
 pub mod exporter;
+pub mod h2_calls;
 pub mod mtls;
 pub mod notify;
 pub mod phases;

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
+use ferry_cluster::h2_calls::Calls;
 use ferry_cluster::metrics as M;
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::PeerRole;
@@ -47,6 +48,9 @@ pub struct Worker {
     pub addr: String,
     /// A lazily connected channel.
     pub channel: Channel,
+    /// The calls on a request's path (`Prefill`, `Generate`), each request in one write, over
+    /// a lazily connected connection of their own ([`ferry_cluster::h2_calls`]).
+    pub calls: Calls,
     /// Its slot in its role's prefix index (a prefill worker's is also its position in
     /// [`Snapshot::prefill`]).
     pub slot: usize,
@@ -84,7 +88,14 @@ impl Worker {
     }
 
     /// In `slot`, claiming it on `board` when given.
-    fn new(id: WorkerId, role: Role, addr: String, channel: Channel, slot: usize, board: Option<&Arc<Board>>) -> Self {
+    fn new(
+        id: WorkerId,
+        role: Role,
+        addr: String,
+        (channel, calls): (Channel, Calls),
+        slot: usize,
+        board: Option<&Arc<Board>>,
+    ) -> Self {
         let board = board.map(|b| {
             let serial = board::serial();
             b.claim(slot, serial);
@@ -95,6 +106,7 @@ impl Worker {
             role,
             addr,
             channel,
+            calls,
             slot,
             health: Mutex::new(Health::default()),
             view: view::View::default(),
@@ -247,16 +259,23 @@ impl std::fmt::Debug for Registry {
     }
 }
 
-/// A channel to the worker of `role` at `addr`; under mutual TLS its certificate must name
-/// that role ([`ferry_cluster::dial`]).
-fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<Channel, String> {
+/// How long connecting to a worker may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a call may wait for the head of its answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A channel to the worker of `role` at `addr`, and the connection for the calls on a
+/// request's path; under mutual TLS its certificate must name that role
+/// ([`ferry_cluster::dial`]).
+fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<(Channel, Calls), String> {
     let expect = match role {
         Role::Prefill => PeerRole::Prefill,
         Role::Decode => PeerRole::Decode,
     };
-    ferry_cluster::dial::channel(addr, tls, expect, |ep| {
-        ep.connect_timeout(Duration::from_secs(2)).timeout(Duration::from_secs(600))
-    })
+    let channel = ferry_cluster::dial::channel(addr, tls, expect, |ep| {
+        ep.connect_timeout(CONNECT_TIMEOUT).timeout(CALL_TIMEOUT)
+    })?;
+    Ok((channel, Calls::new(addr, tls, expect, CONNECT_TIMEOUT, CALL_TIMEOUT)?))
 }
 
 impl Registry {

@@ -225,7 +225,7 @@ impl Ctx {
         let prefill_task = PrefillTask::spawn(
             async move {
                 let Some(pw) = pw else { return Ok(None) };
-                let call = packed::prefill(pw.channel.clone(), MAX_ANSWER, traces::request_with(preq, &trace));
+                let call = packed::prefill(pw.calls.clone(), MAX_ANSWER, traces::request_with(preq, &trace));
                 match unless_taken_out(&pw, "prefill", call).await {
                     Ok(r) => {
                         pw.ok();
@@ -245,7 +245,7 @@ impl Ctx {
             }
             .instrument(tracing::Span::current()),
         );
-        let call = packed::generate(dw.channel.clone(), MAX_ANSWER, traces::request_with(dreq, &trace));
+        let call = packed::generate(dw.calls.clone(), MAX_ANSWER, traces::request_with(dreq, &trace));
         match unless_taken_out(dw, "decode", call).await {
             Ok(s) => {
                 dw.ok();

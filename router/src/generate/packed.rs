@@ -8,11 +8,11 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use ferry_cluster::h2_calls::Calls;
 use ferry_proto::v1 as pb;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
-use tonic::transport::Channel;
 use tonic::{Response, Status, Streaming};
 use tonic_prost::ProstDecoder;
 
@@ -104,35 +104,30 @@ impl<M: Message + Send + 'static, R: Message + Default + Send + 'static> Codec f
     }
 }
 
-fn client(channel: Channel, max_answer: usize) -> tonic::client::Grpc<Channel> {
-    tonic::client::Grpc::new(channel).max_decoding_message_size(max_answer)
+fn client(calls: Calls, max_answer: usize) -> tonic::client::Grpc<Calls> {
+    let origin = calls.origin().clone();
+    tonic::client::Grpc::with_origin(calls, origin).max_decoding_message_size(max_answer)
 }
 
-async fn ready(grpc: &mut tonic::client::Grpc<Channel>) -> Result<(), Status> {
-    grpc.ready().await.map_err(|e| Status::unknown(format!("Service was not ready: {e}")))
-}
-
-/// `ferry.v1.Prefill/Prefill`, as the generated client calls it.
+/// `ferry.v1.Prefill/Prefill`, as the generated client calls it (over [`Calls`]: one write).
 pub(super) async fn prefill(
-    channel: Channel,
+    calls: Calls,
     max_answer: usize,
     mut req: tonic::Request<WithIds<pb::PrefillRequest>>,
 ) -> Result<Response<pb::PrefillResponse>, Status> {
-    let mut grpc = client(channel, max_answer);
-    ready(&mut grpc).await?;
+    let mut grpc = client(calls, max_answer);
     req.extensions_mut().insert(tonic::GrpcMethod::new("ferry.v1.Prefill", "Prefill"));
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/ferry.v1.Prefill/Prefill");
     grpc.unary(req, path, IdsCodec(PhantomData)).await
 }
 
-/// `ferry.v1.Decode/Generate`, as the generated client calls it.
+/// `ferry.v1.Decode/Generate`, as the generated client calls it (over [`Calls`]: one write).
 pub(super) async fn generate(
-    channel: Channel,
+    calls: Calls,
     max_answer: usize,
     mut req: tonic::Request<WithIds<pb::DecodeRequest>>,
 ) -> Result<Response<Streaming<pb::DecodeResponse>>, Status> {
-    let mut grpc = client(channel, max_answer);
-    ready(&mut grpc).await?;
+    let mut grpc = client(calls, max_answer);
     req.extensions_mut().insert(tonic::GrpcMethod::new("ferry.v1.Decode", "Generate"));
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/ferry.v1.Decode/Generate");
     grpc.server_streaming(req, path, IdsCodec(PhantomData)).await
