@@ -7,14 +7,16 @@
 //! follows in an empty DATA frame of its own. A loopback write runs the receiver's TCP stack
 //! and wakes it (~10 µs of the sender's CPU each): a routed request made six writes for its
 //! two calls. Here the whole body goes to h2, with its end, before the connection task runs,
-//! and the task writes HEADERS and DATA together.
+//! and the task writes HEADERS and DATA together: one write a call while the body fits one
+//! frame (16 KiB, the servers' frame size: a ~6,000-token prompt), then one a frame.
 //!
 //! [`Calls`] is a tower service of `http::Request<tonic::body::Body>`: tonic's own
 //! [`tonic::client::Grpc`] encodes the message and reads the answer over it. It connects on
 //! first use (TCP, or the cluster's mutual TLS with the role check of [`crate::dial`]), dials
-//! again once its connection is gone, and, like the channels, pings the peer while calls are
-//! open ([`KEEPALIVE_INTERVAL`]): a peer that stops answering fails the calls on it with
-//! UNAVAILABLE within [`KEEPALIVE_TIMEOUT`] more. A request body is gathered whole before it
+//! again once its connection is gone (a request the peer never saw is sent again there, once),
+//! and, like the channels, pings the peer while calls are open ([`KEEPALIVE_INTERVAL`], also
+//! while answers flow): a peer that stops answering fails the calls on it with UNAVAILABLE
+//! within [`KEEPALIVE_TIMEOUT`] more. Other failures get the statuses tonic's channels gave. A request body is gathered whole before it
 //! is sent: this is for unary and server-streaming calls, not client streaming.
 
 use std::future::Future;
@@ -153,35 +155,42 @@ impl Inner {
             *r.headers_mut() = parts.headers.clone();
             r
         };
-        // A connection found closed before the request left it is dialled again, once.
+        // A request that never reached the peer is sent again on a new connection, once: the
+        // connection was found closed before the request left, or the peer was going away
+        // (GOAWAY without an error) and refused its stream unprocessed.
         let mut retried = false;
-        let (live, answer) = loop {
+        loop {
             let live = self.live().await?;
             let sent = match live.send.clone().ready().await {
                 Ok(mut send) => send.send_request(head(), body.is_empty()),
                 Err(e) => Err(e),
             };
-            match sent {
+            let answer = match sent {
                 Ok((answer, mut stream)) => {
-                    if !body.is_empty() {
-                        stream.send_data(body, true).map_err(|e| status_of(&e, &live.state))?;
-                    }
-                    break (live, answer);
+                    // Fails only when the stream already ended; the answer then says why.
+                    let _ = if body.is_empty() { Ok(()) } else { stream.send_data(body.clone(), true) };
+                    answer
                 }
                 Err(e) if !retried && !e.is_reset() => {
                     self.forget(&live);
                     retried = true;
+                    continue;
                 }
                 Err(e) => return Err(status_of(&e, &live.state)),
-            }
-        };
-        let open = Open::new(&live.state);
-        let head = match tokio::time::timeout(self.call_timeout, answer).await {
-            Err(_) => return Err(Status::cancelled("Timeout expired")),
-            Ok(Err(e)) => return Err(status_of(&e, &live.state)),
-            Ok(Ok(head)) => head,
-        };
-        Ok(head.map(|recv| Answer { recv, data_done: false, open }))
+            };
+            let open = Open::new(&live.state);
+            let head = match tokio::time::timeout(self.call_timeout, answer).await {
+                Err(_) => return Err(Status::cancelled("Timeout expired")),
+                Ok(Err(e)) if !retried && refused_unprocessed(&e) => {
+                    self.forget(&live);
+                    retried = true;
+                    continue;
+                }
+                Ok(Err(e)) => return Err(status_of(&e, &live.state)),
+                Ok(Ok(head)) => head,
+            };
+            return Ok(head.map(|recv| Answer { recv, data_done: false, open }));
+        }
     }
 
     /// The open connection, or a new one.
@@ -350,15 +359,17 @@ impl Body for Answer {
     }
 }
 
-/// The gRPC status of an HTTP/2 failure: UNAVAILABLE when the connection went (unanswered
-/// pings, a broken or refused connection, the peer going away), else the mapping of
-/// gRPC's HTTP/2 document that tonic applies.
+/// A stream the peer refused in a GOAWAY without an error: it was never processed.
+fn refused_unprocessed(e: &h2::Error) -> bool {
+    e.is_go_away() && e.is_remote() && e.reason() == Some(h2::Reason::NO_ERROR)
+}
+
+/// The gRPC status of an HTTP/2 failure, as tonic's channels gave it (the mapping of gRPC's
+/// HTTP/2 document; UNKNOWN for a broken connection), except that a peer that stopped
+/// answering pings is UNAVAILABLE, as hyper's keep-alive timeout was.
 fn status_of(e: &h2::Error, conn: &ConnState) -> Status {
     if conn.timed_out.load(Ordering::Acquire) {
         return Status::unavailable("the peer stopped answering: a keep-alive ping went unanswered");
-    }
-    if e.is_io() || e.is_go_away() {
-        return Status::unavailable(format!("connection lost: {e}"));
     }
     use h2::Reason as R;
     let code = match e.reason() {
