@@ -192,3 +192,27 @@ async fn a_peer_that_stops_answering_fails_open_calls_unavailable() {
     assert!(t.elapsed() < Duration::from_secs(3), "failed after {:?}", t.elapsed());
     held.abort();
 }
+
+#[tokio::test]
+async fn a_request_refused_by_a_peer_going_away_is_sent_again_on_a_new_connection() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let peer = tokio::spawn(async move {
+        // The first connection: HTTP/2 set up, then a GOAWAY without an error before any
+        // stream is processed (as a worker that starts draining).
+        let (first, _) = listener.accept().await.expect("accept");
+        let mut conn = h2::server::handshake(first).await.expect("h2 handshake");
+        conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+        while let Some(r) = conn.accept().await {
+            drop(r);
+        }
+        // The second: served.
+        let (second, _) = listener.accept().await.expect("accept again");
+        let (_reporter, service) = health().await;
+        let incoming = futures::stream::iter([Ok::<_, std::io::Error>(second)]);
+        tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await.expect("serve");
+    });
+    let c = calls(&addr);
+    assert_eq!(check(&c, "").await.expect("answered on the second connection"), Wire::Serving as i32);
+    peer.abort();
+}
