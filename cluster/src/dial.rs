@@ -47,6 +47,12 @@ pub fn channel(
     Ok(ep.connect_with_connector_lazy(dial))
 }
 
+/// `addr` (`host:port` or a URI) as `host:port`, without a scheme or a path.
+pub(crate) fn host_port(addr: &str) -> String {
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest).to_string()
+}
+
 /// Where a mutual TLS connection goes: `host:port`, the name its certificate must carry, and
 /// the role it must name.
 #[derive(Clone)]
@@ -60,9 +66,7 @@ pub(crate) struct Target {
 impl Target {
     /// `addr` (`host:port` or an `https://` URI) under `tls`, its certificate to name `expect`.
     pub(crate) fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, String> {
-        // host:port, without a scheme or a path.
-        let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-        let host_port = rest.split('/').next().unwrap_or(rest).to_string();
+        let host_port = host_port(addr);
         let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
         let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
         let name = ServerName::try_from(name.to_string()).map_err(|e| format!("{addr}: server name {name:?}: {e}"))?;

@@ -102,19 +102,10 @@ impl Calls {
         call_timeout: Duration,
     ) -> Result<Self, String> {
         crate::mtls::check_scheme(addr, tls.is_some())?;
+        let host_port = crate::dial::host_port(addr);
         let (scheme, dialer) = match tls {
-            Some(tls) => {
-                let target = Target::new(addr, tls, expect)?;
-                ("https", Dialer::Tls(target))
-            }
-            None => {
-                let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
-                ("http", Dialer::Plain(rest.split('/').next().unwrap_or(rest).to_string()))
-            }
-        };
-        let host_port = match &dialer {
-            Dialer::Plain(hp) => hp.as_str(),
-            Dialer::Tls(t) => t.host_port.as_str(),
+            Some(tls) => ("https", Dialer::Tls(Target::new(addr, tls, expect)?)),
+            None => ("http", Dialer::Plain(host_port.clone())),
         };
         let origin = format!("{scheme}://{host_port}").parse().map_err(|e| format!("{addr}: {e}"))?;
         let (live, dialing) = (Mutex::new(None), tokio::sync::Mutex::new(()));

@@ -38,6 +38,23 @@ async fn health() -> (HealthReporter, HealthServer<impl tonic_health::pb::health
     (reporter, service)
 }
 
+/// A loopback listener and its `host:port`.
+async fn listen() -> (TcpListener, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    (listener, addr)
+}
+
+/// A health server on one connection, `io`.
+async fn serve_one<T>(io: T)
+where
+    T: tonic::transport::server::Connected + AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (_reporter, service) = health().await;
+    let incoming = futures::stream::iter([Ok::<_, std::io::Error>(io)]);
+    tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await.expect("serve");
+}
+
 /// A health server on `listener` until the returned sender fires.
 async fn serve(
     listener: TcpListener,
@@ -99,9 +116,7 @@ impl AsyncWrite for Counted {
 #[tokio::test]
 async fn a_call_leaves_in_one_write() {
     let (client_io, server_io) = tokio::io::duplex(1 << 20);
-    let (_reporter, service) = health().await;
-    let incoming = futures::stream::iter([Ok::<_, std::io::Error>(server_io)]);
-    tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
+    tokio::spawn(serve_one(server_io));
     let writes = Arc::new(AtomicUsize::new(0));
     let io = Counted { io: client_io, writes: Arc::clone(&writes) };
     let c = calls("127.0.0.1:1");
@@ -132,8 +147,7 @@ async fn a_call_leaves_in_one_write() {
 
 #[tokio::test]
 async fn answers_streams_and_statuses_read_as_through_a_channel() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
+    let (listener, addr) = listen().await;
     let (reporter, _stop, _task) = serve(listener).await;
     let c = calls(&addr);
     assert_eq!(c.origin().to_string(), format!("http://{addr}/"));
@@ -175,8 +189,7 @@ async fn a_refused_or_closed_connection_is_dialled_again() {
 async fn a_peer_that_stops_answering_fails_open_calls_unavailable() {
     // Accepts, and its kernel acknowledges, but the process never reads or answers: as a
     // frozen worker.
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
+    let (listener, addr) = listen().await;
     let held = tokio::spawn(async move {
         let (socket, _) = listener.accept().await.expect("accept");
         tokio::time::sleep(Duration::from_secs(60)).await;
@@ -195,8 +208,7 @@ async fn a_peer_that_stops_answering_fails_open_calls_unavailable() {
 
 #[tokio::test]
 async fn a_request_refused_by_a_peer_going_away_is_sent_again_on_a_new_connection() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr").to_string();
+    let (listener, addr) = listen().await;
     let peer = tokio::spawn(async move {
         // The first connection: HTTP/2 set up, then a GOAWAY without an error before any
         // stream is processed (as a worker that starts draining).
@@ -208,9 +220,7 @@ async fn a_request_refused_by_a_peer_going_away_is_sent_again_on_a_new_connectio
         }
         // The second: served.
         let (second, _) = listener.accept().await.expect("accept again");
-        let (_reporter, service) = health().await;
-        let incoming = futures::stream::iter([Ok::<_, std::io::Error>(second)]);
-        tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await.expect("serve");
+        serve_one(second).await;
     });
     let c = calls(&addr);
     assert_eq!(check(&c, "").await.expect("answered on the second connection"), Wire::Serving as i32);
