@@ -26,6 +26,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use crate::gpt2_ascii;
 use crate::token_bytes::{byte_chars, byte_level_byte};
+use crate::word_cache::WordCache;
 use parking_lot::{RwLock, RwLockReadGuard};
 use serde_json::Value as Json;
 
@@ -39,9 +40,6 @@ const MAX_CACHED_WORDS: usize = 1 << 16;
 const MAX_CACHED_WORD: usize = 256;
 /// Words looked up between chances for a waiting writer to take the cache.
 const LOOKUPS_PER_YIELD: u32 = 256;
-
-/// Pre-tokens' bytes to their ids.
-type WordCache = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
 
 /// How pieces are cut before BPE.
 #[derive(Debug)]
@@ -204,7 +202,7 @@ impl FastBpe {
         } else {
             None
         };
-        Ok(Self { added, added_ids, pre, byte_ids, merges, whole, cache: RwLock::new(HashMap::default()) })
+        Ok(Self { added, added_ids, pre, byte_ids, merges, whole, cache: RwLock::new(WordCache::default()) })
     }
 
     /// Whether the pre-tokenizer is GPT-2's pattern (with or without digits cut first): the
@@ -244,11 +242,15 @@ impl FastBpe {
             return self.regex_piece(piece, words, out);
         }
         let mut start = 0;
-        for (i, c) in piece.char_indices() {
+        let mut at = 0;
+        while let Some(i) = gpt2_ascii::next_digit_or_wide(piece.as_bytes(), at) {
+            // `i` starts a character: `at` always does, and the scan stops at a lead byte first.
+            let c = piece[i..].chars().next().expect("a character starts here");
+            at = i + c.len_utf8();
             if c.is_numeric() {
                 self.regex_piece(&piece[start..i], words, out);
-                self.regex_piece(&piece[i..i + c.len_utf8()], words, out);
-                start = i + c.len_utf8();
+                self.regex_piece(&piece[i..at], words, out);
+                start = at;
             }
         }
         self.regex_piece(&piece[start..], words, out);
@@ -300,8 +302,23 @@ impl FastBpe {
         }
     }
 
-    /// One pre-token.
+    /// One pre-token. A remembered word is the common case (inlined); the rest is
+    /// [`new_word`](Self::new_word). (A word in `whole` is never remembered, so the order of
+    /// the two lookups does not change the ids.)
+    #[inline(always)]
     fn word(&self, bytes: &[u8], words: &mut Words<'_>, out: &mut Vec<u32>) {
+        words.lookups += 1;
+        if words.lookups.is_multiple_of(LOOKUPS_PER_YIELD) {
+            RwLockReadGuard::bump(&mut words.cache);
+        }
+        match words.cache.get(bytes) {
+            Some(ids) => out.extend_from_slice(ids),
+            None => self.new_word(bytes, words, out),
+        }
+    }
+
+    #[inline(never)]
+    fn new_word(&self, bytes: &[u8], words: &mut Words<'_>, out: &mut Vec<u32>) {
         if bytes.is_empty() {
             return;
         }
@@ -309,11 +326,7 @@ impl FastBpe {
             out.push(*id);
             return;
         }
-        words.lookups += 1;
-        if words.lookups.is_multiple_of(LOOKUPS_PER_YIELD) {
-            RwLockReadGuard::bump(&mut words.cache);
-        }
-        if let Some(ids) = words.cache.get(bytes).or_else(|| words.fresh.get(bytes)) {
+        if let Some(ids) = words.fresh.get(bytes) {
             out.extend_from_slice(ids);
             return;
         }
@@ -322,7 +335,7 @@ impl FastBpe {
         let ids = RwLockReadGuard::unlocked(&mut words.cache, || self.merge(bytes));
         out.extend_from_slice(&ids);
         if bytes.len() < MAX_CACHED_WORD && words.fresh.len() < MAX_CACHED_WORDS {
-            words.fresh.insert(bytes.into(), ids.into_boxed_slice());
+            words.fresh.insert(bytes, &ids);
         }
     }
 

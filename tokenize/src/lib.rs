@@ -28,6 +28,7 @@ mod request;
 mod served;
 mod token_bytes;
 mod tokenizer;
+mod word_cache;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
