@@ -2,6 +2,12 @@
 
 use clap::Parser;
 
+/// jemalloc, not glibc's malloc: per request the router allocates and frees buffers of a
+/// prompt's size (bodies, ids, gRPC messages); measured in docs/performance.md ("W3, fifth
+/// pass: jemalloc").
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = ferry_router::RouterArgs::parse();
