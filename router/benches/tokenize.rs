@@ -10,7 +10,8 @@
 //! tokens/s for both (rendering not counted), their ratio, per-request p50 / p99 at the last
 //! turn, the cost of the cache on prompts it cannot help (unique 16 KB chats, every
 //! segment a miss), and completion prompts without special tokens whose first half is shared
-//! (reused through the cache's word cuts). Every cached result is compared with HF's ids.
+//! (reused through the cache's word cuts), also through a full cache (its eviction's tail).
+//! Every cached result is compared with HF's ids.
 //!
 //! `cargo bench -p ferry-router --bench tokenize`; needs SmolLM2 (`FERRY_SMOLLM2` or the
 //! `ferry model fetch smollm2-135m` cache); `FERRY_BENCH_QUICK=1` runs fewer rounds.
@@ -233,6 +234,26 @@ fn main() {
     println!(
         "completion prompts (~{tokens} tokens, half shared, no special tokens): Ferry p50 {pl:.0} us, with the head cache {re:.0} us ({:.2}x)",
         pl / re
+    );
+    // The same kind of prompts through a full cache (the router's default 64 MiB): each new
+    // half makes room by forgetting the least recently used segments. The tail shows what
+    // eviction holds the cache's lock for (timed: the second half, the cache full by then).
+    let (mib, n) = if quick { (1, 300) } else { (64, 6_000) };
+    let full = plain.clone().with_head_cache(mib << 20);
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = format!("{head} {i} {}", sentence(&mut rng, 1_600));
+        let s = Instant::now();
+        let ids = full.encode(&t).expect("encode");
+        lat.push(s.elapsed().as_secs_f64() * 1e6);
+        assert!(ids.len() > 1_000);
+    }
+    let steady = &mut lat[n / 2..];
+    let (p50, p99, p999) = (pct(steady, 0.5), pct(steady, 0.99), pct(steady, 0.999));
+    println!(
+        "  through a full {mib} MiB cache ({} prompts): p50 {p50:.0} us, p99 {p99:.0} us, p99.9 {p999:.0} us, max {:.0} us",
+        steady.len(),
+        pct(steady, 1.0)
     );
     let (hr, fr) = (median(&mut hf_fresh), median(&mut fast_fresh));
     println!("16 KB of never-repeating random words: HF p50 {hr:.0} us, Ferry p50 {fr:.0} us ({:.1}x)", hr / fr);

@@ -10,7 +10,8 @@
 //! next turn, or another conversation with the same system prompt, finds its head there and
 //! tokenizes only the new segments. A node is found by (parent, hash of its text) and its text
 //! compared in full, so a hit is always exact. The cache holds at most `max_bytes` (texts, ids
-//! and bookkeeping) and forgets least recently used leaves first.
+//! and bookkeeping) and forgets least recently used leaves first, one at a time as inserts need
+//! the room (its leaves are kept in that order, so eviction never scans the tree).
 //!
 //! Plain text has no such tokens (a `/v1/completions` prompt, a long document pasted into one
 //! message). For GPT-2's byte-level BPE the cache also cuts it between words, at a space after
@@ -21,7 +22,7 @@
 //! Tokenizers it cannot split safely (truncation or padding set, added specials kept in the
 //! text, no boundary token) get no cache: [`HeadCache::new`] returns `None`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -71,6 +72,9 @@ struct Tree {
     nodes: Vec<Node>,
     free: Vec<u32>,
     by_key: HashMap<(u32, u64), u32>,
+    /// The nodes without children, least recently used first: what eviction takes, one at a
+    /// time (no scan of the tree, so no pause that grows with the cache).
+    leaves: BTreeSet<(u64, u32)>,
     bytes: usize,
     clock: u64,
 }
@@ -264,11 +268,8 @@ impl HeadCache {
                 if *t.nodes[n as usize].text != text[start..end] {
                     break;
                 }
-                t.clock += 1;
-                let clock = t.clock;
-                let node = &mut t.nodes[n as usize];
-                node.used = clock;
-                ids.extend_from_slice(&node.ids);
+                t.touch(n);
+                ids.extend_from_slice(&t.nodes[n as usize].ids);
                 (parent, start, found) = (n, end, found + 1);
             }
             let generation = if parent == ROOT { 0 } else { t.nodes[parent as usize].generation };
@@ -335,30 +336,34 @@ impl Tree {
             }
         };
         if parent != ROOT {
-            self.nodes[parent as usize].children += 1;
+            let p = &mut self.nodes[parent as usize];
+            if p.children == 0 {
+                self.leaves.remove(&(p.used, parent));
+            }
+            p.children += 1;
         }
+        self.leaves.insert((self.clock, n));
         self.by_key.insert((parent, key), n);
         n
     }
 
-    /// Past `max` bytes, forgets least recently used leaves until three quarters are left; a
-    /// parent left without children joins the candidates.
-    fn evict(&mut self, max: usize) {
-        if self.bytes <= max {
-            return;
+    /// Marks `n` used now.
+    fn touch(&mut self, n: u32) {
+        self.clock += 1;
+        let node = &mut self.nodes[n as usize];
+        if node.children == 0 {
+            self.leaves.remove(&(node.used, n));
+            self.leaves.insert((self.clock, n));
         }
-        let goal = max / 4 * 3;
-        let mut leaves: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u32)>> = (0..self.nodes.len() as u32)
-            .filter(|&n| self.nodes[n as usize].alive && self.nodes[n as usize].children == 0)
-            .map(|n| std::cmp::Reverse((self.nodes[n as usize].used, n)))
-            .collect();
-        while self.bytes > goal {
-            let Some(std::cmp::Reverse((_, n))) = leaves.pop() else { return };
-            let parent = self.nodes[n as usize].parent;
+        node.used = self.clock;
+    }
+
+    /// Past `max` bytes, forgets least recently used leaves until it is within `max` again; a
+    /// parent left without children becomes a leaf.
+    fn evict(&mut self, max: usize) {
+        while self.bytes > max {
+            let Some((_, n)) = self.leaves.pop_first() else { return };
             self.remove(n);
-            if parent != ROOT && self.nodes[parent as usize].children == 0 {
-                leaves.push(std::cmp::Reverse((self.nodes[parent as usize].used, parent)));
-            }
         }
     }
 
@@ -371,7 +376,11 @@ impl Tree {
         node.ids = Box::new([]);
         self.by_key.remove(&(parent, key));
         if parent != ROOT {
-            self.nodes[parent as usize].children -= 1;
+            let p = &mut self.nodes[parent as usize];
+            p.children -= 1;
+            if p.children == 0 {
+                self.leaves.insert((p.used, parent));
+            }
         }
         self.free.push(n);
     }
@@ -521,6 +530,32 @@ mod tests {
         enc(&cache, &tok, first).expect("encode");
         assert_eq!(cache.stats().hit_tokens, before, "the first conversation was forgotten");
         assert!(cache.stats().segments > 100, "{:?}", cache.stats());
+    }
+
+    /// Eviction's order is kept up as requests come (no scan of the tree): after inserts, hits
+    /// and evictions, the leaves are exactly the live nodes without children, each under its
+    /// last use.
+    #[test]
+    fn the_leaves_follow_the_tree() {
+        let tok = tokenizer(&[("<s>", true, false)]);
+        let cache = HeadCache::new(&tok, 16 * 1024).expect("cache");
+        for i in 0..3_000 {
+            // Some heads stay leaves and are used again; some get children, and halfway they
+            // get no more, so that eviction leaves them childless.
+            let t = match i {
+                _ if i % 3 == 0 => format!("<s>c {}<s>x", i % 23),
+                ..1_500 => format!("<s>a {} b<s>hello {i}<s>world", i % 37),
+                _ => format!("<s>d {} e<s>hello {i}<s>world", i % 29),
+            };
+            assert_eq!(enc(&cache, &tok, &t).expect("cached"), plain(&tok, &t));
+        }
+        let t = cache.tree.lock();
+        let want: BTreeSet<(u64, u32)> = (t.nodes.iter().zip(0u32..))
+            .filter(|(n, _)| n.alive && n.children == 0)
+            .map(|(n, i)| (n.used, i))
+            .collect();
+        assert_eq!(t.leaves, want);
+        assert!(want.len() > 10 && t.nodes.iter().any(|n| !n.alive), "evicted some, kept some");
     }
 
     /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
