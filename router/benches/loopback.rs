@@ -18,7 +18,14 @@
 //! 1,024 requests or 16 MiB of bodies per core; a refused client waits 5 ms). Last, the direct baseline again from a
 //! thread on the router's core (`dir0`: every call then crosses cores, as the router's do)
 //! and the router's p50 beyond it (`+p50/0`: the router's own work, without the cost of
-//! waking the other core that the one-core baseline never pays). After each run, `GET /health`
+//! waking the other core that the one-core baseline never pays). Then the same load through a
+//! proxy on the router's core that does none of the router's work (`common/null_proxy.rs`:
+//! the body read, the same two calls with messages encoded before the run, a fixed answer):
+//! `null +p50` is what the hops alone add over the direct baseline on this host, a floor under
+//! any router's added p50, and `work p50` the router's p50 beyond it (parsing, tokenizing,
+//! placement, encoding, the answer's text). Both mean something at c = 1 only: at c >= 8 the
+//! null proxy, on a core of its own with nothing to encode, beats the direct baseline, whose
+//! load shares a saturated core with the workers. After each run, `GET /health`
 //! at c = 1: the HTTP hop to the router's core alone. smg's figures (issue 17, this machine) are
 //! printed beside.
 //!
@@ -33,6 +40,8 @@
 
 #[path = "common/mock_workers.rs"]
 mod mock_workers;
+#[path = "common/null_proxy.rs"]
+mod null_proxy;
 #[path = "common/rng.rs"]
 #[allow(dead_code)]
 mod rng;
@@ -366,6 +375,14 @@ async fn health_p50(addr: &str, secs: f64) -> f64 {
     pct(&mut lat, 0.5) * 1e3
 }
 
+/// Moves the calling thread to core 0, the router's (the bench's threads start on core 1).
+fn pin_this_thread_to_core0() {
+    let me = std::fs::read_link("/proc/thread-self").expect("thread-self");
+    let tid = me.file_name().expect("tid").to_string_lossy().into_owned();
+    let pinned = Command::new("taskset").args(["-p", "-c", "0", &tid]).stdout(Stdio::null()).status();
+    assert!(pinned.is_ok_and(|s| s.success()), "taskset could not pin a thread to core 0");
+}
+
 /// The direct baseline run from the router's core: a thread of its own on core 0 (the mock
 /// workers stay on core 1), so that each call crosses cores as the router's do. What the
 /// router adds beyond it is its own work; the difference between the two baselines is what
@@ -375,10 +392,7 @@ async fn direct_from_core0(prefill: &[String], decode: &[String], w: &Workload, 
     let w = Workload { name: w.name, path: w.path, bodies: Vec::new(), ids: w.ids.clone() };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
-        let me = std::fs::read_link("/proc/thread-self").expect("thread-self");
-        let tid = me.file_name().expect("tid").to_string_lossy().into_owned();
-        let pinned = Command::new("taskset").args(["-p", "-c", "0", &tid]).stdout(Stdio::null()).status();
-        assert!(pinned.is_ok_and(|s| s.success()), "taskset could not pin the core-0 load");
+        pin_this_thread_to_core0();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let _ = tx.send(rt.block_on(direct(&prefill, &decode, &w, c, secs)));
     });
@@ -437,11 +451,13 @@ async fn run(quick: bool) {
     for (w, cache, note, _) in runs.into_iter().filter(|r| keep(r.3)) {
         let router = start_router(&path, &prefill, &decode, cache).await;
         let pid = router.child.id();
+        let null = null_proxy::start(&prefill[0], &decode[0], &w.ids, OUTPUT_TOKENS);
         // Warm up: connections, the head cache's shared system prompt, allocator.
         through_router(&router.http, w, 2, if quick { 0.2 } else { 1.0 }).await;
+        through_router(&null.addr, w, 2, if quick { 0.2 } else { 1.0 }).await;
         println!("\n{} {note}", w.name);
         println!(
-            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8}",
+            "{:>4} {:>8} {:>7} {:>10} {:>12} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>8} {:>9} {:>8}",
             "c",
             "req/s",
             "cpu %",
@@ -456,7 +472,9 @@ async fn run(quick: bool) {
             "RSS MB",
             "busy %",
             "dir0 p50",
-            "+p50/0"
+            "+p50/0",
+            "null +p50",
+            "work p50"
         );
         for &c in &levels {
             let cpu0 = router_cpu(pid);
@@ -471,8 +489,11 @@ async fn run(quick: bool) {
             let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
             let mut far = direct_from_core0(&prefill, &decode, w, c, secs).await;
             let f50 = pct(&mut far, 0.5) * 1e3;
+            let (mut nulls, failed, _) = through_router(&null.addr, w, c, secs).await;
+            assert_eq!(failed, 0, "{failed} requests through the null proxy failed at c = {c}");
+            let n50 = pct(&mut nulls, 0.5) * 1e3;
             println!(
-                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1} {f50:>8.2} {:>8.2}",
+                "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1} {f50:>8.2} {:>8.2} {:>9.2} {:>8.2}",
                 n / wall,
                 cpu / wall * 100.0,
                 cpu / n * 1e6,
@@ -481,7 +502,9 @@ async fn run(quick: bool) {
                 p99 - d99,
                 rss_mb(pid, "VmRSS"),
                 100.0 * refused as f64 / (n + refused as f64),
-                p50 - f50
+                p50 - f50,
+                n50 - d50,
+                p50 - n50
             );
         }
         println!(
