@@ -6,7 +6,7 @@
 //! Bodies: a 16 KB chat (an 8 KB system prompt shared by every request, an 8 KB user message
 //! of its own), with the tokenizer's head cache on and off; and `/v1/completions` with a
 //! ~4,500-token prompt, its first half shared; and a short chat (a 64-byte user message: the
-//! router's fixed cost per request). Each request writes its own number at the start
+//! router's fixed cost per request). Each request writes its own number (one count for the whole run) at the start
 //! of its own part, so no two prompts are alike; the router tokenizes every one.
 //!
 //! Per cell it prints req/s, the router's CPU (from `/proc`), router CPU-µs per answered
@@ -34,7 +34,10 @@
 //! `ferry model fetch smollm2-135m` cache) and `taskset`; `FERRY_BENCH_QUICK=1` runs 0.5 s
 //! cells at c = 1 and 8 (CI smoke run). For profiling one cell: `FERRY_BENCH_ONLY` names the
 //! runs to keep (any of `chat`, `chat-nocache`, `completions`, `short`, comma-separated),
-//! `FERRY_BENCH_C` the concurrency levels (e.g. `1`), `FERRY_BENCH_SECS` a cell's seconds;
+//! `FERRY_BENCH_C` the concurrency levels (e.g. `1`), `FERRY_BENCH_SECS` a cell's seconds
+//! on each path, `FERRY_BENCH_SLICES=1` each path's cell in one piece (by default the paths
+//! take turns in slices of at most 0.5 s, so that the host's drift falls on all alike; one
+//! piece, to profile the router over one long run);
 //! `FERRY_BENCH_ROUTER_CORE=1` puts the router on the load's core (no request then crosses
 //! cores: what waking an idle core costs).
 
@@ -51,7 +54,7 @@ mod text;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ferry_proto::v1 as pb;
@@ -249,21 +252,25 @@ async fn get(addr: &str, path: &str) -> Result<(u16, String), hyper::Error> {
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// The number the next request writes into its prompt: one count for the whole run (warm-up,
+/// every cell, slice and connection), so that no prompt is ever sent twice.
+static NEXT_REQUEST: AtomicUsize = AtomicUsize::new(0);
+
 /// Latencies (seconds) of every request answered in `secs`, `c` at a time; requests that
 /// failed; requests refused as busy.
 async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f64>, usize, usize) {
     let stop = Arc::new(AtomicBool::new(false));
     let bodies = Arc::new(w.bodies.clone());
     let mut tasks = Vec::new();
-    for k in 0..c {
+    for _ in 0..c {
         let (stop, bodies, addr, path) = (Arc::clone(&stop), Arc::clone(&bodies), addr.to_string(), w.path);
         tasks.push(tokio::spawn(async move {
             let mut send = connect(&addr).await;
-            let (mut lat, mut failed, mut refused, mut i) = (Vec::new(), 0usize, 0usize, 0);
+            let (mut lat, mut failed, mut refused) = (Vec::new(), 0usize, 0usize);
             while !stop.load(Ordering::Relaxed) {
+                let i = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed);
                 let (pre, post) = &bodies[i % bodies.len()];
-                let body = hyper::body::Bytes::from(format!("{pre}{i}-{k}{post}"));
-                i += 1;
+                let body = hyper::body::Bytes::from(format!("{pre}{i}{post}"));
                 let req = hyper::Request::post(path)
                     .header("host", &addr)
                     .header("content-type", "application/json")
@@ -399,6 +406,49 @@ async fn direct_from_core0(prefill: &[String], decode: &[String], w: &Workload, 
     rx.await.expect("core-0 load")
 }
 
+/// One cell's latencies (seconds) on each path, and the router's CPU seconds, wall seconds and
+/// refused requests while the load ran through it.
+#[derive(Default)]
+struct Cell {
+    router: Vec<f64>,
+    cpu: f64,
+    wall: f64,
+    refused: usize,
+    dir: Vec<f64>,
+    dir0: Vec<f64>,
+    null: Vec<f64>,
+}
+
+impl Cell {
+    /// One slice of `secs` on each path in turn: through the router, direct, direct from the
+    /// router's core, through the null proxy. A cell is several slices, so that the host's
+    /// drift (this machine's speed moves within seconds) falls on every path alike.
+    async fn add_slice(
+        &mut self,
+        router: &Router,
+        null: &null_proxy::NullProxy,
+        (prefill, decode): (&[String], &[String]),
+        w: &Workload,
+        c: usize,
+        secs: f64,
+    ) {
+        let pid = router.child.id();
+        let cpu0 = router_cpu(pid);
+        let t = Instant::now();
+        let (lat, failed, refused) = through_router(&router.http, w, c, secs).await;
+        self.wall += t.elapsed().as_secs_f64();
+        self.cpu += router_cpu(pid) - cpu0;
+        assert_eq!(failed, 0, "{failed} requests failed at c = {c}");
+        self.router.extend(lat);
+        self.refused += refused;
+        self.dir.extend(direct(prefill, decode, w, c, secs).await);
+        self.dir0.extend(direct_from_core0(prefill, decode, w, c, secs).await);
+        let (lat, failed, _) = through_router(&null.addr, w, c, secs).await;
+        assert_eq!(failed, 0, "{failed} requests through the null proxy failed at c = {c}");
+        self.null.extend(lat);
+    }
+}
+
 fn main() {
     let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
@@ -433,10 +483,17 @@ async fn run(quick: bool) {
         Ok(v) => v.split(',').map(|c| c.trim().parse().expect("FERRY_BENCH_C: comma-separated numbers")).collect(),
         Err(_) => levels.to_vec(),
     };
+    // Slices of at most 0.5 s per path, interleaved; FERRY_BENCH_SLICES=1 runs each path's
+    // whole cell at once (for profiling the router over one long run).
+    let slices: usize = std::env::var("FERRY_BENCH_SLICES")
+        .ok()
+        .map(|v| v.parse().expect("FERRY_BENCH_SLICES: a number"))
+        .unwrap_or((secs / 0.5).ceil() as usize)
+        .max(1);
     let only = std::env::var("FERRY_BENCH_ONLY").ok();
     let keep = |tag: &str| only.as_deref().is_none_or(|o| o.split(',').any(|t| t.trim() == tag));
     println!(
-        "router pinned to core 0; {} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell",
+        "router pinned to core 0; {} prefill + {DECODE_WORKERS} decode mock workers and the load on core 1; {secs} s per cell and path, in {slices} interleaved slices",
         prefill.len()
     );
     println!(
@@ -477,20 +534,15 @@ async fn run(quick: bool) {
             "work p50"
         );
         for &c in &levels {
-            let cpu0 = router_cpu(pid);
-            let t = Instant::now();
-            let (mut lat, failed, refused) = through_router(&router.http, w, c, secs).await;
-            let wall = t.elapsed().as_secs_f64();
-            let cpu = router_cpu(pid) - cpu0;
-            assert_eq!(failed, 0, "{} requests failed at c = {c}", failed);
+            let mut cell = Cell::default();
+            for _ in 0..slices {
+                cell.add_slice(&router, &null, (&prefill, &decode), w, c, secs / slices as f64).await;
+            }
+            let Cell { router: mut lat, cpu, wall, refused, mut dir, mut dir0, null: mut nulls } = cell;
             let n = lat.len() as f64;
             let (p50, p99) = (pct(&mut lat, 0.5) * 1e3, pct(&mut lat, 0.99) * 1e3);
-            let mut dir = direct(&prefill, &decode, w, c, secs).await;
             let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
-            let mut far = direct_from_core0(&prefill, &decode, w, c, secs).await;
-            let f50 = pct(&mut far, 0.5) * 1e3;
-            let (mut nulls, failed, _) = through_router(&null.addr, w, c, secs).await;
-            assert_eq!(failed, 0, "{failed} requests through the null proxy failed at c = {c}");
+            let f50 = pct(&mut dir0, 0.5) * 1e3;
             let n50 = pct(&mut nulls, 0.5) * 1e3;
             println!(
                 "{c:>4} {:>8.0} {:>7.0} {:>10.0} {:>12.0} {p50:>8.2} {p99:>8.2} {d50:>9.2} {d99:>9.2} {:>9.2} {:>9.2} {:>7.0} {:>7.1} {f50:>8.2} {:>8.2} {:>9.2} {:>8.2}",
