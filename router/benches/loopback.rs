@@ -90,11 +90,18 @@ const MARK: &str = "@@N@@";
 
 /// One kind of request: bodies (each split where the request's number goes, at the start of
 /// its own part of the prompt) and their prompts' ids for the direct path.
+#[derive(Clone)]
 struct Workload {
     name: &'static str,
     path: &'static str,
-    bodies: Vec<(String, String)>,
-    ids: Vec<Vec<u32>>,
+    bodies: Arc<Vec<(String, String)>>,
+    ids: Arc<Vec<Vec<u32>>>,
+}
+
+impl Workload {
+    fn new(name: &'static str, path: &'static str, bodies: Vec<(String, String)>, ids: Vec<Vec<u32>>) -> Self {
+        Self { name, path, bodies: Arc::new(bodies), ids: Arc::new(ids) }
+    }
 }
 
 fn split(body: String) -> (String, String) {
@@ -157,9 +164,9 @@ fn workloads(model: &ServedModel) -> Vec<Workload> {
         chat_ids[0].len()
     );
     vec![
-        Workload { name: "chat 16 KB", path: "/v1/chat/completions", bodies: chat, ids: chat_ids },
-        Workload { name: "completions 4.5 k tokens", path: "/v1/completions", bodies: comp, ids: comp_ids },
-        Workload { name: "short chat (~64 bytes)", path: "/v1/chat/completions", bodies: short, ids: short_ids },
+        Workload::new("chat 16 KB", "/v1/chat/completions", chat, chat_ids),
+        Workload::new("completions 4.5 k tokens", "/v1/completions", comp, comp_ids),
+        Workload::new("short chat (~64 bytes)", "/v1/chat/completions", short, short_ids),
     ]
 }
 
@@ -260,10 +267,10 @@ static NEXT_REQUEST: AtomicUsize = AtomicUsize::new(0);
 /// failed; requests refused as busy.
 async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f64>, usize, usize) {
     let stop = Arc::new(AtomicBool::new(false));
-    let bodies = Arc::new(w.bodies.clone());
+    let bodies = &w.bodies;
     let mut tasks = Vec::new();
     for _ in 0..c {
-        let (stop, bodies, addr, path) = (Arc::clone(&stop), Arc::clone(&bodies), addr.to_string(), w.path);
+        let (stop, bodies, addr, path) = (Arc::clone(&stop), Arc::clone(bodies), addr.to_string(), w.path);
         tasks.push(tokio::spawn(async move {
             let mut send = connect(&addr).await;
             let (mut lat, mut failed, mut refused) = (Vec::new(), 0usize, 0usize);
@@ -315,12 +322,12 @@ async fn through_router(addr: &str, w: &Workload, c: usize, secs: f64) -> (Vec<f
 /// The direct baseline: the load calls `Prefill` and `Generate` itself with the prompt's ids.
 async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, secs: f64) -> Vec<f64> {
     let stop = Arc::new(AtomicBool::new(false));
-    let ids = Arc::new(w.ids.clone());
+    let ids = &w.ids;
     let mut tasks = Vec::new();
     for k in 0..c {
         let p = format!("http://{}", prefill[k % prefill.len()]);
         let d = format!("http://{}", decode[k % decode.len()]);
-        let (stop, ids) = (Arc::clone(&stop), Arc::clone(&ids));
+        let (stop, ids) = (Arc::clone(&stop), Arc::clone(ids));
         tasks.push(tokio::spawn(async move {
             let mut pc = pb::prefill_client::PrefillClient::connect(p)
                 .await
@@ -333,15 +340,7 @@ async fn direct(prefill: &[String], decode: &[String], w: &Workload, c: usize, s
                 let t = Instant::now();
                 let tokens = ids[i % ids.len()].clone();
                 i += 1;
-                let sampling = Some(pb::SamplingParams { max_new_tokens: OUTPUT_TOKENS, ..Default::default() });
-                let room = Some(pb::RoomKey { room: i as u64, secret: vec![7; 32] });
-                let preq = pb::PrefillRequest {
-                    room: room.clone(),
-                    token_ids: tokens.clone(),
-                    sampling: sampling.clone(),
-                    ..Default::default()
-                };
-                let dreq = pb::DecodeRequest { room, token_ids: tokens, sampling, ..Default::default() };
+                let (preq, dreq) = mock_workers::requests(tokens, i as u64, OUTPUT_TOKENS);
                 let (p, d) = tokio::join!(pc.prefill(preq), async {
                     let mut s = dc.generate(dreq).await?.into_inner();
                     while s.message().await?.is_some() {}
@@ -395,8 +394,7 @@ fn pin_this_thread_to_core0() {
 /// router adds beyond it is its own work; the difference between the two baselines is what
 /// waking the other core costs.
 async fn direct_from_core0(prefill: &[String], decode: &[String], w: &Workload, c: usize, secs: f64) -> Vec<f64> {
-    let (prefill, decode) = (prefill.to_vec(), decode.to_vec());
-    let w = Workload { name: w.name, path: w.path, bodies: Vec::new(), ids: w.ids.clone() };
+    let (prefill, decode, w) = (prefill.to_vec(), decode.to_vec(), w.clone());
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         pin_this_thread_to_core0();

@@ -13,6 +13,20 @@ use tonic::{Request, Response, Status};
 /// Token ids a mock decode worker answers with (plain words in SmolLM2's vocabulary).
 const FIRST_ID: u32 = 300;
 
+/// The calls a router makes to these workers for a prompt of `ids`, in room `room`, asking
+/// decode for `max_new_tokens`.
+pub fn requests(ids: Vec<u32>, room: u64, max_new_tokens: u32) -> (pb::PrefillRequest, pb::DecodeRequest) {
+    let sampling = Some(pb::SamplingParams { max_new_tokens, ..Default::default() });
+    let room = Some(pb::RoomKey { room, secret: vec![7; 32] });
+    let preq = pb::PrefillRequest {
+        room: room.clone(),
+        token_ids: ids.clone(),
+        sampling: sampling.clone(),
+        ..Default::default()
+    };
+    (preq, pb::DecodeRequest { room, token_ids: ids, sampling, ..Default::default() })
+}
+
 #[derive(Clone, Copy)]
 struct Mock;
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ferry_cluster::h2_calls::Calls;
-use ferry_proto::v1 as pb;
+use ferry_cluster::roles::PeerRole;
 use http_body_util::BodyExt;
 use hyper::body::{Buf, Bytes};
 use hyper_util::rt::TokioIo;
@@ -31,34 +31,25 @@ struct Messages {
     decode: Bytes,
 }
 
+/// What every connection's requests share.
+struct Shared {
+    prefill: Calls,
+    decode: Calls,
+    msgs: Vec<Messages>,
+    next: AtomicUsize,
+}
+
 /// Starts a null proxy on core 0 (a thread of its own, a current-thread runtime) calling the
-/// mock workers `prefill[0]` and `decode[0]` with the prompts `ids` in turn, `max_new_tokens`
+/// mock workers `prefill` and `decode` with the prompts `ids` in turn, `max_new_tokens`
 /// asked of decode.
 pub fn start(prefill: &str, decode: &str, ids: &[Vec<u32>], max_new_tokens: u32) -> NullProxy {
-    let sampling = Some(pb::SamplingParams { max_new_tokens, ..Default::default() });
-    let room = Some(pb::RoomKey { room: 1, secret: vec![7; 32] });
-    let msgs: Arc<Vec<Messages>> = Arc::new(
-        ids.iter()
-            .map(|ids| Messages {
-                prefill: pb::PrefillRequest {
-                    room: room.clone(),
-                    token_ids: ids.clone(),
-                    sampling: sampling.clone(),
-                    ..Default::default()
-                }
-                .encode_to_vec()
-                .into(),
-                decode: pb::DecodeRequest {
-                    room: room.clone(),
-                    token_ids: ids.clone(),
-                    sampling: sampling.clone(),
-                    ..Default::default()
-                }
-                .encode_to_vec()
-                .into(),
-            })
-            .collect(),
-    );
+    let msgs = ids
+        .iter()
+        .map(|ids| {
+            let (p, d) = super::mock_workers::requests(ids.clone(), 1, max_new_tokens);
+            Messages { prefill: p.encode_to_vec().into(), decode: d.encode_to_vec().into() }
+        })
+        .collect();
     let (prefill, decode) = (prefill.to_string(), decode.to_string());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
@@ -67,39 +58,39 @@ pub fn start(prefill: &str, decode: &str, ids: &[Vec<u32>], max_new_tokens: u32)
     std::thread::spawn(move || {
         super::pin_this_thread_to_core0();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        rt.block_on(serve(listener, &prefill, &decode, msgs, stopped));
+        rt.block_on(async move {
+            // Calls spawn their connections' tasks on first use: in this runtime.
+            let t = Duration::from_secs(10);
+            let calls = |addr: &str, role| Calls::new(addr, None, role, t, t).expect("calls");
+            let shared = Arc::new(Shared {
+                prefill: calls(&prefill, PeerRole::Prefill),
+                decode: calls(&decode, PeerRole::Decode),
+                msgs,
+                next: AtomicUsize::new(0),
+            });
+            serve(listener, shared, stopped).await
+        });
     });
     NullProxy { addr, _stop: stop }
 }
 
-async fn serve(
-    listener: std::net::TcpListener,
-    prefill: &str,
-    decode: &str,
-    msgs: Arc<Vec<Messages>>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
+async fn serve(listener: std::net::TcpListener, shared: Arc<Shared>, mut stopped: tokio::sync::oneshot::Receiver<()>) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-    let t = Duration::from_secs(10);
-    let calls = |addr: &str, role| Calls::new(addr, None, role, t, t).expect("calls");
-    let pc = calls(prefill, ferry_cluster::roles::PeerRole::Prefill);
-    let dc = calls(decode, ferry_cluster::roles::PeerRole::Decode);
-    let next = Arc::new(AtomicUsize::new(0));
     loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => accepted.expect("accept").0,
             _ = &mut stopped => return,
         };
         tcp.set_nodelay(true).expect("nodelay");
-        let (pc, dc, msgs, next) = (pc.clone(), dc.clone(), Arc::clone(&msgs), Arc::clone(&next));
+        let shared = Arc::clone(&shared);
         let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-            let (pc, dc, msgs, next) = (pc.clone(), dc.clone(), Arc::clone(&msgs), Arc::clone(&next));
+            let shared = Arc::clone(&shared);
             async move {
                 let body = req.into_body().collect().await?.to_bytes();
-                let m = &msgs[next.fetch_add(1, Ordering::Relaxed) % msgs.len()];
+                let m = &shared.msgs[shared.next.fetch_add(1, Ordering::Relaxed) % shared.msgs.len()];
                 let (p, d) = tokio::join!(
-                    call_unary(pc, "/ferry.v1.Prefill/Prefill", m.prefill.clone()),
-                    call_stream(dc, "/ferry.v1.Decode/Generate", m.decode.clone())
+                    call_unary(shared.prefill.clone(), "/ferry.v1.Prefill/Prefill", m.prefill.clone()),
+                    call_stream(shared.decode.clone(), "/ferry.v1.Decode/Generate", m.decode.clone())
                 );
                 p.expect("prefill");
                 d.expect("generate");
