@@ -25,7 +25,9 @@
 //! any router's added p50, and `work p50` the router's p50 beyond it (parsing, tokenizing,
 //! placement, encoding, the answer's text). Both mean something at c = 1 only: at c >= 8 the
 //! null proxy, on a core of its own with nothing to encode, beats the direct baseline, whose
-//! load shares a saturated core with the workers. After each run, `GET /health`
+//! load shares a saturated core with the workers. Under each row, the means of the router's
+//! own phases over the cell (from its `/metrics`: admission, parsing and tokenizing,
+//! placement, placement to the first token, the rest). After each run, `GET /health`
 //! at c = 1: the HTTP hop to the router's core alone. smg's figures (issue 17, this machine) are
 //! printed beside.
 //!
@@ -185,6 +187,18 @@ fn clock_ticks() -> f64 {
         let out = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
         String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0)
     })
+}
+
+/// The router's phases ([`ferry_cluster::phases`]) from its `/metrics`: (phase, seconds summed,
+/// requests counted), in the order the router records them.
+async fn router_phases(addr: &str) -> Vec<(String, f64, f64)> {
+    const PHASES: [&str; 5] = ["queue", "tokenize", "placement", "first_token", "decode"];
+    let (_, m) = get(addr, "/metrics").await.expect("router metrics");
+    let read = |phase: &str, what: &str| {
+        let key = format!("ferry_request_phase_seconds_{what}{{role=\"router\",phase=\"{phase}\"}} ");
+        m.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    PHASES.iter().map(|&p| (p.to_string(), read(p, "sum"), read(p, "count"))).collect()
 }
 
 fn rss_mb(pid: u32, key: &str) -> f64 {
@@ -415,6 +429,8 @@ struct Cell {
     dir: Vec<f64>,
     dir0: Vec<f64>,
     null: Vec<f64>,
+    /// The router's phases over its slices: (phase, seconds summed, requests counted).
+    phases: Vec<(String, f64, f64)>,
 }
 
 impl Cell {
@@ -431,11 +447,17 @@ impl Cell {
         secs: f64,
     ) {
         let pid = router.child.id();
+        let before = router_phases(&router.http).await;
         let cpu0 = router_cpu(pid);
         let t = Instant::now();
         let (lat, failed, refused) = through_router(&router.http, w, c, secs).await;
         self.wall += t.elapsed().as_secs_f64();
         self.cpu += router_cpu(pid) - cpu0;
+        let after = router_phases(&router.http).await;
+        self.phases.resize_with(after.len(), Default::default);
+        for ((sum, (p, s1, n1)), (_, s0, n0)) in self.phases.iter_mut().zip(after).zip(before) {
+            *sum = (p, sum.1 + s1 - s0, sum.2 + n1 - n0);
+        }
         assert_eq!(failed, 0, "{failed} requests failed at c = {c}");
         self.router.extend(lat);
         self.refused += refused;
@@ -536,7 +558,7 @@ async fn run(quick: bool) {
             for _ in 0..slices {
                 cell.add_slice(&router, &null, (&prefill, &decode), w, c, secs / slices as f64).await;
             }
-            let Cell { router: mut lat, cpu, wall, refused, mut dir, mut dir0, null: mut nulls } = cell;
+            let Cell { router: mut lat, cpu, wall, refused, mut dir, mut dir0, null: mut nulls, phases } = cell;
             let n = lat.len() as f64;
             let (p50, p99) = (pct(&mut lat, 0.5) * 1e3, pct(&mut lat, 0.99) * 1e3);
             let (d50, d99) = (pct(&mut dir, 0.5) * 1e3, pct(&mut dir, 0.99) * 1e3);
@@ -556,6 +578,9 @@ async fn run(quick: bool) {
                 n50 - d50,
                 p50 - n50
             );
+            let means: Vec<String> =
+                phases.iter().map(|(p, s, n)| format!("{p} {:.0}", if *n > 0.0 { s / n * 1e6 } else { 0.0 })).collect();
+            println!("{:>4} router phases, mean us: {}", "", means.join(", "));
         }
         println!(
             "router peak RSS {:.0} MB; GET /health at c = 1: p50 {:.3} ms (the HTTP hop alone)",
