@@ -33,6 +33,7 @@ mod quantize;
 mod tiled;
 mod tiled_k;
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -128,6 +129,14 @@ impl CpuBackend {
 
 /// Rows per rayon task in element-wise kernels.
 const ROWS_PER_TASK: usize = 16;
+
+thread_local! {
+    /// `matmul_parts`' stacked product (the fused QKV or gate-and-up projection), kept
+    /// between calls: a new one each call was fresh memory for the product to fault in, every
+    /// layer of every pass (a prefill chunk of 2,048 rows: 25 MB of gate and up per layer,
+    /// which jemalloc hands back to the system at once and faults in again).
+    static STACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
 
 impl Backend for CpuBackend {
     type Buf = Vec<f32>;
@@ -289,16 +298,23 @@ impl Backend for CpuBackend {
             check("matmul_parts", o.len() == rows * n, || format!("an output of {} for {rows} rows of {n}", o.len()))?;
         }
         // One product into the stacked width, then each row's parts to their outputs.
-        let mut all = vec![0.0; rows * w.rows];
-        self.matmul(x, rows, w, &mut all)?;
-        for (r, row) in all.chunks_exact(w.rows).enumerate() {
-            let mut at = 0;
-            for (o, &n) in outs.iter_mut().zip(&w.parts) {
-                o[r * n..(r + 1) * n].copy_from_slice(&row[at..at + n]);
-                at += n;
+        STACKED.with(|held| {
+            // A pass run on this thread while another waits inside its product (rayon steals
+            // work) finds the scratch taken and uses a fresh one.
+            let (mut held, mut fresh) = (held.try_borrow_mut(), Vec::new());
+            let all = held.as_deref_mut().unwrap_or(&mut fresh);
+            all.clear();
+            all.resize(rows * w.rows, 0.0);
+            self.matmul(x, rows, w, all)?;
+            for (r, row) in all.chunks_exact(w.rows).enumerate() {
+                let mut at = 0;
+                for (o, &n) in outs.iter_mut().zip(&w.parts) {
+                    o[r * n..(r + 1) * n].copy_from_slice(&row[at..at + n]);
+                    at += n;
+                }
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn embed(&self, table: &CpuMat, ids: &[u32], out: &mut Vec<f32>) -> Result<(), KernelError> {

@@ -29,7 +29,8 @@ fn stacked_products_equal_the_products_apart() {
             let mats: Vec<CpuMat> = mats.into_iter().map(|m| m.expect("matrix")).collect();
             let apart: Vec<CpuMat> = again.into_iter().map(|m| m.expect("matrix")).collect();
             let stacked = b.stack(mats).expect("alike matrices stack");
-            for rows in [1, 9] {
+            // A smaller product after a bigger one reuses the thread's scratch.
+            for rows in [1, 9, 3] {
                 let x = floats(rows * k, 7 + rows as u64);
                 let mut want: Vec<Vec<f32>> = apart.iter().map(|m| vec![0.0; rows * m.rows]).collect();
                 for (m, o) in apart.iter().zip(&mut want) {
@@ -41,6 +42,15 @@ fn stacked_products_equal_the_products_apart() {
                 assert_eq!(got, want, "{math:?} {rows} rows");
                 let mut short = vec![0.0; 1];
                 assert!(b.matmul_parts(&x, rows, &stacked, &mut [&mut short]).is_err());
+                // With the scratch taken (a pass stolen by a thread waiting inside another's
+                // product), a fresh one.
+                let mut again: Vec<Vec<f32>> = want.iter().map(|o| vec![0.0; o.len()]).collect();
+                let mut outs: Vec<&mut Vec<f32>> = again.iter_mut().collect();
+                super::STACKED.with(|s| {
+                    let _taken = s.borrow_mut();
+                    b.matmul_parts(&x, rows, &stacked, &mut outs).expect("stacked product, scratch taken");
+                });
+                assert_eq!(again, want, "{math:?} {rows} rows, scratch taken");
             }
         }
         let unlike = vec![q(8, 1).expect("q"), f(8, 2).expect("f")];
