@@ -87,7 +87,7 @@ fn attention_in_spans(
             }
         }
     }
-    let mut partials = vec![0.0f32; partial_len];
+    let mut partials = super::zeroed(partial_len);
     let ptr = SendPtr(out.as_mut_ptr());
     let part_ptr = SendPtr(partials.as_mut_ptr());
     (0..tasks.len()).into_par_iter().for_each_init(Vec::new, |scratch: &mut Vec<f32>, t| {

@@ -40,7 +40,7 @@ pub(super) fn gemv_by(m: usize, n: usize, out: &mut [f32], cell: impl Fn(usize, 
         });
         return;
     }
-    let mut cols = vec![0.0f32; n * m];
+    let mut cols = super::zeroed(n * m);
     cols.par_chunks_mut(COLS_PER_TASK * m).enumerate().for_each(|(t, chunk)| {
         for (j, o) in chunk.chunks_exact_mut(m).enumerate() {
             for (r, o) in o.iter_mut().enumerate() {

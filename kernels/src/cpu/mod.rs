@@ -130,6 +130,17 @@ impl CpuBackend {
 /// Rows per rayon task in element-wise kernels.
 const ROWS_PER_TASK: usize = 16;
 
+/// `len` zeros, written rather than asked of the allocator zeroed. `vec![0.0; len]` is
+/// `calloc`, and jemalloc (the router's allocator, and the engine's in a process that picks
+/// it) zeroes a reused extent of 16 KiB or more by handing its pages back to the system
+/// (`MADV_DONTNEED`), so every page of every such buffer faulted in again on its first write,
+/// each forward pass. Written zeros reuse memory that is already there.
+pub(crate) fn zeroed(len: usize) -> Vec<f32> {
+    let mut v = Vec::with_capacity(len);
+    v.resize(len, 0.0);
+    v
+}
+
 thread_local! {
     /// `matmul_parts`' stacked product (the fused QKV or gate-and-up projection), kept
     /// between calls: a new one each call was fresh memory for the product to fault in, every
@@ -156,7 +167,7 @@ impl Backend for CpuBackend {
     }
 
     fn zeros(&self, len: usize) -> Result<Vec<f32>, KernelError> {
-        Ok(vec![0.0; len])
+        Ok(zeroed(len))
     }
 
     fn upload(&self, data: &[f32]) -> Result<Vec<f32>, KernelError> {

@@ -81,7 +81,7 @@ pub(super) fn gemm_dequantized(
     (0..nblocks).into_par_iter().for_each(|b| {
         let c0 = b * block;
         let nb = block.min(n - c0);
-        let mut cols = vec![0.0f32; GEMM_SLICE.min(nb) * k];
+        let mut cols = super::zeroed(GEMM_SLICE.min(nb) * k);
         for s0 in (0..nb).step_by(GEMM_SLICE) {
             let ns = GEMM_SLICE.min(nb - s0);
             let first = c0 + s0;
