@@ -18,6 +18,12 @@ mod up;
 
 use clap::{Parser, Subcommand};
 
+/// jemalloc, as `ferry-router`'s: the routers of `ferry up` and `ferry router` allocate a
+/// prompt's size per request, and the engines keep their passes' buffers from faulting in
+/// again under it (docs/performance.md, "The engine under jemalloc").
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// How a typed choice is spelled on the command line (`cache-aware`, `shared-prefix`): for
 /// passing it on to a child process and for reports.
 fn flag_name<T: clap::ValueEnum>(v: &T) -> String {
