@@ -189,16 +189,17 @@ fn clock_ticks() -> f64 {
     })
 }
 
-/// The router's phases ([`ferry_cluster::phases`]) from its `/metrics`: (phase, seconds summed,
-/// requests counted), in the order the router records them.
-async fn router_phases(addr: &str) -> Vec<(String, f64, f64)> {
-    const PHASES: [&str; 5] = ["queue", "tokenize", "placement", "first_token", "decode"];
+/// The router's phases ([`ferry_cluster::phases`]), in the order it records them.
+const PHASES: [&str; 5] = ["queue", "tokenize", "placement", "first_token", "decode"];
+
+/// Each of [`PHASES`]' seconds summed and requests counted, from the router's `/metrics`.
+async fn router_phases(addr: &str) -> [(f64, f64); 5] {
     let (_, m) = get(addr, "/metrics").await.expect("router metrics");
     let read = |phase: &str, what: &str| {
         let key = format!("ferry_request_phase_seconds_{what}{{role=\"router\",phase=\"{phase}\"}} ");
         m.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
     };
-    PHASES.iter().map(|&p| (p.to_string(), read(p, "sum"), read(p, "count"))).collect()
+    PHASES.map(|p| (read(p, "sum"), read(p, "count")))
 }
 
 fn rss_mb(pid: u32, key: &str) -> f64 {
@@ -429,8 +430,8 @@ struct Cell {
     dir: Vec<f64>,
     dir0: Vec<f64>,
     null: Vec<f64>,
-    /// The router's phases over its slices: (phase, seconds summed, requests counted).
-    phases: Vec<(String, f64, f64)>,
+    /// The router's [`PHASES`] over its slices: seconds summed, requests counted.
+    phases: [(f64, f64); 5],
 }
 
 impl Cell {
@@ -454,9 +455,8 @@ impl Cell {
         self.wall += t.elapsed().as_secs_f64();
         self.cpu += router_cpu(pid) - cpu0;
         let after = router_phases(&router.http).await;
-        self.phases.resize_with(after.len(), Default::default);
-        for ((sum, (p, s1, n1)), (_, s0, n0)) in self.phases.iter_mut().zip(after).zip(before) {
-            *sum = (p, sum.1 + s1 - s0, sum.2 + n1 - n0);
+        for ((sum, n), ((s1, n1), (s0, n0))) in self.phases.iter_mut().zip(after.into_iter().zip(before)) {
+            (*sum, *n) = (*sum + s1 - s0, *n + n1 - n0);
         }
         assert_eq!(failed, 0, "{failed} requests failed at c = {c}");
         self.router.extend(lat);
@@ -578,8 +578,11 @@ async fn run(quick: bool) {
                 n50 - d50,
                 p50 - n50
             );
-            let means: Vec<String> =
-                phases.iter().map(|(p, s, n)| format!("{p} {:.0}", if *n > 0.0 { s / n * 1e6 } else { 0.0 })).collect();
+            let means: Vec<String> = PHASES
+                .iter()
+                .zip(phases)
+                .map(|(p, (s, n))| format!("{p} {:.0}", if n > 0.0 { s / n * 1e6 } else { 0.0 }))
+                .collect();
             println!("{:>4} router phases, mean us: {}", "", means.join(", "));
         }
         println!(

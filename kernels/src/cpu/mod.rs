@@ -143,9 +143,9 @@ pub(crate) fn zeroed(len: usize) -> Vec<f32> {
 
 thread_local! {
     /// `matmul_parts`' stacked product (the fused QKV or gate-and-up projection), kept
-    /// between calls: a new one each call was fresh memory for the product to fault in, every
-    /// layer of every pass (a prefill chunk of 2,048 rows: 25 MB of gate and up per layer,
-    /// which jemalloc hands back to the system at once and faults in again).
+    /// between calls: a new one each call, every layer of every pass, was memory for the
+    /// product to fault in (a prefill chunk of 2,048 rows: 25 MB of gate and up per layer;
+    /// under jemalloc, every call's, see [`zeroed`]).
     static STACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 

@@ -12,7 +12,7 @@ use ferry_cluster::h2_calls::Calls;
 use ferry_proto::v1 as pb;
 use prost::Message;
 use prost::bytes::Bytes;
-use prost::encoding::{WireType, encode_key, encode_varint};
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 use tonic::{Response, Status, Streaming};
 use tonic_prost::ProstDecoder;
@@ -49,18 +49,6 @@ impl PackedIds {
     }
 }
 
-/// A varint's length by its value's leading zeros (a `u32`: 1 to 5 bytes of 7 bits).
-const LEN_BY_ZEROS: [u8; 33] = {
-    let mut t = [0u8; 33];
-    let mut zeros = 0;
-    while zeros <= 32 {
-        let bits = 32 - zeros;
-        t[zeros] = if bits == 0 { 1 } else { bits.div_ceil(7) as u8 };
-        zeros += 1;
-    }
-    t
-};
-
 /// The continuation bits of a varint by its length: set on every byte but the last.
 const MORE_BY_LEN: [u64; 6] = [0, 0, 0x80, 0x8080, 0x80_8080, 0x8080_8080];
 
@@ -72,7 +60,7 @@ fn varint(id: u32) -> (u64, usize) {
         | ((v << 2) & 0x7f_0000)
         | ((v << 3) & 0x7f00_0000)
         | ((v << 4) & 0x0f_0000_0000);
-    let len = LEN_BY_ZEROS[id.leading_zeros() as usize] as usize;
+    let len = encoded_len_varint(v);
     (groups | MORE_BY_LEN[len], len)
 }
 
