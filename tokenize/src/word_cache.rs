@@ -25,12 +25,20 @@ pub(crate) struct WordCache {
 }
 
 impl WordCache {
-    /// The ids of `word`, if it is here.
-    #[inline]
+    /// The ids of `word`, if it is here. (The short table's lookup is inlined into the
+    /// tokenizer's loop; the map's is not.)
+    #[inline(always)]
     pub(crate) fn get(&self, word: &[u8]) -> Option<&[u32]> {
-        let short = pack(word).and_then(|key| self.short.get(key, word.len() as u8));
+        if let Some(ids) = pack(word).and_then(|key| self.short.get(key, word.len() as u8)) {
+            return Some(ids);
+        }
         // A short word with more ids than a slot holds is in the map.
-        short.or_else(|| self.long.get(word).map(|ids| &ids[..]))
+        self.get_long(word)
+    }
+
+    #[inline(never)]
+    fn get_long(&self, word: &[u8]) -> Option<&[u32]> {
+        self.long.get(word).map(|ids| &ids[..])
     }
 
     /// Remembers `ids` as the ids of `word` (replacing what was there).
