@@ -24,7 +24,7 @@ use std::collections::{BinaryHeap, HashMap};
 use aho_corasick::{AhoCorasick, MatchKind};
 
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
-use crate::gpt2_ascii;
+use crate::gpt2_by_hand;
 use crate::token_bytes::{byte_chars, byte_level_byte};
 use crate::word_cache::WordCache;
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -50,7 +50,7 @@ struct Pre {
     newline_alternative: bool,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
     digits: bool,
-    /// GPT-2's pattern: ASCII pre-tokens are cut by hand ([`gpt2_ascii`]).
+    /// GPT-2's pattern: ASCII pre-tokens are cut by hand ([`gpt2_by_hand`]).
     gpt2: bool,
 }
 
@@ -256,11 +256,12 @@ impl FastBpe {
         }
         let mut start = 0;
         let mut at = 0;
-        while let Some(i) = gpt2_ascii::next_digit_or_wide(piece.as_bytes(), at) {
+        while let Some(i) = gpt2_by_hand::next_digit_or_wide(piece.as_bytes(), at) {
             // `i` starts a character: `at` always does, and the scan stops at a lead byte first.
             let c = piece[i..].chars().next().expect("a character starts here");
             at = i + c.len_utf8();
-            if c.is_numeric() {
+            // No character of U+00C0–U+017F is a number: Latin letters skip the table lookup.
+            if !('\u{c0}'..='\u{17f}').contains(&c) && c.is_numeric() {
                 self.regex_piece(&piece[start..i], words, out);
                 self.regex_piece(&piece[i..at], words, out);
                 start = at;
@@ -274,7 +275,7 @@ impl FastBpe {
         let mut at = 0;
         while at < piece.len() {
             if self.pre.gpt2
-                && let Some(end) = gpt2_ascii::next(piece.as_bytes(), at)
+                && let Some(end) = gpt2_by_hand::next(piece.as_bytes(), at)
             {
                 self.word(&piece.as_bytes()[at..end], words, out);
                 at = end;

@@ -22,7 +22,7 @@ mod fast_bpe;
 pub mod gguf;
 mod gguf_vocab;
 pub mod gguf_write;
-mod gpt2_ascii;
+mod gpt2_by_hand;
 mod head_cache;
 mod request;
 mod served;
