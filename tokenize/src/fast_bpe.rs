@@ -36,6 +36,8 @@ const GPT2_PATTERN: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{
 const LOOKAHEAD: &str = r"\s+(?!\S)|";
 /// Words remembered before the cache starts again.
 const MAX_CACHED_WORDS: usize = 1 << 16;
+/// Words of at most this many bytes are merged on the stack ([`FastBpe::merge_short`]).
+const SHORT_MERGE: usize = 64;
 /// Longer words are not remembered (HF's limit too): a prompt of long runs cannot pin memory.
 const MAX_CACHED_WORD: usize = 256;
 /// Words looked up between chances for a waiting writer to take the cache.
@@ -83,9 +85,9 @@ pub(crate) struct FastBpe {
     pre: Pre,
     byte_ids: [u32; 256],
     /// (left, right) -> (rank, merged id).
-    merges: HashMap<(u32, u32), (u32, u32)>,
+    merges: HashMap<(u32, u32), (u32, u32), foldhash::fast::RandomState>,
     /// `ignore_merges`: a pre-token that is a whole vocabulary entry is that entry.
-    whole: Option<HashMap<Vec<u8>, u32>>,
+    whole: Option<HashMap<Vec<u8>, u32, foldhash::fast::RandomState>>,
     cache: RwLock<WordCache>,
 }
 
@@ -198,7 +200,7 @@ impl FastBpe {
                 None => {}
             }
         }
-        let mut merges = HashMap::new();
+        let mut merges = HashMap::default();
         for (rank, m) in need(model["merges"].as_array(), "merges")?.iter().enumerate() {
             let (a, b) = match m {
                 Json::String(s) => need(s.split_once(' '), "a merge")?,
@@ -344,13 +346,68 @@ impl FastBpe {
             out.extend_from_slice(ids);
             return;
         }
-        // Merged without the lock: a long word must not hold up a writer, and through it every
-        // other reader.
-        let ids = RwLockReadGuard::unlocked(&mut words.cache, || self.merge(bytes));
-        out.extend_from_slice(&ids);
-        if bytes.len() < MAX_CACHED_WORD && words.fresh.len() < MAX_CACHED_WORDS {
-            words.fresh.insert(bytes, &ids);
+        let from = out.len();
+        if bytes.len() <= SHORT_MERGE {
+            self.merge_short(bytes, out);
+        } else {
+            // Merged without the lock: a long word must not hold up a writer, and through it
+            // every other reader.
+            out.extend(RwLockReadGuard::unlocked(&mut words.cache, || self.merge(bytes)));
         }
+        if bytes.len() < MAX_CACHED_WORD && words.fresh.len() < MAX_CACHED_WORDS {
+            words.fresh.insert(bytes, &out[from..]);
+        }
+    }
+
+    /// The rank and result of merging `a` and `b`; `(u32::MAX, 0)` when they do not merge.
+    #[inline]
+    fn pair(&self, a: u32, b: u32) -> (u32, u32) {
+        self.merges.get(&(a, b)).copied().unwrap_or((u32::MAX, 0))
+    }
+
+    /// [`merge`](Self::merge) of a word of at most [`SHORT_MERGE`] bytes, into `out`, on the
+    /// stack: each round merges the leftmost of the lowest-ranked pairs, which is the pair
+    /// HF's queue gives next (it holds every pair the word has now, and skips stale ones), and
+    /// looks up only the two pairs the merge made.
+    fn merge_short(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        let mut ids = [0u32; SHORT_MERGE];
+        let mut n = 0;
+        for &b in bytes {
+            let id = self.byte_ids[b as usize];
+            if id != u32::MAX {
+                ids[n] = id;
+                n += 1;
+            }
+        }
+        // `pairs[i]`: merging `ids[i]` and `ids[i + 1]`.
+        let mut pairs = [(u32::MAX, 0u32); SHORT_MERGE];
+        for i in 0..n.saturating_sub(1) {
+            pairs[i] = self.pair(ids[i], ids[i + 1]);
+        }
+        while n > 1 {
+            let (mut at, mut rank) = (0, u32::MAX);
+            for (i, p) in pairs[..n - 1].iter().enumerate() {
+                if p.0 < rank {
+                    (at, rank) = (i, p.0);
+                }
+            }
+            if rank == u32::MAX {
+                break;
+            }
+            ids[at] = pairs[at].1;
+            ids.copy_within(at + 2..n, at + 1);
+            if at + 2 < n {
+                pairs.copy_within(at + 2..n - 1, at + 1);
+            }
+            n -= 1;
+            if at + 1 < n {
+                pairs[at] = self.pair(ids[at], ids[at + 1]);
+            }
+            if at > 0 {
+                pairs[at - 1] = self.pair(ids[at - 1], ids[at]);
+            }
+        }
+        out.extend_from_slice(&ids[..n]);
     }
 
     /// HF's `Word::merge_all` without dropout: the lowest-ranked pair first, the leftmost
@@ -428,6 +485,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The stack merge against the queue merge (HF's order) on words of every length it takes:
+    /// pieces of the fixtures' texts run together, and runs of one or two repeated bytes
+    /// (pairs of equal rank side by side, overlapping).
+    #[test]
+    fn the_short_merge_is_the_queue_merge() {
+        let tok = tokenizer(byte_level_json(true), false);
+        let fast = FastBpe::new(&tok).expect("fast path");
+        let mut words: Vec<Vec<u8>> = texts(2_000, 11).into_iter().map(String::into_bytes).collect();
+        for len in 1..=SHORT_MERGE {
+            words.push(b"l".repeat(len));
+            words.push(b"lo".iter().copied().cycle().take(len).collect());
+        }
+        let mut merged = 0;
+        for w in words.iter().filter(|w| !w.is_empty()) {
+            let w = &w[..w.len().min(SHORT_MERGE)];
+            let mut short = Vec::new();
+            fast.merge_short(w, &mut short);
+            let queue = fast.merge(w);
+            assert_eq!(short, queue, "{:?}", String::from_utf8_lossy(w));
+            merged += usize::from(queue.len() < w.len());
+        }
+        assert!(merged > 1_000, "only {merged} words merged at all");
     }
 
     #[test]
