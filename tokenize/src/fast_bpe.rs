@@ -52,7 +52,7 @@ struct Pre {
     newline_alternative: bool,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
     digits: bool,
-    /// GPT-2's pattern: ASCII pre-tokens are cut by hand ([`gpt2_by_hand`]).
+    /// GPT-2's pattern: pre-tokens of ASCII and Latin letters are cut by hand ([`gpt2_by_hand`]).
     gpt2: bool,
 }
 
