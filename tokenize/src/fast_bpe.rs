@@ -263,7 +263,7 @@ impl FastBpe {
             let c = piece[i..].chars().next().expect("a character starts here");
             at = i + c.len_utf8();
             // No character of U+00C0–U+017F is a number: Latin letters skip the table lookup.
-            if !('\u{c0}'..='\u{17f}').contains(&c) && c.is_numeric() {
+            if !gpt2_by_hand::LATIN.contains(&c) && c.is_numeric() {
                 self.regex_piece(&piece[start..i], words, out);
                 self.regex_piece(&piece[i..at], words, out);
                 start = at;

@@ -99,6 +99,20 @@ fn space_run(text: &[u8], at: usize) -> Option<usize> {
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
+/// The high bit of each byte of `low` (eight bytes below 0x80) that lies in `lo..=hi`: the
+/// byte plus a constant sets its high bit exactly when it is at least the bound (at most
+/// 0x7f + 0x7f: nothing carries into the next byte).
+#[inline(always)]
+fn bytes_within(low: u64, lo: u8, hi: u8) -> u64 {
+    let from = low + ONES * (0x80 - lo as u64);
+    let past = low + ONES * (0x80 - hi as u64 - 1);
+    from & !past & HIGH
+}
+
+/// The characters of Latin-1 and Latin Extended-A: [`latin_letter`]'s, with `×` and `÷`
+/// (none of them a number or whitespace).
+pub(crate) const LATIN: std::ops::RangeInclusive<char> = '\u{c0}'..='\u{17f}';
+
 /// Whether a Latin-1 or Latin Extended-A letter starts at `i`: U+00C0–U+017F (lead byte
 /// `0xC3`, `0xC4` or `0xC5`) except `×` (U+00D7) and `÷` (U+00F7).
 #[inline]
@@ -135,12 +149,9 @@ fn letters_end(text: &[u8], mut at: usize) -> Option<usize> {
 fn ascii_letters_end(text: &[u8], mut at: usize) -> usize {
     while let Some(chunk) = text.get(at..at + 8) {
         let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-        // Setting bit 5 maps `A–Z` onto `a–z` and no other byte below 0x80 into `a–z`; then,
-        // as below, a byte's low 7 bits plus a constant set its high bit when at least the bound.
+        // Setting bit 5 maps `A–Z` onto `a–z` and no other byte below 0x80 into `a–z`.
         let low = (x | (ONES * 0x20)) & !HIGH;
-        let from_a = (low + ONES * (0x80 - b'a' as u64)) & HIGH;
-        let past_z = (low + ONES * (0x80 - b'z' as u64 - 1)) & HIGH;
-        let others = !(from_a & !past_z & !x) & HIGH;
+        let others = !(bytes_within(low, b'a', b'z') & !x) & HIGH;
         if others != 0 {
             return at + others.trailing_zeros() as usize / 8;
         }
@@ -156,12 +167,7 @@ fn ascii_letters_end(text: &[u8], mut at: usize) -> usize {
 pub(crate) fn next_digit_or_wide(text: &[u8], mut at: usize) -> Option<usize> {
     while let Some(chunk) = text.get(at..at + 8) {
         let x = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-        // Each byte's low 7 bits plus a constant sets its high bit exactly when they are at
-        // least the bound (at most 0x7f + 0x50: nothing carries into the next byte).
-        let low = x & !HIGH;
-        let from_0 = (low + ONES * (0x80 - b'0' as u64)) & HIGH;
-        let past_9 = (low + ONES * (0x80 - b'9' as u64 - 1)) & HIGH;
-        let hits = (from_0 & !past_9 & !x) | (x & HIGH);
+        let hits = (bytes_within(x & !HIGH, b'0', b'9') & !x) | (x & HIGH);
         if hits != 0 {
             return Some(at + hits.trailing_zeros() as usize / 8);
         }
@@ -214,7 +220,7 @@ mod tests {
         ];
         // What this module classifies.
         fn known(s: &str) -> bool {
-            s.chars().all(|c| c.is_ascii() || (('\u{c0}'..='\u{17f}').contains(&c) && !"×÷".contains(c)))
+            s.chars().all(|c| c.is_ascii() || (LATIN.contains(&c) && !"×÷".contains(c)))
         }
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut rand = || {
@@ -256,28 +262,33 @@ mod tests {
         assert!(decided > 50_000, "only {decided} pieces decided");
     }
 
+    /// 5,000 texts of 0 to 39 bytes from `seed`, each byte `byte(r)` of a fresh random `r`.
+    fn random_texts(mut seed: u64, byte: impl Fn(u64) -> u8) -> impl Iterator<Item = Vec<u8>> {
+        (0..5_000).map(move |round| {
+            (0..round % 40)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    byte(seed)
+                })
+                .collect()
+        })
+    }
+
     /// Against the byte-by-byte rule, from every start, on texts of every byte value.
     #[test]
     fn finds_the_end_of_a_run_of_letters() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        for round in 0..5_000 {
-            let len = round % 40;
-            let text: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    // Mostly letters, as words are; now and then anything (the bytes next to
-                    // `A–Z` and `a–z`, and the same with the high bit set, among them).
-                    match state % 8 {
-                        0 => (state >> 8) as u8,
-                        1 => b"@[`{AZaz\xc1\xda\xe1\xfa"[(state >> 8) as usize % 12],
-                        _ => b'a' + (state >> 8) as u8 % 26,
-                    }
-                })
-                .collect();
-            for at in 0..=len {
-                let want = text[at..].iter().position(|b| !b.is_ascii_alphabetic()).map_or(len, |p| at + p);
+        // Mostly letters, as words are; now and then anything (the bytes next to `A–Z` and
+        // `a–z`, and the same with the high bit set, among them).
+        let byte = |r: u64| match r % 8 {
+            0 => (r >> 8) as u8,
+            1 => b"@[`{AZaz\xc1\xda\xe1\xfa"[(r >> 8) as usize % 12],
+            _ => b'a' + (r >> 8) as u8 % 26,
+        };
+        for text in random_texts(0x9e37_79b9_7f4a_7c15, byte) {
+            for at in 0..=text.len() {
+                let want = text[at..].iter().position(|b| !b.is_ascii_alphabetic()).map_or(text.len(), |p| at + p);
                 assert_eq!(ascii_letters_end(&text, at), want, "{text:?} from {at}");
             }
         }
@@ -286,23 +297,14 @@ mod tests {
     /// Against the byte-by-byte rule, from every start, on texts of every byte value.
     #[test]
     fn finds_the_first_digit_or_wide_byte() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        for round in 0..5_000 {
-            let len = round % 40;
-            let text: Vec<u8> = (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    // Mostly letters and spaces, as prose is; now and then anything.
-                    match state % 8 {
-                        0 => (state >> 8) as u8,
-                        1 => b'0' + (state >> 8) as u8 % 10,
-                        _ => b"ab /:@Z"[(state >> 8) as usize % 7],
-                    }
-                })
-                .collect();
-            for at in 0..=len {
+        // Mostly letters and spaces, as prose is; now and then anything.
+        let byte = |r: u64| match r % 8 {
+            0 => (r >> 8) as u8,
+            1 => b'0' + (r >> 8) as u8 % 10,
+            _ => b"ab /:@Z"[(r >> 8) as usize % 7],
+        };
+        for text in random_texts(0x2545_f491_4f6c_dd1d, byte) {
+            for at in 0..=text.len() {
                 let want = text[at..].iter().position(|&b| b.is_ascii_digit() || b >= 0x80).map(|p| at + p);
                 assert_eq!(next_digit_or_wide(&text, at), want, "{text:?} from {at}");
             }
