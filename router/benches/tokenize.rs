@@ -11,7 +11,7 @@
 //! turn, the cost of the cache on prompts it cannot help (unique 16 KB chats, every
 //! segment a miss), and completion prompts without special tokens whose first half is shared
 //! (reused through the cache's word cuts), also through a full cache (its eviction's tail);
-//! then prose with accented words, and never-repeating words.
+//! then prose with accented words, Russian and Chinese prose, and never-repeating words.
 //! Every cached result is compared with HF's ids.
 //!
 //! `cargo bench -p ferry-router --bench tokenize`; needs SmolLM2 (`FERRY_SMOLLM2` or the
@@ -20,6 +20,8 @@
 #[path = "common/rng.rs"]
 #[allow(dead_code)]
 mod rng;
+#[path = "common/scripts.rs"]
+mod scripts;
 #[path = "common/text.rs"]
 mod text;
 
@@ -262,43 +264,16 @@ fn main() {
         steady.len(),
         pct(steady, 1.0)
     );
-    // Prose in languages with accented letters: 30 % of the words French, German, Spanish,
-    // Polish or Czech (Latin-1 and Latin Extended-A letters, which the fast path's pre-tokenizer
-    // cuts by hand as it does ASCII), the rest English.
-    const ACCENTED: &[&str] = &[
-        "café",
-        "déjà",
-        "über",
-        "façade",
-        "naïve",
-        "Größe",
-        "élève",
-        "Kraków",
-        "łódź",
-        "señor",
-        "mañana",
-        "où",
-        "être",
-        "Ærø",
-        "smörgåsbord",
-        "Dvořák",
-        "crème",
-        "brûlée",
-    ];
-    let mut rng = Rng(0xacce);
-    let accented: Vec<String> = (0..if quick { 20 } else { 200 })
-        .map(|_| {
-            let mut t = String::new();
-            while t.len() < 16 * 1024 {
-                let w = if rng.next() % 100 < 30 { ACCENTED } else { &WORDS[..51] };
-                t.push_str(w[(rng.next() % w.len() as u64) as usize]);
-                t.push(if rng.next().is_multiple_of(12) { '\n' } else { ' ' });
-            }
-            t
-        })
-        .collect();
+    // Prose in other languages: 30 % of the words French, German, Spanish, Polish or Czech
+    // (Latin-1 and Latin Extended-A letters), the rest English; Russian; Chinese.
+    let n = if quick { 20 } else { 200 };
+    let accented = scripts::accented(&mut Rng(0xacce), n);
     let (ha, fa) = hf_and_fast(&plain, &accented);
     println!("16 KB of prose, 30 % of its words accented: HF p50 {ha:.0} us, Ferry p50 {fa:.0} us ({:.1}x)", ha / fa);
+    let (hru, fru) = hf_and_fast(&plain, &scripts::russian(&mut Rng(0x5a5a), n));
+    println!("16 KB of Russian prose: HF p50 {hru:.0} us, Ferry p50 {fru:.0} us ({:.1}x)", hru / fru);
+    let (hzh, fzh) = hf_and_fast(&plain, &scripts::chinese(&mut Rng(0xc4c4), n));
+    println!("16 KB of Chinese prose: HF p50 {hzh:.0} us, Ferry p50 {fzh:.0} us ({:.1}x)", hzh / fzh);
     println!("16 KB of never-repeating random words: HF p50 {hr:.0} us, Ferry p50 {fr:.0} us ({:.1}x)", hr / fr);
     let (h, c, f) = (median(&mut hf_us), median(&mut cached_us), median(&mut fast_us));
     println!(
