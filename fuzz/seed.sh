@@ -41,5 +41,8 @@ with open("corpus/kv_events/seed-batches", "wb") as f:
         assert len(fr) < 256
         f.write(bytes([i % 3 if i < 2 else 0, len(fr)]) + fr)
 PY
+# tokenize: prose in several scripts, wide spaces, numbers, combining marks and emoji.
+mkdir -p corpus/tokenize
+printf 'The ferry crossed at dawn.  Паром пересёк реку в 2024 году.\n渡轮在黎明时分穿过河流，船长写了信。\u3000αλφα ς 한국어 タワー 〇 e\u0301 ²³ 🚢🌊<|im_start|>user\n' >corpus/tokenize/seed-scripts
 rm -rf "$tmp"
 ls -la corpus/*

@@ -23,6 +23,7 @@ use std::collections::{BinaryHeap, HashMap};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
+use crate::char_class::Classes;
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use crate::gpt2_by_hand;
 use crate::token_bytes::{byte_chars, byte_level_byte};
@@ -52,8 +53,11 @@ struct Pre {
     newline_alternative: bool,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
     digits: bool,
-    /// GPT-2's pattern: pre-tokens of ASCII and Latin letters are cut by hand ([`gpt2_by_hand`]).
+    /// GPT-2's pattern: pre-tokens of characters of the Basic Multilingual Plane are cut by
+    /// hand ([`gpt2_by_hand`]).
     gpt2: bool,
+    /// The Unicode classes [`gpt2_by_hand`] and the digit split read.
+    classes: Classes,
 }
 
 /// The word cache as one encode reads it: one read lock for the whole text (yielded now and
@@ -106,7 +110,7 @@ fn byte_level(p: &Json, use_regex: bool) -> bool {
 fn pre_of(p: &Json) -> Option<Pre> {
     let plain = |pattern: &str, newline_alternative: bool, digits: bool| -> Option<Pre> {
         let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
-        Some(Pre { re, newline_alternative, digits, gpt2: pattern == GPT2_PATTERN })
+        Some(Pre { re, newline_alternative, digits, gpt2: pattern == GPT2_PATTERN, classes: Classes::get() })
     };
     if byte_level(p, true) {
         return plain(GPT2_PATTERN, false, false);
@@ -262,8 +266,7 @@ impl FastBpe {
             // `i` starts a character: `at` always does, and the scan stops at a lead byte first.
             let c = piece[i..].chars().next().expect("a character starts here");
             at = i + c.len_utf8();
-            // No character of U+00C0–U+017F is a number: Latin letters skip the table lookup.
-            if !gpt2_by_hand::LATIN.contains(&c) && c.is_numeric() {
+            if self.pre.classes.numeric(c) {
                 self.regex_piece(&piece[start..i], words, out);
                 self.regex_piece(&piece[i..at], words, out);
                 start = at;
@@ -277,7 +280,7 @@ impl FastBpe {
         let mut at = 0;
         while at < piece.len() {
             if self.pre.gpt2
-                && let Some(end) = gpt2_by_hand::next(piece.as_bytes(), at)
+                && let Some(end) = gpt2_by_hand::next(self.pre.classes, piece.as_bytes(), at)
             {
                 self.word(&piece.as_bytes()[at..end], words, out);
                 at = end;

@@ -1,6 +1,6 @@
-//! GPT-2's pre-tokenizer pattern decided by hand where the text is ASCII or Latin letters,
-//! for the fast BPE path ([`crate::fast_bpe`]); the regex decides wherever a pre-token
-//! touches other text.
+//! GPT-2's pre-tokenizer pattern decided by hand, for the fast BPE path
+//! ([`crate::fast_bpe`]); the regex decides wherever a pre-token touches a character this
+//! module does not classify.
 //!
 //! The pattern, `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`,
 //! matched leftmost-first from a pre-token's start, reads only forward from there. So a
@@ -9,30 +9,23 @@
 //!
 //! On ASCII: letters are `A–Z a–z`, numbers `0–9`, whitespace `\t \n \x0B \x0C \r` and space
 //! (Unicode's White_Space; `\x1C–\x1F` are not in it), and every other byte below `0x80` is
-//! neither. Beyond ASCII only the letters of Latin-1 and Latin Extended-A are classified
-//! ([`latin_letter`]: U+00C0–U+017F but `×` and `÷`, every one of them `\p{L}`), so that
-//! French, German, Spanish, Polish or Czech words run as fast as English ones. Any other
-//! character from `0x80` up (`ª` and `µ` are letters too, U+00A0 whitespace, `²` a number, a
-//! combining accent none of the three) is not: a pre-token that starts there, or that could
-//! run on into one, is left to the regex ([`next`] returns `None`).
+//! none of them. Every other character of the Basic Multilingual Plane is classified by
+//! [`char_class`]'s table, built from the regex's own Unicode tables: Latin, Cyrillic,
+//! Greek, Chinese or Korean words run as fast as English ones. A character of four UTF-8
+//! bytes (an emoji) is not: a pre-token that starts there, or that could run on into one, is
+//! left to the regex ([`next`] returns `None`).
 
-/// The classes of the pattern's alternatives, by byte.
-const OTHER: u8 = 0;
-const LETTER: u8 = 1;
-const DIGIT: u8 = 2;
-const SPACE: u8 = 3;
-/// Any byte from `0x80` up: not classified here.
-const WIDE: u8 = 4;
+use crate::char_class::{Classes, LETTER, NUMBER, OTHER, SPACE, UNKNOWN};
 
-const CLASS: [u8; 256] = {
-    let mut t = [OTHER; 256];
+/// The classes of the pattern's alternatives, by ASCII byte.
+const CLASS: [u8; 128] = {
+    let mut t = [OTHER; 128];
     let mut b = 0;
-    while b < 256 {
+    while b < 128 {
         t[b] = match b as u8 {
             b'A'..=b'Z' | b'a'..=b'z' => LETTER,
-            b'0'..=b'9' => DIGIT,
+            b'0'..=b'9' => NUMBER,
             b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => SPACE,
-            0x80..=0xFF => WIDE,
             _ => OTHER,
         };
         b += 1;
@@ -40,11 +33,17 @@ const CLASS: [u8; 256] = {
     t
 };
 
+/// The class of the character at `i` and its length in bytes; `None` at the end.
+#[inline(always)]
+fn class_at(cl: Classes, text: &[u8], i: usize) -> Option<(u8, usize)> {
+    let &b = text.get(i)?;
+    Some(if b < 0x80 { (CLASS[b as usize], 1) } else { cl.wide(text, i) })
+}
+
 /// The end of the pre-token that starts at `at` (`at < text.len()`), or `None` where the
 /// regex must decide it.
 #[inline]
-pub(crate) fn next(text: &[u8], at: usize) -> Option<usize> {
-    let class = |i: usize| text.get(i).map(|&b| CLASS[b as usize]);
+pub(crate) fn next(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
     let first = text[at];
     if first == b'\'' {
         let rest = &text[at + 1..];
@@ -59,40 +58,41 @@ pub(crate) fn next(text: &[u8], at: usize) -> Option<usize> {
     }
     // ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`: one optional space, then a run of one class.
     let body = if first == b' ' { at + 1 } else { at };
-    match class(body) {
-        Some(LETTER) => letters_end(text, body + 1),
-        Some(WIDE) if latin_letter(text, body) => letters_end(text, body + 2),
-        Some(c @ (DIGIT | OTHER)) => {
-            let mut end = body + 1;
-            while let Some(k) = class(end) {
-                if k != c {
-                    // A wide byte might carry the run on (`x—y`); a Latin letter ends it.
-                    return (k != WIDE || latin_letter(text, end)).then_some(end);
-                }
-                end += 1;
-            }
-            Some(end)
-        }
-        Some(WIDE) => None,
+    match class_at(cl, text, body) {
+        Some((LETTER, n)) => letters_end(cl, text, body + n),
+        Some((c @ (NUMBER | OTHER), n)) => run_end(cl, text, body + n, c),
+        Some((UNKNOWN, _)) => None,
         // Whitespace here, or a space before whitespace or the end: `\s+(?!\S)|\s+`.
-        _ => space_run(text, at),
+        _ => space_run(cl, text, at),
+    }
+}
+
+/// The end of a run of numbers or of others (`class`) that goes on from `end`, or `None`
+/// where a character this module does not classify might carry it on (`x—🚢`).
+fn run_end(cl: Classes, text: &[u8], mut end: usize, class: u8) -> Option<usize> {
+    loop {
+        match class_at(cl, text, end) {
+            Some((k, n)) if k == class => end += n,
+            Some((UNKNOWN, _)) => return None,
+            _ => return Some(end),
+        }
     }
 }
 
 /// `\s+(?!\S)|\s+` from `at`, where whitespace starts: the whole run where it ends the text;
 /// otherwise the run less its last character (which goes with what follows), or the one
 /// character of a run that short.
-fn space_run(text: &[u8], at: usize) -> Option<usize> {
-    let mut end = at + 1;
-    while let Some(&b) = text.get(end) {
-        match CLASS[b as usize] {
-            SPACE => end += 1,
-            // U+0085, U+00A0 … would carry the run on; a Latin letter ends it.
-            WIDE if !latin_letter(text, end) => return None,
-            _ => return Some(if end - at >= 2 { end - 1 } else { end }),
+fn space_run(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
+    // The run's end, the length of its last character, and how many it has.
+    let (mut end, mut last, mut count) = (at, 0, 0);
+    loop {
+        match class_at(cl, text, end) {
+            Some((SPACE, n)) => (end, last, count) = (end + n, n, count + 1),
+            Some((UNKNOWN, _)) => return None,
+            Some(_) => return Some(if count >= 2 { end - last } else { end }),
+            None => return Some(end),
         }
     }
-    Some(end)
 }
 
 /// Each byte's lowest bit, and its highest: for the scans below, eight bytes at a time.
@@ -109,35 +109,23 @@ fn bytes_within(low: u64, lo: u8, hi: u8) -> u64 {
     from & !past & HIGH
 }
 
-/// The characters of Latin-1 and Latin Extended-A: [`latin_letter`]'s, with `×` and `÷`
-/// (none of them a number or whitespace).
-pub(crate) const LATIN: std::ops::RangeInclusive<char> = '\u{c0}'..='\u{17f}';
-
-/// Whether a Latin-1 or Latin Extended-A letter starts at `i`: U+00C0–U+017F (lead byte
-/// `0xC3`, `0xC4` or `0xC5`) except `×` (U+00D7) and `÷` (U+00F7).
-#[inline]
-fn latin_letter(text: &[u8], i: usize) -> bool {
-    match text.get(i..i + 2) {
-        Some(&[0xC3, b]) => (0x80..0xC0).contains(&b) && b != 0x97 && b != 0xB7,
-        Some(&[0xC4 | 0xC5, b]) => (0x80..0xC0).contains(&b),
-        _ => false,
-    }
-}
-
 /// The end of the pre-token ` ?\p{L}+` whose letters go on from `at`, or `None` where a
 /// character this module does not classify might carry it on.
 #[inline]
-fn letters_end(text: &[u8], mut at: usize) -> Option<usize> {
+fn letters_end(cl: Classes, text: &[u8], mut at: usize) -> Option<usize> {
     loop {
         at = ascii_letters_end(text, at);
-        match text.get(at) {
-            Some(&b) if b >= 0x80 => {
-                if !latin_letter(text, at) {
-                    return None;
-                }
-                at += 2;
+        // Letters of other scripts, until ASCII letters again (or the end of the run).
+        loop {
+            match text.get(at) {
+                Some(&b) if b >= 0x80 => match cl.wide(text, at) {
+                    (LETTER, n) => at += n,
+                    (UNKNOWN, _) => return None,
+                    _ => return Some(at),
+                },
+                Some(&b) if CLASS[b as usize] == LETTER => break,
+                _ => return Some(at),
             }
-            _ => return Some(at),
         }
     }
 }
@@ -209,18 +197,19 @@ mod tests {
     }
 
     /// Mixed pieces: at every start this module decides, it must agree with the regex, and it
-    /// must decide every start of text that is all ASCII and Latin letters.
+    /// must decide every start of text without characters past the Basic Multilingual Plane.
     #[test]
     fn every_decided_piece_is_the_regexs() {
         let re = gpt2();
         let alphabet: &[&str] = &[
             "a", "Z", "s", "t", "r", "e", "v", "m", "l", "d", "'", "0", "7", " ", " ", "  ", "\t", "\n", "\r", "\x0b",
             "\x0c", "\x1c", "\x1f", "\x00", "\x7f", ".", "!", "-", "é", "À", "ÿ", "Ā", "ł", "ſ", "×", "÷", "ª", "µ",
-            "¿", "—", "\u{a0}", "\u{85}", "\u{3000}", "²", "東", "🚢", "\u{301}",
+            "¿", "—", "\u{a0}", "\u{85}", "\u{3000}", "\u{2028}", "\u{200b}", "²", "٣", "〇", "Ⅻ", "д", "Ж", "ё", "α",
+            "Ω", "ς", "ʹ", "東", "京", "한", "の", "ー", "，", "。", "\u{301}", "\u{483}", "\u{feff}", "🚢", "😀", "𝟙",
         ];
         // What this module classifies.
         fn known(s: &str) -> bool {
-            s.chars().all(|c| c.is_ascii() || (LATIN.contains(&c) && !"×÷".contains(c)))
+            s.chars().all(|c| c.len_utf8() < 4)
         }
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut rand = || {
@@ -232,7 +221,7 @@ mod tests {
         let mut decided = 0;
         for round in 0..20_000 {
             let len = 1 + (rand() % 14) as usize;
-            // A third of the texts ASCII only, a third ASCII and Latin letters, a third anything.
+            // A third of the texts ASCII only, a third without four-byte characters, a third anything.
             let only: fn(&str) -> bool = match round % 3 {
                 0 => str::is_ascii,
                 1 => known,
@@ -250,12 +239,12 @@ mod tests {
                 .collect();
             let pieces = by_regex(&re, &text);
             for &(start, end) in &pieces {
-                match next(text.as_bytes(), start) {
+                match next(Classes::get(), text.as_bytes(), start) {
                     Some(e) => {
                         assert_eq!(e, end, "{text:?} from {start}");
                         decided += 1;
                     }
-                    None => assert!(!known(&text), "{text:?} from {start}: ASCII and Latin letters left undecided"),
+                    None => assert!(!known(&text), "{text:?} from {start}: a character of the plane left undecided"),
                 }
             }
         }

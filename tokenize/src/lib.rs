@@ -15,6 +15,7 @@
 #[cfg(test)]
 mod bpe_fixtures;
 mod byte_decode;
+mod char_class;
 mod chat;
 mod detok;
 mod error;
