@@ -11,7 +11,8 @@
 //! turn, the cost of the cache on prompts it cannot help (unique 16 KB chats, every
 //! segment a miss), and completion prompts without special tokens whose first half is shared
 //! (reused through the cache's word cuts), also through a full cache (its eviction's tail);
-//! then prose with accented words, Russian and Chinese prose, and never-repeating words.
+//! then prose with accented words, Russian and Chinese prose (and Chinese completion prompts
+//! half shared), and never-repeating words.
 //! Every cached result is compared with HF's ids.
 //!
 //! `cargo bench -p ferry-router --bench tokenize`; needs SmolLM2 (`FERRY_SMOLLM2` or the
@@ -274,6 +275,28 @@ fn main() {
     println!("16 KB of Russian prose: HF p50 {hru:.0} us, Ferry p50 {fru:.0} us ({:.1}x)", hru / fru);
     let (hzh, fzh) = hf_and_fast(&plain, &scripts::chinese(&mut Rng(0xc4c4), n));
     println!("16 KB of Chinese prose: HF p50 {hzh:.0} us, Ferry p50 {fzh:.0} us ({:.1}x)", hzh / fzh);
+    // Chinese completion prompts: 16 KB shared, 16 KB new. Without spaces, only the head
+    // cache's cuts after full-width punctuation find the shared half.
+    let mut zh = scripts::chinese(&mut Rng(0xc4c5), n + 1);
+    let head = zh.pop().expect("a head");
+    let zh_cached = plain.clone().with_head_cache(64 << 20);
+    let (mut zp, mut zc) = (Vec::new(), Vec::new());
+    for (i, tail) in zh.iter().enumerate() {
+        let t = format!("{head}{tail}");
+        let want = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+        for second in [false, true] {
+            let s = Instant::now();
+            let (ids, into) =
+                if (i % 2 == 0) == second { (zh_cached.encode(&t), &mut zc) } else { (plain.encode(&t), &mut zp) };
+            into.push(s.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(ids.expect("encode"), want);
+        }
+    }
+    let (zp, zc) = (median(&mut zp), median(&mut zc));
+    println!(
+        "  Chinese completion prompts (32 KB, half shared): Ferry p50 {zp:.0} us, with the head cache {zc:.0} us ({:.2}x)",
+        zp / zc
+    );
     println!("16 KB of never-repeating random words: HF p50 {hr:.0} us, Ferry p50 {fr:.0} us ({:.1}x)", hr / fr);
     let (h, c, f) = (median(&mut hf_us), median(&mut cached_us), median(&mut fast_us));
     println!(

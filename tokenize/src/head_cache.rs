@@ -15,7 +15,8 @@
 //!
 //! Plain text has no such tokens (a `/v1/completions` prompt, a long document pasted into one
 //! message). For GPT-2's byte-level BPE the cache also cuts it between words, at a space after
-//! a printable character and before a letter, the first such place past every ~2 KiB
+//! a printable character and before a letter, or (in scripts written without spaces) after
+//! a punctuation mark past ASCII and before a letter, the first such place past every ~2 KiB
 //! ([`HeadCache::with_word_cuts`]): the same text before a cut gives the same cuts, so a shared
 //! head is found whatever follows it.
 //!
@@ -30,6 +31,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use parking_lot::Mutex;
 
 use crate::TokenizeError;
+use crate::char_class::{Classes, LETTER, OTHER};
 
 /// The parent of a conversation's first segment.
 const ROOT: u32 = u32::MAX;
@@ -93,6 +95,9 @@ pub struct HeadCache {
     held_segments: AtomicU64,
     /// Plain text is cut between words too ([`HeadCache::with_word_cuts`]).
     word_cuts: bool,
+    /// And after a punctuation mark past ASCII ([`wide_cut`]), where every added token is
+    /// ASCII.
+    wide_cuts: Option<Classes>,
 }
 
 /// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE: a space between a printable
@@ -106,9 +111,26 @@ fn word_cut(b: &[u8], p: usize) -> bool {
     p > 0 && p + 1 < b.len() && b[p] == b' ' && b[p + 1].is_ascii_alphabetic() && b[p - 1].is_ascii_graphic()
 }
 
-/// `ends` (each the end of a boundary token) with word cuts added between them and after the
-/// last: in each stretch, the first cut at or after every [`CUT_EVERY`] bytes from the last.
-fn with_cuts(text: &str, ends: &[usize]) -> Vec<usize> {
+/// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE in a script written without
+/// spaces (Chinese, Japanese): after a character past ASCII that is neither a letter, a
+/// number nor whitespace (`，`, `。`, `」`) and before a letter past ASCII. That mark can only
+/// be in a run of such marks (` ?[^\s\p{L}\p{N}]+`; it is no contraction, and no number for
+/// the `Digits` split either), which the letter ends; the next pre-token starts at `p` and
+/// reads only forward. No added token holds a character past ASCII
+/// ([`HeadCache::with_word_cuts`]), so none spans `p`.
+fn wide_cut(cl: Classes, b: &[u8], p: usize) -> bool {
+    if p == 0 || p >= b.len() || b[p - 1] < 0x80 || b[p] < 0xC0 {
+        return false;
+    }
+    // The start of the character that ends at `p` (at most three bytes back).
+    let Some(start) = (p.saturating_sub(3)..p).rev().find(|&i| b[i] >= 0xC0) else { return false };
+    cl.wide(b, start) == (OTHER, p - start) && cl.wide(b, p).0 == LETTER
+}
+
+/// `ends` (each the end of a boundary token) with word cuts (`cut`) added between them and
+/// after the last: in each stretch, the first cut at or after every [`CUT_EVERY`] bytes from
+/// the last.
+fn with_cuts(text: &str, ends: &[usize], cut: impl Fn(&[u8], usize) -> bool) -> Vec<usize> {
     let b = text.as_bytes();
     let mut all = Vec::with_capacity(ends.len() + text.len() / CUT_EVERY);
     let mut start = 0;
@@ -117,7 +139,7 @@ fn with_cuts(text: &str, ends: &[usize]) -> Vec<usize> {
     for (end, boundary) in stretches {
         let mut next = start + CUT_EVERY;
         while next < end {
-            let Some(p) = (next..end).find(|&p| word_cut(&b[..end], p)) else { break };
+            let Some(p) = (next..end).find(|&p| cut(&b[..end], p)) else { break };
             all.push(p);
             next = p + CUT_EVERY;
         }
@@ -210,15 +232,18 @@ impl HeadCache {
             held_bytes: AtomicU64::new(0),
             held_segments: AtomicU64::new(0),
             word_cuts: false,
+            wide_cuts: None,
         })
     }
 
     /// Cuts long stretches of plain text between words too, so that a shared head without
     /// special tokens (a completion's few-shot examples, a long document) is reused. Only for
-    /// a tokenizer that [`word_cut`] holds for — GPT-2's byte-level BPE, as the fast path
+    /// a tokenizer that [`word_cut`] and [`wide_cut`] hold for — GPT-2's byte-level BPE, as the fast path
     /// (`fast_bpe`) runs it — and whose added tokens hold no space; otherwise unchanged.
     pub(crate) fn with_word_cuts(mut self, tok: &tokenizers::Tokenizer) -> Self {
-        self.word_cuts = tok.get_added_tokens_decoder().values().all(|t| !t.content.contains(' '));
+        let added = tok.get_added_tokens_decoder();
+        self.word_cuts = added.values().all(|t| !t.content.contains(' '));
+        self.wide_cuts = (self.word_cuts && added.values().all(|t| t.content.is_ascii())).then(Classes::get);
         self
     }
 
@@ -241,8 +266,10 @@ impl HeadCache {
     ) -> Result<Vec<u32>, TokenizeError> {
         let raw = |s: &str| if s.is_empty() { Ok(Vec::new()) } else { tokenize(s) };
         let mut ends: Vec<usize> = self.boundaries.find_iter(text).map(|m| m.end()).collect();
-        if self.word_cuts {
-            ends = with_cuts(text, &ends);
+        if let Some(cl) = self.wide_cuts {
+            ends = with_cuts(text, &ends, |b, p| word_cut(b, p) || wide_cut(cl, b, p));
+        } else if self.word_cuts {
+            ends = with_cuts(text, &ends, word_cut);
         }
         if ends.is_empty() {
             let ids = raw(text)?;
@@ -594,6 +621,18 @@ mod tests {
             let missed = cache.stats().miss_tokens;
             assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), first);
             assert_eq!(cache.stats().miss_tokens, missed, "{name}: all of it from the cache");
+            // Chinese: no spaces, so only the cuts after its punctuation find the shared head.
+            let clauses = ["渡轮在黎明时分", "穿过河流", "船长写了一封长信", "东京", "海鸥在港口上空盘旋"];
+            let marks = ["，", "。", "、", "」"];
+            let head: String = (0..40).map(|i| format!("{}{}", clauses[i % 5], marks[i % 4])).collect();
+            let before = cache.stats();
+            for tail in ["乘客问了许多问题", "12 and more", "票价上涨了"] {
+                let t = format!("{head}{tail}");
+                let want = tok.encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+                assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), want, "{name}: {t:?}");
+            }
+            let after = cache.stats();
+            assert!(after.hit_tokens - before.hit_tokens > after.miss_tokens - before.miss_tokens, "{name}: {after:?}");
         }
     }
 }
