@@ -79,7 +79,8 @@ impl Classes {
     }
 
     /// The class of the character that starts at `i` (from its lead byte, `text[i] >= 0x80`)
-    /// and its length in bytes; [`UNKNOWN`] past the plane or where no whole character starts.
+    /// and its length in bytes; [`UNKNOWN`] past the plane or where the text ends too soon.
+    /// `text` must be UTF-8 (a `str`'s bytes): the continuation bytes are not checked.
     #[inline(always)]
     pub(crate) fn wide(self, text: &[u8], i: usize) -> (u8, usize) {
         let cont = |k: usize| text.get(i + k).map(|&b| (b & 0x3F) as u32);
@@ -134,7 +135,12 @@ mod tests {
                 assert_eq!(t.wide(s.as_bytes(), 0), (want, s.len()), "{c:?}");
             }
         }
+        // A speed check, not one of correctness: where they disagree, `numeric` asks std.
         assert!(TABLE.numeric_agrees, "std and regex-syntax disagree on a number: the slow path is taken");
+        // `gpt2_by_hand` ends a run of whitespace at a four-byte character unread.
+        let hir = regex_syntax::parse(r"\s").expect("class");
+        let HirKind::Class(Class::Unicode(space)) = hir.kind() else { panic!("not a class") };
+        assert!(space.ranges().iter().all(|r| (r.end() as u32) < 0x1_0000), "whitespace past the plane");
         assert!(seen.iter().all(|&k| k > 20), "{seen:?}");
         for c in ['🚢', '\u{1F600}', '𝟙'] {
             assert_eq!(t.wide(c.encode_utf8(&mut buf).as_bytes(), 0).0, UNKNOWN, "{c:?}");

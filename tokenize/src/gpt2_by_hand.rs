@@ -10,10 +10,10 @@
 //! On ASCII: letters are `A–Z a–z`, numbers `0–9`, whitespace `\t \n \x0B \x0C \r` and space
 //! (Unicode's White_Space; `\x1C–\x1F` are not in it), and every other byte below `0x80` is
 //! none of them. Every other character of the Basic Multilingual Plane is classified by
-//! [`char_class`]'s table, built from the regex's own Unicode tables: Latin, Cyrillic,
+//! [`crate::char_class`]'s table, built from the regex's own Unicode tables: Latin, Cyrillic,
 //! Greek, Chinese or Korean words run as fast as English ones. A character of four UTF-8
-//! bytes (an emoji) is not: a pre-token that starts there, or that could run on into one, is
-//! left to the regex ([`next`] returns `None`).
+//! bytes (an emoji) is not: a pre-token of letters, numbers or others that starts there, or
+//! that could run on into one, is left to the regex ([`next`] returns `None`).
 
 use crate::char_class::{Classes, LETTER, NUMBER, OTHER, SPACE, UNKNOWN};
 
@@ -88,7 +88,8 @@ fn space_run(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
     loop {
         match class_at(cl, text, end) {
             Some((SPACE, n)) => (end, last, count) = (end + n, n, count + 1),
-            Some((UNKNOWN, _)) => return None,
+            // No whitespace lies past the plane (`char_class`'s test checks): a four-byte
+            // character (`\n🚢`) ends the run like any other.
             Some(_) => return Some(if count >= 2 { end - last } else { end }),
             None => return Some(end),
         }

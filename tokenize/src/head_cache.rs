@@ -16,7 +16,8 @@
 //! Plain text has no such tokens (a `/v1/completions` prompt, a long document pasted into one
 //! message). For GPT-2's byte-level BPE the cache also cuts it between words, at a space after
 //! a printable character and before a letter, or (in scripts written without spaces) after
-//! a punctuation mark past ASCII and before a letter, the first such place past every ~2 KiB
+//! a punctuation mark or other non-letter past ASCII and before a letter past ASCII, the first
+//! such place past every ~2 KiB
 //! ([`HeadCache::with_word_cuts`]): the same text before a cut gives the same cuts, so a shared
 //! head is found whatever follows it.
 //!
@@ -95,8 +96,7 @@ pub struct HeadCache {
     held_segments: AtomicU64,
     /// Plain text is cut between words too ([`HeadCache::with_word_cuts`]).
     word_cuts: bool,
-    /// And after a punctuation mark past ASCII ([`wide_cut`]), where every added token is
-    /// ASCII.
+    /// And after a non-letter past ASCII ([`wide_cut`]), where every added token is ASCII.
     wide_cuts: Option<Classes>,
 }
 
@@ -113,7 +113,9 @@ fn word_cut(b: &[u8], p: usize) -> bool {
 
 /// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE in a script written without
 /// spaces (Chinese, Japanese): after a character past ASCII that is neither a letter, a
-/// number nor whitespace (`，`, `。`, `」`) and before a letter past ASCII. That mark can only
+/// number nor whitespace (punctuation such as `，`, `。`, `」`, a symbol, a combining mark:
+/// Hindi or Thai may be cut inside a word, which is as exact) and before a letter past ASCII
+/// (both of the Basic Multilingual Plane). That mark can only
 /// be in a run of such marks (` ?[^\s\p{L}\p{N}]+`; it is no contraction, and no number for
 /// the `Digits` split either), which the letter ends; the next pre-token starts at `p` and
 /// reads only forward. No added token holds a character past ASCII
@@ -238,8 +240,9 @@ impl HeadCache {
 
     /// Cuts long stretches of plain text between words too, so that a shared head without
     /// special tokens (a completion's few-shot examples, a long document) is reused. Only for
-    /// a tokenizer that [`word_cut`] and [`wide_cut`] hold for — GPT-2's byte-level BPE, as the fast path
-    /// (`fast_bpe`) runs it — and whose added tokens hold no space; otherwise unchanged.
+    /// a tokenizer that [`word_cut`] holds for — GPT-2's byte-level BPE, as the fast path
+    /// (`fast_bpe`) runs it — and whose added tokens hold no space; otherwise unchanged. The
+    /// cuts of [`wide_cut`] too where every added token is ASCII.
     pub(crate) fn with_word_cuts(mut self, tok: &tokenizers::Tokenizer) -> Self {
         let added = tok.get_added_tokens_decoder();
         self.word_cuts = added.values().all(|t| !t.content.contains(' '));
@@ -583,6 +586,32 @@ mod tests {
             .collect();
         assert_eq!(t.leaves, want);
         assert!(want.len() > 10 && t.nodes.iter().any(|n| !n.alive), "evicted some, kept some");
+    }
+
+    /// Where `wide_cut` cuts, and where not; and not at all beside an added token past ASCII.
+    #[test]
+    fn wide_cuts_fall_after_a_mark_and_before_a_letter() {
+        let cl = Classes::get();
+        let cuts = |t: &str| (0..=t.len()).filter(|&p| wide_cut(cl, t.as_bytes(), p)).collect::<Vec<_>>();
+        // After `，` `。` `」` `→` or a combining mark, before 東 ё λ ま.
+        assert_eq!(cuts("東京，東京"), [9]);
+        assert_eq!(cuts("a。ёb」λ→ま"), [4, 10, 15]);
+        assert_eq!(cuts("क\u{94d}ष"), [6], "a virama is no letter");
+        // Not after a letter, a number, whitespace or ASCII; not before ASCII, a number, an
+        // emoji or a four-byte letter; not at either end.
+        assert!(
+            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，").is_empty(),
+            "{:?}",
+            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，")
+        );
+        assert!(cuts("，").is_empty() && cuts("").is_empty());
+        let plain = crate::bpe_fixtures::tokenizer(crate::bpe_fixtures::byte_level_json(true), false);
+        let cache = HeadCache::new(&plain, 1 << 20).expect("cache").with_word_cuts(&plain);
+        assert!(cache.wide_cuts.is_some());
+        let mut wide = plain.clone();
+        wide.add_special_tokens(&[tokenizers::AddedToken::from("<|東|>", true)]);
+        let cache = HeadCache::new(&wide, 1 << 20).expect("cache").with_word_cuts(&wide);
+        assert!(cache.word_cuts && cache.wide_cuts.is_none(), "an added token past ASCII turns the wide cuts off");
     }
 
     /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
