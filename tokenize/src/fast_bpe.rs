@@ -11,7 +11,9 @@
 //!    patterns match at every character, so no reverse scan is needed to find a start). The
 //!    patterns' one look-around, `\s+(?!\S)`, is dropped and restored by hand: a run of
 //!    whitespace matched by the plain `\s+` that more text follows gives up its last
-//!    character, which is exactly what the backtracking `\s+(?!\S)` matches first;
+//!    character, which is exactly what the backtracking `\s+(?!\S)` matches first. GPT-2's,
+//!    Llama 3's and Qwen2's patterns are decided by hand instead ([`gpt2_by_hand`],
+//!    [`llama3_by_hand`]) wherever no character of four UTF-8 bytes is near;
 //! 3. each pre-token's bytes are merged lowest rank first, leftmost among equals — HF's
 //!    `Word::merge_all` — and remembered (a bounded cache of words).
 //!
@@ -26,6 +28,7 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use crate::char_class::Classes;
 use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 use crate::gpt2_by_hand;
+use crate::llama3_by_hand;
 use crate::token_bytes::{byte_chars, byte_level_byte};
 use crate::word_cache::WordCache;
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -56,7 +59,10 @@ struct Pre {
     /// GPT-2's pattern: pre-tokens of characters of the Basic Multilingual Plane are cut by
     /// hand ([`gpt2_by_hand`]).
     gpt2: bool,
-    /// The Unicode classes [`gpt2_by_hand`] and the digit split read.
+    /// Llama 3's or Qwen2's pattern, with the most numbers a pre-token holds (3 or 1): cut by
+    /// hand ([`llama3_by_hand`]) as GPT-2's is.
+    llama_numbers: Option<usize>,
+    /// The Unicode classes the patterns cut by hand and the digit split read.
     classes: Classes,
 }
 
@@ -110,7 +116,19 @@ fn byte_level(p: &Json, use_regex: bool) -> bool {
 fn pre_of(p: &Json) -> Option<Pre> {
     let plain = |pattern: &str, newline_alternative: bool, digits: bool| -> Option<Pre> {
         let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
-        Some(Pre { re, newline_alternative, digits, gpt2: pattern == GPT2_PATTERN, classes: Classes::get() })
+        let llama_numbers = match pattern {
+            LLAMA3_PATTERN => Some(3),
+            QWEN2_PATTERN => Some(1),
+            _ => None,
+        };
+        Some(Pre {
+            re,
+            newline_alternative,
+            digits,
+            gpt2: pattern == GPT2_PATTERN,
+            llama_numbers,
+            classes: Classes::get(),
+        })
     };
     if byte_level(p, true) {
         return plain(GPT2_PATTERN, false, false);
@@ -279,9 +297,12 @@ impl FastBpe {
         use regex_automata::{Anchored, Input};
         let mut at = 0;
         while at < piece.len() {
-            if self.pre.gpt2
-                && let Some(end) = gpt2_by_hand::next(self.pre.classes, piece.as_bytes(), at)
-            {
+            let by_hand = match self.pre.llama_numbers {
+                _ if self.pre.gpt2 => gpt2_by_hand::next(self.pre.classes, piece.as_bytes(), at),
+                Some(numbers) => llama3_by_hand::next(self.pre.classes, piece.as_bytes(), at, numbers),
+                None => None,
+            };
+            if let Some(end) = by_hand {
                 self.word(&piece.as_bytes()[at..end], words, out);
                 at = end;
                 continue;

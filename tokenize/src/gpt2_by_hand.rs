@@ -35,7 +35,7 @@ const CLASS: [u8; 128] = {
 
 /// The class of the character at `i` and its length in bytes; `None` at the end.
 #[inline(always)]
-fn class_at(cl: Classes, text: &[u8], i: usize) -> Option<(u8, usize)> {
+pub(crate) fn class_at(cl: Classes, text: &[u8], i: usize) -> Option<(u8, usize)> {
     let &b = text.get(i)?;
     Some(if b < 0x80 { (CLASS[b as usize], 1) } else { cl.wide(text, i) })
 }
@@ -69,7 +69,7 @@ pub(crate) fn next(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
 
 /// The end of a run of numbers or of others (`class`) that goes on from `end`, or `None`
 /// where a character this module does not classify might carry it on (`x—🚢`).
-fn run_end(cl: Classes, text: &[u8], mut end: usize, class: u8) -> Option<usize> {
+pub(crate) fn run_end(cl: Classes, text: &[u8], mut end: usize, class: u8) -> Option<usize> {
     loop {
         match class_at(cl, text, end) {
             Some((k, n)) if k == class => end += n,
@@ -113,7 +113,7 @@ fn bytes_within(low: u64, lo: u8, hi: u8) -> u64 {
 /// The end of the pre-token ` ?\p{L}+` whose letters go on from `at`, or `None` where a
 /// character this module does not classify might carry it on.
 #[inline]
-fn letters_end(cl: Classes, text: &[u8], mut at: usize) -> Option<usize> {
+pub(crate) fn letters_end(cl: Classes, text: &[u8], mut at: usize) -> Option<usize> {
     loop {
         at = ascii_letters_end(text, at);
         // Letters of other scripts, until ASCII letters again (or the end of the run).

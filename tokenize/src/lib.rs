@@ -25,6 +25,7 @@ mod gguf_vocab;
 pub mod gguf_write;
 mod gpt2_by_hand;
 mod head_cache;
+mod llama3_by_hand;
 mod request;
 mod served;
 mod token_bytes;

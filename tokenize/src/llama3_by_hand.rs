@@ -1,0 +1,184 @@
+//! Llama 3's and Qwen2's pre-tokenizer patterns decided by hand, for the fast BPE path
+//! ([`crate::fast_bpe`]), as [`crate::gpt2_by_hand`] decides GPT-2's; the regex decides
+//! wherever a pre-token touches a character of four UTF-8 bytes (an emoji), or a contraction
+//! might hold one (`'ſ`: `ſ` folds to `s`).
+//!
+//! The patterns, matched leftmost-first from a pre-token's start (they differ only in how
+//! many numbers a pre-token holds, `{1,3}` or one):
+//! `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`.
+//! By alternative, at a character `c` followed by `d`:
+//! 1. `'` and a contraction, in either case;
+//! 2. a letter, or `c` neither a line break, a letter nor a number with `d` a letter: then a
+//!    run of letters;
+//! 3. a number: up to the most numbers a pre-token holds;
+//! 4. `c` other (neither whitespace, letter nor number), or a space with `d` other: a run of
+//!    others, then any line breaks (`\r`, `\n`) after it;
+//! 5. whitespace that holds a line break: the run up to its last line break;
+//! 6. and 7. whitespace without one: the run, but its last character where more text
+//!    follows and the run has two or more (`\s+(?!\S)`), else the run.
+
+use crate::char_class::{Classes, LETTER, NUMBER, OTHER, SPACE, UNKNOWN};
+use crate::gpt2_by_hand::{class_at, letters_end, run_end};
+
+/// The end of the pre-token that starts at `at` (`at < text.len()`), with at most `numbers`
+/// numbers in a pre-token, or `None` where the regex must decide it.
+#[inline]
+pub(crate) fn next(cl: Classes, text: &[u8], at: usize, numbers: usize) -> Option<usize> {
+    if text[at] == b'\'' {
+        match &text[at + 1..] {
+            [b's' | b'S' | b't' | b'T' | b'm' | b'M' | b'd' | b'D', ..] => return Some(at + 2),
+            [b'r' | b'R' | b'v' | b'V', b'e' | b'E', ..] | [b'l' | b'L', b'l' | b'L', ..] => return Some(at + 3),
+            // `ſ` (U+017F) folds to `s`.
+            [0xC5, 0xBF, ..] => return None,
+            _ => {}
+        }
+    }
+    let (c, n) = class_at(cl, text, at)?;
+    match c {
+        LETTER => letters_end(cl, text, at + n),
+        NUMBER => {
+            let (mut end, mut count) = (at + n, 1);
+            while count < numbers {
+                match class_at(cl, text, end) {
+                    Some((NUMBER, k)) => (end, count) = (end + k, count + 1),
+                    Some((UNKNOWN, _)) => return None,
+                    _ => break,
+                }
+            }
+            Some(end)
+        }
+        UNKNOWN => None,
+        _ => {
+            let line_break = matches!(text[at], b'\r' | b'\n');
+            let d = class_at(cl, text, at + n);
+            if !line_break {
+                match d {
+                    Some((LETTER, k)) => return letters_end(cl, text, at + n + k),
+                    Some((UNKNOWN, _)) => return None,
+                    _ => {}
+                }
+            }
+            let others = if c == OTHER {
+                Some(at)
+            } else if text[at] == b' ' {
+                match d {
+                    Some((OTHER, _)) => Some(at + 1),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            if let Some(start) = others {
+                let end = run_end(cl, text, start, OTHER)?;
+                return Some(end + text[end..].iter().take_while(|&&b| b == b'\r' || b == b'\n').count());
+            }
+            debug_assert_eq!(c, SPACE);
+            whitespace(cl, text, at)
+        }
+    }
+}
+
+/// Alternatives 5 to 7 from `at`, where whitespace starts that alternatives 2 and 4 did not
+/// take.
+fn whitespace(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
+    // The run's end, the length of its last character, how many it has, and the end of its
+    // last line break.
+    let (mut end, mut last, mut count, mut broken) = (at, 0, 0, None);
+    // No whitespace lies past the plane: a four-byte character ends the run like any other.
+    while let Some((SPACE, n)) = class_at(cl, text, end) {
+        if matches!(text[end], b'\r' | b'\n') {
+            broken = Some(end + 1);
+        }
+        (end, last, count) = (end + n, n, count + 1);
+    }
+    Some(match broken {
+        Some(b) => b,
+        None if end == text.len() || count < 2 => end,
+        None => end - last,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
+
+    /// The regex's pieces of `text` as `fast_bpe` finds them (anchored matches, the
+    /// look-around restored by hand where the earlier `\s*[\r\n]+` did not take the run).
+    fn by_regex(re: &regex_automata::meta::Regex, text: &str) -> Vec<(usize, usize)> {
+        use regex_automata::{Anchored, Input};
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < text.len() {
+            let m = re.search(&Input::new(text).range(at..).anchored(Anchored::Yes)).expect("matches everywhere");
+            let mut end = m.end();
+            let s = &text[at..end];
+            if end < text.len()
+                && s.chars().all(char::is_whitespace)
+                && !s.contains(['\r', '\n'])
+                && let Some((last, _)) = s.char_indices().next_back()
+                && last > 0
+            {
+                end = at + last;
+            }
+            out.push((at, end));
+            at = end;
+        }
+        out
+    }
+
+    /// Mixed pieces: at every start this module decides, it must agree with the regex, and it
+    /// must decide every start of a text without characters past the plane or `ſ`.
+    #[test]
+    fn every_decided_piece_is_the_regexs() {
+        let alphabet: &[&str] = &[
+            "a", "Z", "s", "S", "t", "T", "r", "R", "e", "E", "v", "m", "M", "l", "L", "d", "D", "'", "'", "0", "7",
+            " ", " ", "  ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x00", ".", "!", "-", "é", "ſ", "K",
+            "×", "ª", "¿", "—", "\u{a0}", "\u{85}", "\u{3000}", "\u{2028}", "\u{200b}", "²", "٣", "〇", "д", "Ё", "α",
+            "東", "，", "。", "\u{301}", "🚢", "😀", "𝟙", "𠀀",
+        ];
+        fn known(s: &str) -> bool {
+            s.chars().all(|c| c.len_utf8() < 4 && c != 'ſ')
+        }
+        let cl = Classes::get();
+        for (pattern, numbers) in [(LLAMA3_PATTERN, 3), (QWEN2_PATTERN, 1)] {
+            let re = regex_automata::meta::Regex::new(&pattern.replace(r"\s+(?!\S)|", "")).expect("pattern");
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let mut rand = || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let mut decided = 0;
+            for round in 0..30_000 {
+                let len = 1 + (rand() % 14) as usize;
+                let only: fn(&str) -> bool = match round % 3 {
+                    0 => str::is_ascii,
+                    1 => known,
+                    _ => |_| true,
+                };
+                let text: String = (0..len)
+                    .map(|_| {
+                        loop {
+                            let s = alphabet[(rand() % alphabet.len() as u64) as usize];
+                            if only(s) {
+                                break s;
+                            }
+                        }
+                    })
+                    .collect();
+                for (start, end) in by_regex(&re, &text) {
+                    match next(cl, text.as_bytes(), start, numbers) {
+                        Some(e) => {
+                            assert_eq!(e, end, "{numbers}: {text:?} from {start}");
+                            decided += 1;
+                        }
+                        None => assert!(!known(&text), "{numbers}: {text:?} from {start} left undecided"),
+                    }
+                }
+            }
+            assert!(decided > 80_000, "only {decided} pieces decided");
+        }
+    }
+}
