@@ -104,6 +104,24 @@ fn hf_and_fast(tok: &Tokenizer, texts: &[String]) -> (f64, f64) {
     (median(&mut hf), median(&mut fast))
 }
 
+/// Medians of encoding each of `texts` without and with a fresh head cache of 64 MiB, the two
+/// in turns (which goes first alternates); every result compared with HF's ids.
+fn without_and_with_cache(plain: &Tokenizer, texts: &[String]) -> (f64, f64) {
+    let cached = plain.clone().with_head_cache(64 << 20);
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for (i, t) in texts.iter().enumerate() {
+        let want = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
+        for second in [false, true] {
+            let s = Instant::now();
+            let (ids, into) =
+                if (i % 2 == 0) == second { (cached.encode(t), &mut with) } else { (plain.encode(t), &mut without) };
+            into.push(s.elapsed().as_secs_f64() * 1e6);
+            assert_eq!(ids.expect("encode"), want);
+        }
+    }
+    (median(&mut without), median(&mut with))
+}
+
 fn main() {
     let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
     let path = model_path();
@@ -225,22 +243,7 @@ fn main() {
     let head = sentence(&mut rng, 1_600);
     let prompts: Vec<String> =
         (0..if quick { 20 } else { 200 }).map(|i| format!("{head} {i} {}", sentence(&mut rng, 1_600))).collect();
-    let (mut plain_us, mut reuse_us) = (Vec::new(), Vec::new());
-    let cached = plain.clone().with_head_cache(64 << 20);
-    for (i, t) in prompts.iter().enumerate() {
-        let want = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
-        for second in [false, true] {
-            let s = Instant::now();
-            let (ids, into) = if (i % 2 == 0) == second {
-                (cached.encode(t), &mut reuse_us)
-            } else {
-                (plain.encode(t), &mut plain_us)
-            };
-            into.push(s.elapsed().as_secs_f64() * 1e6);
-            assert_eq!(ids.expect("encode"), want);
-        }
-    }
-    let (pl, re) = (median(&mut plain_us), median(&mut reuse_us));
+    let (pl, re) = without_and_with_cache(&plain, &prompts);
     let tokens = plain.encode(&prompts[0]).expect("encode").len();
     println!(
         "completion prompts (~{tokens} tokens, half shared, no special tokens): Ferry p50 {pl:.0} us, with the head cache {re:.0} us ({:.2}x)",
@@ -280,20 +283,8 @@ fn main() {
     // cache's cuts after full-width punctuation find the shared half.
     let mut zh = scripts::chinese(&mut Rng(0xc4c5), n + 1);
     let head = zh.pop().expect("a head");
-    let zh_cached = plain.clone().with_head_cache(64 << 20);
-    let (mut zp, mut zc) = (Vec::new(), Vec::new());
-    for (i, tail) in zh.iter().enumerate() {
-        let t = format!("{head}{tail}");
-        let want = plain.hf().encode(t.as_str(), false).expect("encode").get_ids().to_vec();
-        for second in [false, true] {
-            let s = Instant::now();
-            let (ids, into) =
-                if (i % 2 == 0) == second { (zh_cached.encode(&t), &mut zc) } else { (plain.encode(&t), &mut zp) };
-            into.push(s.elapsed().as_secs_f64() * 1e6);
-            assert_eq!(ids.expect("encode"), want);
-        }
-    }
-    let (zp, zc) = (median(&mut zp), median(&mut zc));
+    let zh: Vec<String> = zh.iter().map(|tail| format!("{head}{tail}")).collect();
+    let (zp, zc) = without_and_with_cache(&plain, &zh);
     println!(
         "  Chinese completion prompts (32 KB, half shared): Ferry p50 {zp:.0} us, with the head cache {zc:.0} us ({:.2}x)",
         zp / zc
@@ -311,6 +302,11 @@ fn main() {
         assert!(tok.is_fast(), "{pre}: {:?}", tok.why_not_fast());
         let (hp, fp) = hf_and_fast(&tok, &prose);
         println!("  the same under {pre}'s pre-tokenizer: HF p50 {hp:.0} us, Ferry p50 {fp:.0} us ({:.1}x)", hp / fp);
+        let (pl, re) = without_and_with_cache(&tok, &prompts);
+        println!(
+            "    and the completion prompts: Ferry p50 {pl:.0} us, with the head cache {re:.0} us ({:.2}x)",
+            pl / re
+        );
     }
     println!("16 KB of never-repeating random words: HF p50 {hr:.0} us, Ferry p50 {fr:.0} us ({:.1}x)", hr / fr);
     let (h, c, f) = (median(&mut hf_us), median(&mut cached_us), median(&mut fast_us));

@@ -248,6 +248,12 @@ impl FastBpe {
         self.pre.gpt2
     }
 
+    /// Whether the pre-tokenizer is Llama 3's or Qwen2's pattern: the head cache may then cut
+    /// plain text at a space before a word (`head_cache::word_cut`), not after a mark.
+    pub(crate) fn llama(&self) -> bool {
+        self.pre.llama_numbers.is_some()
+    }
+
     /// The ids of `text`, as HF's `encode(text, false)` gives them.
     pub(crate) fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
