@@ -47,22 +47,36 @@ const MAX_CACHED_WORD: usize = 256;
 /// Words looked up between chances for a waiting writer to take the cache.
 const LOOKUPS_PER_YIELD: u32 = 256;
 
+/// The pre-tokenizer patterns the fast path accepts, each also cut by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pattern {
+    /// GPT-2's ([`gpt2_by_hand`]).
+    Gpt2,
+    /// Llama 3's: up to three numbers a pre-token ([`llama3_by_hand`]).
+    Llama3,
+    /// Qwen2's: one number a pre-token ([`llama3_by_hand`]).
+    Qwen2,
+}
+
+impl Pattern {
+    fn regex(self) -> &'static str {
+        match self {
+            Pattern::Gpt2 => GPT2_PATTERN,
+            Pattern::Llama3 => LLAMA3_PATTERN,
+            Pattern::Qwen2 => QWEN2_PATTERN,
+        }
+    }
+}
+
 /// How pieces are cut before BPE.
 #[derive(Debug)]
 struct Pre {
-    /// The pattern without its look-around.
+    /// The pattern without its look-around: where the hand leaves a pre-token to it.
     re: regex_automata::meta::Regex,
-    /// Whether an earlier alternative (`\s*[\r\n]+`) takes whitespace that holds a line break.
-    newline_alternative: bool,
+    pattern: Pattern,
     /// Digits are cut one by one first (SmolLM2's `Digits { individual_digits }`).
     digits: bool,
-    /// GPT-2's pattern: pre-tokens of characters of the Basic Multilingual Plane are cut by
-    /// hand ([`gpt2_by_hand`]).
-    gpt2: bool,
-    /// Llama 3's or Qwen2's pattern, with the most numbers a pre-token holds (3 or 1): cut by
-    /// hand ([`llama3_by_hand`]) as GPT-2's is.
-    llama_numbers: Option<usize>,
-    /// The Unicode classes the patterns cut by hand and the digit split read.
+    /// The Unicode classes the hand and the digit split read.
     classes: Classes,
 }
 
@@ -114,29 +128,17 @@ fn byte_level(p: &Json, use_regex: bool) -> bool {
 }
 
 fn pre_of(p: &Json) -> Option<Pre> {
-    let plain = |pattern: &str, newline_alternative: bool, digits: bool| -> Option<Pre> {
-        let re = regex_automata::meta::Regex::new(&pattern.replace(LOOKAHEAD, "")).ok()?;
-        let llama_numbers = match pattern {
-            LLAMA3_PATTERN => Some(3),
-            QWEN2_PATTERN => Some(1),
-            _ => None,
-        };
-        Some(Pre {
-            re,
-            newline_alternative,
-            digits,
-            gpt2: pattern == GPT2_PATTERN,
-            llama_numbers,
-            classes: Classes::get(),
-        })
+    let plain = |pattern: Pattern, digits: bool| -> Option<Pre> {
+        let re = regex_automata::meta::Regex::new(&pattern.regex().replace(LOOKAHEAD, "")).ok()?;
+        Some(Pre { re, pattern, digits, classes: Classes::get() })
     };
     if byte_level(p, true) {
-        return plain(GPT2_PATTERN, false, false);
+        return plain(Pattern::Gpt2, false);
     }
     let list = p["pretokenizers"].as_array().filter(|_| p["type"] == "Sequence")?;
     match list.as_slice() {
         [d, b] if d["type"] == "Digits" && d["individual_digits"] == true && byte_level(b, true) => {
-            plain(GPT2_PATTERN, false, true)
+            plain(Pattern::Gpt2, true)
         }
         [s, b] if s["type"] == "Split" && byte_level(b, false) => {
             let ok = s["behavior"] == "Isolated" && s["invert"] != true;
@@ -144,7 +146,8 @@ fn pre_of(p: &Json) -> Option<Pre> {
             // character, never matches empty, and takes whitespace holding a line break with
             // its earlier `\s*[\r\n]+`).
             match s["pattern"]["Regex"].as_str().filter(|_| ok)? {
-                p @ (LLAMA3_PATTERN | QWEN2_PATTERN) => plain(p, true, false),
+                LLAMA3_PATTERN => plain(Pattern::Llama3, false),
+                QWEN2_PATTERN => plain(Pattern::Qwen2, false),
                 _ => None,
             }
         }
@@ -245,13 +248,13 @@ impl FastBpe {
     /// Whether the pre-tokenizer is GPT-2's pattern (with or without digits cut first): the
     /// head cache may then cut plain text between words (`head_cache::word_cut`).
     pub(crate) fn gpt2(&self) -> bool {
-        self.pre.gpt2
+        self.pre.pattern == Pattern::Gpt2
     }
 
     /// Whether the pre-tokenizer is Llama 3's or Qwen2's pattern: the head cache may then cut
     /// plain text at a space before a word (`head_cache::word_cut`), not after a mark.
     pub(crate) fn llama(&self) -> bool {
-        self.pre.llama_numbers.is_some()
+        matches!(self.pre.pattern, Pattern::Llama3 | Pattern::Qwen2)
     }
 
     /// The ids of `text`, as HF's `encode(text, false)` gives them.
@@ -303,10 +306,11 @@ impl FastBpe {
         use regex_automata::{Anchored, Input};
         let mut at = 0;
         while at < piece.len() {
-            let by_hand = match self.pre.llama_numbers {
-                _ if self.pre.gpt2 => gpt2_by_hand::next(self.pre.classes, piece.as_bytes(), at),
-                Some(numbers) => llama3_by_hand::next(self.pre.classes, piece.as_bytes(), at, numbers),
-                None => None,
+            let (cl, text) = (self.pre.classes, piece.as_bytes());
+            let by_hand = match self.pre.pattern {
+                Pattern::Gpt2 => gpt2_by_hand::next(cl, text, at),
+                Pattern::Llama3 => llama3_by_hand::next(cl, text, at, 3),
+                Pattern::Qwen2 => llama3_by_hand::next(cl, text, at, 1),
             };
             if let Some(end) = by_hand {
                 self.word(&piece.as_bytes()[at..end], words, out);
@@ -336,7 +340,8 @@ impl FastBpe {
             let s = &piece[start..end];
             if end < piece.len()
                 && s.chars().all(char::is_whitespace)
-                && !(self.pre.newline_alternative && s.contains(['\r', '\n']))
+                // Llama 3's and Qwen2's earlier `\s*[\r\n]+` takes whitespace with a line break.
+                && !(self.pre.pattern != Pattern::Gpt2 && s.contains(['\r', '\n']))
                 && let Some((last, _)) = s.char_indices().next_back()
                 && last > 0
             {
