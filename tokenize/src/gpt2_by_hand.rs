@@ -169,29 +169,6 @@ pub(crate) fn next_digit_or_wide(text: &[u8], mut at: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// The regex's pieces of `text` (anchored matches, the look-around restored as
-    /// `fast_bpe` does), for comparison.
-    fn by_regex(re: &regex_automata::meta::Regex, text: &str) -> Vec<(usize, usize)> {
-        use regex_automata::{Anchored, Input};
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < text.len() {
-            let m = re.search(&Input::new(text).range(at..).anchored(Anchored::Yes)).expect("matches everywhere");
-            let mut end = m.end();
-            let s = &text[at..end];
-            if end < text.len()
-                && s.chars().all(char::is_whitespace)
-                && let Some((last, _)) = s.char_indices().next_back()
-                && last > 0
-            {
-                end = at + last;
-            }
-            out.push((at, end));
-            at = end;
-        }
-        out
-    }
-
     fn gpt2() -> regex_automata::meta::Regex {
         let pattern = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
         regex_automata::meta::Regex::new(pattern).expect("pattern")
@@ -212,43 +189,9 @@ mod tests {
         fn known(s: &str) -> bool {
             s.chars().all(|c| c.len_utf8() < 4)
         }
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rand = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        let mut decided = 0;
-        for round in 0..20_000 {
-            let len = 1 + (rand() % 14) as usize;
-            // A third of the texts ASCII only, a third without four-byte characters, a third anything.
-            let only: fn(&str) -> bool = match round % 3 {
-                0 => str::is_ascii,
-                1 => known,
-                _ => |_| true,
-            };
-            let text: String = (0..len)
-                .map(|_| {
-                    loop {
-                        let s = alphabet[(rand() % alphabet.len() as u64) as usize];
-                        if only(s) {
-                            break s;
-                        }
-                    }
-                })
-                .collect();
-            let pieces = by_regex(&re, &text);
-            for &(start, end) in &pieces {
-                match next(Classes::get(), text.as_bytes(), start) {
-                    Some(e) => {
-                        assert_eq!(e, end, "{text:?} from {start}");
-                        decided += 1;
-                    }
-                    None => assert!(!known(&text), "{text:?} from {start}: a character of the plane left undecided"),
-                }
-            }
-        }
+        let decided = crate::bpe_fixtures::hand_against_regex(&re, false, alphabet, known, 20_000, |text, at| {
+            next(Classes::get(), text, at)
+        });
         assert!(decided > 50_000, "only {decided} pieces decided");
     }
 

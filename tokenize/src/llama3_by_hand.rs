@@ -103,30 +103,6 @@ mod tests {
     use super::*;
     use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 
-    /// The regex's pieces of `text` as `fast_bpe` finds them (anchored matches, the
-    /// look-around restored by hand where the earlier `\s*[\r\n]+` did not take the run).
-    fn by_regex(re: &regex_automata::meta::Regex, text: &str) -> Vec<(usize, usize)> {
-        use regex_automata::{Anchored, Input};
-        let mut out = Vec::new();
-        let mut at = 0;
-        while at < text.len() {
-            let m = re.search(&Input::new(text).range(at..).anchored(Anchored::Yes)).expect("matches everywhere");
-            let mut end = m.end();
-            let s = &text[at..end];
-            if end < text.len()
-                && s.chars().all(char::is_whitespace)
-                && !s.contains(['\r', '\n'])
-                && let Some((last, _)) = s.char_indices().next_back()
-                && last > 0
-            {
-                end = at + last;
-            }
-            out.push((at, end));
-            at = end;
-        }
-        out
-    }
-
     /// Mixed pieces: at every start this module decides, it must agree with the regex, and it
     /// must decide every start of a text without characters past the plane or `ſ`.
     #[test]
@@ -143,41 +119,9 @@ mod tests {
         let cl = Classes::get();
         for (pattern, numbers) in [(LLAMA3_PATTERN, 3), (QWEN2_PATTERN, 1)] {
             let re = regex_automata::meta::Regex::new(&pattern.replace(r"\s+(?!\S)|", "")).expect("pattern");
-            let mut state = 0x9e37_79b9_7f4a_7c15u64;
-            let mut rand = || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state
-            };
-            let mut decided = 0;
-            for round in 0..30_000 {
-                let len = 1 + (rand() % 14) as usize;
-                let only: fn(&str) -> bool = match round % 3 {
-                    0 => str::is_ascii,
-                    1 => known,
-                    _ => |_| true,
-                };
-                let text: String = (0..len)
-                    .map(|_| {
-                        loop {
-                            let s = alphabet[(rand() % alphabet.len() as u64) as usize];
-                            if only(s) {
-                                break s;
-                            }
-                        }
-                    })
-                    .collect();
-                for (start, end) in by_regex(&re, &text) {
-                    match next(cl, text.as_bytes(), start, numbers) {
-                        Some(e) => {
-                            assert_eq!(e, end, "{numbers}: {text:?} from {start}");
-                            decided += 1;
-                        }
-                        None => assert!(!known(&text), "{numbers}: {text:?} from {start} left undecided"),
-                    }
-                }
-            }
+            let decided = crate::bpe_fixtures::hand_against_regex(&re, true, alphabet, known, 30_000, |text, at| {
+                next(cl, text, at, numbers)
+            });
             assert!(decided > 80_000, "only {decided} pieces decided");
         }
     }
