@@ -32,18 +32,13 @@ use aho_corasick::{AhoCorasick, MatchKind};
 use parking_lot::Mutex;
 
 use crate::TokenizeError;
-use crate::char_class::{Classes, LETTER, OTHER};
+use crate::char_class::Classes;
+use crate::word_cuts::{wide_cut, with_cuts, word_cut};
 
 /// The parent of a conversation's first segment.
 const ROOT: u32 = u32::MAX;
 /// Bytes a node costs beyond its text and ids (node, map entry, allocations).
 const NODE_OVERHEAD: usize = 96;
-/// With word cuts, a long stretch of plain text is cut about this often (bytes; 1,024 measured
-/// no better, with more segments to keep).
-#[cfg(not(test))]
-const CUT_EVERY: usize = 2048;
-#[cfg(test)]
-const CUT_EVERY: usize = 48;
 
 /// What the cache has saved, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -96,63 +91,8 @@ pub struct HeadCache {
     held_segments: AtomicU64,
     /// Plain text is cut between words too ([`HeadCache::with_word_cuts`]).
     word_cuts: bool,
-    /// And after a non-letter past ASCII ([`wide_cut`]), where every added token is ASCII.
+    /// And after a non-letter past ASCII ([`crate::word_cuts::wide_cut`]), where every added token is ASCII.
     wide_cuts: Option<Classes>,
-}
-
-/// Whether `b` may be cut before `p` for a byte-level BPE with GPT-2's, Llama 3's or Qwen2's
-/// pattern: a space between a printable ASCII character and an ASCII letter. The pre-token
-/// before it (a run of letters, of up to three digits or of other marks, or a contraction)
-/// ends there whatever follows, and the one after starts there (` ?\p{L}+`,
-/// `[^\r\n\p{L}\p{N}]?\p{L}+`); the patterns read only forward, so the text after `p` cuts
-/// alike on its own.
-/// (Either neighbour alone would do; both are asked. A space inside a run of whitespace is
-/// no cut: `a   b` is `a`, two spaces, ` b`.) No added token holds a space
-/// ([`HeadCache::with_word_cuts`]), so none spans `p`.
-fn word_cut(b: &[u8], p: usize) -> bool {
-    p > 0 && p + 1 < b.len() && b[p] == b' ' && b[p + 1].is_ascii_alphabetic() && b[p - 1].is_ascii_graphic()
-}
-
-/// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE in a script written without
-/// spaces (Chinese, Japanese): after a character past ASCII that is neither a letter, a
-/// number nor whitespace (punctuation such as `，`, `。`, `」`, a symbol, a combining mark:
-/// Hindi or Thai may be cut inside a word, which is as exact) and before a letter past ASCII
-/// (both of the Basic Multilingual Plane). That mark can only
-/// be in a run of such marks (` ?[^\s\p{L}\p{N}]+`; it is no contraction, and no number for
-/// the `Digits` split either), which the letter ends; the next pre-token starts at `p` and
-/// reads only forward. No added token holds a character past ASCII
-/// ([`HeadCache::with_word_cuts`]), so none spans `p`.
-fn wide_cut(cl: Classes, b: &[u8], p: usize) -> bool {
-    if p == 0 || p >= b.len() || b[p - 1] < 0x80 || b[p] < 0xC0 {
-        return false;
-    }
-    // The start of the character that ends at `p` (at most three bytes back).
-    let Some(start) = (p.saturating_sub(3)..p).rev().find(|&i| b[i] >= 0xC0) else { return false };
-    cl.wide(b, start) == (OTHER, p - start) && cl.wide(b, p).0 == LETTER
-}
-
-/// `ends` (each the end of a boundary token) with word cuts (`cut`) added between them and
-/// after the last: in each stretch, the first cut at or after every [`CUT_EVERY`] bytes from
-/// the last.
-fn with_cuts(text: &str, ends: &[usize], cut: impl Fn(&[u8], usize) -> bool) -> Vec<usize> {
-    let b = text.as_bytes();
-    let mut all = Vec::with_capacity(ends.len() + text.len() / CUT_EVERY);
-    let mut start = 0;
-    // The boundary ends, then the end of the text (not itself a segment's end: the tail).
-    let stretches = ends.iter().map(|&e| (e, true)).chain(std::iter::once((text.len(), false)));
-    for (end, boundary) in stretches {
-        let mut next = start + CUT_EVERY;
-        while next < end {
-            let Some(p) = (next..end).find(|&p| cut(&b[..end], p)) else { break };
-            all.push(p);
-            next = p + CUT_EVERY;
-        }
-        if boundary {
-            all.push(end);
-        }
-        start = end;
-    }
-    all
 }
 
 impl std::fmt::Debug for HeadCache {
@@ -592,23 +532,9 @@ mod tests {
         assert!(want.len() > 10 && t.nodes.iter().any(|n| !n.alive), "evicted some, kept some");
     }
 
-    /// Where `wide_cut` cuts, and where not; and not at all beside an added token past ASCII.
+    /// Wide cuts where every added token is ASCII, and not at all beside one past ASCII.
     #[test]
-    fn wide_cuts_fall_after_a_mark_and_before_a_letter() {
-        let cl = Classes::get();
-        let cuts = |t: &str| (0..=t.len()).filter(|&p| wide_cut(cl, t.as_bytes(), p)).collect::<Vec<_>>();
-        // After `，` `。` `」` `→` or a combining mark, before 東 ё λ ま.
-        assert_eq!(cuts("東京，東京"), [9]);
-        assert_eq!(cuts("a。ёb」λ→ま"), [4, 10, 15]);
-        assert_eq!(cuts("क\u{94d}ष"), [6], "a virama is no letter");
-        // Not after a letter, a number, whitespace or ASCII; not before ASCII, a number, an
-        // emoji or a four-byte letter; not at either end.
-        assert!(
-            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，").is_empty(),
-            "{:?}",
-            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，")
-        );
-        assert!(cuts("，").is_empty() && cuts("").is_empty());
+    fn an_added_token_past_ascii_turns_the_wide_cuts_off() {
         let plain = crate::bpe_fixtures::tokenizer(crate::bpe_fixtures::byte_level_json(true), false);
         let cache = HeadCache::new(&plain, 1 << 20).expect("cache").with_word_cuts(&plain, true);
         assert!(cache.wide_cuts.is_some());
@@ -618,7 +544,7 @@ mod tests {
         assert!(cache.word_cuts && cache.wide_cuts.is_none(), "an added token past ASCII turns the wide cuts off");
     }
 
-    /// The head cache's word cuts (`head_cache::word_cut`, every 48 bytes under test) on
+    /// The head cache's word cuts (`word_cuts::word_cut`, every 48 bytes under test) on
     /// texts sharing heads of every length: the ids equal HF's, and heads are reused.
     #[test]
     fn word_cuts_of_the_head_cache_keep_hf_ids() {

@@ -31,6 +31,7 @@ mod served;
 mod token_bytes;
 mod tokenizer;
 mod word_cache;
+mod word_cuts;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
