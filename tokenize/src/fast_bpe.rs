@@ -246,13 +246,13 @@ impl FastBpe {
     }
 
     /// Whether the pre-tokenizer is GPT-2's pattern (with or without digits cut first): the
-    /// head cache may then cut plain text between words (`head_cache::word_cut`).
+    /// head cache may then cut plain text between words (`word_cuts::word_cut`).
     pub(crate) fn gpt2(&self) -> bool {
         self.pre.pattern == Pattern::Gpt2
     }
 
     /// Whether the pre-tokenizer is Llama 3's or Qwen2's pattern: the head cache may then cut
-    /// plain text at a space before a word (`head_cache::word_cut`), not after a mark.
+    /// plain text at a space before a word (`word_cuts::word_cut`), not after a mark.
     pub(crate) fn llama(&self) -> bool {
         matches!(self.pre.pattern, Pattern::Llama3 | Pattern::Qwen2)
     }

@@ -150,7 +150,7 @@ impl Tokenizer {
     }
 
     /// Token ids of `text` from HF `tokenizers`' own pipeline alone — no head cache, no
-    /// [`FastBpe`] — with the same BOS rule: the reference [`encode`](Self::encode) equals.
+    /// `FastBpe` — with the same BOS rule: the reference [`encode`](Self::encode) equals.
     pub fn encode_hf(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         Ok(self.with_bos(self.hf_ids(text)?))
     }
