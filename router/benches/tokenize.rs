@@ -279,6 +279,12 @@ fn main() {
     println!("16 KB of Russian prose: HF p50 {hru:.0} us, Ferry p50 {fru:.0} us ({:.1}x)", hru / fru);
     let (hzh, fzh) = hf_and_fast(&plain, &scripts::chinese(&mut Rng(0xc4c4), n));
     println!("16 KB of Chinese prose: HF p50 {hzh:.0} us, Ferry p50 {fzh:.0} us ({:.1}x)", hzh / fzh);
+    let emoji = scripts::emoji(&mut Rng(0xe0e0), n);
+    let (hem, fem) = hf_and_fast(&plain, &emoji);
+    println!(
+        "16 KB of English chat, an emoji every 8 words: HF p50 {hem:.0} us, Ferry p50 {fem:.0} us ({:.1}x)",
+        hem / fem
+    );
     // Chinese completion prompts: 16 KB shared, 16 KB new. Without spaces, only the head
     // cache's cuts after full-width punctuation find the shared half.
     let mut zh = scripts::chinese(&mut Rng(0xc4c5), n + 1);
@@ -302,6 +308,8 @@ fn main() {
         assert!(tok.is_fast(), "{pre}: {:?}", tok.why_not_fast());
         let (hp, fp) = hf_and_fast(&tok, &prose);
         println!("  the same under {pre}'s pre-tokenizer: HF p50 {hp:.0} us, Ferry p50 {fp:.0} us ({:.1}x)", hp / fp);
+        let (he, fe) = hf_and_fast(&tok, &emoji);
+        println!("    and the chat with emoji: HF p50 {he:.0} us, Ferry p50 {fe:.0} us ({:.1}x)", he / fe);
         let (pl, re) = without_and_with_cache(&tok, &prompts);
         println!(
             "    and the completion prompts: Ferry p50 {pl:.0} us, with the head cache {re:.0} us ({:.2}x)",

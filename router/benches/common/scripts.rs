@@ -66,6 +66,39 @@ const RUSSIAN: &[&str] = &[
 const CHINESE: &str = "渡轮在黎明时分穿过河流船长写了一封关于天气潮汐货物和乘客的长信他们在甲板上问了许多问题海鸥\
                        在港口灯光上空盘旋机舱温暖而安静时刻表因为北方和东方的雾和风改了两次票价上涨了百分之十二";
 
+/// Emoji as chat messages write them: pictographs (four UTF-8 bytes), some with a skin tone
+/// or joined (U+200D) into one, flags (two regional indicators), a heart with its variation
+/// selector (U+FE0F), and a word in mathematical bold (four-byte letters).
+const EMOJI: &[&str] = &[
+    "🚢",
+    "😀",
+    "👍",
+    "🎉",
+    "🔥",
+    "🙏",
+    "😂",
+    "👍🏽",
+    "👨\u{200d}👩\u{200d}👧",
+    "🇫🇷",
+    "❤\u{fe0f}",
+    "✅",
+    "𝐟𝐞𝐫𝐫𝐲",
+    "🌊⛴️",
+];
+
+/// `n` texts of ~16 KB of English chat: one word in eight followed by an emoji, after a space
+/// or not.
+pub fn emoji(rng: &mut Rng, n: usize) -> Vec<String> {
+    texts(n, || {
+        let word = WORDS[(rng.next() % 51) as usize];
+        match rng.next() % 16 {
+            0 => format!("{word} {} ", EMOJI[(rng.next() % EMOJI.len() as u64) as usize]),
+            1 => format!("{word}{}\n", EMOJI[(rng.next() % EMOJI.len() as u64) as usize]),
+            _ => format!("{word} "),
+        }
+    })
+}
+
 /// `n` texts of ~16 KB: 30 % of the words accented, the rest English.
 pub fn accented(rng: &mut Rng, n: usize) -> Vec<String> {
     texts(n, || {
