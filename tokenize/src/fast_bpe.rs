@@ -13,7 +13,8 @@
 //!    whitespace matched by the plain `\s+` that more text follows gives up its last
 //!    character, which is exactly what the backtracking `\s+(?!\S)` matches first. GPT-2's,
 //!    Llama 3's and Qwen2's patterns are decided by hand instead ([`gpt2_by_hand`],
-//!    [`llama3_by_hand`]) wherever no character of four UTF-8 bytes is near;
+//!    [`llama3_by_hand`]), in every script and in emoji; the regex is left the contraction
+//!    `'ſ` under Llama 3's and Qwen2's;
 //! 3. each pre-token's bytes are merged lowest rank first, leftmost among equals — HF's
 //!    `Word::merge_all` — and remembered (a bounded cache of words).
 //!

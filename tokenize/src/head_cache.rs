@@ -587,11 +587,11 @@ mod tests {
             let missed = cache.stats().miss_tokens;
             assert_eq!(cache.encode(&t, |s| Ok(fast.encode(s))).expect("cached"), first);
             assert_eq!(cache.stats().miss_tokens, missed, "{name}: all of it from the cache");
-            // Chinese: no spaces, so only the cuts after its punctuation find the shared head
-            // (GPT-2's pattern; Llama 3's keeps a mark with the letters after it).
-            let clauses = ["渡轮在黎明时分", "穿过河流", "船长写了一封长信", "东京", "海鸥在港口上空盘旋"];
-            let marks = ["，", "。", "、", "」"];
-            let head: String = (0..40).map(|i| format!("{}{}", clauses[i % 5], marks[i % 4])).collect();
+            // Chinese: no spaces, so only the cuts after its punctuation (or an emoji) find the
+            // shared head (GPT-2's pattern; Llama 3's keeps a mark with the letters after it).
+            let clauses = ["渡轮在黎明时分", "穿过河流", "𠀀𠀂船长写了一封长信", "东京", "海鸥在港口上空盘旋"];
+            let marks = ["，", "。", "🚢", "、", "」"];
+            let head: String = (0..40).map(|i| format!("{}{}", clauses[i % 5], marks[i % 4 + i / 20])).collect();
             let before = cache.stats();
             for tail in ["乘客问了许多问题", "12 and more", "票价上涨了"] {
                 let t = format!("{head}{tail}");

@@ -1,7 +1,7 @@
 //! Llama 3's and Qwen2's pre-tokenizer patterns decided by hand, for the fast BPE path
 //! ([`crate::fast_bpe`]), as [`crate::gpt2_by_hand`] decides GPT-2's; the regex decides
-//! wherever a pre-token touches a character of four UTF-8 bytes (an emoji), or a contraction
-//! might hold one (`'ſ`: `ſ` folds to `s`).
+//! where a contraction might hold one (`'ſ`: `ſ` folds to `s`), and where a pre-token touches
+//! a character [`crate::char_class`] cannot vouch for (none, with the Unicode of this build).
 //!
 //! The patterns, matched leftmost-first from a pre-token's start (they differ only in how
 //! many numbers a pre-token holds, `{1,3}` or one):
@@ -84,7 +84,6 @@ fn whitespace(cl: Classes, text: &[u8], at: usize) -> Option<usize> {
     // The run's end, the length of its last character, how many it has, and the end of its
     // last line break.
     let (mut end, mut last, mut count, mut broken) = (at, 0, 0, None);
-    // No whitespace lies past the plane: a four-byte character ends the run like any other.
     while let Some((SPACE, n)) = class_at(cl, text, end) {
         if matches!(text[end], b'\r' | b'\n') {
             broken = Some(end + 1);
@@ -103,18 +102,80 @@ mod tests {
     use super::*;
     use crate::gguf_vocab::{LLAMA3_PATTERN, QWEN2_PATTERN};
 
-    /// Mixed pieces: at every start this module decides, it must agree with the regex, and it
-    /// must decide every start of a text without characters past the plane or `ſ`.
+    /// Mixed pieces, emoji and four-byte letters and numbers among them: at every start this
+    /// module decides, it must agree with the regex, and it must decide every start of a text
+    /// without `ſ`.
     #[test]
     fn every_decided_piece_is_the_regexs() {
         let alphabet: &[&str] = &[
-            "a", "Z", "s", "S", "t", "T", "r", "R", "e", "E", "v", "m", "M", "l", "L", "d", "D", "'", "'", "0", "7",
-            " ", " ", "  ", "\t", "\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x00", ".", "!", "-", "é", "ſ", "K",
-            "×", "ª", "¿", "—", "\u{a0}", "\u{85}", "\u{3000}", "\u{2028}", "\u{200b}", "²", "٣", "〇", "д", "Ё", "α",
-            "東", "，", "。", "\u{301}", "🚢", "😀", "𝟙", "𠀀",
+            "a",
+            "Z",
+            "s",
+            "S",
+            "t",
+            "T",
+            "r",
+            "R",
+            "e",
+            "E",
+            "v",
+            "m",
+            "M",
+            "l",
+            "L",
+            "d",
+            "D",
+            "'",
+            "'",
+            "0",
+            "7",
+            " ",
+            " ",
+            "  ",
+            "\t",
+            "\n",
+            "\r",
+            "\r\n",
+            "\x0b",
+            "\x0c",
+            "\x1c",
+            "\x00",
+            ".",
+            "!",
+            "-",
+            "é",
+            "ſ",
+            "K",
+            "×",
+            "ª",
+            "¿",
+            "—",
+            "\u{a0}",
+            "\u{85}",
+            "\u{3000}",
+            "\u{2028}",
+            "\u{200b}",
+            "²",
+            "٣",
+            "〇",
+            "д",
+            "Ё",
+            "α",
+            "東",
+            "，",
+            "。",
+            "\u{301}",
+            "🚢",
+            "😀",
+            "𝟙",
+            "𠀀",
+            "𝐟",
+            "\u{1f3fd}",
+            "\u{200d}",
+            "\u{fe0f}",
         ];
         fn known(s: &str) -> bool {
-            s.chars().all(|c| c.len_utf8() < 4 && c != 'ſ')
+            !s.contains('ſ')
         }
         let cl = Classes::get();
         for (pattern, numbers) in [(LLAMA3_PATTERN, 3), (QWEN2_PATTERN, 1)] {

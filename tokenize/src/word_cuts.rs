@@ -27,19 +27,18 @@ pub(crate) fn word_cut(b: &[u8], p: usize) -> bool {
 
 /// Whether `b` may be cut before `p` for a GPT-2 byte-level BPE in a script written without
 /// spaces (Chinese, Japanese): after a character past ASCII that is neither a letter, a
-/// number nor whitespace (punctuation such as `，`, `。`, `」`, a symbol, a combining mark:
-/// Hindi or Thai may be cut inside a word, which is as exact) and before a letter past ASCII
-/// (both of the Basic Multilingual Plane). That mark can only
-/// be in a run of such marks (` ?[^\s\p{L}\p{N}]+`; it is no contraction, and no number for
-/// the `Digits` split either), which the letter ends; the next pre-token starts at `p` and
-/// reads only forward. No added token holds a character past ASCII
-/// ([`crate::HeadCache`]'s `with_word_cuts`), so none spans `p`.
+/// number nor whitespace (punctuation such as `，`, `。`, `」`, a symbol, an emoji, a combining
+/// mark: Hindi or Thai may be cut inside a word, which is as exact) and before a letter past
+/// ASCII. That mark can only be in a run of such marks (` ?[^\s\p{L}\p{N}]+`; it is no
+/// contraction, and no number for the `Digits` split either), which the letter ends; the next
+/// pre-token starts at `p` and reads only forward. No added token holds a character past
+/// ASCII ([`crate::HeadCache`]'s `with_word_cuts`), so none spans `p`.
 pub(crate) fn wide_cut(cl: Classes, b: &[u8], p: usize) -> bool {
     if p == 0 || p >= b.len() || b[p - 1] < 0x80 || b[p] < 0xC0 {
         return false;
     }
-    // The start of the character that ends at `p` (at most three bytes back).
-    let Some(start) = (p.saturating_sub(3)..p).rev().find(|&i| b[i] >= 0xC0) else { return false };
+    // The start of the character that ends at `p` (at most four bytes back).
+    let Some(start) = (p.saturating_sub(4)..p).rev().find(|&i| b[i] >= 0xC0) else { return false };
     cl.wide(b, start) == (OTHER, p - start) && cl.wide(b, p).0 == LETTER
 }
 
@@ -76,17 +75,15 @@ mod tests {
     fn wide_cuts_fall_after_a_mark_and_before_a_letter() {
         let cl = Classes::get();
         let cuts = |t: &str| (0..=t.len()).filter(|&p| wide_cut(cl, t.as_bytes(), p)).collect::<Vec<_>>();
-        // After `，` `。` `」` `→` or a combining mark, before 東 ё λ ま.
+        // After `，` `。` `」` `→`, a combining mark or an emoji, before 東 ё λ ま or 𠀀.
         assert_eq!(cuts("東京，東京"), [9]);
         assert_eq!(cuts("a。ёb」λ→ま"), [4, 10, 15]);
         assert_eq!(cuts("क\u{94d}ष"), [6], "a virama is no letter");
-        // Not after a letter, a number, whitespace or ASCII; not before ASCII, a number, an
-        // emoji or a four-byte letter; not at either end.
-        assert!(
-            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，").is_empty(),
-            "{:?}",
-            cuts("東京〇東，1，a，🚢，𠀀\u{3000}東.東，")
-        );
+        assert_eq!(cuts("，𠀀😀東"), [3, 11]);
+        // Not after a letter (𠀀 too), a number, whitespace or ASCII; not before ASCII, a number or an
+        // emoji; not at either end.
+        let none = "東京〇東，1，a，🚢，𝟙\u{3000}東.東𠀀東😀，";
+        assert!(cuts(none).is_empty(), "{:?}", cuts(none));
         assert!(cuts("，").is_empty() && cuts("").is_empty());
     }
 }
