@@ -99,6 +99,22 @@ pub fn emoji(rng: &mut Rng, n: usize) -> Vec<String> {
     })
 }
 
+/// `n` texts of ~16 KB of English chat in which one word in eight is a never-seen name of 6 to
+/// 10 letters (~330 a text): a vocabulary that never stops growing, as identifiers, names and
+/// misspellings make it.
+pub fn with_names(rng: &mut Rng, n: usize) -> Vec<String> {
+    texts(n, || {
+        if rng.next().is_multiple_of(8) {
+            let len = 6 + rng.next() % 5;
+            let mut name: String = (0..len).map(|_| (b'a' + (rng.next() % 26) as u8) as char).collect();
+            name.push(' ');
+            name
+        } else {
+            format!("{} ", WORDS[(rng.next() % 51) as usize])
+        }
+    })
+}
+
 /// `n` texts of ~16 KB: 30 % of the words accented, the rest English.
 pub fn accented(rng: &mut Rng, n: usize) -> Vec<String> {
     texts(n, || {
