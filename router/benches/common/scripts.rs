@@ -69,31 +69,17 @@ const CHINESE: &str = "渡轮在黎明时分穿过河流船长写了一封关于
 /// Emoji as chat messages write them: pictographs (four UTF-8 bytes), some with a skin tone
 /// or joined (U+200D) into one, flags (two regional indicators), a heart with its variation
 /// selector (U+FE0F), and a word in mathematical bold (four-byte letters).
-const EMOJI: &[&str] = &[
-    "🚢",
-    "😀",
-    "👍",
-    "🎉",
-    "🔥",
-    "🙏",
-    "😂",
-    "👍🏽",
-    "👨\u{200d}👩\u{200d}👧",
-    "🇫🇷",
-    "❤\u{fe0f}",
-    "✅",
-    "𝐟𝐞𝐫𝐫𝐲",
-    "🌊⛴️",
-];
+const EMOJI: &str = "🚢 😀 👍 🎉 🔥 🙏 😂 👍🏽 👨\u{200d}👩\u{200d}👧 🇫🇷 ❤\u{fe0f} ✅ 𝐟𝐞𝐫𝐫𝐲 🌊⛴️";
 
 /// `n` texts of ~16 KB of English chat: one word in eight followed by an emoji, after a space
 /// or not.
 pub fn emoji(rng: &mut Rng, n: usize) -> Vec<String> {
+    let emoji: Vec<&str> = EMOJI.split(' ').collect();
     texts(n, || {
         let word = WORDS[(rng.next() % 51) as usize];
         match rng.next() % 16 {
-            0 => format!("{word} {} ", EMOJI[(rng.next() % EMOJI.len() as u64) as usize]),
-            1 => format!("{word}{}\n", EMOJI[(rng.next() % EMOJI.len() as u64) as usize]),
+            0 => format!("{word} {} ", emoji[(rng.next() % emoji.len() as u64) as usize]),
+            1 => format!("{word}{}\n", emoji[(rng.next() % emoji.len() as u64) as usize]),
             _ => format!("{word} "),
         }
     })
