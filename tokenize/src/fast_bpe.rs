@@ -247,15 +247,10 @@ impl FastBpe {
     }
 
     /// Whether the pre-tokenizer is GPT-2's pattern (with or without digits cut first): the
-    /// head cache may then cut plain text between words (`word_cuts::word_cut`).
+    /// head cache may then cut plain text after a mark too (`word_cuts::wide_cut`), not only
+    /// between words (`word_cuts::word_cut`), which every accepted pattern allows.
     pub(crate) fn gpt2(&self) -> bool {
         self.pre.pattern == Pattern::Gpt2
-    }
-
-    /// Whether the pre-tokenizer is Llama 3's or Qwen2's pattern: the head cache may then cut
-    /// plain text at a space before a word (`word_cuts::word_cut`), not after a mark.
-    pub(crate) fn llama(&self) -> bool {
-        matches!(self.pre.pattern, Pattern::Llama3 | Pattern::Qwen2)
     }
 
     /// The ids of `text`, as HF's `encode(text, false)` gives them.
@@ -314,7 +309,7 @@ impl FastBpe {
                 Pattern::Qwen2 => llama3_by_hand::next(cl, text, at, 1),
             };
             if let Some(end) = by_hand {
-                self.word(&piece.as_bytes()[at..end], words, out);
+                self.word(&text[at..end], words, out);
                 at = end;
                 continue;
             }

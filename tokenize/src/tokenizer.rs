@@ -133,10 +133,11 @@ impl Tokenizer {
     /// This tokenizer with a [`HeadCache`] of at most `max_bytes` (shared by its clones), where
     /// its vocabulary allows one; 0 turns the cache off.
     pub fn with_head_cache(mut self, max_bytes: usize) -> Self {
-        // Word cuts for the patterns they hold for, and cuts after a mark for GPT-2's alone.
-        let cuts = self.fast.as_ref().filter(|f| f.gpt2() || f.llama()).map(|f| f.gpt2());
+        // Word cuts wherever the fast path runs (every pattern it accepts holds them), and cuts
+        // after a mark for GPT-2's alone.
+        let wide = self.fast.as_ref().map(|f| f.gpt2());
         self.head_cache = HeadCache::new(&self.inner, max_bytes)
-            .map(|c| match cuts {
+            .map(|c| match wide {
                 Some(wide) => c.with_word_cuts(&self.inner, wide),
                 None => c,
             })
