@@ -24,7 +24,6 @@
 //! Tokenizers it cannot split safely (truncation or padding set, added specials kept in the
 //! text, no boundary token) get no cache: [`HeadCache::new`] returns `None`.
 
-use std::collections::{BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,10 +34,9 @@ use crate::TokenizeError;
 use crate::char_class::Classes;
 use crate::word_cuts::{wide_cut, with_cuts, word_cut};
 
-/// The parent of a conversation's first segment.
-const ROOT: u32 = u32::MAX;
-/// Bytes a node costs beyond its text and ids (node, map entry, allocations).
-const NODE_OVERHEAD: usize = 96;
+mod tree;
+
+use tree::{NODE_OVERHEAD, ROOT, Tree};
 
 /// What the cache has saved, for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,30 +49,6 @@ pub struct HeadCacheStats {
     pub bytes: u64,
     /// Segments held now.
     pub segments: u64,
-}
-
-struct Node {
-    parent: u32,
-    key: u64,
-    text: Box<str>,
-    ids: Box<[u32]>,
-    children: u32,
-    used: u64,
-    /// Bumped when the slot is reused, so a path read before eviction is not extended after.
-    generation: u32,
-    alive: bool,
-}
-
-#[derive(Default)]
-struct Tree {
-    nodes: Vec<Node>,
-    free: Vec<u32>,
-    by_key: HashMap<(u32, u64), u32>,
-    /// The nodes without children, least recently used first: what eviction takes, one at a
-    /// time (no scan of the tree, so no pause that grows with the cache).
-    leaves: BTreeSet<(u64, u32)>,
-    bytes: usize,
-    clock: u64,
 }
 
 /// A tokenizer's cache of segment ids (see the module documentation).
@@ -284,84 +258,10 @@ impl HeadCache {
     }
 }
 
-impl Tree {
-    fn add(&mut self, parent: u32, key: u64, text: &str, ids: Vec<u32>) -> u32 {
-        self.clock += 1;
-        self.bytes += text.len() + 4 * ids.len() + NODE_OVERHEAD;
-        let node = Node {
-            parent,
-            key,
-            text: text.into(),
-            ids: ids.into_boxed_slice(),
-            children: 0,
-            used: self.clock,
-            generation: 0,
-            alive: true,
-        };
-        let n = match self.free.pop() {
-            Some(n) => {
-                let generation = self.nodes[n as usize].generation.wrapping_add(1);
-                self.nodes[n as usize] = Node { generation, ..node };
-                n
-            }
-            None => {
-                self.nodes.push(node);
-                (self.nodes.len() - 1) as u32
-            }
-        };
-        if parent != ROOT {
-            let p = &mut self.nodes[parent as usize];
-            if p.children == 0 {
-                self.leaves.remove(&(p.used, parent));
-            }
-            p.children += 1;
-        }
-        self.leaves.insert((self.clock, n));
-        self.by_key.insert((parent, key), n);
-        n
-    }
-
-    /// Marks `n` used now.
-    fn touch(&mut self, n: u32) {
-        self.clock += 1;
-        let node = &mut self.nodes[n as usize];
-        if node.children == 0 {
-            self.leaves.remove(&(node.used, n));
-            self.leaves.insert((self.clock, n));
-        }
-        node.used = self.clock;
-    }
-
-    /// Past `max` bytes, forgets least recently used leaves until it is within `max` again; a
-    /// parent left without children becomes a leaf.
-    fn evict(&mut self, max: usize) {
-        while self.bytes > max {
-            let Some((_, n)) = self.leaves.pop_first() else { return };
-            self.remove(n);
-        }
-    }
-
-    fn remove(&mut self, n: u32) {
-        let node = &mut self.nodes[n as usize];
-        node.alive = false;
-        let (parent, key) = (node.parent, node.key);
-        self.bytes -= node.text.len() + 4 * node.ids.len() + NODE_OVERHEAD;
-        node.text = Box::from("");
-        node.ids = Box::new([]);
-        self.by_key.remove(&(parent, key));
-        if parent != ROOT {
-            let p = &mut self.nodes[parent as usize];
-            p.children -= 1;
-            if p.children == 0 {
-                self.leaves.insert((p.used, parent));
-            }
-        }
-        self.free.push(n);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use serde_json::json;
 
     use super::*;
