@@ -4,7 +4,7 @@
 //! which it was first sent; errors, retries and hung attempts against the phase in which they
 //! happened.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -56,6 +56,8 @@ pub struct Load {
     order: Mutex<Vec<String>>,
     stop: AtomicBool,
     next_id: AtomicU64,
+    /// When each request still unanswered was first sent, by its number.
+    in_flight: Mutex<HashMap<u64, Instant>>,
 }
 
 fn retriable(code: Code) -> bool {
@@ -107,6 +109,7 @@ impl Load {
             order: Mutex::new(vec![first.into()]),
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
+            in_flight: Mutex::new(HashMap::new()),
         })
     }
 
@@ -161,12 +164,24 @@ impl Load {
         self.phase.lock().expect("phase").clone()
     }
 
+    /// Requests sent more than `age` ago and still unanswered.
+    pub fn older_than(&self, age: Duration) -> usize {
+        self.in_flight.lock().expect("in flight").values().filter(|t| t.elapsed() > age).count()
+    }
+
     async fn one(&self, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.lock().expect("in flight").insert(n, Instant::now());
+        self.one_request(n, router, prompt, want, max_tokens).await;
+        self.in_flight.lock().expect("in flight").remove(&n);
+    }
+
+    async fn one_request(&self, n: u64, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {
         let phase = self.now();
         self.record(&phase, |t| t.sent += 1);
         let start = Instant::now();
         // Every attempt of a request carries the same id.
-        let id = format!("chaos-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        let id = format!("chaos-{n}");
         let mut backoff = Duration::from_millis(200);
         loop {
             match tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(router, &id, prompt, max_tokens)).await {
