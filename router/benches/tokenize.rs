@@ -14,7 +14,8 @@
 //! then prose with accented words, Russian and Chinese prose (and Chinese completion prompts
 //! half shared), English prose under Llama 3's and Qwen2's pre-tokenizers, and never-repeating
 //! words.
-//! Every cached result is compared with HF's ids.
+//! Every cached result is compared with HF's ids. Both run on jemalloc, the allocator of the
+//! router's binaries.
 //!
 //! `cargo bench -p ferry-router --bench tokenize`; needs SmolLM2 (`FERRY_SMOLLM2` or the
 //! `ferry model fetch smollm2-135m` cache); `FERRY_BENCH_QUICK=1` runs fewer rounds.
@@ -28,6 +29,11 @@ mod scripts;
 mod text;
 
 use std::time::Instant;
+
+/// jemalloc, as the router's binaries run: the word cache's clears and the texts' buffers cost
+/// what they cost there (glibc's malloc gives the cache's clear a tail three times as long).
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use ferry_tokenize::{ChatMessage, ServedModel, Tokenizer};
 use rng::Rng;
