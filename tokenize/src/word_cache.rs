@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
+use std::sync::mpsc::{self, Sender};
 
 /// Longest word kept in the short table.
 const SHORT_BYTES: usize = 8;
@@ -21,7 +23,7 @@ const FIRST_SLOTS: usize = 1 << 10;
 #[derive(Default)]
 pub(crate) struct WordCache {
     short: Short,
-    long: HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>,
+    long: LongWords,
 }
 
 impl WordCache {
@@ -60,10 +62,15 @@ impl WordCache {
         self.len() == 0
     }
 
-    /// Forgets every word (the table keeps its size).
+    /// Forgets every word. The short table keeps its slots; the map of long words is swapped
+    /// for an empty one of the same capacity and handed, boxes and all, to a thread that frees
+    /// it ([`free_elsewhere`]). So the text whose words filled the cache, and every tokenization
+    /// waiting for the cache's lock meanwhile, wait neither for some 65,000 pairs of boxes to
+    /// be freed nor for a new map to grow again.
     pub(crate) fn clear(&mut self) {
         self.short.clear();
-        self.long.clear();
+        let empty = HashMap::with_capacity_and_hasher(self.long.capacity(), Default::default());
+        free_elsewhere(std::mem::replace(&mut self.long, empty));
     }
 
     /// Adds every word of `other`.
@@ -72,6 +79,26 @@ impl WordCache {
             self.short.insert(s.key, s.len, &s.ids[..s.n as usize]);
         }
         self.long.extend(other.long);
+    }
+}
+
+/// Words of more than [`SHORT_BYTES`] bytes or [`SHORT_IDS`] ids.
+type LongWords = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
+
+/// Frees `words` on the process's one freeing thread (started with the first; where it cannot
+/// start, here). Clears come one per 65,536 new words at most, so the thread is idle nearly
+/// always and its queue short.
+fn free_elsewhere(words: LongWords) {
+    static FREER: OnceLock<Option<Sender<LongWords>>> = OnceLock::new();
+    let freer = FREER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<LongWords>();
+        let thread = std::thread::Builder::new().name("ferry-word-free".into());
+        thread.spawn(move || rx.into_iter().for_each(drop)).ok().map(|_| tx)
+    });
+    match freer {
+        // A send fails only if the thread has gone: the words come back in the error, freed here.
+        Some(tx) => drop(tx.send(words)),
+        None => drop(words),
     }
 }
 
@@ -193,7 +220,7 @@ mod tests {
 
     /// Every word of every length from 0 to 12 over a small alphabet (so that many share
     /// bytes), with 1 to 4 ids each: each is found with its own ids after all are added,
-    /// through growth, and after `extend`; none that was not added is found.
+    /// through growth, after `extend` and after a clear; none that was not added is found.
     #[test]
     fn finds_each_word_with_its_own_ids() {
         let alphabet = [b'a', b' ', 0u8, 0xff];
@@ -226,7 +253,17 @@ mod tests {
         let mut moved = WordCache::default();
         moved.extend(cache);
         check(&moved);
+        let capacity = moved.long.capacity();
         moved.clear();
         assert!(moved.is_empty() && moved.get(&added[1]).is_none());
+        // A cleared cache keeps its map's size (the old map went to the freeing thread) and
+        // works as before.
+        assert!(moved.long.capacity() >= capacity && capacity > 0);
+        for w in added {
+            moved.insert(w, &ids(w));
+        }
+        check(&moved);
+        moved.clear();
+        assert!(moved.is_empty());
     }
 }
