@@ -49,6 +49,24 @@ pub struct Tally {
     pub slowest: Option<(f64, String)>,
 }
 
+/// Request `n` in [`Load::older_than`]'s map while this lives, however its task ends.
+struct InFlight<'a>(&'a Mutex<HashMap<u64, Instant>>, u64);
+
+impl<'a> InFlight<'a> {
+    fn new(map: &'a Mutex<HashMap<u64, Instant>>, n: u64) -> Self {
+        map.lock().expect("in flight").insert(n, Instant::now());
+        Self(map, n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(&self.1);
+        }
+    }
+}
+
 /// The load generator's shared state.
 pub struct Load {
     phase: Mutex<String>,
@@ -171,9 +189,8 @@ impl Load {
 
     async fn one(&self, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.lock().expect("in flight").insert(n, Instant::now());
+        let _in_flight = InFlight::new(&self.in_flight, n);
         self.one_request(n, router, prompt, want, max_tokens).await;
-        self.in_flight.lock().expect("in flight").remove(&n);
     }
 
     async fn one_request(&self, n: u64, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {

@@ -16,6 +16,7 @@
 
 mod blackhole;
 mod cluster;
+mod freeze;
 mod load;
 mod reuse;
 
@@ -263,60 +264,19 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
 
     phases.begin(&c, &load, "a busy prefill frozen (SIGSTOP)").await;
     pause(0.5).await;
-    // A frozen process closes nothing: no FIN, no RST, and its kernel still answers TCP. The
-    // request it holds must move to another worker while it is still frozen (the router's
-    // HTTP/2 pings go unanswered), not wait for it to thaw.
-    //
-    // A freeze can miss: the request that made a prefill look busy may end in the moment
-    // before SIGSTOP lands. A freeze after which no request moved and none waits is made again
-    // (3 times at most); a request sent before the router stopped placing on the frozen
-    // prefill and still unanswered when it thaws waited for it, and fails the suite.
-    let mut tries = 0;
-    let (name, frozen_busy, unhealthy, frozen_for, moved, waited) = loop {
-        tries += 1;
-        let before = c.router_retries().await[0];
-        let busy = Cluster::wait_busy(&c.prefill).await;
-        let i = busy.unwrap_or(1);
-        let t = Instant::now();
-        c.prefill[i].signal(libc::SIGSTOP);
-        let unhealthy = c.wait_members(&[all.0[1 - i]], &all.1, Duration::from_secs(20)).await;
-        let mut moved = None;
-        while moved.is_none() && t.elapsed() < Duration::from_secs(15) {
-            if c.router_retries().await[0] > before {
-                moved = Some(t.elapsed());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Frozen 10 s at least. Requests take ~3 s at most here: one sent before the router
-        // stopped placing on the frozen prefill and unanswered 8 s later is waiting for it.
-        pause(2.0).await;
-        tokio::time::sleep(Duration::from_secs(10).saturating_sub(t.elapsed())).await;
-        let waited = load.older_than(t.elapsed().saturating_sub(unhealthy));
-        let frozen_for = t.elapsed();
-        c.prefill[i].signal(libc::SIGCONT);
-        c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
-        if moved.is_some() || waited > 0 || busy.is_none() || tries == 3 {
-            break (all.0[i], busy.is_some(), unhealthy, frozen_for, moved, waited);
-        }
-        notes.push(format!(
-            "{} frozen for {:.1} s: no request moved and none waited (the one seen had ended first); frozen again",
-            all.0[i],
-            frozen_for.as_secs_f64()
-        ));
-        pause(1.0).await;
-    };
+    let frozen = freeze::busy_prefill(&c, &load, all.0, &all.1).await;
     notes.push(format!(
-        "{name} frozen{} for {:.1} s: the router stopped placing on it after {:.2} s; {}",
-        if frozen_busy { " while holding a request" } else { "" },
-        frozen_for.as_secs_f64(),
-        unhealthy.as_secs_f64(),
-        match moved {
+        "{} frozen{} for {:.1} s ({} freeze(s) made, a freeze that caught no request made again): the router stopped placing on it after {:.2} s; {}; requests sent before then and unanswered when it thawed: {}",
+        frozen.name,
+        if frozen.busy { " while holding a request" } else { "" },
+        frozen.frozen_for.as_secs_f64(),
+        frozen.tries,
+        frozen.unhealthy.as_secs_f64(),
+        match frozen.moved {
             Some(d) => format!("the request it held was retried elsewhere after {:.2} s", d.as_secs_f64()),
             None => "no request it held was retried while it was frozen".into(),
         },
-    ));
-    notes.push(format!(
-        "requests sent before the router stopped placing on {name} and unanswered when it thawed: {waited}"
+        frozen.waited
     ));
 
     phases.begin(&c, &load, "d0 out of file descriptors").await;
@@ -428,11 +388,17 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     check(at_baseline(&loads), "pages or queues not back at baseline (see the load table)".into());
     check(idle_kills.is_empty(), format!("killed while holding no request (the phase tested nothing): {idle_kills:?}"));
     check(cut_retried, "the data-plane cut broke no transfer".into());
-    check(frozen_busy, "no prefill was busy to freeze: the phase tested nothing".into());
-    check(waited == 0, format!("{waited} request(s) held by the frozen prefill waited for it to thaw"));
+    check(frozen.busy, "no prefill was busy to freeze: the phase tested nothing".into());
     check(
-        moved.is_some() || waited > 0,
-        format!("none of {tries} freezes caught a request in flight: the phase tested nothing"),
+        frozen.waited == 0,
+        format!(
+            "{} request(s) sent before the router stopped placing on the frozen prefill were still unanswered when it thawed",
+            frozen.waited
+        ),
+    );
+    check(
+        frozen.moved.is_some() || frozen.waited > 0,
+        format!("none of {} freezes caught a request in flight: the phase tested nothing", frozen.tries),
     );
     check(retractions > 0.0, "the decode pools were sized to make retractions happen; none did".into());
     check(accept_errors > 0.0, "d0 never failed an accept while out of descriptors".into());
