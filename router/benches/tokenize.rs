@@ -30,14 +30,14 @@ mod text;
 
 use std::time::Instant;
 
+use ferry_tokenize::{ChatMessage, ServedModel, Tokenizer};
+use rng::Rng;
+use text::{WORDS, model_path, pct};
+
 /// jemalloc, as the router's binaries run: the word cache's clears and the texts' buffers cost
 /// what they cost there (glibc's malloc gives the cache's clear a tail three times as long).
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-use ferry_tokenize::{ChatMessage, ServedModel, Tokenizer};
-use rng::Rng;
-use text::{WORDS, model_path, pct};
 
 fn median(v: &mut [f64]) -> f64 {
     pct(v, 0.5)

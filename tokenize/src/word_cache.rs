@@ -10,12 +10,14 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
-use std::sync::mpsc::{self, Sender};
+use std::sync::mpsc::{self, SyncSender};
 
 /// Longest word kept in the short table.
 const SHORT_BYTES: usize = 8;
 /// Most ids a word in the short table has.
 const SHORT_IDS: usize = 3;
+/// Cleared maps waiting for the freeing thread at most ([`free_elsewhere`]).
+const FREEING: usize = 2;
 /// Slots a short table starts with once a word is added.
 const FIRST_SLOTS: usize = 1 << 10;
 
@@ -69,8 +71,10 @@ impl WordCache {
     /// be freed nor for a new map to grow again.
     pub(crate) fn clear(&mut self) {
         self.short.clear();
-        let empty = HashMap::with_capacity_and_hasher(self.long.capacity(), Default::default());
-        free_elsewhere(std::mem::replace(&mut self.long, empty));
+        if !self.long.is_empty() {
+            let empty = HashMap::with_capacity_and_hasher(self.long.capacity(), Default::default());
+            free_elsewhere(std::mem::replace(&mut self.long, empty));
+        }
     }
 
     /// Adds every word of `other`.
@@ -85,19 +89,19 @@ impl WordCache {
 /// Words of more than [`SHORT_BYTES`] bytes or [`SHORT_IDS`] ids.
 type LongWords = HashMap<Box<[u8]>, Box<[u32]>, foldhash::fast::RandomState>;
 
-/// Frees `words` on the process's one freeing thread (started with the first; where it cannot
-/// start, here). Clears come one per 65,536 new words at most, so the thread is idle nearly
-/// always and its queue short.
+/// Frees `words` on the process's one freeing thread (started with the first), or here when
+/// that thread cannot start or already has [`FREEING`] maps waiting. Clears come one per
+/// 65,536 new words at most, so the thread is idle nearly always.
 fn free_elsewhere(words: LongWords) {
-    static FREER: OnceLock<Option<Sender<LongWords>>> = OnceLock::new();
+    static FREER: OnceLock<Option<SyncSender<LongWords>>> = OnceLock::new();
     let freer = FREER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<LongWords>();
+        let (tx, rx) = mpsc::sync_channel::<LongWords>(FREEING);
         let thread = std::thread::Builder::new().name("ferry-word-free".into());
         thread.spawn(move || rx.into_iter().for_each(drop)).ok().map(|_| tx)
     });
     match freer {
-        // A send fails only if the thread has gone: the words come back in the error, freed here.
-        Some(tx) => drop(tx.send(words)),
+        // Full, or the thread gone: the words come back in the error, freed here.
+        Some(tx) => drop(tx.try_send(words)),
         None => drop(words),
     }
 }
