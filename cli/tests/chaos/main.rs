@@ -396,6 +396,17 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
             frozen.waited
         ),
     );
+    // The router ends a call to a worker as soon as its health checks take it out of
+    // placement (`Worker::taken_out`); the HTTP/2 pings, or the decode side failing, would
+    // move the request too, ~6 s later.
+    let moved = frozen.moved.unwrap_or_default().as_secs_f64();
+    check(
+        frozen.moved.is_none_or(|d| d <= frozen.unhealthy + Duration::from_secs(2)),
+        format!(
+            "the frozen prefill's request was retried {moved:.2} s after SIGSTOP, {:.2} s after the router took the daemon out of placement: not when it did",
+            moved - frozen.unhealthy.as_secs_f64()
+        ),
+    );
     check(
         frozen.moved.is_some() || frozen.waited > 0,
         format!("none of {} freezes caught a request in flight: the phase tested nothing", frozen.tries),
