@@ -190,10 +190,6 @@ impl Load {
     async fn one(&self, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight::new(&self.in_flight, n);
-        self.one_request(n, router, prompt, want, max_tokens).await;
-    }
-
-    async fn one_request(&self, n: u64, router: &str, prompt: &[u32], want: &[u32], max_tokens: u32) {
         let phase = self.now();
         self.record(&phase, |t| t.sent += 1);
         let start = Instant::now();

@@ -4,6 +4,17 @@
 use crate::rng::Rng;
 use crate::text::WORDS;
 
+/// The English words and numbers that open [`WORDS`] (the rest are code, marks and accented
+/// words).
+fn english() -> &'static [&'static str] {
+    &WORDS[..51]
+}
+
+/// One of `from`, drawn uniformly.
+fn pick<'a, T>(rng: &mut Rng, from: &'a [T]) -> &'a T {
+    &from[(rng.next() % from.len() as u64) as usize]
+}
+
 /// French, German, Spanish, Polish and Czech words (Latin-1 and Latin Extended-A letters).
 const ACCENTED: &[&str] = &[
     "café",
@@ -76,10 +87,10 @@ const EMOJI: &str = "🚢 😀 👍 🎉 🔥 🙏 😂 👍🏽 👨\u{200d}�
 pub fn emoji(rng: &mut Rng, n: usize) -> Vec<String> {
     let emoji: Vec<&str> = EMOJI.split(' ').collect();
     texts(n, || {
-        let word = WORDS[(rng.next() % 51) as usize];
+        let word = *pick(rng, english());
         match rng.next() % 16 {
-            0 => format!("{word} {} ", emoji[(rng.next() % emoji.len() as u64) as usize]),
-            1 => format!("{word}{}\n", emoji[(rng.next() % emoji.len() as u64) as usize]),
+            0 => format!("{word} {} ", pick(rng, &emoji)),
+            1 => format!("{word}{}\n", pick(rng, &emoji)),
             _ => format!("{word} "),
         }
     })
@@ -96,7 +107,7 @@ pub fn with_names(rng: &mut Rng, n: usize) -> Vec<String> {
             name.push(' ');
             name
         } else {
-            format!("{} ", WORDS[(rng.next() % 51) as usize])
+            format!("{} ", pick(rng, english()))
         }
     })
 }
@@ -104,9 +115,9 @@ pub fn with_names(rng: &mut Rng, n: usize) -> Vec<String> {
 /// `n` texts of ~16 KB: 30 % of the words accented, the rest English.
 pub fn accented(rng: &mut Rng, n: usize) -> Vec<String> {
     texts(n, || {
-        let w = if rng.next() % 100 < 30 { ACCENTED } else { &WORDS[..51] };
+        let w = if rng.next() % 100 < 30 { ACCENTED } else { english() };
         let sep = if rng.next().is_multiple_of(12) { "\n" } else { " " };
-        format!("{}{sep}", w[(rng.next() % w.len() as u64) as usize])
+        format!("{}{sep}", pick(rng, w))
     })
 }
 
@@ -114,7 +125,7 @@ pub fn accented(rng: &mut Rng, n: usize) -> Vec<String> {
 pub fn russian(rng: &mut Rng, n: usize) -> Vec<String> {
     texts(n, || {
         let sep = if rng.next().is_multiple_of(9) { ". " } else { " " };
-        format!("{}{sep}", RUSSIAN[(rng.next() % RUSSIAN.len() as u64) as usize])
+        format!("{}{sep}", pick(rng, RUSSIAN))
     })
 }
 
@@ -124,7 +135,7 @@ pub fn chinese(rng: &mut Rng, n: usize) -> Vec<String> {
     let chars: Vec<char> = CHINESE.chars().collect();
     texts(n, || {
         let len = 4 + rng.next() % 20;
-        let mut clause: String = (0..len).map(|_| chars[(rng.next() % chars.len() as u64) as usize]).collect();
+        let mut clause: String = (0..len).map(|_| *pick(rng, &chars)).collect();
         clause.push(if rng.next().is_multiple_of(3) { '。' } else { '，' });
         clause
     })
