@@ -12,6 +12,8 @@ cp "$tmp/hf/model.safetensors" corpus/safetensors/seed-tiny.safetensors
 printf '\x00{"model":"hf","prompt":"hello there","max_tokens":4,"temperature":0}' >corpus/http_request/seed-completion
 printf '\x00{"model":"hf","prompt":[1,2,3],"stop":["a"],"top_p":0.5,"stream":true}' >corpus/http_request/seed-ids
 printf '\x01{"model":"hf","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}' >corpus/http_request/seed-chat
+printf '\x00{"model":"hf","prompt":["hi","there"],"n":2,"echo":true,"logprobs":1}' >corpus/http_request/seed-batch
+printf '\x00{"model":"hf","prompt":[[1,2],[3]],"max_tokens":0,"echo":true}' >corpus/http_request/seed-batch-ids
 # kv_events: [slot, length, KvEventBatch bytes]... (protobuf written by hand: epoch 1, one
 # snapshot event, then one stored event in sequence).
 python3 - <<'PY'

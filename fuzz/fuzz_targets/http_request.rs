@@ -45,9 +45,13 @@ fuzz_target!(|data: &[u8]| {
     let kind = if first & 1 == 0 { Kind::Completion } else { Kind::Chat };
     let c = ctx();
     match parse(c, body, kind) {
-        Ok((p, _)) => {
-            assert!(!p.tokens.is_empty() && p.tokens.len() < c.model.context_length);
-            assert!(p.tokens.iter().all(|&t| (t as usize) < c.model.vocab_size));
+        Ok((ps, shape)) => {
+            assert!((1..=ferry_router::openai::MAX_PROMPTS).contains(&ps.len()), "{} prompts", ps.len());
+            assert!(shape.echo.is_empty() || shape.echo.len() == ps.len(), "an echo per prompt");
+            for p in ps {
+                assert!(!p.tokens.is_empty() && p.tokens.len() < c.model.context_length);
+                assert!(p.tokens.iter().all(|&t| (t as usize) < c.model.vocab_size));
+            }
         }
         Err(r) => assert!(r.status().is_client_error(), "{}", r.status()),
     }

@@ -60,12 +60,35 @@ impl Admission {
     /// Waits for a slot: immediately when one is free, else in the queue for at most the
     /// timeout; refuses when the queue is full or the wait times out.
     pub async fn admit(&self) -> Result<Slot, RouterError> {
-        if self.limits.max_running == 0 {
-            return Ok(Slot { _permit: None });
+        Ok(Slot { _permit: self.acquire(1).await? })
+    }
+
+    /// Waits for `k` slots at once, as [`admit`](Self::admit) for one (a batch of prompts:
+    /// one slot each, taken together so that two batches never hold part of what each waits
+    /// for). More than `--max-running-requests` can never run: refused as invalid.
+    pub async fn admit_many(&self, k: usize) -> Result<Vec<Slot>, RouterError> {
+        let max = self.limits.max_running;
+        if max > 0 && k > max {
+            let why = format!("{k} prompts in one request; the router runs at most {max} at once");
+            return Err(RouterError::invalid("too_many_prompts", why));
         }
-        if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
+        let Some(mut permit) = self.acquire(k).await? else {
+            return Ok((0..k).map(|_| Slot { _permit: None }).collect());
+        };
+        let mut slots: Vec<Slot> = (1..k).map(|_| Slot { _permit: permit.split(1) }).collect();
+        slots.push(Slot { _permit: Some(permit) });
+        Ok(slots)
+    }
+
+    /// `k` permits (at most `max_running`; none when it is 0, no bound).
+    async fn acquire(&self, k: usize) -> Result<Option<OwnedSemaphorePermit>, RouterError> {
+        if self.limits.max_running == 0 {
+            return Ok(None);
+        }
+        let k = k as u32;
+        if let Ok(p) = Arc::clone(&self.slots).try_acquire_many_owned(k) {
             metrics::counter!(M::ROUTER_ADMISSION, "outcome" => "immediate").increment(1);
-            return Ok(Slot { _permit: Some(p) });
+            return Ok(Some(p));
         }
         let before = self.waiting.fetch_add(1, Ordering::SeqCst);
         let _w = Waiting(&self.waiting);
@@ -81,11 +104,11 @@ impl Admission {
         }
         metrics::gauge!(M::ROUTER_QUEUED).set((before + 1) as f64);
         let started = Instant::now();
-        match tokio::time::timeout(self.limits.timeout, Arc::clone(&self.slots).acquire_owned()).await {
+        match tokio::time::timeout(self.limits.timeout, Arc::clone(&self.slots).acquire_many_owned(k)).await {
             Ok(Ok(p)) => {
                 metrics::counter!(M::ROUTER_ADMISSION, "outcome" => "queued").increment(1);
                 metrics::histogram!(M::ROUTER_QUEUE_SECONDS).record(started.elapsed().as_secs_f64());
-                Ok(Slot { _permit: Some(p) })
+                Ok(Some(p))
             }
             Ok(Err(_)) => Err(RouterError::Stopping),
             Err(_) => Err(refused(
@@ -137,6 +160,29 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(50));
         assert!(e.to_string().contains("admission queue"), "{e:?}");
         assert_eq!(a.waiting(), 0, "a timed-out request leaves the queue");
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_its_slots_together_and_gives_them_back_one_by_one() {
+        let a = Arc::new(Admission::new(limits(4, 4, 5_000)));
+        let held = a.admit().await.expect("a free slot");
+        let mut batch = a.admit_many(3).await.expect("three of the four");
+        assert_eq!(batch.len(), 3);
+        assert!(a.slots.try_acquire().is_err(), "all four taken");
+        // A second batch of two waits for two free slots at once.
+        let a2 = Arc::clone(&a);
+        let second = tokio::spawn(async move { a2.admit_many(2).await.map(|s| s.len()) });
+        while a.waiting() == 0 {
+            tokio::task::yield_now().await;
+        }
+        batch.pop();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!second.is_finished(), "one free slot does not admit a batch of two");
+        drop(held);
+        assert_eq!(second.await.expect("join").expect("admitted"), 2);
+        let e = a.admit_many(5).await.err().expect("more than can ever run");
+        assert_eq!(e.status().code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.to_string().contains("5 prompts"), "{e}");
     }
 
     #[tokio::test]

@@ -1,6 +1,6 @@
-//! The OpenAI-compatible HTTP API: `POST /v1/completions`, `POST /v1/chat/completions`
-//! (streamed over SSE or not), `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`,
-//! `GET /metrics`.
+//! The OpenAI-compatible HTTP API: `POST /v1/completions` (one prompt or a batch of them)
+//! and `POST /v1/chat/completions` (streamed over SSE or not), `GET /v1/models`,
+//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`.
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
@@ -24,10 +24,11 @@ use axum::routing::{get, post};
 use ferry_cluster::trace::TRACEPARENT;
 use ferry_cluster::{RequestId, TraceContext};
 use ferry_tokenize::{Constraint, SamplingParams};
+use futures::StreamExt;
 use serde_json::json;
 
 use crate::error::RouterError;
-use crate::generate::{Ctx, Prepared};
+use crate::generate::{Ctx, Piece, Prepared};
 
 mod body;
 mod messages;
@@ -38,6 +39,9 @@ use reply::{Reply, sse, whole};
 
 /// Largest request body.
 pub const MAX_BODY: usize = 4 << 20;
+
+/// Most prompts in one completions request (a batch; each also takes an admission slot).
+pub const MAX_PROMPTS: usize = 256;
 
 fn err(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Response {
     metrics::counter!(ferry_cluster::metrics::BAD_REQUESTS, "role" => "router", "reason" => reason).increment(1);
@@ -82,14 +86,16 @@ pub struct Echo {
 /// What a request asked of its response, besides the tokens.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Shape {
+    /// The response's id (a batch's requests are named after it).
+    pub id: String,
     /// Server-sent events.
     pub stream: bool,
     /// Logprobs of the generated tokens.
     pub logprobs: bool,
     /// Tool calls to find in the output (chat with tools).
     pub tools: Option<tools::Tools>,
-    /// Completions with `echo`: the prompt to put first.
-    pub echo: Option<Echo>,
+    /// Completions with `echo`: each prompt, to put before its choices (else empty).
+    pub echo: Vec<Echo>,
 }
 
 /// Whether logprobs were asked for, and how many alternatives per token: chat takes
@@ -249,7 +255,7 @@ async fn health(State(ctx): State<Arc<Ctx>>) -> Response {
 
 // The error is the finished HTTP response, returned once per request: its size is no concern.
 #[allow(clippy::result_large_err)]
-fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Response> {
+fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), Response> {
     if c.model != ctx.model.name {
         return Err(err(
             StatusCode::NOT_FOUND,
@@ -289,39 +295,44 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
     if c.echo && kind == Kind::Chat {
         return Err(bad("unsupported", "`echo` is served on completions, not chat".into()));
     }
-    let tokens = match (kind, &c.prompt, &c.messages) {
-        (Kind::Completion, Some(PromptIn::Text(t)), None) => {
-            ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()))?
+    let encode = |t: &str| ctx.encode(t).map_err(|e| bad("tokenize", e.to_string()));
+    // A completion may carry several prompts (a list of strings or of token-id lists): each
+    // is a request of its own, its `n` choices after those of the prompts before it. Each
+    // prompt as the client wrote it (text), when it wrote text.
+    let count = match &c.prompt {
+        Some(PromptIn::Texts(ts)) => ts.len(),
+        Some(PromptIn::IdLists(ls)) => ls.len(),
+        _ => 1,
+    };
+    if count > MAX_PROMPTS {
+        let why = format!("`prompt` has {count} prompts; at most {MAX_PROMPTS} are accepted");
+        return Err(bad("too_many_prompts", why));
+    }
+    let prompts: Vec<(Vec<u32>, Option<&str>)> = match (kind, &c.prompt, &c.messages) {
+        (Kind::Completion, Some(PromptIn::Text(t)), None) => vec![(encode(t)?, Some(t.as_str()))],
+        (Kind::Completion, Some(PromptIn::Texts(ts)), None) => {
+            ts.iter().map(|t| Ok((encode(t)?, Some(t.as_str())))).collect::<Result<_, Response>>()?
         }
-        (Kind::Completion, Some(PromptIn::Texts(ts)), None) if ts.len() == 1 => {
-            ctx.encode(&ts[0]).map_err(|e| bad("tokenize", e.to_string()))?
-        }
-        (Kind::Completion, Some(PromptIn::Ids(ids)), None) => ids.clone(),
+        (Kind::Completion, Some(PromptIn::Ids(ids)), None) => vec![(ids.clone(), None)],
+        (Kind::Completion, Some(PromptIn::IdLists(ls)), None) => ls.iter().map(|ids| (ids.clone(), None)).collect(),
         (Kind::Completion, _, _) => {
-            return Err(bad("bad_prompt", "`prompt` must be one string or one list of token ids".into()));
+            let why = "`prompt` is required: a string, a list of strings, a list of token ids or a list of such lists";
+            return Err(bad("bad_prompt", why.into()));
         }
         (Kind::Chat, None, Some(ms)) => {
             let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
             let text = messages::render(t, ms, tools.as_ref()).map_err(|e| bad("bad_messages", e))?;
-            ctx.encode(&text).map_err(|e| bad("tokenize", e.to_string()))?
+            vec![(encode(&text)?, None)]
         }
         (Kind::Chat, _, _) => {
             return Err(bad("bad_messages", "`messages` is required (and `prompt` is not accepted)".into()));
         }
     };
+    if prompts.is_empty() {
+        return Err(bad("bad_prompt", "`prompt` is an empty list".into()));
+    }
     let d = SamplingParams::default();
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens);
-    let echo = c.echo.then(|| Echo {
-        text: match &c.prompt {
-            Some(PromptIn::Text(t)) => t.clone(),
-            Some(PromptIn::Texts(ts)) => ts.concat(),
-            _ => ctx.model.tokenizer.decode(&tokens, false).unwrap_or_default(),
-        },
-        ids: tokens.clone(),
-        // `max_tokens: 0` (an evaluation harness scoring the prompt): one token is made and
-        // left out of the answer.
-        prompt_only: max_tokens == 0,
-    });
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
         top_p: c.top_p.unwrap_or(d.top_p),
@@ -331,15 +342,23 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         frequency_penalty: c.frequency_penalty.unwrap_or(0.0),
         presence_penalty: c.presence_penalty.unwrap_or(0.0),
         seed: c.seed,
-        max_new_tokens: if echo.is_some() { max_tokens.max(1) } else { max_tokens },
-        prompt_logprobs: echo.as_ref().filter(|_| logprobs).map(|_| top_logprobs),
+        max_new_tokens: if c.echo { max_tokens.max(1) } else { max_tokens },
+        prompt_logprobs: (c.echo && logprobs).then_some(top_logprobs),
         ignore_eos: c.ignore_eos,
         top_logprobs,
         constraint,
         n: c.n.unwrap_or(1),
         ..d
     };
-    ctx.validate(&tokens, &sampling).map_err(|e| from_error(&e))?;
+    let batch = prompts.len() > 1;
+    for (i, (tokens, _)) in prompts.iter().enumerate() {
+        ctx.validate(tokens, &sampling).map_err(|e| match e {
+            RouterError::Invalid { reason, message } if batch => {
+                err(StatusCode::BAD_REQUEST, reason, format!("prompt[{i}]: {message}"))
+            }
+            e => from_error(&e),
+        })?;
+    }
     // This runs on the tokenizer pool: compiling a schema is no work for the async threads.
     // A schema that came from the tools is named as theirs.
     ctx.check_constraint(&sampling).map_err(|e| match (&e, &tools) {
@@ -349,17 +368,34 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Prepared, Shape), Respo
         }
         _ => from_error(&e),
     })?;
-    Ok((
-        Prepared {
-            request_id: RequestId::new(format!("ferry-{:016x}", rand::random::<u64>())),
+    let id = format!("ferry-{:016x}", rand::random::<u64>());
+    let echo = if c.echo {
+        let text = |ids: &[u32], t: Option<&str>| {
+            t.map_or_else(|| ctx.model.tokenizer.decode(ids, false).unwrap_or_default(), str::to_string)
+        };
+        // `max_tokens: 0` (an evaluation harness scoring the prompt): one token is made and
+        // left out of the answer.
+        prompts
+            .iter()
+            .map(|(ids, t)| Echo { text: text(ids, *t), ids: ids.clone(), prompt_only: max_tokens == 0 })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let prepared = prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, (tokens, _))| Prepared {
+            // A batch's requests are named after the response: `ferry-…-0`, `ferry-…-1`, ...
+            request_id: RequestId::new(if batch { format!("{id}-{i}") } else { id.clone() }),
             tokens,
-            sampling,
-            stop,
+            sampling: sampling.clone(),
+            stop: stop.clone(),
             trace: None,
             clock: None,
-        },
-        Shape { stream: c.stream, logprobs, tools, echo },
-    ))
+        })
+        .collect();
+    Ok((prepared, Shape { id, stream: c.stream, logprobs, tools, echo }))
 }
 
 async fn handle(
@@ -394,7 +430,7 @@ async fn handle(
         let job = move || parse(&ctx, &body, kind);
         crate::offload::Pool::global().run_sized(len, job).await
     };
-    let (mut p, shape) = match parsed {
+    let (mut ps, shape) = match parsed {
         Ok(Ok(x)) => {
             clock.lap("tokenize", std::time::Instant::now());
             x
@@ -406,27 +442,49 @@ async fn handle(
             return r;
         }
     };
+    // A batch takes one slot per prompt, all at once (its first given back while it waits).
+    let slots = if ps.len() == 1 {
+        vec![slot]
+    } else {
+        drop(slot);
+        match ctx.admission.admit_many(ps.len()).await {
+            Ok(s) => s,
+            Err(e) => return from_error(&e),
+        }
+    };
     // The caller's trace, when its `traceparent` header is well-formed.
-    p.trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
-    p.clock = Some(clock);
-    let id = p.request_id.to_string();
-    let model = ctx.model.name.clone();
-    let n = p.sampling.n.max(1);
-    let stream = match ctx.generate(p, slot).await {
+    let trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
+    ps[0].clock = Some(clock);
+    let (prompts, n) = (ps.len(), ps[0].sampling.n.max(1));
+    let started = ps.into_iter().zip(slots).map(|(mut p, slot)| {
+        p.trace = trace;
+        ctx.generate(p, slot)
+    });
+    let mut streams = match futures::future::try_join_all(started).await {
         Ok(s) => s,
         Err(e) => return from_error(&e),
+    };
+    // One stream of pieces: a batch's prompts' choices numbered on from those before.
+    let stream: futures::stream::BoxStream<'static, _> = match streams.pop() {
+        Some(s) if streams.is_empty() => s.boxed(),
+        last => futures::stream::select_all(streams.into_iter().chain(last).enumerate().map(|(i, s)| {
+            let first = i as u32 * n;
+            s.map(move |r| r.map(|p| Piece { index: first + p.index, ..p })).boxed()
+        }))
+        .boxed(),
     };
     let phases = headers.get(reply::PHASES).is_some_and(|v| v == "1" || v == "true");
     let reply = Reply {
         ctx: Arc::clone(&ctx),
-        id,
-        model,
+        id: shape.id,
+        model: ctx.model.name.clone(),
         kind,
         logprobs: shape.logprobs,
         phases,
         tools: shape.tools,
         echo: shape.echo,
         n: n as usize,
+        prompts,
     };
     if shape.stream { sse(stream, reply).into_response() } else { whole(stream, reply).await }
 }
@@ -436,7 +494,7 @@ async fn handle(
 /// what it asked of the response, or the finished 4xx response.
 // The error is the finished HTTP response, returned once per request: its size is no concern.
 #[allow(clippy::result_large_err)]
-pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Prepared, Shape), Response> {
+pub fn parse(ctx: &Ctx, body: &[u8], kind: Kind) -> Result<(Vec<Prepared>, Shape), Response> {
     let Ok(text) = std::str::from_utf8(body) else {
         return Err(err(StatusCode::BAD_REQUEST, "invalid_utf8", "the body is not UTF-8"));
     };

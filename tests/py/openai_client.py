@@ -48,6 +48,16 @@ except openai.BadRequestError as e:
 r3 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, user="u1")
 assert r3.choices[0].finish_reason in ("length", "stop"), r3
 
+# A batch of prompts, as strings and as token-id lists (what lm-eval's local-completions
+# sends): one choice per prompt, in order, each the answer the prompt gets alone.
+r7 = c.completions.create(model=model, prompt=["Once upon a time", "Hello"], max_tokens=3, temperature=0)
+assert [ch.index for ch in r7.choices] == [0, 1], r7
+assert r7.choices[0].text == r3.choices[0].text, (r7, r3)
+r8 = c.completions.create(model=model, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, temperature=0, echo=True, logprobs=1)
+alone = c.completions.create(model=model, prompt=[8, 9], max_tokens=3, temperature=0, echo=True, logprobs=1)
+assert r8.choices[1].text == alone.choices[0].text, (r8, alone)
+assert r8.choices[1].logprobs.tokens == alone.choices[0].logprobs.tokens, (r8, alone)
+
 # Logprobs: chat with alternatives, whole and streamed; completions with `logprobs: k`.
 r5 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
 lp = r5.choices[0].logprobs.content

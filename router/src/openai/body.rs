@@ -10,11 +10,12 @@ use super::err;
 use super::messages::MessageIn;
 
 #[derive(Debug, Deserialize)]
-#[serde(untagged, expecting = "a string, a list of strings or a list of token ids")]
+#[serde(untagged, expecting = "a string, a list of strings, a list of token ids or a list of such lists")]
 pub(super) enum PromptIn {
     Text(String),
     Texts(Vec<String>),
     Ids(Vec<u32>),
+    IdLists(Vec<Vec<u32>>),
 }
 
 #[derive(Debug, Deserialize)]

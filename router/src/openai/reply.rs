@@ -26,10 +26,12 @@ pub(super) struct Reply {
     pub(super) phases: bool,
     /// Chat with tools: calls are looked for in the output.
     pub(super) tools: Option<Tools>,
-    /// Completions with `echo`.
-    pub(super) echo: Option<Echo>,
-    /// Choices (`n`).
+    /// Completions with `echo`: each prompt's (else empty).
+    pub(super) echo: Vec<Echo>,
+    /// Choices per prompt (`n`).
     pub(super) n: usize,
+    /// Prompts (a completions batch; else 1): choice `i` answers prompt `i / n`.
+    pub(super) prompts: usize,
 }
 
 /// The request header asking for the phases, and the response header carrying them.
@@ -44,15 +46,36 @@ impl Reply {
         }
     }
 
-    /// A choice's `logprobs` for `tokens` (null when not asked for); `offset` carries a
+    /// Choices in all.
+    fn choices(&self) -> usize {
+        self.n * self.prompts
+    }
+
+    /// The prompt that choice `i` answers.
+    fn prompt_of(&self, i: usize) -> usize {
+        i / self.n.max(1)
+    }
+
+    /// What choice `i` echoes, if anything.
+    fn echo(&self, i: usize) -> Option<&Echo> {
+        self.echo.get(self.prompt_of(i))
+    }
+
+    /// Choice `i`'s `logprobs` for `tokens` (null when not asked for); `offset` carries a
     /// completion's text offset from chunk to chunk. `prompt`: an echoed prompt's logprobs
     /// go first (the first piece of an `echo`).
-    fn logprobs(&self, tokens: &[Scored], prompt: Option<&[Scored]>, offset: &mut usize) -> serde_json::Value {
+    fn logprobs(
+        &self,
+        i: usize,
+        tokens: &[Scored],
+        prompt: Option<&[Scored]>,
+        offset: &mut usize,
+    ) -> serde_json::Value {
         if !self.logprobs {
             return serde_json::Value::Null;
         }
         let tok = &self.ctx.model.tokenizer;
-        match (self.kind, prompt, &self.echo) {
+        match (self.kind, prompt, self.echo(i)) {
             (Kind::Chat, _, _) => crate::logprobs::chat(tok, tokens),
             (Kind::Completion, Some(p), Some(e)) if !e.ids.is_empty() => {
                 crate::logprobs::completion_echo(tok, e.ids[0], p, tokens, offset)
@@ -63,7 +86,7 @@ impl Reply {
 
     /// Whether the generated tokens are left out (`echo` with `max_tokens: 0`).
     fn prompt_only(&self) -> bool {
-        self.echo.as_ref().is_some_and(|e| e.prompt_only)
+        self.echo.first().is_some_and(|e| e.prompt_only)
     }
 }
 
@@ -73,14 +96,38 @@ fn phases(e: &End) -> serde_json::Value {
     e.phases.iter().map(|&(p, s)| (p.to_string(), json!(s))).collect::<serde_json::Map<_, _>>().into()
 }
 
-/// The request's usage: the prompt once, the completion tokens of all its sequences.
-fn usage(e: &End, completion_tokens: u32) -> serde_json::Value {
-    json!({
-        "prompt_tokens": e.prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": e.prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": e.cached_tokens},
-    })
+/// A request's usage: each prompt once (however many choices it has), the completion
+/// tokens of all its sequences.
+#[derive(Default)]
+struct Usage {
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    completion_tokens: u32,
+    /// The prompts counted so far.
+    counted: Vec<bool>,
+}
+
+impl Usage {
+    /// Counts a sequence's end, of prompt `prompt`.
+    fn add(&mut self, prompt: usize, e: &End) {
+        self.completion_tokens += e.completion_tokens;
+        if self.counted.len() <= prompt {
+            self.counted.resize(prompt + 1, false);
+        }
+        if !std::mem::replace(&mut self.counted[prompt], true) {
+            self.prompt_tokens += e.prompt_tokens;
+            self.cached_tokens += e.cached_tokens;
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
 }
 
 /// One choice of a whole response, as its pieces arrive.
@@ -92,9 +139,10 @@ struct Choice {
 }
 
 pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> + Unpin, r: Reply) -> Response {
-    let mut choices: Vec<Choice> = (0..r.n).map(|_| Choice::default()).collect();
-    // The prompt's logprobs (`echo`) come once, with sequence 0; every choice shows them.
-    let mut prompt = Vec::new();
+    let mut choices: Vec<Choice> = (0..r.choices()).map(|_| Choice::default()).collect();
+    // A prompt's logprobs (`echo`) come once, with its first sequence; each of its choices
+    // shows them.
+    let mut prompt: Vec<Vec<Scored>> = vec![Vec::new(); r.prompts];
     // The last sequence to end carries the request's phases.
     let mut last = None;
     while let Some(p) = s.next().await {
@@ -106,7 +154,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
                 c.text.push_str(&p.text);
                 if r.logprobs {
                     c.tokens.extend(p.tokens);
-                    prompt.extend(p.prompt);
+                    prompt[r.prompt_of(p.index as usize)].extend(p.prompt);
                 }
                 if p.end.is_some() {
                     c.end = p.end;
@@ -119,7 +167,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
     let (Some(e), true) = (last, choices.iter().all(|c| c.end.is_some())) else {
         return from_error(&RouterError::Internal("the request ended without a finish reason".into()));
     };
-    let mut completion_tokens = 0;
+    let mut usage = Usage::default();
     let choices: Vec<serde_json::Value> = choices
         .into_iter()
         .enumerate()
@@ -129,11 +177,11 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
                 (text, tokens) = (String::new(), Vec::new());
                 (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
             }
-            completion_tokens += e.completion_tokens;
-            if let Some(echo) = &r.echo {
+            usage.add(r.prompt_of(i), &e);
+            if let Some(echo) = r.echo(i) {
                 text.insert_str(0, &echo.text);
             }
-            let logprobs = r.logprobs(&tokens, Some(&prompt), &mut 0);
+            let logprobs = r.logprobs(i, &tokens, Some(&prompt[r.prompt_of(i)]), &mut 0);
             match r.kind {
                 Kind::Completion => {
                     json!({"index": i, "text": text, "finish_reason": e.finish.as_str(), "logprobs": logprobs})
@@ -154,7 +202,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
         .collect();
     let mut body = json!({
         "id": r.id, "object": r.object(false), "created": now(), "model": r.model, "choices": choices,
-        "usage": usage(&e, completion_tokens),
+        "usage": usage.json(),
     });
     let mut resp = ([(header::CONTENT_TYPE, "application/json")], String::new()).into_response();
     if r.phases {
@@ -190,13 +238,14 @@ pub(super) fn sse(
     r: Reply,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let created = now();
-    let mut choices: Vec<Streamed> =
-        (0..r.n).map(|_| Streamed { first: true, offset: 0, holdback: r.tools.clone().map(Holdback::new) }).collect();
-    // The prompt's logprobs (`echo`) come with sequence 0's first piece; every choice's first
-    // chunk shows them.
-    let mut prompt: Vec<Scored> = Vec::new();
-    // Sequences ended, and their completion tokens: the chunk ending the last carries usage.
-    let (mut ended, mut completion_tokens) = (0, 0);
+    let mut choices: Vec<Streamed> = (0..r.choices())
+        .map(|_| Streamed { first: true, offset: 0, holdback: r.tools.clone().map(Holdback::new) })
+        .collect();
+    // A prompt's logprobs (`echo`) come with its first sequence's first piece; each of its
+    // choices' first chunk shows them.
+    let mut prompt: Vec<Vec<Scored>> = vec![Vec::new(); r.prompts];
+    // Sequences ended, and the usage so far: the chunk ending the last carries it.
+    let (mut ended, mut usage) = (0, Usage::default());
     let events = s
         .map(move |p| {
             let data = match p {
@@ -211,15 +260,16 @@ pub(super) fn sse(
                             (e.completion_tokens, e.finish) = (0, ferry_tokenize::FinishReason::Length);
                         }
                     }
-                    let first = c.first;
-                    if first && let Some(echo) = &r.echo {
+                    let (first, i) = (c.first, p.index as usize);
+                    let g = r.prompt_of(i);
+                    if first && let Some(echo) = r.echo(i) {
                         p.text.insert_str(0, &echo.text);
                     }
                     if !p.prompt.is_empty() {
-                        prompt = std::mem::take(&mut p.prompt);
+                        prompt[g] = std::mem::take(&mut p.prompt);
                     }
                     let mut finish = p.end.as_ref().map(|e| e.finish.as_str());
-                    let logprobs = r.logprobs(&p.tokens, first.then_some(&prompt[..]), &mut c.offset);
+                    let logprobs = r.logprobs(i, &p.tokens, first.then_some(&prompt[g][..]), &mut c.offset);
                     let (mut text, mut calls) = (p.text.clone(), Vec::new());
                     if let Some(h) = &mut c.holdback {
                         text = h.push(&p.text);
@@ -253,9 +303,9 @@ pub(super) fn sse(
                     });
                     if let Some(e) = p.end {
                         ended += 1;
-                        completion_tokens += e.completion_tokens;
-                        if ended == r.n {
-                            chunk["usage"] = usage(&e, completion_tokens);
+                        usage.add(g, &e);
+                        if ended == r.choices() {
+                            chunk["usage"] = usage.json();
                             if r.phases {
                                 chunk["ferry_phases"] = phases(&e);
                             }
