@@ -1,6 +1,6 @@
 //! The OpenAI-compatible HTTP API: `POST /v1/completions` (one prompt or a batch of them)
 //! and `POST /v1/chat/completions` (streamed over SSE or not), `GET /v1/models`,
-//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`.
+//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`; any other path, a 404 naming it.
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
@@ -211,8 +211,16 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(|| async { ferry_cluster::exporter::handle().map(|h| h.render()).unwrap_or_default() }))
+        .fallback(not_served)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctx)
+}
+
+/// Any other path: a 404 naming it (its first 200 characters), in the API's error shape.
+async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    let served = "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics";
+    err(StatusCode::NOT_FOUND, "not_found", format!("{method} {path} is not served here; this server serves {served}"))
 }
 
 fn unauthorized(ctx: &Ctx, headers: &HeaderMap) -> Option<Response> {
