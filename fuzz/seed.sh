@@ -14,6 +14,7 @@ printf '\x00{"model":"hf","prompt":[1,2,3],"stop":["a"],"top_p":0.5,"stream":tru
 printf '\x01{"model":"hf","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}' >corpus/http_request/seed-chat
 printf '\x00{"model":"hf","prompt":["hi","there"],"n":2,"echo":true,"logprobs":1}' >corpus/http_request/seed-batch
 printf '\x00{"model":"hf","prompt":[[1,2],[3]],"max_tokens":0,"echo":true}' >corpus/http_request/seed-batch-ids
+printf '\x01{"model":"hf","messages":[{"role":"user","content":"hi"}],"logit_bias":{"7":100,"8":-100}}' >corpus/http_request/seed-logit-bias
 # kv_events: [slot, length, KvEventBatch bytes]... (protobuf written by hand: epoch 1, one
 # snapshot event, then one stored event in sequence).
 python3 - <<'PY'

@@ -48,6 +48,11 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
         constraint: p.constraint.and_then(|c| c.kind).and_then(constraint_from_proto),
         prompt_logprobs: p.prompt_logprobs,
         n: p.n.max(1),
+        logit_bias: {
+            let mut b: Vec<(u32, f32)> = p.logit_bias.into_iter().collect();
+            b.sort_unstable_by_key(|&(id, _)| id);
+            b
+        },
     }
 }
 
@@ -93,6 +98,7 @@ pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
         constraint: s.constraint.as_ref().map(constraint_to_proto),
         prompt_logprobs: s.prompt_logprobs,
         n: s.n,
+        logit_bias: s.logit_bias.iter().copied().collect(),
     }
 }
 

@@ -97,6 +97,12 @@ impl Sampler {
             g.apply(logits);
         }
         let p = &self.params;
+        // A masked token stays masked: -inf plus any bias is -inf.
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
+            }
+        }
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {
@@ -127,7 +133,7 @@ impl Sampler {
     }
 
     /// Whether this request's next token is the plain arg max of the logits (temperature 0,
-    /// no penalty, no top logprobs asked): then a backend may pick it where the logits are
+    /// no penalty, no logit bias, no top logprobs asked): then a backend may pick it where the logits are
     /// ([`crate::Model::forward_greedy`]) and the sampler only [`observe`](Self::observe)s it.
     pub fn plain_greedy(&self) -> bool {
         let p = &self.params;
@@ -136,6 +142,7 @@ impl Sampler {
             && p.frequency_penalty == 0.0
             && p.presence_penalty == 0.0
             && p.top_logprobs == 0
+            && p.logit_bias.is_empty()
             && self.guide.is_none()
     }
 
@@ -395,6 +402,20 @@ mod tests {
             .iter()
             .any(|c| c.0 == 0)
         );
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens_and_leaves_masks_alone() {
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(0, -100.0)]), &[]);
+        assert!(!s.plain_greedy(), "a backend's own argmax would skip the bias");
+        assert_eq!(s.sample(&mut [2.0, 1.0, 0.5]).token, 1, "banned");
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(2, 5.0)]), &[]);
+        let out = s.sample(&mut [2.0, 1.0, 0.5]);
+        assert_eq!(out.token, 2, "forced");
+        let lse = (2f32.exp() + 1f32.exp() + 5.5f32.exp()).ln();
+        assert!((out.logprob - (5.5 - lse)).abs() < 1e-5, "the logprob is of the biased logits");
+        let mut s = Sampler::new(params(|p| p.logit_bias = vec![(1, 100.0)]), &[]);
+        assert_eq!(s.sample(&mut [2.0, f32::NEG_INFINITY, 0.5]).token, 0, "a masked token stays masked");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
-//! fields asking for what is not served yet (`logit_bias`, `suffix`, ...), bad `tools`, a `response_format` or
+//! fields asking for what is not served yet (`suffix`, `functions`), bad `tools`, a `response_format` or
 //! schema that does not compile, an unknown model, invalid sampling values, an empty prompt or one over the
 //! context, a body that is not UTF-8 or over the size limit. No room anywhere gives 429 with a
 //! `Retry-After` header; so does a full admission queue, before the body is parsed. A client that disconnects drops the request on both workers. With
@@ -341,6 +341,17 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     }
     let d = SamplingParams::default();
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens);
+    // By token id, ascending; ranges are checked with the rest of the sampling.
+    let logit_bias: std::collections::BTreeMap<u32, f32> = match &c.logit_bias {
+        None => Default::default(),
+        Some(m) => m
+            .iter()
+            .map(|(k, &b)| match k.trim().parse::<u32>() {
+                Ok(id) => Ok((id, b)),
+                Err(_) => Err(bad("bad_logit_bias", format!("`logit_bias` key {k:?} is not a token id"))),
+            })
+            .collect::<Result<_, _>>()?,
+    };
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
         top_p: c.top_p.unwrap_or(d.top_p),
@@ -356,6 +367,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
         top_logprobs,
         constraint,
         n: c.n.unwrap_or(1),
+        logit_bias: logit_bias.into_iter().collect(),
         ..d
     };
     let batch = prompts.len() > 1;

@@ -58,6 +58,11 @@ alone = c.completions.create(model=model, prompt=[8, 9], max_tokens=3, temperatu
 assert r8.choices[1].text == alone.choices[0].text, (r8, alone)
 assert r8.choices[1].logprobs.tokens == alone.choices[0].logprobs.tokens, (r8, alone)
 
+# logit_bias as the client sends it (token ids as string keys): +100 forces token 7.
+r9 = c.chat.completions.create(model=model, messages=plain, max_tokens=3, temperature=0, logit_bias={"7": 100})
+sevens = c.completions.create(model=model, prompt=[7, 7, 7], max_tokens=0, echo=True)
+assert r9.choices[0].message.content == sevens.choices[0].text, (r9, sevens)
+
 # Logprobs: chat with alternatives, whole and streamed; completions with `logprobs: k`.
 r5 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0, logprobs=True, top_logprobs=2)
 lp = r5.choices[0].logprobs.content

@@ -37,7 +37,7 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use detok::Detokenizer;
 pub use error::TokenizeError;
 pub use head_cache::{HeadCache, HeadCacheStats};
-pub use request::{Constraint, FinishReason, MAX_N, MAX_TOP_LOGPROBS, SamplingError, SamplingParams};
+pub use request::{Constraint, FinishReason, MAX_LOGIT_BIAS, MAX_N, MAX_TOP_LOGPROBS, SamplingError, SamplingParams};
 pub use served::ServedModel;
 pub use token_bytes::display as token_display;
 pub use tokenizer::Tokenizer;

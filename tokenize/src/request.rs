@@ -38,6 +38,9 @@ pub struct SamplingParams {
     /// prefilled once and the decode worker forks it; sequence `i` samples with its own
     /// random stream (`seed + i` when a seed is set). 1 to [`MAX_N`].
     pub n: u32,
+    /// Added to these tokens' logits before every draw (OpenAI's `logit_bias`), by token id
+    /// in ascending order: each bias in [-100, 100], at most [`MAX_LOGIT_BIAS`] ids.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 /// A constraint on the whole output, enforced token by token (structured outputs): every
@@ -84,6 +87,7 @@ impl Default for SamplingParams {
             constraint: None,
             prompt_logprobs: None,
             n: 1,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -93,6 +97,9 @@ pub const MAX_N: u32 = 64;
 
 /// Most alternatives a request may ask for per token.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+/// Most token ids one request may bias (`logit_bias`).
+pub const MAX_LOGIT_BIAS: usize = 1024;
 
 /// A sampling parameter out of its range.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -156,6 +163,16 @@ impl SamplingParams {
         if let Some(id) = self.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
             return err("stop_token_ids", id, "must be inside the vocabulary");
         }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return err("logit_bias", &format!("{} ids", self.logit_bias.len()), "may hold at most 1024 token ids");
+        }
+        if let Some((id, _)) = self.logit_bias.iter().find(|&&(id, _)| id as usize >= vocab) {
+            return err("logit_bias", id, "token ids must be inside the vocabulary");
+        }
+        if let Some((id, b)) = self.logit_bias.iter().find(|&&(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(&b)))
+        {
+            return err("logit_bias", &format!("{b} (token {id})"), "each bias must be in [-100, 100]");
+        }
         Ok(())
     }
 }
@@ -199,9 +216,15 @@ mod tests {
             SamplingParams { max_new_tokens: 0, ..Default::default() },
             SamplingParams { top_logprobs: 21, ..Default::default() },
             SamplingParams { stop_token_ids: vec![10], ..Default::default() },
+            SamplingParams { logit_bias: vec![(10, 1.0)], ..Default::default() },
+            SamplingParams { logit_bias: vec![(3, 100.5)], ..Default::default() },
+            SamplingParams { logit_bias: vec![(3, f32::NAN)], ..Default::default() },
+            SamplingParams { logit_bias: vec![(3, 1.0); MAX_LOGIT_BIAS + 1], ..Default::default() },
         ];
         for p in bad {
             assert!(p.validate(10).is_err(), "{p:?}");
         }
+        let ends = SamplingParams { logit_bias: vec![(0, -100.0), (9, 100.0)], ..Default::default() };
+        assert!(ends.validate(10).is_ok());
     }
 }

@@ -97,6 +97,9 @@ pub(super) struct Common {
     /// `logprobs` is set; `max_tokens: 0` then scores the prompt alone).
     #[serde(default)]
     pub(super) echo: bool,
+    /// Token id (as a string: JSON object keys) to a bias added to its logit, in [-100, 100].
+    #[serde(default)]
+    pub(super) logit_bias: Option<std::collections::HashMap<String, f32>>,
     /// Everything else.
     #[serde(flatten)]
     pub(super) other: serde_json::Map<String, serde_json::Value>,
@@ -105,7 +108,7 @@ pub(super) struct Common {
 /// Fields that ask for something Ferry does not do yet: refused, not ignored, since ignoring
 /// them would silently change the answer. Values that ask for nothing (`false`, `null`, an
 /// empty list, `"auto"` / `"none"` tool choice, `{"type": "text"}`) pass.
-const UNSERVED: [&str; 3] = ["logit_bias", "functions", "suffix"];
+const UNSERVED: [&str; 2] = ["functions", "suffix"];
 
 /// Well-known fields counted under their own name when ignored; any other is counted as
 /// `other` (a label per field a client invents would make the metric unbounded).
