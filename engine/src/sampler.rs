@@ -1,7 +1,8 @@
 //! Choosing the next token from logits.
 //!
 //! Order: repetition penalty (over prompt and output), frequency and presence penalties
-//! (over output); the reported logprobs are the log-softmax of these penalised logits; then
+//! (over output), then the request's logit bias; the reported logprobs are the log-softmax
+//! of these logits; then
 //! greedy argmax at temperature 0, else temperature, top-k, top-p, min-p and a draw from the
 //! request's own seeded random stream. A request with an output constraint ([`Guide`]) has
 //! the tokens it forbids masked before any of this.
@@ -97,12 +98,6 @@ impl Sampler {
             g.apply(logits);
         }
         let p = &self.params;
-        // A masked token stays masked: -inf plus any bias is -inf.
-        for &(t, b) in &p.logit_bias {
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l += b;
-            }
-        }
         if p.repetition_penalty != 1.0 {
             for &t in &self.seen {
                 if let Some(l) = logits.get_mut(t as usize) {
@@ -115,6 +110,13 @@ impl Sampler {
                 if let Some(l) = logits.get_mut(t as usize) {
                     *l -= p.frequency_penalty * c as f32 + p.presence_penalty;
                 }
+            }
+        }
+        // Last, as OpenAI's is added to the logits the draw sees. A masked token stays
+        // masked: -inf plus any bias is -inf.
+        for &(t, b) in &p.logit_bias {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l += b;
             }
         }
         let lse = log_sum_exp(logits);

@@ -28,7 +28,7 @@ use futures::StreamExt;
 use serde_json::json;
 
 use crate::error::RouterError;
-use crate::generate::{Ctx, Piece, Prepared};
+use crate::generate::{Ctx, Prepared};
 
 mod body;
 mod messages;
@@ -307,9 +307,9 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     // A completion may carry several prompts (a list of strings or of token-id lists): each
     // is a request of its own, its `n` choices after those of the prompts before it. Each
     // prompt as the client wrote it (text), when it wrote text.
-    let count = match &c.prompt {
-        Some(PromptIn::Texts(ts)) => ts.len(),
-        Some(PromptIn::IdLists(ls)) => ls.len(),
+    let count = match (kind, &c.prompt) {
+        (Kind::Completion, Some(PromptIn::Texts(ts))) => ts.len(),
+        (Kind::Completion, Some(PromptIn::IdLists(ls))) => ls.len(),
         _ => 1,
     };
     if count > MAX_PROMPTS {
@@ -324,7 +324,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
         (Kind::Completion, Some(PromptIn::Ids(ids)), None) => vec![(ids.clone(), None)],
         (Kind::Completion, Some(PromptIn::IdLists(ls)), None) => ls.iter().map(|ids| (ids.clone(), None)).collect(),
         (Kind::Completion, _, _) => {
-            let why = "`prompt` is required: a string, a list of strings, a list of token ids or a list of such lists";
+            let why = "`prompt` is required (and `messages` is not accepted): a string, a list of strings, a list of token ids or a list of such lists";
             return Err(bad("bad_prompt", why.into()));
         }
         (Kind::Chat, None, Some(ms)) => {
@@ -342,16 +342,16 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     let d = SamplingParams::default();
     let max_tokens = c.max_completion_tokens.or(c.max_tokens).unwrap_or(d.max_new_tokens);
     // By token id, ascending; ranges are checked with the rest of the sampling.
-    let logit_bias: std::collections::BTreeMap<u32, f32> = match &c.logit_bias {
-        None => Default::default(),
-        Some(m) => m
-            .iter()
-            .map(|(k, &b)| match k.trim().parse::<u32>() {
-                Ok(id) => Ok((id, b)),
-                Err(_) => Err(bad("bad_logit_bias", format!("`logit_bias` key {k:?} is not a token id"))),
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    let mut logit_bias = std::collections::BTreeMap::<u32, f32>::new();
+    for (k, &b) in c.logit_bias.iter().flatten() {
+        let Ok(id) = k.trim().parse::<u32>() else {
+            return Err(bad("bad_logit_bias", format!("`logit_bias` key {k:?} is not a token id")));
+        };
+        // "7" and "07" are one id: which bias would win is the map's order, so neither does.
+        if logit_bias.insert(id, b).is_some() {
+            return Err(bad("bad_logit_bias", format!("`logit_bias` names token {id} twice (key {k:?})")));
+        }
+    }
     let sampling = SamplingParams {
         temperature: c.temperature.unwrap_or(1.0),
         top_p: c.top_p.unwrap_or(d.top_p),
@@ -373,7 +373,8 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     let batch = prompts.len() > 1;
     for (i, (tokens, _)) in prompts.iter().enumerate() {
         ctx.validate(tokens, &sampling).map_err(|e| match e {
-            RouterError::Invalid { reason, message } if batch => {
+            // The prompt's own faults name it; the sampling's are the whole request's.
+            RouterError::Invalid { reason, message } if batch && reason != "bad_sampling" => {
                 err(StatusCode::BAD_REQUEST, reason, format!("prompt[{i}]: {message}"))
             }
             e => from_error(&e),
@@ -450,7 +451,7 @@ async fn handle(
         let job = move || parse(&ctx, &body, kind);
         crate::offload::Pool::global().run_sized(len, job).await
     };
-    let (mut ps, shape) = match parsed {
+    let (ps, shape) = match parsed {
         Ok(Ok(x)) => {
             clock.lap("tokenize", std::time::Instant::now());
             x
@@ -467,31 +468,29 @@ async fn handle(
         vec![slot]
     } else {
         drop(slot);
-        match ctx.admission.admit_many(ps.len()).await {
+        let slots = match ctx.admission.admit_many(ps.len()).await {
             Ok(s) => s,
             Err(e) => return from_error(&e),
-        }
+        };
+        clock.lap("queue", std::time::Instant::now());
+        slots
     };
     // The caller's trace, when its `traceparent` header is well-formed.
     let trace = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
-    ps[0].clock = Some(clock);
     let (prompts, n) = (ps.len(), ps[0].sampling.n.max(1));
+    // Each of a batch's requests goes on from the clock so far (the phases that answer says
+    // are those of its last request to end).
     let started = ps.into_iter().zip(slots).map(|(mut p, slot)| {
-        p.trace = trace;
+        (p.trace, p.clock) = (trace, Some(clock.clone()));
         ctx.generate(p, slot)
     });
     let mut streams = match futures::future::try_join_all(started).await {
         Ok(s) => s,
         Err(e) => return from_error(&e),
     };
-    // One stream of pieces: a batch's prompts' choices numbered on from those before.
-    let stream: futures::stream::BoxStream<'static, _> = match streams.pop() {
+    let stream = match streams.pop() {
         Some(s) if streams.is_empty() => s.boxed(),
-        last => futures::stream::select_all(streams.into_iter().chain(last).enumerate().map(|(i, s)| {
-            let first = i as u32 * n;
-            s.map(move |r| r.map(|p| Piece { index: first + p.index, ..p })).boxed()
-        }))
-        .boxed(),
+        last => reply::merged(streams.into_iter().chain(last).map(StreamExt::boxed).collect(), n),
     };
     let phases = headers.get(reply::PHASES).is_some_and(|v| v == "1" || v == "true");
     let reply = Reply {

@@ -43,6 +43,7 @@ async fn logit_bias_bans_and_forces_tokens_through_prefill_and_decode() {
 
     for (bias, code, names) in [
         (serde_json::json!({"seven": 1}), "bad_logit_bias", "`logit_bias` key \"seven\""),
+        (serde_json::json!({"7": 1, "07": -1}), "bad_logit_bias", "names token 7 twice"),
         (serde_json::json!({"7": 101}), "bad_sampling", "logit_bias"),
         (serde_json::json!({"100000": 1}), "bad_sampling", "logit_bias"),
         (serde_json::json!({"7": "up"}), "bad_json", "logit_bias"),

@@ -117,6 +117,13 @@ async fn a_batch_of_prompts_answers_each_as_it_would_alone() {
         let message = v["error"]["message"].as_str().expect("message");
         assert!(message.contains(&names), "{prompt}: {message}");
     }
+    // A fault of the sampling is the whole request's, not its first prompt's.
+    let mut cold = req(json!(["a", "b"]));
+    cold["temperature"] = (-1.0).into();
+    let (s, v) = post(a, &cold).await;
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((s, v["error"]["code"].as_str()), (400, Some("bad_sampling")), "{v}");
+    assert!(message.contains("temperature") && !message.contains("prompt["), "{message}");
     settle(&p, std::slice::from_ref(&d)).await;
     r.stop().await;
     p.stop().await;

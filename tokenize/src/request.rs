@@ -169,6 +169,9 @@ impl SamplingParams {
         if let Some((id, _)) = self.logit_bias.iter().find(|&&(id, _)| id as usize >= vocab) {
             return err("logit_bias", id, "token ids must be inside the vocabulary");
         }
+        if let Some(w) = self.logit_bias.windows(2).find(|w| w[0].0 >= w[1].0) {
+            return err("logit_bias", &w[1].0, "token ids must be unique, in ascending order");
+        }
         if let Some((id, b)) = self.logit_bias.iter().find(|&&(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(&b)))
         {
             return err("logit_bias", &format!("{b} (token {id})"), "each bias must be in [-100, 100]");
@@ -220,6 +223,8 @@ mod tests {
             SamplingParams { logit_bias: vec![(3, 100.5)], ..Default::default() },
             SamplingParams { logit_bias: vec![(3, f32::NAN)], ..Default::default() },
             SamplingParams { logit_bias: vec![(3, 1.0); MAX_LOGIT_BIAS + 1], ..Default::default() },
+            SamplingParams { logit_bias: vec![(3, 1.0), (3, 2.0)], ..Default::default() },
+            SamplingParams { logit_bias: vec![(4, 1.0), (3, 2.0)], ..Default::default() },
         ];
         for p in bad {
             assert!(p.validate(10).is_err(), "{p:?}");

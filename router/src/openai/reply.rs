@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::http::header;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 
@@ -136,6 +137,21 @@ struct Choice {
     text: String,
     tokens: Vec<Scored>,
     end: Option<End>,
+}
+
+/// A batch's streams of pieces as one: prompt `i`'s choices numbered from `i × n`. The first
+/// error ends it: the other requests are dropped (cancelled on their workers), as a whole
+/// answer's are.
+pub(super) fn merged(
+    streams: Vec<BoxStream<'static, Result<Piece, RouterError>>>,
+    n: u32,
+) -> BoxStream<'static, Result<Piece, RouterError>> {
+    futures::stream::select_all(streams.into_iter().enumerate().map(|(i, s)| {
+        let first = i as u32 * n;
+        s.map(move |r| r.map(|p| Piece { index: first + p.index, ..p })).boxed()
+    }))
+    .scan(false, |failed, r| std::future::ready((!std::mem::replace(failed, r.is_err())).then_some(r)))
+    .boxed()
 }
 
 pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> + Unpin, r: Reply) -> Response {
@@ -324,4 +340,31 @@ pub(super) fn sse(
 /// An error as a streamed event's data.
 fn error_json(e: &RouterError) -> serde_json::Value {
     json!({"error": {"message": e.to_string(), "type": e.http().1, "code": e.reason()}})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(index: u32, text: &str) -> Result<Piece, RouterError> {
+        Ok(Piece { index, text: text.into(), tokens: Vec::new(), prompt: Vec::new(), end: None })
+    }
+
+    #[tokio::test]
+    async fn a_batch_numbers_its_prompts_choices_on_and_ends_at_its_first_error() {
+        let a = futures::stream::iter([piece(0, "a0"), piece(1, "a1")]).boxed();
+        let b = futures::stream::iter([piece(1, "b1"), piece(0, "b0")]).boxed();
+        let mut got: Vec<(u32, String)> =
+            merged(vec![a, b], 2).map(|p| p.map(|p| (p.index, p.text)).expect("a piece")).collect().await;
+        got.sort();
+        let want = [(0, "a0"), (1, "a1"), (2, "b0"), (3, "b1")].map(|(i, t)| (i, t.to_string()));
+        assert_eq!(got, want);
+
+        let failing = futures::stream::iter([piece(0, "x"), Err(RouterError::Internal("broke".into()))]).boxed();
+        let endless = futures::stream::repeat_with(|| piece(0, "y")).boxed();
+        let out: Vec<_> = merged(vec![failing, endless], 1).take(10_000).collect().await;
+        assert!(out.len() < 10_000, "the stream ended");
+        assert!(out.last().is_some_and(Result::is_err), "with the error");
+        assert_eq!(out.iter().filter(|r| r.is_err()).count(), 1);
+    }
 }
