@@ -119,6 +119,11 @@ impl Admission {
         }
     }
 
+    /// Requests that may run at once (0: no bound).
+    pub fn max_running(&self) -> usize {
+        self.limits.max_running
+    }
+
     /// Requests waiting now.
     pub fn waiting(&self) -> usize {
         self.waiting.load(Ordering::SeqCst)

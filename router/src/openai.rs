@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API: `POST /v1/completions` (one prompt or a batch of them)
 //! and `POST /v1/chat/completions` (streamed over SSE or not), `GET /v1/models`,
-//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`; any other path, a 404 naming it.
+//! `GET /v1/models/{id}`, `GET /health`, `GET /metrics`; any other path a 404, and another
+//! method on these paths a 405, naming it.
 //!
 //! Bad input gets a 4xx with an OpenAI-shaped error body (`{"error": {"message", "type",
 //! "code"}}`) and is counted in `ferry_bad_requests_total{role="router"}`: malformed JSON,
@@ -212,6 +213,7 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(|| async { ferry_cluster::exporter::handle().map(|h| h.render()).unwrap_or_default() }))
         .fallback(not_served)
+        .method_not_allowed_fallback(not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(ctx)
 }
@@ -221,6 +223,12 @@ async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> Respons
     let path: String = uri.path().chars().take(200).collect();
     let served = "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics";
     err(StatusCode::NOT_FOUND, "not_found", format!("{method} {path} is not served here; this server serves {served}"))
+}
+
+/// A served path asked with another method: a 405 naming both, in the API's error shape.
+async fn not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {path}"))
 }
 
 fn unauthorized(ctx: &Ctx, headers: &HeaderMap) -> Option<Response> {
@@ -314,6 +322,12 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     };
     if count > MAX_PROMPTS {
         let why = format!("`prompt` has {count} prompts; at most {MAX_PROMPTS} are accepted");
+        return Err(bad("too_many_prompts", why));
+    }
+    // Before tokenizing them: a batch larger than can run at once never will.
+    let max = ctx.admission.max_running();
+    if count > 1 && max > 0 && count > max {
+        let why = format!("{count} prompts in one request; the router runs at most {max} at once");
         return Err(bad("too_many_prompts", why));
     }
     let prompts: Vec<(Vec<u32>, Option<&str>)> = match (kind, &c.prompt, &c.messages) {

@@ -49,7 +49,8 @@ fn texts(v: &Value) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_prompts_answers_each_as_it_would_alone() {
     let m = TinyModel::new();
-    let (p, d, r) = one_of_each(&m, 512, |_| ()).await;
+    // At most 8 requests at once: a batch of 9 can never run.
+    let (p, d, r) = one_of_each(&m, 512, |a| a.max_running_requests = 8).await;
     let a = r.http_addr;
     let (_, _, models) = http(a, "GET", "/v1/models", b"").await;
     let model = parse(&models)["data"][0]["id"].clone();
@@ -110,6 +111,7 @@ async fn a_batch_of_prompts_answers_each_as_it_would_alone() {
         (json!([[5, 6], []]), "empty_prompt", "prompt[1]: ".to_string()),
         (json!([[5], [1_000_000]]), "token_out_of_vocabulary", "prompt[1]: token id 1000000".to_string()),
         (json!(too_many), "too_many_prompts", format!("at most {}", ferry_router::openai::MAX_PROMPTS)),
+        (json!(vec!["a"; 9]), "too_many_prompts", "runs at most 8 at once".to_string()),
         (json!([["a"]]), "bad_json", "a list of such lists".to_string()),
     ] {
         let (s, v) = post(a, &req(prompt.clone())).await;

@@ -32,11 +32,11 @@ async fn endpoints_refuse_what_they_do_not_serve() {
     ] {
         let (s, _, body) = http(api, method, path, b"{}").await;
         assert_eq!(s, want, "{method} {path}: {body}");
-        if want == 404 {
-            let v: serde_json::Value = serde_json::from_str(&body).expect("an error body");
-            assert_eq!(v["error"]["code"], "not_found", "{body}");
-            assert!(v["error"]["message"].as_str().is_some_and(|m| m.starts_with(&format!("{method} /"))), "{body}");
-        }
+        // An error body in the API's shape, naming the method.
+        let v: serde_json::Value = serde_json::from_str(&body).expect("an error body");
+        let code = if want == 404 { "not_found" } else { "method_not_allowed" };
+        assert_eq!(v["error"]["code"], code, "{method} {path}: {body}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.starts_with(&format!("{method} "))), "{body}");
     }
 
     // gRPC: the router's port serves no worker service; a worker serves only its role's.
