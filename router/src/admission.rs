@@ -67,11 +67,7 @@ impl Admission {
     /// one slot each, taken together so that two batches never hold part of what each waits
     /// for). More than `--max-running-requests` can never run: refused as invalid.
     pub async fn admit_many(&self, k: usize) -> Result<Vec<Slot>, RouterError> {
-        let max = self.limits.max_running;
-        if max > 0 && k > max {
-            let why = format!("{k} prompts in one request; the router runs at most {max} at once");
-            return Err(RouterError::invalid("too_many_prompts", why));
-        }
+        self.can_run(k)?;
         let Some(mut permit) = self.acquire(k).await? else {
             return Ok((0..k).map(|_| Slot { _permit: None }).collect());
         };
@@ -119,9 +115,14 @@ impl Admission {
         }
     }
 
-    /// Requests that may run at once (0: no bound).
-    pub fn max_running(&self) -> usize {
-        self.limits.max_running
+    /// Whether a batch of `k` requests can ever run at once (`--max-running-requests`).
+    pub fn can_run(&self, k: usize) -> Result<(), RouterError> {
+        let max = self.limits.max_running;
+        if max > 0 && k > max {
+            let why = format!("{k} prompts in one request; the router runs at most {max} at once");
+            return Err(RouterError::invalid("too_many_prompts", why));
+        }
+        Ok(())
     }
 
     /// Requests waiting now.

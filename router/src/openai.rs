@@ -218,17 +218,21 @@ pub fn routes(ctx: Arc<Ctx>) -> Router {
         .with_state(ctx)
 }
 
-/// Any other path: a 404 naming it (its first 200 characters), in the API's error shape.
+/// A request's path as an error names it: its first 200 characters.
+fn shown(uri: &axum::http::Uri) -> String {
+    uri.path().chars().take(200).collect()
+}
+
+/// Any other path: a 404 naming it, in the API's error shape.
 async fn not_served(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let path: String = uri.path().chars().take(200).collect();
     let served = "/v1/completions, /v1/chat/completions, /v1/models, /health and /metrics";
-    err(StatusCode::NOT_FOUND, "not_found", format!("{method} {path} is not served here; this server serves {served}"))
+    let why = format!("{method} {} is not served here; this server serves {served}", shown(&uri));
+    err(StatusCode::NOT_FOUND, "not_found", why)
 }
 
 /// A served path asked with another method: a 405 naming both, in the API's error shape.
 async fn not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
-    let path: String = uri.path().chars().take(200).collect();
-    err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {path}"))
+    err(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", format!("{method} is not allowed on {}", shown(&uri)))
 }
 
 fn unauthorized(ctx: &Ctx, headers: &HeaderMap) -> Option<Response> {
@@ -325,11 +329,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
         return Err(bad("too_many_prompts", why));
     }
     // Before tokenizing them: a batch larger than can run at once never will.
-    let max = ctx.admission.max_running();
-    if count > 1 && max > 0 && count > max {
-        let why = format!("{count} prompts in one request; the router runs at most {max} at once");
-        return Err(bad("too_many_prompts", why));
-    }
+    ctx.admission.can_run(count).map_err(|e| from_error(&e))?;
     let prompts: Vec<(Vec<u32>, Option<&str>)> = match (kind, &c.prompt, &c.messages) {
         (Kind::Completion, Some(PromptIn::Text(t)), None) => vec![(encode(t)?, Some(t.as_str()))],
         (Kind::Completion, Some(PromptIn::Texts(ts)), None) => {
@@ -417,15 +417,18 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
     } else {
         Vec::new()
     };
+    // The last prompt (the only one, mostly) takes the sampling itself, the others copies.
+    let k = prompts.len();
     let prepared = prompts
         .into_iter()
+        .zip(std::iter::repeat_n((sampling, stop), k))
         .enumerate()
-        .map(|(i, (tokens, _))| Prepared {
+        .map(|(i, ((tokens, _), (sampling, stop)))| Prepared {
             // A batch's requests are named after the response: `ferry-…-0`, `ferry-…-1`, ...
             request_id: RequestId::new(if batch { format!("{id}-{i}") } else { id.clone() }),
             tokens,
-            sampling: sampling.clone(),
-            stop: stop.clone(),
+            sampling,
+            stop,
             trace: None,
             clock: None,
         })
@@ -494,8 +497,8 @@ async fn handle(
     let (prompts, n) = (ps.len(), ps[0].sampling.n.max(1));
     // Each of a batch's requests goes on from the clock so far (the phases that answer says
     // are those of its last request to end).
-    let started = ps.into_iter().zip(slots).map(|(mut p, slot)| {
-        (p.trace, p.clock) = (trace, Some(clock.clone()));
+    let started = ps.into_iter().zip(slots).zip(std::iter::repeat_n(clock, prompts)).map(|((mut p, slot), clock)| {
+        (p.trace, p.clock) = (trace, Some(clock));
         ctx.generate(p, slot)
     });
     let mut streams = match futures::future::try_join_all(started).await {

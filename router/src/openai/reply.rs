@@ -99,22 +99,22 @@ fn phases(e: &End) -> serde_json::Value {
 
 /// A request's usage: each prompt once (however many choices it has), the completion
 /// tokens of all its sequences.
-#[derive(Default)]
 struct Usage {
     prompt_tokens: u32,
     cached_tokens: u32,
     completion_tokens: u32,
-    /// The prompts counted so far.
+    /// Whether each prompt is counted yet.
     counted: Vec<bool>,
 }
 
 impl Usage {
+    fn new(prompts: usize) -> Self {
+        Self { prompt_tokens: 0, cached_tokens: 0, completion_tokens: 0, counted: vec![false; prompts] }
+    }
+
     /// Counts a sequence's end, of prompt `prompt`.
     fn add(&mut self, prompt: usize, e: &End) {
         self.completion_tokens += e.completion_tokens;
-        if self.counted.len() <= prompt {
-            self.counted.resize(prompt + 1, false);
-        }
         if !std::mem::replace(&mut self.counted[prompt], true) {
             self.prompt_tokens += e.prompt_tokens;
             self.cached_tokens += e.cached_tokens;
@@ -183,7 +183,7 @@ pub(super) async fn whole(mut s: impl Stream<Item = Result<Piece, RouterError>> 
     let (Some(e), true) = (last, choices.iter().all(|c| c.end.is_some())) else {
         return from_error(&RouterError::Internal("the request ended without a finish reason".into()));
     };
-    let mut usage = Usage::default();
+    let mut usage = Usage::new(r.prompts);
     let choices: Vec<serde_json::Value> = choices
         .into_iter()
         .enumerate()
@@ -261,7 +261,7 @@ pub(super) fn sse(
     // choices' first chunk shows them.
     let mut prompt: Vec<Vec<Scored>> = vec![Vec::new(); r.prompts];
     // Sequences ended, and the usage so far: the chunk ending the last carries it.
-    let (mut ended, mut usage) = (0, Usage::default());
+    let (mut ended, mut usage) = (0, Usage::new(r.prompts));
     let events = s
         .map(move |p| {
             let data = match p {
