@@ -146,35 +146,49 @@ async fn local_prefill_on_the_decode_node_matches_too() {
     d.stop().await;
 }
 
-/// `--device cuda` on a machine without a GPU (or a build without CUDA): the daemons refuse to
-/// start and say why. Where a GPU is present they start on it, with their pools mirrored.
+/// `--device cuda:4096`, a GPU no machine has: the daemons refuse to start and say why, on any
+/// machine (without a GPU, the driver or CUDA libraries are missing; in a build without CUDA,
+/// the feature; on a GPU machine, the device).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cuda_daemons_start_on_a_gpu_or_say_why_not() {
+async fn cuda_daemons_refuse_a_gpu_that_is_not_there_and_say_why() {
+    let s = Setup { page_size: 16, chunk: 64, transfer: BackendKind::Tcp, decodes: 1, mirror: false };
+    let m = TinyModel::new();
+    let mut pa = prefill_args(&m, &s);
+    pa.worker.device = Device::Cuda(4096);
+    let mut da = decode_args(&m, &s);
+    da.worker.device = Device::Cuda(4096);
+    let why = |e: ferry_prefill::StartError| {
+        let text = e.to_string();
+        assert!(text.contains("--device cuda"), "{text}");
+    };
+    match ferry_prefill::start(pa).await {
+        Ok(_) => panic!("prefill started on GPU 4096, which no machine has"),
+        Err(e) => why(e),
+    }
+    match ferry_decode::start(da).await {
+        Ok(_) => panic!("decode started on GPU 4096, which no machine has"),
+        Err(e) => why(e),
+    }
+    // A device that is not one fails as the flags are parsed, before anything loads.
+    let e = PrefillArgs::try_parse_from(["ferry-prefill", "--model", "m", "--device", "cuda:x"]).expect_err("no index");
+    assert!(e.to_string().contains("GPU index"), "{e}");
+}
+
+/// On a GPU (feature `gpu-tests`, built by `scripts/gpu-kit` for a lent GPU): `--device cuda`
+/// daemons start on GPU 0, their pools mirrored to the host for the data plane.
+#[cfg(feature = "gpu-tests")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_daemons_start_on_gpu_0_with_mirrored_pools() {
     let s = Setup { page_size: 16, chunk: 64, transfer: BackendKind::Tcp, decodes: 1, mirror: false };
     let m = TinyModel::new();
     let mut pa = prefill_args(&m, &s);
     pa.worker.device = Device::Cuda(0);
     let mut da = decode_args(&m, &s);
     da.worker.device = Device::Cuda(0);
-    let why = |e: ferry_prefill::StartError| {
-        let text = e.to_string();
-        assert!(text.contains("--device cuda"), "{text}");
-    };
-    match ferry_prefill::start(pa).await {
-        Ok(p) => {
-            assert!(p.kv_mirrored, "a GPU pool travels through a host mirror");
-            p.stop().await;
-        }
-        Err(e) => why(e),
-    }
-    match ferry_decode::start(da).await {
-        Ok(d) => {
-            assert!(d.kv_mirrored);
-            d.stop().await;
-        }
-        Err(e) => why(e),
-    }
-    // A device that is not one fails as the flags are parsed, before anything loads.
-    let e = PrefillArgs::try_parse_from(["ferry-prefill", "--model", "m", "--device", "cuda:x"]).expect_err("no index");
-    assert!(e.to_string().contains("GPU index"), "{e}");
+    let p = ferry_prefill::start(pa).await.unwrap_or_else(|e| panic!("prefill on GPU 0: {e}"));
+    assert!(p.kv_mirrored, "a GPU pool travels through a host mirror");
+    let d = ferry_decode::start(da).await.unwrap_or_else(|e| panic!("decode on GPU 0: {e}"));
+    assert!(d.kv_mirrored, "a GPU pool travels through a host mirror");
+    d.stop().await;
+    p.stop().await;
 }

@@ -5,7 +5,6 @@ mod common;
 mod against_ggml;
 mod bad_input;
 mod cache_props;
-#[cfg(feature = "cuda")]
 mod cuda_parity;
 mod loading;
 mod parity;

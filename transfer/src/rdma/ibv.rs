@@ -34,28 +34,51 @@ pub fn device_count() -> usize {
     n.max(0) as usize
 }
 
-/// An opened device with one protection domain.
-pub struct IbVerbs {
+/// An opened device context and its protection domain, with the memory regions registered
+/// on it: shared by the [`IbVerbs`] and every queue pair made from it, and released when the
+/// last of them goes (regions, then the domain, then the device: each after what was made on
+/// it, as libibverbs requires).
+struct Device {
     ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
+    /// Registered regions by remote key (their `ibv_mr` pointers).
+    mrs: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+// SAFETY: libibverbs contexts, protection domains and memory regions are thread-safe; the
+// region map is behind a mutex.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    fn regions(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
+        self.mrs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: every queue pair, completion queue and window made on this domain holds an
+        // `Arc<Device>` and is gone; the regions, the domain and the context are released once,
+        // in that order.
+        unsafe {
+            for mr in self.regions().drain().map(|(_, mr)| mr) {
+                ffi::ibv_dereg_mr(mr as *mut ffi::ibv_mr);
+            }
+            ffi::ibv_dealloc_pd(self.pd);
+            ffi::ibv_close_device(self.ctx);
+        }
+    }
+}
+
+/// An opened device with one protection domain.
+pub struct IbVerbs {
+    dev: std::sync::Arc<Device>,
     lid: u16,
     gid: [u8; 16],
     gid_index: u8,
-    /// Registered regions by remote key (their `ibv_mr` pointers), shared with the queue pairs
-    /// that bind windows on them.
-    mrs: Regions,
 }
-
-type Regions = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, usize>>>;
-
-fn regions(r: &Regions) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
-    r.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-// SAFETY: libibverbs contexts and protection domains are thread-safe.
-unsafe impl Send for IbVerbs {}
-// SAFETY: as above.
-unsafe impl Sync for IbVerbs {}
 
 impl std::fmt::Debug for IbVerbs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -70,36 +93,36 @@ impl IbVerbs {
         // SAFETY: plain call; the list is freed below.
         let list = unsafe { ffi::ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(VerbsError::NoDevice(format!("cannot list RDMA devices: {}", std::io::Error::last_os_error())));
+            return Err(VerbsError::NoDevice(format!(
+                "no RDMA device on this machine (cannot list devices: {}); use --transfer tcp",
+                std::io::Error::last_os_error()
+            )));
         }
         // SAFETY: `list` holds `n` device pointers.
         let devices = unsafe { std::slice::from_raw_parts(list, n.max(0) as usize) };
-        let dev = devices.iter().copied().find(|&d| {
+        let names: Vec<String> = devices
+            .iter()
             // SAFETY: a device from the list; its name is a C string owned by the list.
-            let dn = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(d)) };
-            name.is_none_or(|want| dn.to_string_lossy() == want)
-        });
+            .map(|&d| unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(d)) }.to_string_lossy().into_owned())
+            .collect();
         // SAFETY: a device from the list may be opened before the list is freed.
-        let raw = dev.map(|d| unsafe { ffi::ibv_open_device(d) });
+        let raw = super::pick_device(&names, name).map(|i| unsafe { ffi::ibv_open_device(devices[i]) });
         // SAFETY: from ibv_get_device_list; opened contexts stay valid after this.
         unsafe { ffi::ibv_free_device_list(list) };
-        let raw = match raw {
-            None => {
-                return Err(VerbsError::NoDevice(match name {
-                    Some(want) => format!("no RDMA device named {want} ({n} present)"),
-                    None => {
-                        "no RDMA device on this machine (ibv_get_device_list found none); use --transfer tcp".into()
-                    }
-                }));
-            }
-            Some(r) if r.is_null() => return Err(last_err("ibv_open_device")),
-            Some(r) => r,
-        };
+        let raw = raw?;
+        if raw.is_null() {
+            return Err(last_err("ibv_open_device"));
+        }
         // SAFETY: `raw` is an open context.
         let pd = unsafe { ffi::ibv_alloc_pd(raw) };
         if pd.is_null() {
-            return Err(last_err("ibv_alloc_pd"));
+            let e = last_err("ibv_alloc_pd");
+            // SAFETY: opened above, nothing made on it.
+            unsafe { ffi::ibv_close_device(raw) };
+            return Err(e);
         }
+        // From here on, dropping `dev` releases the domain and the context.
+        let dev = std::sync::Arc::new(Device { ctx: raw, pd, mrs: Default::default() });
         // SAFETY: an all-zero port attribute struct is valid for the call to fill.
         let mut port: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: valid context and out-pointer.
@@ -116,7 +139,7 @@ impl IbVerbs {
         }
         // SAFETY: both union views are plain bytes.
         let gid = unsafe { gid.raw };
-        Ok(Self { ctx: raw, pd, lid: port.lid, gid, gid_index, mrs: Default::default() })
+        Ok(Self { dev, lid: port.lid, gid, gid_index })
     }
 }
 
@@ -127,18 +150,18 @@ impl Verbs for IbVerbs {
         // No remote access through the region itself: peers write through windows bound on it.
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_MW_BIND;
         // SAFETY: the caller keeps the memory alive while registered (trait contract).
-        let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr.cast(), len, access.0 as i32) };
+        let mr = unsafe { ffi::ibv_reg_mr(self.dev.pd, addr.cast(), len, access.0 as i32) };
         if mr.is_null() {
             return Err(last_err("ibv_reg_mr"));
         }
         // SAFETY: a registered region.
         let keys = unsafe { MemKeys { lkey: (*mr).lkey, rkey: (*mr).rkey } };
-        regions(&self.mrs).insert(keys.rkey, mr as usize);
+        self.dev.regions().insert(keys.rkey, mr as usize);
         Ok(keys)
     }
 
     fn deregister(&self, keys: MemKeys) {
-        if let Some(mr) = regions(&self.mrs).remove(&keys.rkey) {
+        if let Some(mr) = self.dev.regions().remove(&keys.rkey) {
             // SAFETY: registered by `register` and not yet deregistered.
             unsafe { ffi::ibv_dereg_mr(mr as *mut ffi::ibv_mr) };
         }
@@ -146,7 +169,7 @@ impl Verbs for IbVerbs {
 
     fn create_qp(&self, depth: u32) -> Result<IbQp, VerbsError> {
         // SAFETY: valid context.
-        let cq = unsafe { ffi::ibv_create_cq(self.ctx, (2 * depth) as i32, ptr::null_mut(), ptr::null_mut(), 0) };
+        let cq = unsafe { ffi::ibv_create_cq(self.dev.ctx, (2 * depth) as i32, ptr::null_mut(), ptr::null_mut(), 0) };
         if cq.is_null() {
             return Err(last_err("ibv_create_cq"));
         }
@@ -166,7 +189,7 @@ impl Verbs for IbVerbs {
             sq_sig_all: 0,
         };
         // SAFETY: valid protection domain and attributes.
-        let qp = unsafe { ffi::ibv_create_qp(self.pd, &mut init) };
+        let qp = unsafe { ffi::ibv_create_qp(self.dev.pd, &mut init) };
         if qp.is_null() {
             // SAFETY: created above, unused.
             unsafe { ffi::ibv_destroy_cq(cq) };
@@ -176,12 +199,11 @@ impl Verbs for IbVerbs {
         Ok(IbQp {
             qp,
             cq,
-            pd: self.pd,
+            dev: std::sync::Arc::clone(&self.dev),
             lid: self.lid,
             gid: self.gid,
             gid_index: self.gid_index,
             psn,
-            mrs: std::sync::Arc::clone(&self.mrs),
             bound: Default::default(),
             spare: Vec::new(),
         })
@@ -197,12 +219,12 @@ fn rand_psn() -> u32 {
 pub struct IbQp {
     qp: *mut ffi::ibv_qp,
     cq: *mut ffi::ibv_cq,
-    pd: *mut ffi::ibv_pd,
+    /// The device it was made on, kept open until this is gone.
+    dev: std::sync::Arc<Device>,
     lid: u16,
     gid: [u8; 16],
     gid_index: u8,
     psn: u32,
-    mrs: Regions,
     /// Windows bound on this queue pair, by remote key.
     bound: std::collections::HashMap<u32, usize>,
     /// Windows allocated and invalidated, bound again before new ones are allocated.
@@ -215,7 +237,7 @@ unsafe impl Send for IbQp {}
 impl Drop for IbQp {
     fn drop(&mut self) {
         // SAFETY: created in `create_qp`, destroyed once; the windows after the queue pair
-        // they were bound on.
+        // they were bound on; the device (`self.dev`, dropped after this) after all of them.
         unsafe {
             ffi::ibv_destroy_qp(self.qp);
             ffi::ibv_destroy_cq(self.cq);
@@ -372,15 +394,15 @@ impl QueuePair for IbQp {
     }
 
     fn bind_window(&mut self, wr_id: u64, mr: MemKeys, addr: u64, len: u64) -> Result<u32, VerbsError> {
-        let region = regions(&self.mrs).get(&mr.rkey).copied();
+        let region = self.dev.regions().get(&mr.rkey).copied();
         let region = region.ok_or(VerbsError::Call { call: "ibv_bind_mw", detail: "unknown memory region".into() })?;
         let mw = match self.spare.pop() {
             Some(mw) => mw as *mut ffi::ibv_mw,
             None => {
                 // SAFETY: ibv_alloc_mw is an inline dispatch through the context's ops table.
                 let mw = unsafe {
-                    match (*(*self.pd).context).ops.alloc_mw {
-                        Some(f) => f(self.pd, ffi::IBV_MW_TYPE_2),
+                    match (*(*self.dev.pd).context).ops.alloc_mw {
+                        Some(f) => f(self.dev.pd, ffi::IBV_MW_TYPE_2),
                         None => ptr::null_mut(),
                     }
                 };

@@ -66,14 +66,45 @@ impl Default for RdmaConfig {
     }
 }
 
-/// Whether an RDMA device is present (always false without the `rdma` feature).
-pub fn device_present() -> bool {
+/// RDMA devices on this machine (always 0 without the `rdma` feature).
+pub fn device_count() -> usize {
     #[cfg(feature = "rdma")]
     {
-        ibv::device_count() > 0
+        ibv::device_count()
     }
     #[cfg(not(feature = "rdma"))]
     {
-        false
+        0
+    }
+}
+
+/// Which of the devices named `names` (in `ibv_get_device_list`'s order) to open: the one
+/// named `want`, or the first; an error naming what is missing otherwise.
+pub fn pick_device(names: &[String], want: Option<&str>) -> Result<usize, verbs::VerbsError> {
+    match want {
+        None if names.is_empty() => Err(verbs::VerbsError::NoDevice(
+            "no RDMA device on this machine (ibv_get_device_list found none); use --transfer tcp".into(),
+        )),
+        None => Ok(0),
+        Some(want) => names.iter().position(|n| n == want).ok_or_else(|| {
+            verbs::VerbsError::NoDevice(format!("no RDMA device named {want} ({} present)", names.len()))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_picked_by_name_or_first_and_a_missing_one_is_named() {
+        let names: Vec<String> = ["mlx5_0", "mlx5_1"].map(String::from).to_vec();
+        assert_eq!(pick_device(&names, None), Ok(0));
+        assert_eq!(pick_device(&names, Some("mlx5_1")), Ok(1));
+        let e = pick_device(&names, Some("rxe0")).expect_err("not present").to_string();
+        assert!(e.contains("no RDMA device named rxe0 (2 present)"), "{e}");
+        let e = pick_device(&[], None).expect_err("none").to_string();
+        assert!(e.contains("found none") && e.contains("--transfer tcp"), "{e}");
+        assert!(pick_device(&[], Some("mlx5_0")).is_err());
     }
 }
