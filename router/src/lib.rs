@@ -201,6 +201,11 @@ impl Running {
         self.ctx.index.pages()
     }
 
+    /// What the prefill workers' caches hold, by their slot.
+    pub fn prefill_index(&self) -> &SharedIndex {
+        &self.ctx.index
+    }
+
     /// The workers.
     pub fn workers(&self) -> &Registry {
         &self.ctx.workers

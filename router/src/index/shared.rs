@@ -185,6 +185,14 @@ impl SharedIndex {
         out
     }
 
+    /// For each worker slot `0..workers`, how many tokens of `prompt` its KV events say it
+    /// holds (whole pages; no provisional marks).
+    pub fn confirmed_matched(&self, prompt: &[u32], workers: usize) -> Vec<usize> {
+        let mut out = vec![0; workers];
+        self.events.read().matched_into(prompt, &mut out);
+        out
+    }
+
     /// The router placed `prompt` on `worker` at `now`: its whole pages count as held there
     /// for `ttl`, or until the marks are cleared; marks whose time has come go first.
     pub fn provisional(&self, worker: usize, prompt: &[u32], now: Instant, ttl: Duration) -> Result<(), IndexError> {
