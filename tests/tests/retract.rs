@@ -86,8 +86,9 @@ const MODEL: &str = "SmolLM2-135M-Instruct.Q4_1";
 
 /// Issue 24's measurement, through the router: `ferry up --prefill 0 --pool-pages 96`, 12
 /// concurrent completions of ~15-token prompts, 300 tokens each, greedy, EOS ignored (about
-/// 3,800 tokens of KV wanted, 1,536 held). Before retraction, 3 of 12 completed. Also: a
-/// request that cannot fit the pool even alone gets a 400 at once.
+/// 3,800 tokens of KV wanted, 1,536 held). Before retraction, 3 of 12 completed; now every
+/// answer is whole and its text exactly an unconstrained run's. Also: a request that cannot
+/// fit the pool even alone gets a 400 at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm2_under_memory_pressure_completes_every_request_through_the_router() {
     let path = ferry_tests::smollm2();
@@ -104,23 +105,33 @@ async fn smollm2_under_memory_pressure_completes_every_request_through_the_route
     }
     let t = std::time::Instant::now();
     let topics = ["rivers", "mountains", "cities", "the sea", "forests", "deserts"];
-    let calls = (0..12).map(|i| {
+    let texts: Vec<String> =
+        (0..12).map(|i| format!("Write a long story about {} number {i}.", topics[i % topics.len()])).collect();
+    let calls = texts.iter().map(|text| {
         let body = serde_json::json!({
-            "model": MODEL,
-            "prompt": format!("Write a long story about {} number {i}.", topics[i % topics.len()]),
-            "max_tokens": 300, "temperature": 0, "ignore_eos": true,
+            "model": MODEL, "prompt": text, "max_tokens": 300, "temperature": 0, "ignore_eos": true,
         });
         let addr = r.http_addr;
         tokio::spawn(
             async move { ferry_tests::http(addr, "POST", "/v1/completions", body.to_string().as_bytes()).await },
         )
     });
-    for (i, c) in futures::future::join_all(calls).await.into_iter().enumerate() {
+    let answers = futures::future::join_all(calls).await;
+    let elapsed = t.elapsed();
+    // The reference: one unconstrained colocated run of the same prompts (the engine's tokens
+    // do not depend on batching or paging, so a retraction must not change a single one).
+    let tok =
+        ferry_engine::Model::load(&path, ferry_kernels::cpu::CpuBackend::default()).expect("load").tokenizer().clone();
+    let ids: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).expect("encode")).collect();
+    let want = ferry_tests::blocking(|| colocated(&path, &ids, &greedy(300)));
+    for (i, (c, w)) in answers.into_iter().zip(&want).enumerate() {
         let (status, _, body) = c.expect("task");
         assert_eq!(status, 200, "request {i}: {body}");
         let v: serde_json::Value = serde_json::from_str(&body).expect("json");
         assert_eq!(v["usage"]["completion_tokens"], 300, "request {i}: {body}");
         assert_eq!(v["choices"][0]["finish_reason"], "length", "request {i}");
+        let text = v["choices"][0]["text"].as_str().expect("text");
+        assert_eq!(text, tok.decode(w, true).expect("decode"), "request {i} differs from the unconstrained run");
     }
     let m = scrape(d.metrics_addr).await;
     let worker = format!("worker=\"{}\"", d.worker_id);
@@ -131,7 +142,7 @@ async fn smollm2_under_memory_pressure_completes_every_request_through_the_route
     eprintln!(
         "{retractions} retractions, {recomputed} tokens recomputed, {steps} decode steps, mean batch {:.1}, {:.1} s",
         batched / steps.max(1.0),
-        t.elapsed().as_secs_f64()
+        elapsed.as_secs_f64()
     );
     assert!(retractions >= 1.0, "96 pages for ~3,800 tokens of KV: retractions were expected");
 
