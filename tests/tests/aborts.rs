@@ -164,9 +164,24 @@ async fn an_unreachable_prefill_node_fails_the_handshake_and_frees_the_room() {
     d.stop().await;
 }
 
+/// Whether a socket of this machine is connecting to port `port` of 127.0.0.1 (SYN sent, no
+/// answer yet), from the kernel's table of TCP sockets.
+fn connecting_to(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let remote = format!("0100007F:{port:04X}");
+    // Columns: sl, local address, remote address, state (02: SYN_SENT), ...
+    table.lines().skip(1).any(|l| {
+        let cols: Vec<&str> = l.split_whitespace().collect();
+        cols.get(2) == Some(&remote.as_str()) && cols.get(3) == Some(&"02")
+    })
+}
+
 /// Issue 21's defect 4 on the decode side: a prefill address whose connects hang (a
 /// listener with a full accept queue drops SYNs; a black-holed host looks the same) used to
 /// hold the node's channel lock across the connect, so every other handshake waited for it.
+/// Ordered by events, not clocks: another request is served from start to end while the
+/// decode node's connect to the black hole is in flight (its SYN unanswered before and after),
+/// and the stuck request is still waiting when it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefill_address_that_never_answers_delays_only_its_own_handshakes() {
     let m = TinyModel::new();
@@ -186,11 +201,11 @@ async fn a_prefill_address_that_never_answers_delays_only_its_own_handshakes() {
         let mut s = decode.generate(req).await.expect("accepted").into_inner();
         (s.message().await.map(|_| ()), t.elapsed())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the decode node's connect to the black hole", || connecting_to(hole_addr.port())).await;
     let c = Client::new(d.grpc_addr, Some(p.grpc_addr)).await;
-    let t = std::time::Instant::now();
     c.generate(&prompt(40), &greedy(4)).await.expect("served");
-    assert!(t.elapsed() < Duration::from_millis(2500), "waited {:?} behind the stuck handshake", t.elapsed());
+    assert!(connecting_to(hole_addr.port()), "served only once the stuck connect had ended");
+    assert!(!stuck.is_finished(), "served only once the stuck request had ended");
     let (r, took) = stuck.await.expect("task");
     let e = r.expect_err("the handshake to the black hole fails");
     assert!(matches!(e.code(), Code::DeadlineExceeded | Code::Unavailable), "{e:?}");
