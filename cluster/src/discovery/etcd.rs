@@ -42,6 +42,14 @@ pub enum EtcdError {
     /// The client failed (unreachable, refused, timed out).
     #[error("etcd: {0}")]
     Client(#[from] etcd_client::Error),
+    /// The client failed in a way that points at the access flags: which, and etcd's words.
+    #[error("etcd: {hint}: {source}")]
+    Access {
+        /// What the failure likely means, naming the flags to look at.
+        hint: &'static str,
+        /// The client's error.
+        source: etcd_client::Error,
+    },
     /// A bad configuration or an unreadable entry.
     #[error("etcd: {0}")]
     Invalid(String),
@@ -162,8 +170,12 @@ pub async fn register(cfg: &EtcdConfig, w: &Worker, ttl: i64) -> Result<Registra
     let ttl = ttl.max(2);
     let key = cfg.key(w.role, w.id.as_str());
     let value = serde_json::json!({ "addr": w.addr }).to_string();
-    let mut client = cfg.connect().await?;
-    let lease = put_leased(&mut client, &key, &value, ttl).await?;
+    let first = async {
+        let mut client = cfg.connect().await?;
+        let lease = put_leased(&mut client, &key, &value, ttl).await?;
+        Ok((client, lease))
+    };
+    let (client, lease) = first.await.map_err(|e| cfg.access.explain(e))?;
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(keep_alive(cfg.clone(), key.clone(), value, ttl, client, lease, stopped));
     tracing::info!(%key, lease, ttl, "registered in etcd");
