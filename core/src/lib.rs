@@ -2,6 +2,7 @@
 //! no etcd, no async runtime), so that the data plane (`ferry-transfer`) depends on this
 //! alone.
 //!
+//! - [`bench`]: what every benchmark reads from its environment;
 //! - [`env`]: every environment variable a flag reads;
 //! - [`ids`]: identities as newtypes (`Room`, `RoomSecret`, `RoomKey`, `PageId`, `WorkerId`,
 //!   `RequestId`) and constant-time secret comparison;
@@ -9,6 +10,7 @@
 //! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text;
 //! - [`trace`]: the W3C trace context that follows one request across daemons.
 
+pub mod bench;
 pub mod env;
 pub mod ids;
 mod layout;

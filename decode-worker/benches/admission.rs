@@ -209,7 +209,7 @@ fn simulate(admission: Admission, cost: Cost, answers: Answers, clients: usize, 
 
 fn main() {
     let env = |k: &str, d: f64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     let (clients, secs) =
         (env("FERRY_BENCH_CLIENTS", 32.0) as usize, env("FERRY_BENCH_SECS", if quick { 20.0 } else { 600.0 }));
     let mut rules: Vec<(String, Admission)> = vec![

@@ -354,7 +354,7 @@ fn page_copy(quick: bool) {
 }
 
 fn main() {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     if let Err(e) = throughput_all(quick) {
         eprintln!("throughput benchmark failed: {e} (SmolLM2 comes from `ferry model fetch smollm2-135m`)");
         std::process::exit(1);

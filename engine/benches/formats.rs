@@ -85,7 +85,7 @@ fn measure(model: &Model<CpuBackend>, steps: usize) -> BenchResult<(f64, f64, f6
 }
 
 fn main() -> BenchResult<()> {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     let (rounds, steps) = if quick { (1, 2) } else { (5, 16) };
     let tmp = tempfile::tempdir()?;
     let dir = std::env::var_os("FERRY_BENCH_FORMATS_DIR").map_or_else(|| tmp.path().to_path_buf(), PathBuf::from);

@@ -167,7 +167,7 @@ fn match_cost() {
 }
 
 fn main() {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     cache_effect(quick);
     pass_cost(quick);
     match_cost();

@@ -254,7 +254,7 @@ fn replay(rng: &mut Rng, div: usize, mut ix: Ix) {
 }
 
 fn main() {
-    let div = if std::env::var("FERRY_BENCH_QUICK").is_ok() { 20 } else { 1 };
+    let div = if ferry_core::bench::quick() { 20 } else { 1 };
     let mut rng = Rng(0x5eed);
     memory(&mut rng);
     store(&mut rng);

@@ -470,7 +470,7 @@ impl Cell {
 }
 
 fn main() {
-    let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
+    let quick = ferry_core::bench::quick();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     assert!(cores >= 2, "W3 needs two cores (router on one, workers and load on the other)");
     // This process (the mock workers and the load) on core 1, the router on core 0.

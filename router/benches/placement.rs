@@ -176,7 +176,7 @@ const SHAPES: [Shape; 3] = [
 ];
 
 fn main() {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok();
+    let quick = ferry_core::bench::quick();
     let div = if quick { 20 } else { 1 };
     let workers: usize = std::env::var("FERRY_BENCH_WORKERS").ok().and_then(|s| s.parse().ok()).unwrap_or(64);
     // Workers as the router's registry holds them, each seen healthy with no load report

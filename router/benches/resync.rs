@@ -80,7 +80,7 @@ async fn resync(workers: usize, total: usize) {
 }
 
 fn main() {
-    let div = if std::env::var("FERRY_BENCH_QUICK").is_ok() { 20 } else { 1 };
+    let div = if ferry_core::bench::quick() { 20 } else { 1 };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     for workers in [1, 4, 16] {
         rt.block_on(resync(workers, 1_000_000 / div));

@@ -129,7 +129,7 @@ fn without_and_with_cache(plain: &Tokenizer, texts: &[String]) -> (f64, f64) {
 }
 
 fn main() {
-    let quick = std::env::var_os("FERRY_BENCH_QUICK").is_some();
+    let quick = ferry_core::bench::quick();
     let path = model_path();
     assert!(path.exists(), "{} is missing: run `cargo run -p ferry -- model fetch smollm2-135m`", path.display());
     let plain = ServedModel::load(&path).expect("model").tokenizer;

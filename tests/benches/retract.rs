@@ -123,7 +123,7 @@ type Edit = Box<dyn Fn(&mut DecodeArgs)>;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     let (clients, max_new, secs) = if quick { (8, 64u32, 15) } else { (32, 512, 120) };
     let env = |k: &str, d: u64| std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d);
     let (clients, secs) = (env("FERRY_BENCH_CLIENTS", clients as u64) as usize, env("FERRY_BENCH_SECS", secs));

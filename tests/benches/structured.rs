@@ -91,7 +91,7 @@ fn row(name: &str, f: &Figures) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     let secs =
         std::env::var("FERRY_BENCH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(if quick { 8 } else { 40 });
     let window = Duration::from_secs(secs);

@@ -274,7 +274,10 @@ async fn a_pull_whose_room_ends_mid_send_is_spoiled() {
     assert_eq!(e.metadata().get("ferry-reason").and_then(|v| v.to_str().ok()), Some("pull_spoiled"), "{e}");
     drop(stream);
     let mut pc = pb::prefill_client::PrefillClient::new(ferry_tests::channel(p.grpc_addr).await);
-    let _ = pc.abort(abort).await;
+    // The prefill node still holds the room, bootstrapping (its prefill call never came, and
+    // the decode node's abort is not relayed): aborted here, not left to its timeout.
+    let found = pc.abort(abort).await.expect("abort").into_inner().found;
+    assert!(found, "the prefill node no longer knew the room");
     settle(&p, std::slice::from_ref(&d)).await;
     d.stop().await;
     p.stop().await;

@@ -1,14 +1,17 @@
 //! TCP data-plane benchmark (run: `cargo bench -p ferry-transfer --bench tcp`).
 //!
-//! 1. Baseline: plain loopback TCP, one connection, 1 MiB writes (what iperf3 measures).
+//! 1. Baselines: plain loopback TCP, 1 MiB writes (what iperf3 measures), over one connection
+//!    from one cache-resident buffer and from a 256 MiB one, and over 4 connections.
 //! 2. Ferry's tcp backend moving a 256 MiB KV cache (SmolLM2 pages: 720 KiB for 16 tokens)
 //!    from one arena into another, in page runs, over 1 and 4 connections, plaintext and
-//!    under mutual TLS (the daemons' default); ratio to 1 and TLS against plaintext.
+//!    under mutual TLS (the daemons' default); each row's ratio to plain TCP over as many
+//!    connections from buffers as large, and TLS against plaintext. Every repetition runs
+//!    every row once, interleaved.
 //! 3. Streaming: the same KV in 32 chunks sent as a simulated prefill produces them; how long
 //!    after the last chunk is produced the receiver completes, relative to one chunk's
 //!    transfer time alone.
 //!
-//! `FERRY_BENCH_QUICK=1` uses 32 MiB (CI smoke run). Medians of 7 runs (3 when quick).
+//! `FERRY_BENCH_QUICK=1` uses 32 MiB (CI smoke run). Medians of 7 rounds (3 when quick).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,36 +39,57 @@ fn addr() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
-/// Plain TCP, 1 MiB writes. With `arena`, the bytes come from and land in 256 MiB buffers (as
-/// KV pages do) instead of one cache-resident 1 MiB buffer.
-async fn baseline(bytes: usize, arena: bool) -> std::io::Result<f64> {
+/// Plain TCP over `conns` connections, 1 MiB writes, `bytes` split evenly among them. With
+/// `arena`, the bytes come from and land in buffers of the connection's whole share (as KV
+/// pages do) instead of one cache-resident 1 MiB buffer. Buffers are made and touched before
+/// the clock starts.
+async fn baseline(bytes: usize, conns: usize, arena: bool) -> std::io::Result<f64> {
+    let share = bytes / conns / MIB * MIB;
+    let len = if arena { share } else { MIB };
     let listener = tokio::net::TcpListener::bind(addr()).await?;
     let a = listener.local_addr()?;
-    let reader = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await?;
-        let mut buf = vec![1u8; if arena { bytes } else { MIB }];
-        let mut got = 0;
-        while got < bytes {
-            let at = if arena { got } else { 0 };
-            let end = (at + MIB).min(buf.len());
-            let n = s.read(&mut buf[at..end]).await?;
-            if n == 0 {
-                break;
+    let (mut readers, mut writers) = (Vec::new(), Vec::new());
+    for _ in 0..conns {
+        let s = tokio::net::TcpStream::connect(a).await?;
+        let (mut r, _) = listener.accept().await?;
+        let mut buf = vec![1u8; len];
+        readers.push(tokio::spawn(async move {
+            let mut got = 0;
+            while got < share {
+                // Into the arena, as much as the socket holds (as Ferry's receiver reads a
+                // frame's payload); into the small buffer, at most its 1 MiB.
+                let n = if arena { r.read(&mut buf[got..]).await? } else { r.read(&mut buf[..]).await? };
+                if n == 0 {
+                    break;
+                }
+                got += n;
             }
-            got += n;
-        }
-        Ok::<usize, std::io::Error>(got)
-    });
-    let mut s = tokio::net::TcpStream::connect(a).await?;
-    let buf = vec![1u8; if arena { bytes } else { MIB }];
-    let t = Instant::now();
-    for i in 0..bytes / MIB {
-        let at = if arena { i * MIB } else { 0 };
-        s.write_all(&buf[at..at + MIB]).await?;
+            Ok::<usize, std::io::Error>(got)
+        }));
+        writers.push((s, vec![1u8; len]));
     }
-    let got = reader.await.map_err(std::io::Error::other)??;
-    assert_eq!(got, bytes);
-    Ok(bytes as f64 / t.elapsed().as_secs_f64() / 1e9)
+    let t = Instant::now();
+    let writers: Vec<_> = writers
+        .into_iter()
+        .map(|(mut s, buf)| {
+            tokio::spawn(async move {
+                for i in 0..share / MIB {
+                    let at = if arena { i * MIB } else { 0 };
+                    s.write_all(&buf[at..at + MIB]).await?;
+                }
+                Ok::<(), std::io::Error>(())
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.map_err(std::io::Error::other)??;
+    }
+    let mut got = 0;
+    for r in readers {
+        got += r.await.map_err(std::io::Error::other)??;
+    }
+    assert_eq!(got, share * conns);
+    Ok(got as f64 / t.elapsed().as_secs_f64() / 1e9)
 }
 
 /// Mutual TLS as the daemons run it (a throwaway CA, one certificate for both ends, roles not
@@ -171,43 +195,52 @@ async fn run(quick: bool) -> std::io::Result<()> {
     let pages = bytes / PAGE;
     let kv = pages * PAGE;
     let reps = if quick { 3 } else { 7 };
-    let mut base = Vec::new();
-    let mut base_arena = Vec::new();
-    for _ in 0..reps {
-        base.push(baseline(bytes, false).await?);
-        base_arena.push(baseline(bytes, true).await?);
+    let whole = [PageRun { src: 0, dst: 0, len: pages as u32 }];
+    let tls = tls();
+    // Ferry's rows, each beside plain TCP over as many connections; every repetition runs
+    // every row once, in turn, so a noisy moment of the machine falls on all of them.
+    let mut ferry = Vec::new();
+    for conns in [1usize, 4] {
+        for (security, mode) in [(&Security::Plain, "plaintext"), (&tls, "mutual TLS")] {
+            ferry.push((conns, mode, setup(pages, conns, security).await?, Vec::new()));
+        }
     }
-    let (base, base_arena) = (median(base), median(base_arena));
+    let (mut base, mut base_arena, mut base4) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..reps {
+        base.push(baseline(bytes, 1, false).await?);
+        base_arena.push(baseline(bytes, 1, true).await?);
+        base4.push(baseline(bytes, 4, true).await?);
+        for (_, _, s, v) in &mut ferry {
+            let (t, _) = send_room(s, r as u64 + 1, &whole, None).await?;
+            v.push(kv as f64 / t / 1e9);
+        }
+    }
+    let (base, base_arena, base4) = (median(base), median(base_arena), median(base4));
     println!(
-        "KV transfer over loopback TCP, {} pages of {} KiB ({:.0} MiB), median of {reps}",
+        "KV transfer over loopback TCP, {} pages of {} KiB ({:.0} MiB), median of {reps} interleaved rounds",
         pages,
         PAGE / 1024,
         kv as f64 / MIB as f64
     );
-    println!("{:<44} {:>8} {:>10}", "", "GB/s", "vs plain");
-    println!("{:<44} {:>8.2} {:>10}", "plain TCP, 1 MiB writes (baseline)", base, "1.00");
-    println!("{:<44} {:>8.2} {:>10.2}", "plain TCP, 1 MiB writes, 256 MiB buffers", base_arena, base_arena / base);
-    let whole = [PageRun { src: 0, dst: 0, len: pages as u32 }];
-    let tls = tls();
+    println!("{:<48} {:>8} {:>22}", "", "GB/s", "vs plain TCP, same conns");
+    println!("{:<48} {:>8.2} {:>22}", "plain TCP, 1 connection, 1 MiB buffer (baseline)", base, "1.00");
+    println!("{:<48} {:>8.2} {:>22.2}", "plain TCP, 1 connection, whole-share buffers", base_arena, base_arena / base);
+    println!("{:<48} {:>8.2} {:>22}", "plain TCP, 4 connections, whole-share buffers", base4, "-");
     let mut by_mode = [0.0f64; 2];
-    for conns in [1usize, 4] {
-        for (i, (security, mode)) in [(&Security::Plain, "plaintext"), (&tls, "mutual TLS")].into_iter().enumerate() {
-            let s = setup(pages, conns, security).await?;
-            let mut v = Vec::new();
-            for r in 0..reps {
-                let (t, _) = send_room(&s, r as u64 + 1, &whole, None).await?;
-                v.push(kv as f64 / t / 1e9);
-            }
-            let g = median(v);
-            by_mode[i] = g;
-            println!("{:<44} {:>8.2} {:>10.2}", format!("ferry tcp, {conns} connection(s), {mode}"), g, g / base);
+    for (i, (conns, mode, _, v)) in ferry.into_iter().enumerate() {
+        let g = median(v);
+        // Like with like: the arena rows (Ferry's pages are an arena too), as many connections.
+        let plain = if conns == 1 { base_arena } else { base4 };
+        println!("{:<48} {:>8.2} {:>22.2}", format!("ferry tcp, {conns} connection(s), {mode}"), g, g / plain);
+        by_mode[i % 2] = g;
+        if i % 2 == 1 {
+            println!(
+                "{:<48} {:>8} {:>22.2}",
+                format!("  mutual TLS / plaintext, {conns} connection(s)"),
+                "",
+                by_mode[1] / by_mode[0]
+            );
         }
-        println!(
-            "{:<44} {:>8} {:>10.2}",
-            format!("  mutual TLS / plaintext, {conns} connection(s)"),
-            "",
-            by_mode[1] / by_mode[0]
-        );
     }
     // Streaming: 32 chunks produced one after another.
     let s = setup(pages, 4, &Security::Plain).await?;
@@ -246,6 +279,6 @@ async fn run(quick: bool) -> std::io::Result<()> {
 }
 
 fn main() -> std::io::Result<()> {
-    let quick = std::env::var("FERRY_BENCH_QUICK").is_ok_and(|v| v == "1");
+    let quick = ferry_core::bench::quick();
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?.block_on(run(quick))
 }

@@ -146,12 +146,26 @@ fn passes_without_cache_changes_rematch_nothing() {
     let c2 = s.schedule(&mut cache, &pool);
     assert_eq!(s.rematch_count(), before);
     assert_eq!(c, c2);
-    let done = s.complete(&c2, &mut cache);
-    for p in done {
-        release(&mut cache, p);
+    // Request 0's chunks complete one pass at a time: the cache does not change, nothing is
+    // re-matched. Then request 0 completes: exactly the 49 other waiting requests of its
+    // prefix group (every tenth of the 500) are re-matched, none of the 450 others.
+    let mut chunks = c2;
+    for _ in 0..10 {
+        let before = s.rematch_count();
+        let mut done = Vec::new();
+        for p in s.complete(&chunks, &mut cache) {
+            done.push(p.id);
+            release(&mut cache, p);
+        }
+        chunks = s.schedule(&mut cache, &pool);
+        let rematched = s.rematch_count() - before;
+        if done.contains(&0) {
+            assert_eq!(rematched, 49, "re-matched when request 0 completed (done: {done:?})");
+            return;
+        }
+        assert_eq!((done.len(), rematched), (0, 0), "a pass that completed no request re-matched");
     }
-    let _ = s.schedule(&mut cache, &pool);
-    assert!(s.rematch_count() - before < 500, "only the affected requests are re-matched");
+    panic!("request 0 never completed");
 }
 
 #[test]
