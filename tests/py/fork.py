@@ -3,13 +3,15 @@ colocated: one prompt, n choices. Sequence i of a request with seed s samples ex
 request for one sequence with seed s + i does (its own random stream, and the KV it reads,
 shared or copied, is the prompt's); greedy choices agree; usage counts the prompt once; a
 stream carries every choice's deltas under its index, each ending once, usage on the last
-chunk; a stop string ends one choice and leaves the others; constraints hold for every
-choice; echo shows the prompt in every choice; bad n is refused by name.
+chunk; a stop string ends one choice and leaves the others as they would be alone;
+constraints hold for every choice; echo shows the prompt in every choice; bad n is refused
+by name.
 Run by tests/tests/fork.rs: python3 fork.py PD_BASE_URL COLOCATED_BASE_URL MODEL"""
 
 import json
 import sys
 
+import jsonschema
 import openai
 
 pd_base, co_base, model = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -94,23 +96,30 @@ for name, client in (("pd", pd), ("co", co)):
         model=model, prompt=prompt, max_tokens=400, temperature=1.0, seed=SEED, n=3, stop=[stop],
         extra_body={"ignore_eos": True})
     assert r.choices[1].finish_reason == "stop" and r.choices[1].text == text1[:text1.index(stop)], (r, stop)
+    # The others are what a request for each alone, without the stop, writes up to its first
+    # stop string, and end with "stop" there, or are all 400 tokens of it and end with "length".
     for i in (0, 2):
-        head = r.choices[i].text[:len(singles[i].choices[0].text)]
-        if stop not in singles[i].choices[0].text:
-            assert head == singles[i].choices[0].text, (i, r)
-        assert r.choices[i].finish_reason in ("length", "stop"), (i, r)
+        alone = client.completions.create(
+            model=model, prompt=prompt, max_tokens=400, temperature=1.0, seed=SEED + i,
+            extra_body={"ignore_eos": True}).choices[0].text
+        want = (alone[:alone.index(stop)], "stop") if stop in alone else (alone, "length")
+        assert (r.choices[i].text, r.choices[i].finish_reason) == want, (i, stop, r.choices[i], want)
 
     # Constrained: every choice obeys the constraint (each sequence has its own matcher).
     r = client.completions.create(
         model=model, prompt=prompt, max_tokens=8, temperature=1.0, n=4,
         extra_body={"guided_choice": ["yes", "no", "maybe"]})
     assert all(c.text in ("yes", "no", "maybe") for c in r.choices), r
+    # A schema whose every answer is short, so that each choice finishes, and with valid JSON.
+    flag = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+            "required": ["ok", "n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "flag", "schema": flag, "strict": True}}
     r = client.chat.completions.create(
-        model=model, messages=msgs, max_tokens=40, temperature=1.0, n=2,
-        response_format={"type": "json_object"})
+        model=model, messages=msgs, max_tokens=40, temperature=1.0, n=4, seed=SEED, response_format=fmt)
+    assert len(r.choices) == 4, r
     for c in r.choices:
-        if c.finish_reason == "stop":
-            assert isinstance(json.loads(c.message.content), dict), c
+        assert c.finish_reason == "stop", c
+        jsonschema.validate(json.loads(c.message.content), flag)
 
     # Echo: the prompt and its logprobs open every choice.
     r = client.completions.create(model=model, prompt=prompt, max_tokens=2, n=2, echo=True, logprobs=1, seed=SEED)
@@ -131,6 +140,6 @@ for bad in (0, 65):
         pd.completions.create(model=model, prompt="hi", max_tokens=2, n=bad)
         raise AssertionError(f"n = {bad} accepted")
     except openai.BadRequestError as e:
-        assert "n" in str(e) and str(bad) in str(e), e
+        assert f"sampling parameter n = {bad}: must be in [1, 64]" in str(e), e
 
 print("fork: ok")

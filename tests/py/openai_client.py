@@ -16,11 +16,13 @@ parts = [
     {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
     {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
 ]
-extra = {"metadata": {"app": "test"}, "store": False, "user": "u1", "seed": 1}
+# ignore_eos (Ferry's, as vLLM's): every answer below is exactly max_tokens long, so its
+# finish reason and token count are the request's to say, whatever the random model writes.
+extra = {"metadata": {"app": "test"}, "store": False, "user": "u1", "seed": 1, "extra_body": {"ignore_eos": True}}
 r = c.chat.completions.create(model=model, messages=parts, max_tokens=4, temperature=0, **extra)
 assert r.choices[0].message.role == "assistant", r
 text = r.choices[0].message.content
-assert r.usage.completion_tokens > 0, r
+assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4, r
 
 # Streamed, with usage: the same text.
 s = c.chat.completions.create(
@@ -29,12 +31,14 @@ s = c.chat.completions.create(
 chunks = list(s)
 streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
 assert streamed == text, (streamed, text)
-assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0, chunks[-1]
+counts = lambda u: (u.prompt_tokens, u.completion_tokens, u.total_tokens)  # cached tokens vary
+assert chunks[-1].usage is not None and counts(chunks[-1].usage) == counts(r.usage), (chunks[-1], r.usage)
+assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"], chunks
 
 # Text parts read as one string joined with newlines.
 plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello\nthere"}]
-r2 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0)
-assert r2.choices[0].message.content == text, (r2.choices[0].message.content, text)
+r2 = c.chat.completions.create(model=model, messages=plain, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+assert r2.choices[0].message.content == text and counts(r2.usage) == counts(r.usage), (r2, r)
 
 # An image part: a 400 naming it.
 image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]
@@ -45,12 +49,15 @@ except openai.BadRequestError as e:
     assert "messages[0].content[0]" in str(e), e
 
 # Completions.
-r3 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, user="u1")
-assert r3.choices[0].finish_reason in ("length", "stop"), r3
+r3 = c.completions.create(model=model, prompt="Once upon a time", max_tokens=3, temperature=0, user="u1",
+                          logprobs=0, extra_body={"ignore_eos": True})
+assert r3.choices[0].finish_reason == "length" and r3.usage.completion_tokens == 3, r3
+assert "".join(r3.choices[0].logprobs.tokens) == r3.choices[0].text, r3
 
 # A batch of prompts, as strings and as token-id lists (what lm-eval's local-completions
 # sends): one choice per prompt, in order, each the answer the prompt gets alone.
-r7 = c.completions.create(model=model, prompt=["Once upon a time", "Hello"], max_tokens=3, temperature=0)
+r7 = c.completions.create(model=model, prompt=["Once upon a time", "Hello"], max_tokens=3, temperature=0,
+                          extra_body={"ignore_eos": True})
 assert [ch.index for ch in r7.choices] == [0, 1], r7
 assert r7.choices[0].text == r3.choices[0].text, (r7, r3)
 r8 = c.completions.create(model=model, prompt=[[5, 6, 7], [8, 9]], max_tokens=3, temperature=0, echo=True, logprobs=1)

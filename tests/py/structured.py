@@ -90,9 +90,83 @@ s = pd.chat.completions.create(model=model, messages=msgs, max_tokens=600, tempe
 streamed = "".join(c.choices[0].delta.content or "" for c in s if c.choices)
 assert streamed == whole, (streamed, whole)
 
-# 2. Any JSON object: the output starts as one (a random model may not close it in time).
-r = pd.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0, response_format={"type": "json_object"})
-assert r.choices[0].message.content.startswith("{"), r
+# 2. Any JSON object: a whole one where the answer stopped, else (a random model may not close
+# it in time) all 40 tokens of a prefix of one; greedy, the same through both paths.
+class Incomplete(Exception):
+    """The text ended inside a value: a prefix, not an error."""
+
+
+def json_value(t, i):
+    """Parses one JSON value of `t` from `i` (after whitespace); its end, or Incomplete."""
+    ws = lambda i: len(t) if i >= len(t) else (ws(i + 1) if t[i] in " \t\r\n" else i)
+    i = ws(i)
+    if i == len(t):
+        raise Incomplete
+    if t[i] in "{[":
+        close, i = "}" if t[i] == "{" else "]", ws(i + 1)
+        if i < len(t) and t[i] == close:
+            return i + 1
+        while True:
+            if close == "}":
+                if i == len(t):
+                    raise Incomplete
+                assert t[i] == '"', (t, i)
+                i = ws(json_value(t, i))
+                if i == len(t):
+                    raise Incomplete
+                assert t[i] == ":", (t, i)
+                i += 1
+            i = ws(json_value(t, i))
+            if i == len(t):
+                raise Incomplete
+            if t[i] == close:
+                return i + 1
+            assert t[i] == ",", (t, i)
+            i = ws(i + 1)
+    if t[i] == '"':
+        j = i + 1
+        while j < len(t) and t[j] != '"':
+            j += 2 if t[j] == "\\" else 1
+        if j >= len(t):
+            raise Incomplete
+        json.loads(t[i:j + 1])
+        return j + 1
+    m = re.match(r"true|tru|tr|t|false|fals|fal|fa|f|null|nul|nu|n|-?[0-9.eE+-]+", t[i:])
+    assert m, (t, i)
+    end = i + m.end()
+    if end == len(t):
+        raise Incomplete
+    json.loads(t[i:end])
+    return end
+
+
+def is_json_object_prefix(t):
+    """Whether `t` starts a JSON object that has not ended yet."""
+    if not t.lstrip().startswith("{"):
+        return False
+    try:
+        json_value(t, 0)
+    except Incomplete:
+        return True
+    except (AssertionError, ValueError):
+        return False
+    return False  # a whole value
+
+
+assert is_json_object_prefix('{"a": [1, tr') and is_json_object_prefix('{"a": "x\\"') and is_json_object_prefix("{")
+assert not any(map(is_json_object_prefix, ('{"a" 1', '{"a": 1}', '[1', '{"a": tx', '{"a": 1}}')))
+answers = []
+for client in (pd, co):
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=40, temperature=0,
+                                       response_format={"type": "json_object"})
+    ch = r.choices[0]
+    if ch.finish_reason == "stop":
+        assert isinstance(json.loads(ch.message.content), dict), ch
+    else:
+        assert ch.finish_reason == "length" and r.usage.completion_tokens == 40, (ch, r.usage)
+        assert is_json_object_prefix(ch.message.content), ch
+    answers.append(ch.message.content)
+assert answers[0] == answers[1], answers
 
 # 3. vLLM's regex and choice, on completions and chat, whole and streamed.
 for client in (pd, co):

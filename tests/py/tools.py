@@ -107,8 +107,18 @@ turns = msgs + [
     {"role": "assistant", "content": None, "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
     {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees."},
 ]
-r = c.chat.completions.create(model=model, messages=turns, tools=tools, max_tokens=8)
-assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
+# Greedy and ignoring EOS, the answer is 8 tokens ("length": this model writes no call here);
+# the prompt holds the call and its result: a longer result, or no call turn, changes its size
+# by what was added or left out.
+def answer(conversation):
+    return c.chat.completions.create(model=model, messages=conversation, tools=tools, max_tokens=8, temperature=0,
+                                     extra_body={"ignore_eos": True})
+r = answer(turns)
+assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8, r
+longer = answer(turns[:-1] + [dict(turns[-1], content="Sunny, 21 degrees. A light wind from the west.")])
+assert longer.usage.prompt_tokens > r.usage.prompt_tokens, (longer.usage, r.usage)
+no_call = answer(msgs + [{"role": "assistant", "content": "Let me see."}, turns[-1]])
+assert no_call.usage.prompt_tokens < r.usage.prompt_tokens, (no_call.usage, r.usage)
 
 # Bad tools: a 400 naming the field.
 bad = [
