@@ -87,7 +87,8 @@ pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
 /// the rest) (counter).
 pub const ROUTER_DECODE_PREFIX: &str = "ferry_router_decode_prefix_total";
 /// Requests retried elsewhere after a worker failed before the first token, by `stage`
-/// (prefill | decode) (counter).
+/// (prefill | decode) and the `worker` that failed (a decode worker prefilling locally counts
+/// under stage prefill) (counter).
 pub const ROUTER_RETRIES: &str = "ferry_router_retries_total";
 /// Requests the router finished, by `outcome` (stop | length | abort | error | cancelled | refused)
 /// (counter).
@@ -280,8 +281,8 @@ pub const ALL: &[Metric] = &[
     m(
         ROUTER_RETRIES,
         Kind::Counter,
-        "stage",
-        "Requests retried on another worker after it failed before the first token (prefill, decode)",
+        "stage, worker",
+        "Requests retried on another worker after `worker` failed before the first token (stage: prefill, decode)",
     ),
     m(
         ROUTER_REQUESTS,

@@ -19,6 +19,8 @@ pub struct Proxy {
     addr: SocketAddr,
     cut: Arc<AtomicBool>,
     delay_us: Arc<AtomicU64>,
+    /// Chunks held for a delay so far.
+    delayed: Arc<AtomicU64>,
     stalled: Arc<AtomicBool>,
     epoch: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
@@ -31,9 +33,11 @@ impl Proxy {
         let addr = l.local_addr().expect("proxy address");
         let cut = Arc::new(AtomicBool::new(false));
         let delay_us = Arc::new(AtomicU64::new(0));
+        let delayed = Arc::new(AtomicU64::new(0));
         let stalled = Arc::new(AtomicBool::new(false));
         let (epoch, _) = watch::channel(0u64);
         let (c, e, delay, stall) = (Arc::clone(&cut), epoch.clone(), Arc::clone(&delay_us), Arc::clone(&stalled));
+        let held = Arc::clone(&delayed);
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = l.accept().await {
                 if c.load(Ordering::SeqCst) {
@@ -43,20 +47,21 @@ impl Proxy {
                 let target = target.clone();
                 let delay = Arc::clone(&delay);
                 let stall = Arc::clone(&stall);
+                let held = Arc::clone(&held);
                 tokio::spawn(async move {
                     let Ok(out) = TcpStream::connect(&target).await else { return };
                     let _ = (inbound.set_nodelay(true), out.set_nodelay(true));
                     let (ri, wi) = inbound.into_split();
                     let (ro, wo) = out.into_split();
                     tokio::select! {
-                        _ = pump(ri, wo, Arc::clone(&delay), Arc::clone(&stall)) => {}
-                        _ = pump(ro, wi, delay, stall) => {}
+                        _ = pump(ri, wo, Arc::clone(&delay), Arc::clone(&held), Arc::clone(&stall)) => {}
+                        _ = pump(ro, wi, delay, held, stall) => {}
                         _ = gone.changed() => {}
                     }
                 });
             }
         });
-        Self { addr, cut, delay_us, stalled, epoch, task }
+        Self { addr, cut, delay_us, delayed, stalled, epoch, task }
     }
 
     /// Its address.
@@ -85,6 +90,11 @@ impl Proxy {
     pub fn delay(&self, d: Duration) {
         self.delay_us.store(d.as_micros() as u64, Ordering::SeqCst);
     }
+
+    /// Chunks held for a delay so far (a delay that held none slowed nothing).
+    pub fn delayed(&self) -> u64 {
+        self.delayed.load(Ordering::SeqCst)
+    }
 }
 
 /// Copies `from` to `to`, one read at a time, each held for the current delay; while
@@ -93,6 +103,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_us: Arc<AtomicU64>,
+    delayed: Arc<AtomicU64>,
     stalled: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 256 << 10];
@@ -104,6 +115,7 @@ async fn pump(
         let d = delay_us.load(Ordering::Relaxed);
         if d > 0 {
             tokio::time::sleep(Duration::from_micros(d)).await;
+            delayed.fetch_add(1, Ordering::SeqCst);
         }
         let mut from_byte = 0;
         if stalled.load(Ordering::SeqCst) {

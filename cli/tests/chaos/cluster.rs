@@ -253,6 +253,39 @@ impl Cluster {
         [get("prefill"), get("decode")]
     }
 
+    /// The router's retries so far after worker `worker` failed at `stage` (prefill, decode).
+    pub async fn router_retries_of(&self, stage: &str, worker: &str) -> f64 {
+        let Ok(a) = self.router_metrics.parse() else { return 0.0 };
+        let body = ferry_tests::scrape(a).await;
+        let (stage, worker) = (format!("stage=\"{stage}\""), format!("worker=\"{worker}\""));
+        body.lines()
+            .filter(|l| l.starts_with("ferry_router_retries_total") && l.contains(&stage) && l.contains(&worker))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Pages the router's prefill index holds as the workers' KV events confirmed them (0
+    /// when it does not answer).
+    pub async fn router_index_pages(&self) -> f64 {
+        let Ok(a) = self.router_metrics.parse() else { return 0.0 };
+        let body = ferry_tests::scrape(a).await;
+        ferry_tests::metric_sum(&body, "ferry_router_index_pages", "role=\"prefill\",state=\"confirmed\"")
+    }
+
+    /// Waits (up to `within`) until [`Self::router_index_pages`] reaches `pages`; what it read
+    /// then, or None.
+    pub async fn wait_index_pages(&self, pages: f64, within: Duration) -> Option<f64> {
+        let t = Instant::now();
+        while t.elapsed() < within {
+            let now = self.router_index_pages().await;
+            if now >= pages {
+                return Some(now);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// Data-plane accepts decode daemon `i` saw fail (and retried) since its last start.
     pub async fn accept_errors(&self, i: usize) -> f64 {
         let body = ferry_tests::scrape(self.decode_metrics[i].parse().expect("addr")).await;

@@ -30,7 +30,8 @@ pub struct Freeze {
     pub unhealthy: Duration,
     /// From SIGSTOP to SIGCONT.
     pub frozen_for: Duration,
-    /// From SIGSTOP until the router retried a prefill call (None: it did not, within 15 s).
+    /// From SIGSTOP until the router retried a prefill call that failed on this daemon (None:
+    /// it did not, within 15 s).
     pub moved: Option<Duration>,
     /// Requests sent before the router stopped placing on the daemon and still unanswered
     /// when it thawed, [`LONGEST`] later at least: they waited for it (must be 0).
@@ -46,13 +47,15 @@ pub async fn busy_prefill(c: &Cluster, load: &Load, names: [&'static str; 2], de
         tries += 1;
         let busy = Cluster::wait_busy(&c.prefill).await;
         let i = busy.unwrap_or(1);
-        let before = c.router_retries().await[0];
+        // Retries of a prefill call that failed on this daemon: a request moved off it (not
+        // any retry elsewhere in the cluster).
+        let before = c.router_retries_of("prefill", names[i]).await;
         let t = Instant::now();
         c.prefill[i].signal(libc::SIGSTOP);
         let unhealthy = c.wait_members(&[names[1 - i]], decode, Duration::from_secs(20)).await;
         let mut moved = None;
         while moved.is_none() && t.elapsed() < Duration::from_secs(15) {
-            if c.router_retries().await[0] > before {
+            if c.router_retries_of("prefill", names[i]).await > before {
                 moved = Some(t.elapsed());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -33,10 +33,6 @@ pub struct Tally {
     pub errors: BTreeMap<String, u64>,
     /// Attempts sent again in this phase.
     pub retried: u64,
-    /// Of those, attempts sent again after ABORTED, CANCELLED or DEADLINE_EXCEEDED: retried
-    /// as a careful client would, but reported apart, since Ferry's own fault handling
-    /// answers UNAVAILABLE.
-    pub retried_after_odd_codes: u64,
     /// Attempts in this phase that neither answered nor failed within [`ATTEMPT_TIMEOUT`]
     /// (must be 0).
     pub hung: u64,
@@ -78,16 +74,13 @@ pub struct Load {
     in_flight: Mutex<HashMap<u64, Instant>>,
 }
 
+/// What a client retries, as docs/reliability.md says: `UNAVAILABLE` (Ferry's answer to every
+/// fault it cannot hide, and a router that cannot be reached), `RESOURCE_EXHAUSTED` (back
+/// pressure) and `UNKNOWN` (an HTTP/2 transport error: a router gone mid-stream). Any other
+/// status fails the request: Ferry's fault handling must not answer `ABORTED`, `CANCELLED` or
+/// `DEADLINE_EXCEEDED` to a client that did nothing wrong.
 fn retriable(code: Code) -> bool {
-    matches!(
-        code,
-        Code::Unavailable
-            | Code::ResourceExhausted
-            | Code::Unknown
-            | Code::Aborted
-            | Code::Cancelled
-            | Code::DeadlineExceeded
-    )
+    matches!(code, Code::Unavailable | Code::ResourceExhausted | Code::Unknown)
 }
 
 /// A short name for an error: its code and the first words of its message.
@@ -216,12 +209,7 @@ impl Load {
                     self.record(&self.now(), |t| *t.errors.entry(kind(&s)).or_default() += 1);
                     return self.record(&phase, |t| t.failed += 1);
                 }
-                Ok(Err(s)) => self.record(&self.now(), |t| {
-                    *t.errors.entry(kind(&s)).or_default() += 1;
-                    if matches!(s.code(), Code::Aborted | Code::Cancelled | Code::DeadlineExceeded) {
-                        t.retried_after_odd_codes += 1;
-                    }
-                }),
+                Ok(Err(s)) => self.record(&self.now(), |t| *t.errors.entry(kind(&s)).or_default() += 1),
                 Err(_) => self.record(&self.now(), |t| t.hung += 1),
             }
             if start.elapsed() + backoff > REQUEST_DEADLINE {

@@ -56,6 +56,35 @@ async fn prompts(c: &Cluster, model: &std::path::Path) -> Vec<(Vec<u32>, Vec<u32
     ids.into_iter().zip(want).collect()
 }
 
+/// `n` prompts of 160 tokens (20 pages of 8) that share nothing with the load's or each other's
+/// (their first words differ), tokenized by the router.
+async fn unique_prompts(c: &Cluster, n: usize) -> Vec<Vec<u32>> {
+    const WORDS: [&str; 16] = [
+        "harbour", "lantern", "copper", "meadow", "violet", "anchor", "thistle", "granite", "orchard", "pepper",
+        "saddle", "willow", "ember", "falcon", "marble", "juniper",
+    ];
+    let ch = ferry_tests::channel(c.router_grpc.parse().expect("addr")).await;
+    let mut r = pb::router_client::RouterClient::new(ch);
+    let mut out = Vec::new();
+    for (i, name) in WORDS.iter().enumerate().take(n) {
+        let mut x = 0x9E37_79B9u64 ^ ((i as u64 + 1) * 0x1000_0000_01B3);
+        let text: Vec<&str> = (0..200)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                WORDS[(x % 16) as usize]
+            })
+            .collect();
+        let text = format!("Inventory {} of the {name} warehouse: {}", 1000 + i, text.join(" "));
+        let req = pb::TokenizeRequest { input: Some(pb::tokenize_request::Input::Text(text)) };
+        let ids = r.tokenize(req).await.expect("tokenize").into_inner().token_ids;
+        assert!(ids.len() >= 160, "{} tokens", ids.len());
+        out.push(ids[..160].to_vec());
+    }
+    out
+}
+
 /// Phase boundaries with the router's retry counters at each.
 struct Phases {
     marks: Vec<(String, [f64; 2])>,
@@ -89,7 +118,7 @@ fn report(
     pages: &[(String, pb::LoadReport)],
 ) -> String {
     let mut s = String::from(
-        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries (of them after ABORTED / CANCELLED / DEADLINE_EXCEEDED) | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) | slowest request |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|\n",
+        "| fault (phase) | sent | completed | wrong | failed | errors clients saw in the phase | client retries | router retries (prefill / decode) | hung | lost | e2e p50 / max (s) | slowest request |\n|---|---:|---:|---:|---:|---|---:|---|---:|---:|---|---|\n",
     );
     for (i, (name, t)) in tallies.iter().enumerate() {
         let r = retries.get(i).copied().unwrap_or_default();
@@ -97,14 +126,13 @@ fn report(
         let max = t.latencies.iter().copied().fold(0.0, f64::max);
         let slowest = t.slowest.as_ref().map_or(String::new(), |(_, id)| id.clone());
         s += &format!(
-            "| {name} | {} | {} | {} | {} | {} | {} ({}) | {} / {} | {} | {} | {:.2} / {:.2} | {slowest} |\n",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} | {:.2} / {:.2} | {slowest} |\n",
             t.sent,
             t.completed,
             t.wrong,
             t.failed,
             if errors.is_empty() { "none".into() } else { errors.join("; ") },
             t.retried,
-            t.retried_after_odd_codes,
             r[0] as u64,
             r[1] as u64,
             t.hung,
@@ -202,13 +230,51 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
 
     phases.begin(&c, &load, "kill -9 router, restart").await;
+    // Prompts no one else sends, each cached on the one prefill node that computed it: the
+    // restarted router, its index empty, must learn where from the workers and place each
+    // there again.
+    // The router's index then knows every page the prefill nodes cache, these prompts' 40
+    // among them; a restarted router must know as many again from the workers' snapshots
+    // (the load's prompts, all cached already, store no new pages to make up for a snapshot
+    // lost: they hold ~30 distinct pages in all).
+    let router_addr: std::net::SocketAddr = c.router_grpc.parse().expect("addr");
+    let before = c.router_index_pages().await;
+    let homes = unique_prompts(&c, 2).await;
+    for p in &homes {
+        ferry_tests::routed(router_addr, p, &ferry_tests::greedy(1)).await;
+    }
+    let unique_pages = homes.iter().map(|p| p.len() / 8).sum::<usize>() as f64;
+    let known = c.wait_index_pages(before + unique_pages, Duration::from_secs(20)).await;
     pause(0.5).await;
     c.router.kill9();
     pause(2.0).await;
     let t = Instant::now();
     c.router.start();
     c.wait_members(&all.0, &all.1, Duration::from_secs(30)).await;
-    notes.push(format!("router restarted and saw all 4 workers {:.2} s after its start", t.elapsed().as_secs_f64()));
+    let members = t.elapsed();
+    let resynced = c.wait_index_pages(known.unwrap_or(f64::MAX), Duration::from_secs(20)).await;
+    let resynced = resynced.map(|pages| (t.elapsed(), pages));
+    let mut placed_home = Vec::new();
+    for p in &homes {
+        let (_, cached) = ferry_tests::routed(router_addr, p, &ferry_tests::greedy(1)).await;
+        placed_home.push((cached as usize, p.len()));
+    }
+    notes.push(format!(
+        "router restarted and saw all 4 workers {:.2} s after its start; {}; prompts cached before the kill, sent again: {}",
+        members.as_secs_f64(),
+        match resynced {
+            Some((d, pages)) => format!(
+                "its prefix index held {pages} confirmed pages from the workers' snapshots {:.2} s after its start (the old one: {})",
+                d.as_secs_f64(),
+                known.unwrap_or_default()
+            ),
+            None => format!(
+                "its prefix index held {} pages 20 s after its start, not the old one's {known:?}",
+                c.router_index_pages().await
+            ),
+        },
+        placed_home.iter().map(|(c, n)| format!("{c} of {n} tokens found cached")).collect::<Vec<_>>().join(", ")
+    ));
     pause(3.0).await;
 
     phases.begin(&c, &load, "kill -9 etcd, restart").await;
@@ -254,6 +320,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     pause(4.0).await;
 
     phases.begin(&c, &load, "data plane +20 ms per read").await;
+    let delayed = |c: &Cluster| c.proxies.iter().map(ferry_tests::proxy::Proxy::delayed).sum::<u64>();
+    let held = delayed(&c);
     for p in &c.proxies {
         p.delay(Duration::from_millis(20));
     }
@@ -261,6 +329,8 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     for p in &c.proxies {
         p.delay(Duration::ZERO);
     }
+    let slowed = delayed(&c) - held;
+    notes.push(format!("the data plane held {slowed} chunks 20 ms each for 5 s"));
 
     phases.begin(&c, &load, "a busy prefill frozen (SIGSTOP)").await;
     pause(0.5).await;
@@ -388,6 +458,15 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     check(at_baseline(&loads), "pages or queues not back at baseline (see the load table)".into());
     check(idle_kills.is_empty(), format!("killed while holding no request (the phase tested nothing): {idle_kills:?}"));
     check(cut_retried, "the data-plane cut broke no transfer".into());
+    check(known.is_some(), "the router's index never confirmed the prompts cached before its kill".into());
+    check(resynced.is_some(), "the restarted router's prefix index did not learn what the workers cache".into());
+    check(
+        placed_home.iter().all(|&(cached, n)| cached + 8 >= n),
+        format!(
+            "the restarted router did not place cached prompts where they were cached (cached / tokens): {placed_home:?}"
+        ),
+    );
+    check(slowed > 0, "the slowed data plane carried nothing: the phase tested nothing".into());
     check(frozen.busy, "no prefill was busy to freeze: the phase tested nothing".into());
     check(
         frozen.waited == 0,
@@ -428,8 +507,29 @@ async fn kills_cuts_and_delays_lose_no_request_and_leak_no_page() {
     check((reused.wrong, reused.hung) == (0, 0), format!("the direct caller reusing a room id: {reused:?}"));
     check(reused.completed > 0 && reused.cancelled > 0, format!("the room-id reuse phase tested nothing: {reused:?}"));
     check(reused.unclear().is_empty(), format!("room-id reuse met unclear errors: {:?}", reused.unclear()));
-    for (name, t) in &tallies {
+    for (i, (name, t)) in tallies.iter().enumerate() {
         check(t.sent > 0, format!("{name}: no request sent"));
+        // Errors reach clients only where the phase's fault explains them: a stream a killed
+        // decode node was serving (it had sent tokens, so the router cannot retry it), a
+        // router that is gone. Every other fault the router hides.
+        let explained: &[&str] = match name.as_str() {
+            "kill -9 a busy decode" => &["Unavailable: decode worker"],
+            "kill -9 router, restart" => &["Unavailable", "Unknown"],
+            _ => &[],
+        };
+        let unexplained: Vec<_> = t.errors.keys().filter(|k| !explained.iter().any(|e| k.starts_with(e))).collect();
+        check(
+            unexplained.is_empty(),
+            format!("{name}: clients saw errors no fault of the phase explains: {unexplained:?}"),
+        );
+        // A slower link is not a failure: nothing may time out and be retried for it.
+        if name == "data plane +20 ms per read" {
+            let r = phases.retries.get(i).copied().unwrap_or_default();
+            check(
+                r == [0.0, 0.0],
+                format!("{name}: the router retried {r:?} (prefill / decode) on a link only slower"),
+            );
+        }
         check(
             (t.wrong, t.failed, t.hung, t.lost) == (0, 0, 0, 0),
             format!("{name}: wrong {}, failed {}, hung {}, lost {}", t.wrong, t.failed, t.hung, t.lost),

@@ -311,7 +311,13 @@ impl Ctx {
                 }
                 return Err(status);
             }
-            metrics::counter!(M::ROUTER_RETRIES, "stage" => stage.label()).increment(1);
+            // The worker that failed: the prefill worker (or the decode worker prefilling
+            // locally) or the decode worker.
+            let failed_worker = match stage {
+                Stage::Prefill => target.as_ref().map_or_else(|| decode.id.to_string(), |w| w.id.to_string()),
+                Stage::Decode => decode.id.to_string(),
+            };
+            metrics::counter!(M::ROUTER_RETRIES, "stage" => stage.label(), "worker" => failed_worker).increment(1);
             match stage {
                 Stage::Prefill => {
                     let failed = target.as_ref().map(|w| w.id.clone());
