@@ -6,11 +6,11 @@ use std::time::Instant;
 use anyhow::Context;
 use std::io::Write;
 
-use ferry_cluster::Device;
 use ferry_engine::{
     BatchOptions, ChatMessage, Detokenizer, Model, PagePool, Request, SamplingParams, generate_streaming,
 };
 use ferry_kernels::cpu::CpuBackend;
+use ferry_worker::Device;
 use serde_json::json;
 
 /// Arguments of `ferry generate`.
@@ -92,7 +92,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
             run_on(a, backend)
         }
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => anyhow::bail!(ferry_cluster::NO_CUDA_BUILD),
+        Device::Cuda(_) => anyhow::bail!(ferry_worker::NO_CUDA_BUILD),
     }
 }
 

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use ferry_cluster::Device;
 use ferry_cluster::roles::PeerRole;
 use ferry_router::placement::Policy;
 use ferry_transfer::BackendKind;
+use ferry_worker::Device;
 
 /// Flags of `ferry up`.
 #[derive(Debug, Clone, clap::Args)]
@@ -188,8 +188,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     })
 }
 
-fn worker_args(args: &UpArgs, model: &Path, id: ferry_cluster::WorkerId) -> ferry_cluster::WorkerArgs {
-    let mut w = ferry_cluster::WorkerArgs::for_model(model);
+fn worker_args(args: &UpArgs, model: &Path, id: ferry_cluster::WorkerId) -> ferry_worker::WorkerArgs {
+    let mut w = ferry_worker::WorkerArgs::for_model(model);
     w.worker_id = Some(id);
     w.pool_pages = args.pool_pages;
     w.page_size = args.page_size;

@@ -12,6 +12,8 @@
 
 use std::sync::Arc;
 
+use parking_lot::{Mutex, MutexGuard};
+
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -48,7 +50,7 @@ pub fn channel(
 }
 
 /// `addr` (`host:port` or a URI) as `host:port`, without a scheme or a path.
-pub(crate) fn host_port(addr: &str) -> String {
+pub fn host_port(addr: &str) -> String {
     let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
     rest.split('/').next().unwrap_or(rest).to_string()
 }
@@ -56,8 +58,9 @@ pub(crate) fn host_port(addr: &str) -> String {
 /// Where a mutual TLS connection goes: `host:port`, the name its certificate must carry, and
 /// the role it must name.
 #[derive(Clone)]
-pub(crate) struct Target {
-    pub(crate) host_port: String,
+pub struct Target {
+    /// `host:port`.
+    pub host_port: String,
     name: ServerName<'static>,
     connector: TlsConnector,
     expect: PeerRole,
@@ -65,7 +68,7 @@ pub(crate) struct Target {
 
 impl Target {
     /// `addr` (`host:port` or an `https://` URI) under `tls`, its certificate to name `expect`.
-    pub(crate) fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, String> {
+    pub fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, String> {
         let host_port = host_port(addr);
         let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
         let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
@@ -75,7 +78,7 @@ impl Target {
 
     /// TCP (no delay), then rustls, then the role check; a peer whose certificate names
     /// another role is refused (counted as `wrong_role`, role `client`).
-    pub(crate) async fn connect(&self) -> std::io::Result<TlsStream<TcpStream>> {
+    pub async fn connect(&self) -> std::io::Result<TlsStream<TcpStream>> {
         let (expect, host_port) = (self.expect, &self.host_port);
         let tcp = TcpStream::connect(host_port).await?;
         tcp.set_nodelay(true)?;
@@ -105,7 +108,7 @@ pub struct Channels {
     expect: PeerRole,
     tls: Option<Arc<InternalTls>>,
     connect_timeout: std::time::Duration,
-    by_addr: std::sync::Mutex<std::collections::HashMap<String, Channel>>,
+    by_addr: Mutex<std::collections::HashMap<String, Channel>>,
 }
 
 impl Channels {
@@ -115,8 +118,8 @@ impl Channels {
         Self { expect, tls, connect_timeout, by_addr: Default::default() }
     }
 
-    fn by_addr(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Channel>> {
-        self.by_addr.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn by_addr(&self) -> MutexGuard<'_, std::collections::HashMap<String, Channel>> {
+        self.by_addr.lock()
     }
 
     /// The channel to `addr`, made on first use ([`channel`]'s error for a bad address).
@@ -147,26 +150,5 @@ impl InternalTls {
     /// The rustls client side: this daemon's certificate, the cluster CA, HTTP/2.
     pub fn client_config(&self) -> Arc<tokio_rustls::rustls::ClientConfig> {
         Arc::clone(&self.client)
-    }
-
-    /// The KV data plane under the same identities: a decode node's receiver serves only
-    /// prefill nodes, a prefill node sends only to decode nodes (`--internal-tls-server-name`,
-    /// when set, is the name checked as for gRPC).
-    pub fn data_plane(&self) -> ferry_transfer::secure::Security {
-        use ferry_transfer::secure::{DataTls, PeerCheck, Security};
-        let prefill: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Prefill));
-        let decode: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Decode));
-        let tls = DataTls::new(self.server_config(), &self.client, self.server_name.clone(), prefill, decode);
-        Security::Tls(Arc::new(tls))
-    }
-
-    /// The data plane the other way, for pulls (issue 20): a prefill node's pull receiver
-    /// serves only decode nodes, a decode node sends held pages only to prefill nodes.
-    pub fn pull_plane(&self) -> ferry_transfer::secure::Security {
-        use ferry_transfer::secure::{DataTls, PeerCheck, Security};
-        let prefill: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Prefill));
-        let decode: PeerCheck = Arc::new(|chain| crate::roles::expect_role(chain, PeerRole::Decode));
-        let tls = DataTls::new(self.server_config(), &self.client, self.server_name.clone(), decode, prefill);
-        Security::Tls(Arc::new(tls))
     }
 }

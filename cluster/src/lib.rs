@@ -1,4 +1,6 @@
-//! `ferry-cluster`: what every Ferry daemon shares.
+//! `ferry-cluster`: the control plane every Ferry daemon shares (the router and both
+//! workers): it builds no compute kernels and no data plane (`.ci/run` checks that the router
+//! builds neither).
 //!
 //! The vocabulary — ids, the KV layout, metric names — lives in `ferry-core` and is
 //! re-exported here. [`wire`] is the one module where generated `ferry.v1` types are converted
@@ -12,16 +14,16 @@
 //!
 //! [`discovery`]: static (flags or a file) and through etcd. [`mtls`]: mutual TLS between
 //! daemons; [`roles`]: which daemon may call which worker service under it; [`dial`]: channels
-//! to another daemon that check its role too.
+//! to another daemon that check its role too. [`args`]: flag helpers every daemon uses (timeouts,
+//! defaults, etcd's flags); [`telemetry`], [`traces`], [`phases`]: logs, spans and each
+//! request's phase clock; [`pki`]: a throwaway cluster CA.
 
 pub mod accept;
 pub mod args;
 pub mod daemon;
-mod device;
 pub mod dial;
 pub mod discovery;
 pub mod exporter;
-pub mod h2_calls;
 pub mod mtls;
 pub mod notify;
 pub mod phases;
@@ -33,8 +35,6 @@ pub mod telemetry;
 pub mod traces;
 pub mod wire;
 
-pub use args::WorkerArgs;
-pub use device::{Device, NO_CUDA_BUILD};
 // The shared vocabulary lives in `ferry-core`; re-exported so daemons name it one way.
 pub use ferry_core::{
     LayoutDescriptor, PageId, RequestId, Room, RoomKey, RoomSecret, TraceContext, WorkerId, env, fork_pages,

@@ -147,7 +147,7 @@ impl InternalTls {
     }
 
     /// The rustls server side (client certificates checked against the cluster CA).
-    pub(crate) fn server_config(&self) -> &ServerConfig {
+    pub fn server_config(&self) -> &ServerConfig {
         &self.server
     }
 
@@ -212,7 +212,7 @@ pub fn accept_tls(
 fn server_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ServerConfig, TlsError> {
     let chain = certs(cert, "--internal-tls-cert")?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Invalid(format!("--internal-tls-key: {e}")))?;
-    let provider = ferry_transfer::secure::crypto_provider();
+    let provider = ferry_core::tls::crypto_provider();
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), Arc::clone(&provider))
         .build()
         .map_err(|e| TlsError::Invalid(format!("--internal-tls-ca: {e}")))?;
@@ -238,7 +238,7 @@ fn roots(ca: &[u8]) -> Result<RootCertStore, TlsError> {
 fn client_config(cert: &[u8], key: &[u8], ca: &[u8]) -> Result<ClientConfig, TlsError> {
     let chain = certs(cert, "--internal-tls-cert")?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| TlsError::Invalid(format!("--internal-tls-key: {e}")))?;
-    let provider = ferry_transfer::secure::crypto_provider();
+    let provider = ferry_core::tls::crypto_provider();
     let mut c = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Invalid(e.to_string()))?

@@ -1,5 +1,5 @@
 //! `ferry-core`: the words every Ferry crate shares, with nothing heavy under it (no gRPC,
-//! no etcd, no async runtime), so that the data plane (`ferry-transfer`) depends on this
+//! no etcd, no async runtime; rustls alone, for its crypto provider), so that the data plane (`ferry-transfer`) depends on this
 //! alone.
 //!
 //! - [`bench`]: what every benchmark reads from its environment;
@@ -8,6 +8,7 @@
 //!   `RequestId`) and constant-time secret comparison;
 //! - [`LayoutDescriptor`]: the KV layout both sides of a transfer must agree on;
 //! - [`metrics`]: every Prometheus metric name Ferry emits, with its help text;
+//! - [`tls`]: the crypto provider every TLS connection of Ferry's runs on;
 //! - [`trace`]: the W3C trace context that follows one request across daemons.
 
 pub mod bench;
@@ -15,6 +16,7 @@ pub mod env;
 pub mod ids;
 mod layout;
 pub mod metrics;
+pub mod tls;
 pub mod trace;
 
 pub use ids::{PageId, RequestId, Room, RoomKey, RoomSecret, WorkerId, secret_eq};

@@ -135,7 +135,7 @@ fn simulate(admission: Admission, cost: Cost, answers: Answers, clients: usize, 
         let p = prompt(rng);
         let answer = answers.draw(rng);
         reqs.insert(room, Req { answer, generated: 0, to_compute: p });
-        let refused = q.on(Event::Request { room, prompt: p, limit: MAX_NEW, local: true, n: 1 }, now);
+        let refused = q.on(Event::Request { room, prompt: p, limit: MAX_NEW, local: true, n: 1, forks: 0 }, now);
         assert!(refused.is_empty(), "{refused:?}");
     };
     for _ in 0..clients {

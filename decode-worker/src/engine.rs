@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
+use ferry_cluster::{LayoutDescriptor, Room, RoomKey};
 use ferry_engine::{FinishReason, Model, PageAlloc, PagePool, RadixCache, Sampled, Sampler};
 use ferry_kernels::Backend;
 use ferry_radix::events::KvEvent;
@@ -26,21 +26,20 @@ use ferry_transfer::Receiver as KvReceiver;
 use ferry_worker::KvHost;
 use ferry_worker::engine_loop::EngineThread;
 use tokio::sync::broadcast;
-use tonic::Code;
 
+use crate::error::DecodeError;
 use crate::handshake::Handshakes;
 use crate::queues::{Event, Limits, Queues, Stage};
 use crate::wake::Wake;
 
 mod act;
 mod cache;
-mod cmd;
 mod fork;
 mod lifecycle;
 mod pull;
 mod step;
 
-pub use cmd::{Cmd, Emit, Generate, Load, Out};
+use crate::cmd::{Cmd, Emit, Generate, Load, Out};
 
 struct Req {
     key: RoomKey,
@@ -212,9 +211,9 @@ impl<B: Backend> Engine<B> {
                 let r = if members.is_empty() {
                     Ok(false)
                 } else if members.iter().any(|m| self.reqs.get(m).is_some_and(|r| r.key.secret != secret)) {
-                    Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")))
+                    Err(DecodeError::WrongSecret(room))
                 } else {
-                    let why = Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"));
+                    let why = DecodeError::Aborted(reason);
                     for (i, m) in members.into_iter().enumerate() {
                         // One error ends the client's stream; a single sequence ends quietly.
                         self.close(m, Err(why.clone()), sequence.is_none() && i == 0);
@@ -224,15 +223,13 @@ impl<B: Backend> Engine<B> {
                 let _ = reply.send(r);
             }
             Cmd::Gone { room, incarnation } => {
-                let why = Refused::new(Code::Cancelled, "client_cancelled", "the client went away");
+                let why = DecodeError::ClientGone;
                 for m in self.family(room, |r| r.incarnation == incarnation) {
                     self.end(m, Err(why.clone()));
                 }
             }
             Cmd::Transferred { room, incarnation, outcome } => {
-                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation)
-                    && self.queues.stage(room) == Some(Stage::Transfer)
-                {
+                if self.reqs.get(&room).is_some_and(|r| r.incarnation == incarnation) {
                     self.transferred(room, outcome, Instant::now());
                 }
             }
@@ -241,11 +238,7 @@ impl<B: Backend> Engine<B> {
                     self.act(a, Instant::now());
                 }
             }
-            Cmd::HandshakeFailed { room, why } => {
-                if self.queues.stage(room) == Some(Stage::Transfer) {
-                    self.end(room, Err(why));
-                }
-            }
+            Cmd::HandshakeFailed { room, why } => self.handshake_failed(room, why, Instant::now()),
             Cmd::Pull { room, secret, first, n, reply } => {
                 let _ = reply.send(self.lend(room, secret, first, n));
             }
@@ -270,7 +263,7 @@ impl<B: Backend> Engine<B> {
     /// constraint), and their KV is computed with the next step's input as one chunk (at most
     /// `--chunked-prefill-size` tokens a step: a longer forced text goes on at the next).
     /// `Some` when the request ends: how, or the error that ends it.
-    fn emit_and_jump(&mut self, room: Room, s: Sampled) -> Option<Result<FinishReason, Refused>> {
+    fn emit_and_jump(&mut self, room: Room, s: Sampled) -> Option<Result<FinishReason, DecodeError>> {
         let finish = self.emit(room, s, false);
         if finish.is_some() || !self.cfg.jump_forward {
             return finish;
@@ -304,11 +297,11 @@ impl<B: Backend> Engine<B> {
     /// Sends `s` to the client and says whether the request ends with it (`more_forced`: more
     /// tokens the constraint forced follow it). A token the output constraint refused (a
     /// prefill node that sampled without it) is not sent: the request ends with an error.
-    fn emit(&mut self, room: Room, s: Sampled, more_forced: bool) -> Option<Result<FinishReason, Refused>> {
+    fn emit(&mut self, room: Room, s: Sampled, more_forced: bool) -> Option<Result<FinishReason, DecodeError>> {
         let r = self.reqs.get_mut(&room)?;
         if let Some(e) = r.sampler.guide_error() {
             let why = format!("the output constraint failed: {e}");
-            return Some(Err(Refused::new(Code::Internal, "constraint_failed", why)));
+            return Some(Err(DecodeError::internal("constraint_failed", why)));
         }
         let tok = s.token;
         r.generated.push(tok);
@@ -429,7 +422,7 @@ impl<B: Backend> EngineThread for Engine<B> {
             tracing::error!(error = %e, "decode step failed; failing its requests");
             let rooms: Vec<Room> = self.reqs.keys().copied().collect();
             for room in rooms {
-                self.end(room, Err(Refused::new(Code::Internal, "engine_error", e.to_string())));
+                self.end(room, Err(DecodeError::internal("engine_error", e.to_string())));
             }
         }
         // The step may have ended the requests holding the pool: admit who waited for their
@@ -458,6 +451,6 @@ impl<B: Backend> EngineThread for Engine<B> {
 }
 
 /// The refusal of anything arriving while the worker shuts down.
-fn shutting_down() -> Refused {
-    Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")
+fn shutting_down() -> DecodeError {
+    DecodeError::ShuttingDown
 }

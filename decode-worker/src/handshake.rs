@@ -8,12 +8,13 @@ use std::time::Duration;
 use ferry_cluster::dial::Channels;
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{LayoutDescriptor, Refused, Room, RoomKey};
+use ferry_cluster::{LayoutDescriptor, Room, RoomKey};
 use ferry_proto::v1 as pb;
 use tonic::Code;
 use tracing::Instrument as _;
 
-use crate::engine::Cmd;
+use crate::cmd::Cmd;
+use crate::error::DecodeError;
 use ferry_worker::EngineLink;
 
 /// One handshake to make.
@@ -75,21 +76,17 @@ impl Handshakes {
                 let why = match r {
                     Ok(Ok(())) => return,
                     Ok(Err(why)) => why,
-                    Err(_) => Refused::new(
-                        Code::DeadlineExceeded,
-                        "handshake_timeout",
-                        "the prefill node did not answer the handshake",
-                    ),
+                    Err(_) => DecodeError::HandshakeTimeout,
                 };
-                let _ = me.engine.send(Cmd::HandshakeFailed { room, why });
+                me.engine.report(Cmd::HandshakeFailed { room, why });
             }
             .instrument(span),
         );
     }
 
-    async fn call(&self, job: HandshakeJob) -> Result<(), Refused> {
+    async fn call(&self, job: HandshakeJob) -> Result<(), DecodeError> {
         // Under mutual TLS the bootstrap address must present a prefill worker's certificate.
-        let ch = self.channels.get(&job.bootstrap).map_err(|e| Refused::invalid("bad_bootstrap_addr", e))?;
+        let ch = self.channels.get(&job.bootstrap).map_err(|e| DecodeError::invalid("bad_bootstrap_addr", e))?;
         let req = pb::HandshakeRequest {
             room: Some(ferry_cluster::wire::room_key_to_proto(&job.key)),
             dest_pages: job.dest,
@@ -105,21 +102,16 @@ impl Handshakes {
             // The channel connects on first use: a connect failure is this call's.
             Err(s) if s.code() == Code::Unavailable && s.message().contains("transport error") => {
                 self.channels.forget(&job.bootstrap);
-                let why = format!("prefill node {}: {}", job.bootstrap, s.message());
-                Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
+                Err(DecodeError::PrefillUnreachable(format!("prefill node {}: {}", job.bootstrap, s.message())))
             }
             // A connection that broke or never answered (HTTP/2 keepalive unanswered: a
             // frozen host, a port that accepts and says nothing) is not a refusal.
             Err(s) if s.code() == Code::Unavailable => {
                 self.channels.forget(&job.bootstrap);
                 let why = format!("prefill node {} did not answer the handshake: {}", job.bootstrap, s.message());
-                Err(Refused::new(Code::Unavailable, "prefill_unreachable", why))
+                Err(DecodeError::PrefillUnreachable(why))
             }
-            Err(s) => Err(Refused::new(
-                s.code(),
-                "handshake_refused",
-                format!("the prefill node refused the handshake: {}", s.message()),
-            )),
+            Err(s) => Err(DecodeError::HandshakeRefused { code: s.code(), message: s.message().to_string() }),
         }
     }
 }

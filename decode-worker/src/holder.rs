@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_cluster::{Refused, wire};
+use ferry_cluster::wire;
 use ferry_proto::v1 as pb;
 use ferry_transfer::BackendKind;
 use ferry_transfer::backend::TransferConfig;
@@ -17,11 +17,11 @@ use ferry_transfer::memory::HostPages;
 use ferry_worker::senders::SenderPool;
 use ferry_worker::{EngineLink, answer};
 use tokio::sync::oneshot;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
-use crate::engine::Cmd;
-
-const ROLE: &str = "decode";
+use crate::cmd::Cmd;
+use crate::error::DecodeError;
+use crate::service::{ROLE, refused};
 
 /// What the pull handler needs.
 pub struct Holder {
@@ -63,7 +63,7 @@ impl Drop for Done {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             let (reply, _) = oneshot::channel();
-            let _ = self.engine.send(Cmd::PullDone { id, reply });
+            self.engine.report(Cmd::PullDone { id, reply });
         }
     }
 }
@@ -73,18 +73,18 @@ impl pb::holder_server::Holder for HolderSvc {
     async fn pull(&self, req: Request<pb::PullRequest>) -> Result<Response<pb::PullResponse>, Status> {
         let r = req.into_inner();
         let h = &self.0;
-        let key = wire::room_key(r.room).map_err(|e| Refused::from(e).status(ROLE))?;
+        let key = wire::room_key(r.room).map_err(refused)?;
         if r.transfer_backend != h.backend.as_str() || !matches!(h.backend, BackendKind::Tcp | BackendKind::Fake) {
             let why = format!(
                 "the prefill node pulls over {:?}; this decode node sends over {}",
                 r.transfer_backend, h.backend
             );
-            return Err(Refused::new(Code::FailedPrecondition, "backend_mismatch", why).status(ROLE));
+            return Err(refused(DecodeError::BackendMismatch(why)));
         }
         let n = r.dest_pages.len();
         if n == 0 || n > h.max_pages {
             let why = format!("{n} destination pages; 1 to {} per pull", h.max_pages);
-            return Err(Refused::invalid("pull_pages", why).status(ROLE));
+            return Err(refused(DecodeError::invalid("pull_pages", why)));
         }
         let (reply, rx) = oneshot::channel();
         let (room, secret, first) = (key.room, key.secret, r.first_page as usize);
@@ -109,12 +109,10 @@ impl pb::holder_server::Holder for HolderSvc {
         };
         let held = done.settle().await;
         if let Err(e) = sent {
-            let why = format!("{}: {e}", r.data_endpoint);
-            return Err(Refused::new(Code::Unavailable, "pull_failed", why).status(ROLE));
+            return Err(refused(DecodeError::PullFailed(format!("{}: {e}", r.data_endpoint))));
         }
         if !held {
-            let why = format!("room {room} let its held pages go while they were sent");
-            return Err(Refused::new(Code::Aborted, "pull_spoiled", why).status(ROLE));
+            return Err(refused(DecodeError::PullSpoiled(room)));
         }
         metrics::counter!(ferry_cluster::metrics::PULL_PAGES, "role" => ROLE).increment(n as u64);
         Ok(Response::new(pb::PullResponse { pages: n as u32 }))

@@ -15,29 +15,33 @@
 //!
 //! [`start`] brings a daemon up (port 0 works); [`run`] is `start`, wait, graceful stop.
 
+mod cmd;
 mod engine;
+pub mod error;
 mod handshake;
 pub mod holder;
 pub mod queues;
 mod service;
 mod wake;
 
-pub use engine::Load;
+pub use cmd::Load;
 
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{Shutdown, WorkerArgs, WorkerId};
+use ferry_cluster::{Shutdown, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
+use ferry_worker::WorkerArgs;
+use ferry_worker::WorkerConfig;
 
 pub use ferry_cluster::daemon::StartError;
 use ferry_proto::v1 as pb;
 
-use crate::engine::{Cmd, Engine, EngineConfig};
+use crate::cmd::Cmd;
+use crate::engine::{Engine, EngineConfig};
 use crate::handshake::Handshakes;
 use crate::queues::{Admission, Limits};
 use crate::service::{DecodeSvc, LoadSvc, Shared};
@@ -221,8 +225,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         Loaded::load(config, compute, "decode").await?;
     let kv_mirrored = kv.mirrored();
     let mem = Arc::clone(kv.mem());
-    let (tx, rx) = std::sync::mpsc::channel();
-    let link = ferry_worker::EngineLink::new(tx, "decode");
+    let (link, rx) = ferry_worker::engine_channel("decode");
     let holder = holder::Holder {
         engine: link.clone(),
         backend,
@@ -302,7 +305,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         worker_id: worker_id.clone(),
         engine: Box::new(move || engine.run(rx)),
         drain: Box::new(move || {
-            let _ = link.send(Cmd::Shutdown);
+            link.report(Cmd::Shutdown);
         }),
         health,
         services,

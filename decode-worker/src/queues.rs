@@ -39,6 +39,11 @@
 //! and the queue moves, first come first served; under memory pressure a request waits
 //! longer, it does not fail.
 //!
+//! **Refusals** are the queues' too: a request that could never run here whole (more sequences
+//! than the node runs, more pages than the pool), whose constraints do not match its
+//! sequences, or whose room id is taken is refused before anything is held ([`Refusal`]); a
+//! transfer's end or a failed handshake counts only while the request is still in Transfer.
+//!
 //! **One entry point**: [`Queues::on`] takes an [`Event`] and returns the [`Action`]s the
 //! engine carries out. The queues count the pages of every request they admit, grow, retract
 //! and end, and the pages of ended requests whose receiver room is still being written
@@ -219,14 +224,22 @@ impl Queues {
     /// What follows from `ev` at `now`, for the engine to carry out in order.
     pub fn on(&mut self, ev: Event, now: Instant) -> Vec<Action> {
         match ev {
-            Event::Request { room, prompt, limit, local, n } => {
-                self.push(room, prompt, limit, local, n.max(1), now).err().map(Action::Refuse).into_iter().collect()
-            }
+            Event::Request { room, prompt, limit, local, n, forks } => self
+                .push(room, prompt, limit, local, (n.max(1), forks), now)
+                .err()
+                .map(Action::Refuse)
+                .into_iter()
+                .collect(),
             Event::Fork { room, children } => {
                 self.fork(room, &children, now);
                 Vec::new()
             }
             Event::Admit => self.admit(now),
+            Event::TransferEnded { room, ok } => match self.stage(room) {
+                Some(Stage::Transfer) if ok => vec![Action::Land(room)],
+                Some(Stage::Transfer) => vec![Action::Fail(room)],
+                _ => Vec::new(),
+            },
             Event::Transferred(room) => {
                 self.advance(room, Stage::Transfer, Stage::Waiting, now);
                 Vec::new()
@@ -316,16 +329,33 @@ impl Queues {
     }
 
     /// A new request for `n` sequences of a prompt of `prompt` tokens that may each generate
-    /// `limit` tokens.
+    /// `limit` tokens, with `forks` constraints for its other sequences. Refused, before
+    /// anything is held, when it could never run here whole (more sequences than the node
+    /// runs at once, or more pages than the pool), when its constraints do not match its
+    /// sequences, or when its room id is taken.
     fn push(
         &mut self,
         room: Room,
         prompt: usize,
         limit: usize,
         local: bool,
-        n: usize,
+        (n, forks): (usize, usize),
         now: Instant,
     ) -> Result<(), Refusal> {
+        let max = self.limits.max_running;
+        if n > max {
+            return Err(Refusal::NOverBatch { n, max });
+        }
+        // Whole, never half way: a request that cannot fit the pool even alone is refused
+        // now; any other is admitted in time and never cut. Forked sequences share the
+        // prompt's full pages.
+        let need = ferry_cluster::fork_pages(prompt, prompt + limit, n, self.limits.page_size);
+        if !Self::could_fit(self.pool, need) {
+            return Err(Refusal::OverPool { prompt, limit, n, need, pool: self.pool });
+        }
+        if forks != n - 1 {
+            return Err(Refusal::ForkConstraints { given: forks, n });
+        }
         if self.entries.contains_key(&room) || self.groups.contains_key(&room) {
             return Err(Refusal::DuplicateRoom);
         }

@@ -6,15 +6,79 @@ use std::sync::{Arc, Mutex};
 
 use ferry_cluster::{Refused, RequestId, wire};
 use ferry_proto::v1 as pb;
+use ferry_transfer::room::FailReason;
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::engine::{Cmd, Generate, Load};
+use crate::cmd::{Cmd, Generate, Load};
+use crate::error::DecodeError;
+use crate::queues::Refusal;
 use crate::wake;
 use ferry_worker::EngineLink;
 
-const ROLE: &str = "decode";
+/// The role this daemon's metrics and refusals name.
+pub(crate) const ROLE: &str = "decode";
+
+/// Every decode failure's gRPC code and stable reason (`ferry-reason`), decided here once.
+impl From<DecodeError> for Refused {
+    fn from(e: DecodeError) -> Self {
+        use DecodeError as E;
+        use tonic::Code;
+        let (code, reason) = match &e {
+            E::Invalid { reason, .. } => (Code::InvalidArgument, *reason),
+            E::Refused { why, .. } => (
+                match why {
+                    Refusal::NOverBatch { .. } | Refusal::OverPool { .. } => Code::OutOfRange,
+                    Refusal::ForkConstraints { .. } => Code::Internal,
+                    Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
+                },
+                why.label(),
+            ),
+            E::Aborted(_) => (Code::Aborted, "aborted"),
+            E::WrongSecret(_) => (Code::PermissionDenied, "wrong_secret"),
+            E::ClientGone => (Code::Cancelled, "client_cancelled"),
+            E::ShuttingDown => (Code::Unavailable, "shutting_down"),
+            E::NoRoom => (Code::ResourceExhausted, "no_room"),
+            E::Timeout(_) => (Code::DeadlineExceeded, "timeout"),
+            E::OutOfPages(_) => (Code::ResourceExhausted, "out_of_pages"),
+            E::Transfer(r) => (
+                match r {
+                    FailReason::Timeout(_) => Code::DeadlineExceeded,
+                    FailReason::Aborted(_) => Code::Aborted,
+                    FailReason::Corrupt(_) | FailReason::PeerGone(_) => Code::Unavailable,
+                    FailReason::Refused(_) => Code::FailedPrecondition,
+                },
+                r.label(),
+            ),
+            E::RoomRefused(r) => (
+                match r {
+                    ferry_transfer::table::Refusal::DuplicateRoom | ferry_transfer::table::Refusal::RoomClosing => {
+                        Code::AlreadyExists
+                    }
+                    _ => Code::Internal,
+                },
+                "room_refused",
+            ),
+            E::RoomLost => (Code::Internal, "room_lost"),
+            E::PrefillUnreachable(_) => (Code::Unavailable, "prefill_unreachable"),
+            E::HandshakeTimeout => (Code::DeadlineExceeded, "handshake_timeout"),
+            E::HandshakeRefused { code, .. } => (*code, "handshake_refused"),
+            E::NoSuchRoom(_) => (Code::NotFound, "no_room"),
+            E::NotTransferring(_) => (Code::FailedPrecondition, "not_transferring"),
+            E::BackendMismatch(_) => (Code::FailedPrecondition, "backend_mismatch"),
+            E::PullFailed(_) => (Code::Unavailable, "pull_failed"),
+            E::PullSpoiled(_) => (Code::Aborted, "pull_spoiled"),
+            E::Internal { reason, .. } => (Code::Internal, *reason),
+        };
+        Refused::new(code, reason, e.to_string())
+    }
+}
+
+/// `e` as a status, counted among the calls this daemon refused.
+pub(crate) fn refused(e: impl Into<DecodeError>) -> Status {
+    Refused::from(e.into()).status(ROLE)
+}
 
 /// What every handler shares.
 pub struct Shared {
@@ -29,10 +93,6 @@ pub struct Shared {
 }
 
 use ferry_worker::answer;
-
-fn refused(r: impl Into<Refused>) -> Status {
-    r.into().status(ROLE)
-}
 
 /// `ferry.v1.Decode`.
 pub struct DecodeSvc(pub Arc<Shared>);
@@ -98,7 +158,7 @@ impl pb::decode_server::Decode for DecodeSvc {
                     }
                     Ok(m)
                 }
-                Err(r) => Err(r.into_status()),
+                Err(e) => Err(Refused::from(e).into_status()),
             }
         });
         Ok(Response::new(Box::pin(stream)))

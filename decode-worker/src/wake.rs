@@ -13,7 +13,7 @@ use ferry_transfer::table::Outcome;
 use ferry_worker::EngineLink;
 use tokio::sync::oneshot;
 
-use crate::engine::Cmd;
+use crate::cmd::Cmd;
 
 static INCARNATIONS: AtomicU64 = AtomicU64::new(1);
 
@@ -40,7 +40,7 @@ impl Wake {
         let engine = self.engine.clone();
         self.rt.spawn(async move {
             let outcome = rx.await.ok();
-            let _ = engine.send(Cmd::Transferred { room, incarnation, outcome });
+            engine.report(Cmd::Transferred { room, incarnation, outcome });
         });
     }
 
@@ -49,7 +49,7 @@ impl Wake {
         let engine = self.engine.clone();
         self.rt.spawn(async move {
             let _ = rx.await;
-            let _ = engine.send(Cmd::Released { room });
+            engine.report(Cmd::Released { room });
         });
     }
 }
@@ -71,6 +71,6 @@ impl Gone {
 
 impl Drop for Gone {
     fn drop(&mut self) {
-        let _ = self.engine.send(Cmd::Gone { room: self.room, incarnation: self.incarnation });
+        self.engine.report(Cmd::Gone { room: self.room, incarnation: self.incarnation });
     }
 }

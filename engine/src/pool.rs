@@ -10,7 +10,8 @@
 //! the cache owns them (and keeps them while the request holds its lock); dropping the
 //! request's allocation returns only its own pages.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use ferry_kernels::{Backend, KvLayout};
 
@@ -20,12 +21,6 @@ use crate::EngineError;
 #[derive(Debug)]
 struct FreeList {
     free: Vec<u32>,
-}
-
-fn lock(m: &Mutex<FreeList>) -> MutexGuard<'_, FreeList> {
-    // A panic while holding the lock cannot leave the list half-updated (every update is a
-    // single push/truncate), so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Pages owned by one sequence. Dropping it frees them (a shared prefix: once no other
@@ -111,7 +106,7 @@ impl PageAlloc {
 
     /// Appends `n` more pages, or fails without taking any.
     pub fn grow(&mut self, n: usize) -> Result<(), EngineError> {
-        let mut l = lock(&self.list);
+        let mut l = self.list.lock();
         if l.free.len() < n {
             return Err(EngineError::OutOfPages { needed: n, free: l.free.len() });
         }
@@ -128,7 +123,7 @@ impl Drop for PageAlloc {
         // The shared prefix goes back when its `Arc`'s last holder drops it; lent pages are
         // their owner's.
         let own = self.borrowed().min(self.pages.len());
-        lock(&self.list).free.extend_from_slice(&self.pages[own..]);
+        self.list.lock().free.extend_from_slice(&self.pages[own..]);
     }
 }
 
@@ -167,7 +162,7 @@ impl<B: Backend> PagePool<B> {
 
     /// Pages on the free list.
     pub fn free_pages(&self) -> usize {
-        lock(&self.list).free.len()
+        self.list.lock().free.len()
     }
 
     /// Pages needed for `tokens` tokens.

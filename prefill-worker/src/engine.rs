@@ -11,12 +11,13 @@
 //! prefix pages, locked and unchanged since they were copied, and their mirror page may be
 //! being read.
 
-use std::sync::mpsc::{Receiver, Sender as CmdSender};
+use std::sync::mpsc::Receiver;
+
+use ferry_worker::EngineLink;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as m;
-use ferry_cluster::{Refused, Room};
 use ferry_engine::scheduler::{Prefilled, Scheduler};
 use ferry_engine::{Model, PagePool, RadixCache, Sampler};
 use ferry_kernels::Backend;
@@ -25,19 +26,18 @@ use ferry_transfer::room::Timeouts;
 use ferry_worker::KvHost;
 use ferry_worker::engine_loop::EngineThread;
 use tokio::sync::{broadcast, mpsc};
-use tonic::Code;
 
+use crate::error::PrefillError;
 use crate::room_task::ChunkMsg;
-use crate::rooms::{Action, Event, PhaseTimeouts, Refusal, Rooms};
+use crate::rooms::{Action, Event, PhaseTimeouts, Rooms};
 use crate::service::SenderPool;
 
 mod admit;
-mod cmd;
 mod lifecycle;
 mod pull;
 mod step;
 
-pub use cmd::{Cmd, Handshake, Load, NewRequest, PrefillDone, PrefillReply, Reconnect};
+use crate::cmd::{Cmd, Handshake, Load, NewRequest, PrefillDone, PrefillReply};
 
 /// A room the scheduler knows.
 struct Live {
@@ -52,8 +52,6 @@ struct Live {
     /// Prompt logprobs computed so far (when the sampling asks for them).
     prompt_logprobs: Vec<ferry_engine::Sampled>,
     prefilled: Option<Prefilled>,
-    /// Aborted while pages were possibly on the wire: freed when the task reports.
-    aborting: Option<String>,
     /// Waiting for a pull of held pages: the pull's ticket, and the priority to queue it with
     /// once that pull ends (a room that pulls reads the cache).
     pulling: Option<(u64, i32)>,
@@ -86,7 +84,7 @@ pub struct Engine<B: Backend> {
     rooms: Rooms<NewRequest, Handshake, Live>,
     kv: Arc<KvHost>,
     rt: tokio::runtime::Handle,
-    cmds: CmdSender<Cmd>,
+    cmds: EngineLink<Cmd>,
     cfg: EngineConfig,
     events: broadcast::Sender<Vec<KvEvent>>,
     load: Arc<Mutex<Load>>,
@@ -108,7 +106,7 @@ impl<B: Backend> Engine<B> {
         sched: Scheduler,
         kv: Arc<KvHost>,
         rt: tokio::runtime::Handle,
-        cmds: CmdSender<Cmd>,
+        cmds: EngineLink<Cmd>,
         cfg: EngineConfig,
         events: broadcast::Sender<Vec<KvEvent>>,
         load: Arc<Mutex<Load>>,
@@ -165,7 +163,7 @@ impl<B: Backend> Engine<B> {
                 }
                 let actions = self.rooms.on(Event::Handshake { room, secret, handshake: hs }, now);
                 let refused = actions.iter().find_map(|a| match a {
-                    Action::RefuseHandshake { why, .. } => Some(refused(room, *why)),
+                    Action::RefuseHandshake { why, .. } => Some(PrefillError::Refused { why: *why, room }),
                     _ => None,
                 });
                 let _ = reply.send(refused.map_or(Ok(()), Err));
@@ -174,13 +172,13 @@ impl<B: Backend> Engine<B> {
                 }
             }
             Cmd::Abort { room, secret, reason, reply } => {
-                let why = Refused::new(Code::Aborted, "aborted", format!("aborted: {reason}"));
+                let why = PrefillError::Aborted(reason);
                 let mut reply = Some(reply);
                 for a in self.rooms.on(Event::Abort { room, secret: Some(secret) }, now) {
                     match a {
                         Action::Aborted(r) => {
                             if let Some(reply) = reply.take() {
-                                let _ = reply.send(r.map_err(|why| refused(room, why)));
+                                let _ = reply.send(r.map_err(|why| PrefillError::Refused { why, room }));
                             }
                         }
                         other => self.act(other, Some(why.clone())),
@@ -213,10 +211,10 @@ impl<B: Backend> Engine<B> {
 
     /// Carries out one action of the rooms; `why`: the reason a room that leaves is given (a
     /// timeout's when None).
-    fn act(&mut self, a: Action<NewRequest, Handshake, Live>, why: Option<Refused>) {
+    fn act(&mut self, a: Action<NewRequest, Handshake, Live>, why: Option<PrefillError>) {
         match a {
             Action::RefuseRequest { room, request, why } => {
-                let _ = request.reply.send(Err(refused(room, why)));
+                let _ = request.reply.send(Err(PrefillError::Refused { why, room }));
             }
             // Answered (or copied) where the event was raised.
             Action::RefuseHandshake { .. } | Action::Aborted(_) | Action::Mirror { .. } => {}
@@ -225,7 +223,7 @@ impl<B: Backend> Engine<B> {
                 Some(why) => self.abandon(gone, why),
                 None => self.timed_out(gone),
             },
-            Action::Finished { room, live: Some(l) } => self.release(room, l),
+            Action::Finished { room, live: Some(l), .. } => self.release(room, l),
             Action::Finished { live: None, .. } => {}
         }
     }
@@ -293,7 +291,7 @@ impl<B: Backend> EngineThread for Engine<B> {
             tracing::error!(error = %e, "prefill pass failed; failing its rooms");
             let rooms = self.rooms.live_rooms();
             for room in rooms {
-                self.fail(room, Refused::new(Code::Internal, "engine_error", e.to_string()));
+                self.fail(room, PrefillError::Internal { reason: "engine_error", message: e.to_string() });
             }
         }
         self.publish();
@@ -313,16 +311,7 @@ impl<B: Backend> EngineThread for Engine<B> {
     }
 }
 
-/// A refusal of the rooms as the caller sees it (the one place it becomes a gRPC status).
-fn refused(room: Room, why: Refusal) -> Refused {
-    let code = match why {
-        Refusal::WrongSecret => Code::PermissionDenied,
-        Refusal::DuplicateRoom | Refusal::DuplicateHandshake | Refusal::RoomClosing => Code::AlreadyExists,
-    };
-    Refused::new(code, why.label(), why.message(room))
-}
-
 /// The refusal of anything arriving while the worker shuts down.
-fn shutting_down() -> Refused {
-    Refused::new(Code::Unavailable, "shutting_down", "the worker is shutting down")
+fn shutting_down() -> PrefillError {
+    PrefillError::ShuttingDown
 }

@@ -14,30 +14,34 @@
 //! [`start`] brings a daemon up (port 0 works: tests and `ferry up` run several in one
 //! process); [`run`] is `start`, wait, then a graceful stop.
 
+mod cmd;
 mod engine;
+pub mod error;
 mod pull;
 mod room_task;
 pub mod rooms;
 mod service;
 pub mod tail;
 
-pub use engine::{Load, PrefillDone};
+pub use cmd::{Load, PrefillDone};
 
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
-use ferry_cluster::{Shutdown, WorkerArgs, WorkerId};
+use ferry_cluster::{Shutdown, WorkerId};
 use ferry_kernels::Backend;
 use ferry_worker::Loaded;
+use ferry_worker::WorkerArgs;
+use ferry_worker::WorkerConfig;
 
 pub use ferry_cluster::daemon::StartError;
 use ferry_engine::scheduler::{Policy, Scheduler, SchedulerConfig};
 use ferry_proto::v1 as pb;
 
-use crate::engine::{Cmd, Engine, EngineConfig};
+use crate::cmd::Cmd;
+use crate::engine::{Engine, EngineConfig};
 use crate::pull::Puller;
 use crate::service::{BootstrapSvc, LoadSvc, PrefillSvc, SenderPool, Shared};
 use ferry_transfer::BackendKind;
@@ -139,10 +143,10 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
     let (events, _) = tokio::sync::broadcast::channel(1024);
     let load = Arc::new(Mutex::new(Load { free_pages: pages, total_pages: pages, ..Load::default() }));
     let senders = Arc::new(SenderPool::default());
-    let (tx, rx) = std::sync::mpsc::channel();
+    let (link, rx) = ferry_worker::engine_channel("prefill");
     let puller = pull_receiver.map(|r| {
         let rt = tokio::runtime::Handle::current();
-        Arc::new(Puller::new(rt, r, internal_tls.clone(), timeouts.transferring, tx.clone()))
+        Arc::new(Puller::new(rt, r, internal_tls.clone(), timeouts.transferring, link.clone()))
     });
     let sched_cfg =
         SchedulerConfig { policy, chunk_size: w.chunked_prefill_size, in_queue_threshold: args.in_queue_threshold };
@@ -154,12 +158,11 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         Scheduler::new(sched_cfg, w.page_size),
         Arc::clone(&kv),
         tokio::runtime::Handle::current(),
-        tx.clone(),
+        link.clone(),
         EngineConfig { worker: worker_id.clone(), timeouts, senders: Arc::clone(&senders), puller },
         events.clone(),
         Arc::clone(&load),
     );
-    let link = ferry_worker::EngineLink::new(tx, "prefill");
     let (trigger, shutdown) = Shutdown::new();
     let shared = Arc::new(Shared {
         engine: link.clone(),
@@ -209,7 +212,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
         worker_id: worker_id.clone(),
         engine: Box::new(move || engine.run(rx)),
         drain: Box::new(move || {
-            let _ = link.send(Cmd::Shutdown);
+            link.report(Cmd::Shutdown);
         }),
         health,
         services: router,

@@ -12,7 +12,6 @@
 //! them is pending, and the prompt is computed as if nothing had been pulled.
 
 use std::sync::Arc;
-use std::sync::mpsc::Sender as CmdSender;
 use std::time::Duration;
 
 use ferry_cluster::dial::Channels;
@@ -25,7 +24,8 @@ use ferry_transfer::Receiver;
 use ferry_transfer::table::Outcome;
 use tokio::sync::oneshot;
 
-use crate::engine::Cmd;
+use crate::cmd::Cmd;
+use crate::error::PullError;
 
 /// A pull for the engine to start.
 pub struct PullJob {
@@ -52,7 +52,7 @@ pub struct Pulled {
     /// The job.
     pub job: PullJob,
     /// Pages received, or why not.
-    pub result: Result<usize, String>,
+    pub result: Result<usize, PullError>,
 }
 
 /// Starts pulls and keeps one gRPC channel per decode node.
@@ -62,7 +62,7 @@ pub struct Puller {
     endpoint: String,
     backend: &'static str,
     timeout: Duration,
-    engine: CmdSender<Cmd>,
+    engine: ferry_worker::EngineLink<Cmd>,
     /// To decode nodes, whose certificates must name a decode worker.
     channels: Channels,
 }
@@ -75,7 +75,7 @@ impl Puller {
         (receiver, endpoint, backend): (Arc<Receiver>, String, &'static str),
         tls: Option<Arc<InternalTls>>,
         timeout: Duration,
-        engine: CmdSender<Cmd>,
+        engine: ferry_worker::EngineLink<Cmd>,
     ) -> Self {
         let channels = Channels::new(PeerRole::Decode, tls, timeout);
         Self { rt, receiver, endpoint, backend, timeout, engine, channels }
@@ -88,11 +88,11 @@ impl Puller {
             let (room, receiver) = (job.room, &me.receiver);
             let result = match receiver.open(room, job.secret, job.pages.pages()) {
                 // Another room of this id is still open here: it is not this pull's to close.
-                Err(refused) => Err(format!("the pull receiver refused the room: {}", refused.label())),
+                Err(refused) => Err(PullError::ReceiverRefused(refused)),
                 Ok(outcome) => {
                     let result = match tokio::time::timeout(me.timeout, me.pull(&job, outcome)).await {
                         Ok(r) => r,
-                        Err(_) => Err(format!("no pull within {:?}", me.timeout)),
+                        Err(_) => Err(PullError::Timeout(me.timeout)),
                     };
                     // Complete or not, the room leaves the receiver; failed, its pages are freed
                     // only once no write into them is pending.
@@ -105,13 +105,13 @@ impl Puller {
                     result
                 }
             };
-            let _ = me.engine.send(Cmd::Pulled(Box::new(Pulled { job, result })));
+            me.engine.report(Cmd::Pulled(Box::new(Pulled { job, result })));
         });
     }
 
-    async fn pull(&self, job: &PullJob, outcome: oneshot::Receiver<Outcome>) -> Result<usize, String> {
+    async fn pull(&self, job: &PullJob, outcome: oneshot::Receiver<Outcome>) -> Result<usize, PullError> {
         let dest = job.pages.pages().to_vec();
-        let ch = self.channels.get(&job.from).map_err(|e| format!("pull address {:?}: {e}", job.from))?;
+        let ch = self.channels.get(&job.from).map_err(|why| PullError::Address { from: job.from.clone(), why })?;
         let req = pb::PullRequest {
             room: Some(wire::room_key_to_proto(&ferry_cluster::RoomKey { room: job.room, secret: job.secret })),
             first_page: job.first as u32,
@@ -123,12 +123,12 @@ impl Puller {
             if s.code() == tonic::Code::Unavailable {
                 self.channels.forget(&job.from);
             }
-            return Err(format!("{}: {}", job.from, s.message()));
+            return Err(PullError::Refused { from: job.from.clone(), message: s.message().to_string() });
         }
         match outcome.await {
             Ok(Outcome::Success(_)) => Ok(dest.len()),
-            Ok(Outcome::Failed(why)) => Err(format!("{why:?}")),
-            Err(_) => Err("the pull receiver dropped the room".into()),
+            Ok(Outcome::Failed(why)) => Err(PullError::Transfer(why)),
+            Err(_) => Err(PullError::Dropped),
         }
     }
 }

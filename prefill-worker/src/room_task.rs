@@ -2,7 +2,6 @@
 //! end (success, failure, or abandonment) back to the engine thread.
 
 use std::sync::Arc;
-use std::sync::mpsc::Sender as CmdSender;
 use std::time::Duration;
 
 use ferry_cluster::{Room, RoomSecret};
@@ -11,7 +10,8 @@ use ferry_transfer::memory::HostPages;
 use ferry_transfer::{SendRoom, Sender};
 use tokio::sync::mpsc;
 
-use crate::engine::{Cmd, Reconnect};
+use crate::cmd::{Cmd, Reconnect};
+use crate::error::TaskError;
 use crate::service::SenderPool;
 
 /// One chunk's pages for a room task.
@@ -29,7 +29,7 @@ pub(crate) struct RoomTask {
     /// The memory pages are sent from.
     pub mem: Arc<HostPages>,
     /// Where the end is reported.
-    pub engine: CmdSender<Cmd>,
+    pub engine: ferry_worker::EngineLink<Cmd>,
     /// Longest wait for one chunk's progress.
     pub limit: Duration,
     /// The senders, to evict this one when it breaks.
@@ -61,7 +61,7 @@ impl RoomTask {
             let Some(msg) = chunks.recv().await else {
                 // Bounded: a peer that stopped reading must not hold the room (or a shutdown) up.
                 let _ = tokio::time::timeout(limit, room.abort("the prefill node abandoned the room")).await;
-                break Err("abandoned".to_string());
+                break Err(TaskError::Abandoned);
             };
             let last = msg.last.is_some();
             match tokio::time::timeout(limit, room.send(msg.first, &msg.pages, &self.mem, msg.last)).await {
@@ -69,24 +69,25 @@ impl RoomTask {
                 Ok(Err(e)) => {
                     self.senders.evict(&self.sender);
                     let why = format!("{e:?}");
+                    let e = TaskError::Send(e);
                     // The decode node would otherwise wait for the rest of the room until its
                     // own timeouts (a direct caller has no router to cancel its call).
                     let told = tokio::time::timeout(limit, self.abort_anew(id, &why)).await;
                     if !matches!(told, Ok(Ok(()))) {
                         tracing::debug!(room = %id, "the abort did not reach the decode node; it will time out");
                     }
-                    break Err(why);
+                    break Err(e);
                 }
                 Err(_) => {
                     let _ = tokio::time::timeout(limit, room.abort("transfer stalled")).await;
-                    break Err(format!("no progress for {limit:?}"));
+                    break Err(TaskError::Stalled(limit));
                 }
             }
             if last {
                 break Ok(());
             }
-            let _ = self.engine.send(Cmd::Progress { room: id });
+            self.engine.report(Cmd::Progress { room: id });
         };
-        let _ = self.engine.send(Cmd::Sent { room: id, result });
+        self.engine.report(Cmd::Sent { room: id, result });
     }
 }

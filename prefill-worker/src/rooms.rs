@@ -70,6 +70,8 @@ struct Slot<R, H, L> {
     live: Option<L>,
     /// Pages handed to its task ([`Event::Handing`]), on the wire until it reports.
     wire: Vec<u32>,
+    /// Closing: why (the reason its caller was told), handed back with its record.
+    closed: Option<String>,
 }
 
 /// A room that timed out, with what it held.
@@ -129,11 +131,11 @@ impl<R, H, L> Rooms<R, H, L> {
             }
             // A room still bootstrapping has no task: it leaves with what it holds, so that
             // its caller is answered.
-            Event::Close(room) if self.phase(room) == Some(Phase::Bootstrap) => {
+            Event::Close { room, .. } if self.phase(room) == Some(Phase::Bootstrap) => {
                 self.take(room, now).map(Action::Gone).into_iter().collect()
             }
-            Event::Close(room) => {
-                self.close(room, now);
+            Event::Close { room, why } => {
+                self.close(room, Some(why), now);
                 Vec::new()
             }
             Event::Started { room, live } => match self.slots.get_mut(&room) {
@@ -142,7 +144,7 @@ impl<R, H, L> Rooms<R, H, L> {
                     Vec::new()
                 }
                 // No room waiting for it: handed back, to be released.
-                _ => vec![Action::Finished { room, live: Some(live) }],
+                _ => vec![Action::Finished { room, live: Some(live), closed: None }],
             },
             // Only a room past bootstrap has a task to report.
             Event::Finished(room) if self.phase(room) == Some(Phase::Bootstrap) => Vec::new(),
@@ -156,7 +158,7 @@ impl<R, H, L> Rooms<R, H, L> {
                             }
                         }
                     }
-                    vec![Action::Finished { room, live: s.live }]
+                    vec![Action::Finished { room, live: s.live, closed: s.closed }]
                 }
                 None => Vec::new(),
             },
@@ -221,6 +223,7 @@ impl<R, H, L> Rooms<R, H, L> {
             handshake: None,
             live: None,
             wire: Vec::new(),
+            closed: None,
         });
         if s.secret != secret {
             return Err(Refusal::WrongSecret);
@@ -264,10 +267,11 @@ impl<R, H, L> Rooms<R, H, L> {
         }
     }
 
-    /// The room ended early (failed, aborted, timed out) while its task still runs: it is
-    /// `Closing` until [`finish`](Self::finish). A bootstrapping room has no task and is
-    /// forgotten at once.
-    fn close(&mut self, room: Room, now: Instant) {
+    /// The room ended early (failed, aborted, timed out; `why`, when the engine says) while
+    /// its task still runs: it is `Closing` until its task reports, and the first reason
+    /// given is the one handed back then. A bootstrapping room has no task and is forgotten
+    /// at once.
+    fn close(&mut self, room: Room, why: Option<String>, now: Instant) {
         match self.slots.get_mut(&room) {
             Some(s) if s.phase == Phase::Bootstrap => {
                 self.slots.remove(&room);
@@ -275,6 +279,7 @@ impl<R, H, L> Rooms<R, H, L> {
             Some(s) => {
                 s.phase = Phase::Closing;
                 s.since = now;
+                s.closed = s.closed.take().or(why);
             }
             None => {}
         }
@@ -291,7 +296,7 @@ impl<R, H, L> Rooms<R, H, L> {
             request: s.request.take(),
             handshake: s.handshake.take(),
         };
-        self.close(room, now);
+        self.close(room, None, now);
         Some(gone)
     }
 

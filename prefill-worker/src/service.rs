@@ -12,9 +12,11 @@ use ferry_transfer::backend::TransferConfig;
 use ferry_transfer::memory::HostPages;
 use ferry_worker::EngineLink;
 use tokio::sync::oneshot;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
-use crate::engine::{Cmd, Handshake, Load, NewRequest, Reconnect};
+use crate::cmd::{Cmd, Handshake, Load, NewRequest, Reconnect};
+use crate::error::PrefillError;
+use crate::rooms::Refusal;
 pub use ferry_worker::senders::SenderPool;
 
 const ROLE: &str = "prefill";
@@ -45,8 +47,37 @@ pub struct Shared {
 
 use ferry_worker::answer;
 
-fn refused(r: impl Into<Refused>) -> Status {
-    r.into().status(ROLE)
+/// Every prefill failure's gRPC code and stable reason (`ferry-reason`), decided here once.
+impl From<PrefillError> for Refused {
+    fn from(e: PrefillError) -> Self {
+        use PrefillError as E;
+        use tonic::Code;
+        let (code, reason) = match &e {
+            E::Invalid { reason, .. } => (Code::InvalidArgument, *reason),
+            E::Refused { why, .. } => (
+                match why {
+                    Refusal::WrongSecret => Code::PermissionDenied,
+                    Refusal::DuplicateRoom | Refusal::DuplicateHandshake | Refusal::RoomClosing => Code::AlreadyExists,
+                },
+                why.label(),
+            ),
+            E::PromptOverPool { .. } => (Code::ResourceExhausted, "prompt_over_pool"),
+            E::LayoutMismatch(_) => (Code::FailedPrecondition, "layout_mismatch"),
+            E::BackendMismatch(_) => (Code::FailedPrecondition, "backend_mismatch"),
+            E::DataPlaneUnreachable(_) => (Code::Unavailable, "data_plane_unreachable"),
+            E::Aborted(_) => (Code::Aborted, "aborted"),
+            E::ShuttingDown => (Code::Unavailable, "shutting_down"),
+            E::Timeout(_) => (Code::DeadlineExceeded, "timeout"),
+            E::TransferFailed(_) | E::Closed(_) => (Code::Unavailable, "transfer_failed"),
+            E::Internal { reason, .. } => (Code::Internal, *reason),
+        };
+        Refused::new(code, reason, e.to_string())
+    }
+}
+
+/// `e` as a status, counted among the calls this daemon refused.
+fn refused(e: impl Into<PrefillError>) -> Status {
+    Refused::from(e.into()).status(ROLE)
 }
 
 /// `ferry.v1.Prefill`.
@@ -115,7 +146,7 @@ impl Drop for AbortOnDrop {
         if self.armed {
             let (reply, _) = oneshot::channel();
             let reason = "the Prefill caller went away".to_string();
-            let _ = self.shared.engine.send(Cmd::Abort { room: self.room, secret: self.secret, reason, reply });
+            self.shared.engine.report(Cmd::Abort { room: self.room, secret: self.secret, reason, reply });
         }
     }
 }
@@ -131,20 +162,22 @@ impl pb::bootstrap_server::Bootstrap for BootstrapSvc {
         let key = wire::room_key(r.room).map_err(refused)?;
         let layout = wire::layout(r.layout).map_err(refused)?;
         if let Some(why) = s.layout.mismatch(&layout) {
-            return Err(Refused::new(Code::FailedPrecondition, "layout_mismatch", why).status(ROLE));
+            return Err(refused(PrefillError::LayoutMismatch(why)));
         }
         if r.dest_pages.len() > s.max_dest_pages {
             let why = format!("{} destination pages; at most {} per room", r.dest_pages.len(), s.max_dest_pages);
-            return Err(Refused::invalid("oversize_page_list", why).status(ROLE));
+            return Err(refused(PrefillError::invalid("oversize_page_list", why)));
         }
         if r.transfer_backend != s.backend.as_str() {
             let why = format!("the decode node speaks {:?}; this prefill node {}", r.transfer_backend, s.backend);
-            return Err(Refused::new(Code::FailedPrecondition, "backend_mismatch", why).status(ROLE));
+            return Err(refused(PrefillError::BackendMismatch(why)));
         }
         let room_key = (key.room, &key.secret);
-        let sender = s.senders.get(s.backend, &r.data_endpoint, &s.mem, &s.transfer, room_key).await.map_err(|e| {
-            Refused::new(Code::Unavailable, "data_plane_unreachable", format!("{}: {e}", r.data_endpoint)).status(ROLE)
-        })?;
+        let sender = s
+            .senders
+            .get(s.backend, &r.data_endpoint, &s.mem, &s.transfer, room_key)
+            .await
+            .map_err(|e| refused(PrefillError::DataPlaneUnreachable(format!("{}: {e}", r.data_endpoint))))?;
         let (reply, rx) = oneshot::channel();
         let reconnect = Reconnect { kind: s.backend, endpoint: r.data_endpoint, cfg: s.transfer.clone() };
         let hs = Handshake { dest: r.dest_pages, held: r.held_pages as usize, sender, reconnect };

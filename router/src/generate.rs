@@ -5,7 +5,8 @@
 //! last message). Dropping the returned stream (a client gone) drops both calls, which frees
 //! the request's pages on both workers.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
@@ -143,10 +144,6 @@ pub struct End {
 /// events confirm them.
 const PROVISIONAL_TTL: Duration = Duration::from_secs(10);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Ctx {
     /// Checks a request against the model.
     pub fn validate(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), RouterError> {
@@ -197,7 +194,7 @@ impl Ctx {
         let now = Instant::now();
         let board = self.workers.prefill_board();
         let cached = self.index.matched(&req.tokens[..len - 1], board.len());
-        let choice = lock(&self.placer).prefill(len, &cached, &board, now, jitter(rand::random()));
+        let choice = self.placer.lock().prefill(len, &cached, &board, now, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
@@ -210,7 +207,7 @@ impl Ctx {
         let decode_states: Vec<DecodeState> =
             snap.decode.iter().map(|w| w.decode_state(now, false, held_on(w))).collect();
         let need = self.pages_needed(len, &req.sampling);
-        let d = lock(&self.placer).decode(need, &decode_states).map_err(|e| {
+        let d = self.placer.lock().decode(need, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
             match e {
                 NoDecode::NoRoom(r) => RouterError::Busy {
@@ -222,7 +219,7 @@ impl Ctx {
             }
         })?;
         let held = decode_states[d].cached_tokens;
-        let path = lock(&self.placer).path(
+        let path = self.placer.lock().path(
             len,
             choice.map(|c| (c, board.state(c.worker, now))),
             held,

@@ -19,6 +19,7 @@ pub mod admission;
 mod config;
 pub mod error;
 pub mod generate;
+pub mod h2_calls;
 pub mod index;
 pub mod limits;
 mod logprobs;
@@ -34,7 +35,7 @@ pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cluster::args::EtcdArgs;
@@ -272,7 +273,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         model,
         workers: Arc::clone(&registry),
         index: Arc::clone(&index),
-        placer: Mutex::new(placer),
+        placer: parking_lot::Mutex::new(placer),
         local_prefill_below: args.local_prefill_below,
         local_prefill_max: args.local_prefill_max,
         page_size: args.page_size,

@@ -6,13 +6,14 @@
 //! epoch change or error): prefill workers' caches feed the prefill placement, decode
 //! workers' (finished conversations, answers included) the decode placement.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::h2_calls::Calls;
 use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
-use ferry_cluster::h2_calls::Calls;
 use ferry_cluster::metrics as M;
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::PeerRole;
@@ -33,10 +34,6 @@ use events::follow_events;
 pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
 use health::Health;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// One worker.
 #[derive(Debug)]
 pub struct Worker {
@@ -49,7 +46,7 @@ pub struct Worker {
     /// A lazily connected channel.
     pub channel: Channel,
     /// The calls on a request's path (`Prefill`, `Generate`), each request in one write, over
-    /// a lazily connected connection of their own ([`ferry_cluster::h2_calls`]).
+    /// a lazily connected connection of their own ([`crate::h2_calls`]).
     pub calls: Calls,
     /// Its slot in its role's prefix index (a prefill worker's is also its position in
     /// [`Snapshot::prefill`]).
@@ -144,7 +141,7 @@ impl Worker {
     /// Changes its health with `f` and publishes the result to placement (its load report
     /// too when `load`: `f` brought a new one).
     fn update<R>(&self, load: bool, f: impl FnOnce(&mut Health) -> R) -> R {
-        let mut h = lock(&self.health);
+        let mut h = self.health.lock();
         let r = f(&mut h);
         self.view.publish(&h, load);
         if let Some((board, serial)) = &self.board {
@@ -155,7 +152,7 @@ impl Worker {
 
     /// Its last load report.
     pub fn load(&self) -> Option<pb::LoadReport> {
-        lock(&self.health).load.clone()
+        self.health.lock().load.clone()
     }
 
     /// What placement reads of a decode worker holding `cached_tokens` of the prompt
@@ -334,7 +331,7 @@ impl Registry {
     /// Adds `w`, or replaces the worker of the same role and id when its address changed.
     /// Needs a Tokio runtime (the worker's KV event subscription starts here).
     pub fn upsert(&self, w: &discovery::Worker) -> Result<(), String> {
-        let mut m = lock(&self.members);
+        let mut m = self.members.lock();
         let same = |x: &Member| x.worker.id == w.id;
         let existing = match w.role {
             Role::Prefill => m.0.iter().flatten().find(|x| same(x)).map(|x| x.worker.addr.clone()),
@@ -376,7 +373,7 @@ impl Registry {
 
     /// Removes the worker of `role` named `id`; false when there is none.
     pub fn remove(&self, role: Role, id: &WorkerId) -> bool {
-        let mut m = lock(&self.members);
+        let mut m = self.members.lock();
         self.remove_locked(&mut m, role, id)
     }
 

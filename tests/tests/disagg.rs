@@ -2,11 +2,11 @@
 //! tokens are exactly the colocated engine's, and every page comes back.
 
 use clap::Parser as _;
-use ferry_cluster::Device;
 use ferry_decode::DecodeArgs;
 use ferry_prefill::PrefillArgs;
 use ferry_tests::{Client, TinyModel, colocated_scored, greedy, prompts_with_shared_prefixes, settle, settle_decode};
 use ferry_transfer::BackendKind;
+use ferry_worker::Device;
 
 struct Setup {
     page_size: usize,

@@ -165,7 +165,7 @@ fn prompt(n: usize) -> Vec<u32> {
 
 /// Workers that give up on nothing on their own within the test (a room they time out would
 /// fail the call, and the router would retry it anyway).
-fn patient(w: &mut ferry_cluster::args::WorkerArgs) {
+fn patient(w: &mut ferry_worker::WorkerArgs) {
     w.pool_pages = 1024;
     w.bootstrap_timeout = 60.0;
     w.waiting_timeout = 60.0;

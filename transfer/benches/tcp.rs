@@ -109,7 +109,7 @@ fn tls() -> Security {
     let pk = || PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let mut roots = RootCertStore::empty();
     roots.add(CertificateDer::from(ca_der.to_vec())).expect("root");
-    let provider = ferry_transfer::secure::crypto_provider();
+    let provider = ferry_core::tls::crypto_provider();
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots.clone()), Arc::clone(&provider))
         .build()
         .expect("verifier");

@@ -3,9 +3,10 @@
 //! whole clusters in one process, and for warm-up.
 
 use ferry_core::{Room, RoomSecret};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use tokio::sync::oneshot;
 
@@ -37,10 +38,7 @@ impl FakeReceiver {
     pub fn register(&self) -> String {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let name = format!("fake:{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        registry()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(name.clone(), Arc::downgrade(&self.inbox));
+        registry().lock().insert(name.clone(), Arc::downgrade(&self.inbox));
         name
     }
 
@@ -76,7 +74,7 @@ impl FakeSender {
     /// A sender to the registered receiver named `endpoint` (see [`FakeReceiver::register`]),
     /// if it is still alive in this process.
     pub fn lookup(endpoint: &str) -> Option<Self> {
-        let r = registry().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let r = registry().lock();
         r.get(endpoint).and_then(Weak::upgrade).map(|inbox| Self { inbox })
     }
 

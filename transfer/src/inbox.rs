@@ -2,8 +2,8 @@
 //! for their rooms' outcomes.
 
 use ferry_core::{Room, RoomSecret};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
@@ -11,11 +11,6 @@ use tokio::sync::oneshot;
 use crate::frame::{Aux, Header, Kind};
 use crate::room::{FailReason, State, Timeouts};
 use crate::table::{Claim, Outcome, Refusal, RoomTable};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section leaves the table consistent, so a poisoned lock is usable.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// Open rooms and their waiting owners.
 pub struct Inbox {
@@ -28,7 +23,7 @@ pub struct Inbox {
 
 impl std::fmt::Debug for Inbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inbox").field("table", &*lock(&self.table)).finish()
+        f.debug_struct("Inbox").field("table", &*self.table.lock()).finish()
     }
 }
 
@@ -46,12 +41,12 @@ impl Inbox {
     /// Runs `f` on the table, then tells the owners of rooms that ended.
     pub fn with_table<R>(&self, f: impl FnOnce(&mut RoomTable) -> R) -> R {
         let (r, ended, released) = {
-            let mut t = lock(&self.table);
+            let mut t = self.table.lock();
             let r = f(&mut t);
             (r, t.drain_ended(), t.drain_released())
         };
         if !released.is_empty() {
-            let mut w = lock(&self.release_waiters);
+            let mut w = self.release_waiters.lock();
             for room in released {
                 for tx in w.remove(&room).unwrap_or_default() {
                     let _ = tx.send(());
@@ -59,7 +54,7 @@ impl Inbox {
             }
         }
         if !ended.is_empty() {
-            let mut w = lock(&self.waiters);
+            let mut w = self.waiters.lock();
             for (room, outcome) in ended {
                 crate::metrics::room_ended(self.backend, crate::metrics::Side::Receiver, &outcome);
                 if let Some(tx) = w.remove(&room) {
@@ -74,7 +69,7 @@ impl Inbox {
     pub fn open(&self, room: Room, secret: RoomSecret, dest: &[u32]) -> Result<oneshot::Receiver<Outcome>, Refusal> {
         let (tx, rx) = oneshot::channel();
         self.with_table(|t| t.open(room, secret, dest, Instant::now()))?;
-        lock(&self.waiters).insert(room, tx);
+        self.waiters.lock().insert(room, tx);
         Ok(rx)
     }
 
@@ -165,17 +160,17 @@ impl Inbox {
 
     /// Refusals so far for `r`.
     pub fn refusals(&self, r: Refusal) -> u64 {
-        lock(&self.table).refusals(r)
+        self.table.lock().refusals(r)
     }
 
     /// The state of an open room (None once closed or never opened).
     pub fn state(&self, room: Room) -> Option<State> {
-        lock(&self.table).state(room)
+        self.table.lock().state(room)
     }
 
     /// Whether a closed room still has runs being written: its pages must not be reused yet.
     pub fn writing(&self, room: Room) -> bool {
-        lock(&self.table).writing(room)
+        self.table.lock().writing(room)
     }
 
     /// For a closed room whose pages are still being written: resolves once the last write
@@ -183,18 +178,18 @@ impl Inbox {
     /// now). The owner waits on this instead of polling [`writing`](Self::writing).
     pub fn released(&self, room: Room) -> Option<oneshot::Receiver<()>> {
         // Registered under the table lock: a write settling after the check finds the waiter.
-        let t = lock(&self.table);
+        let t = self.table.lock();
         if !t.writing(room) {
             return None;
         }
         let (tx, rx) = oneshot::channel();
-        lock(&self.release_waiters).entry(room).or_default().push(tx);
+        self.release_waiters.lock().entry(room).or_default().push(tx);
         Some(rx)
     }
 
     /// `(open rooms, destination pages they hold)`.
     pub fn open_rooms(&self) -> (usize, usize) {
-        let t = lock(&self.table);
+        let t = self.table.lock();
         (t.open_rooms(), t.held_pages())
     }
 }

@@ -31,18 +31,6 @@ pub const ALPN: &[u8] = b"ferry-kv/1";
 /// Longest a TLS handshake on the data plane may take.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The crypto the daemons' TLS runs on: rustls's ring provider with AES-128-GCM preferred
-/// (the data plane moves gigabytes; measured ~1.2× the bytes/s of AES-256-GCM here, and
-/// 128-bit security). Both ends of a connection use it, so the client's preference decides.
-pub fn crypto_provider() -> Arc<tokio_rustls::rustls::crypto::CryptoProvider> {
-    use tokio_rustls::rustls::crypto::ring::{self, cipher_suite};
-    let mut p = ring::default_provider();
-    let first =
-        |s: &tokio_rustls::rustls::SupportedCipherSuite| s.suite() != cipher_suite::TLS13_AES_128_GCM_SHA256.suite();
-    p.cipher_suites.sort_by_key(first);
-    Arc::new(p)
-}
-
 /// Checks a peer's certificate chain (leaf first); `Err` says what the peer is instead.
 pub type PeerCheck = Arc<dyn Fn(&[CertificateDer<'_>]) -> Result<(), String> + Send + Sync>;
 

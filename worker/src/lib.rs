@@ -1,5 +1,7 @@
 //! `ferry-worker`: what the prefill and decode daemons share.
 //!
+//! - [`WorkerArgs`] / [`WorkerConfig`]: the flags both take, checked before anything starts
+//!   ([`Device`]: `--device`); [`data_plane`]: the KV data plane under their mutual TLS;
 //! - [`Loaded::load`]: from the checked flags (`WorkerConfig`), picks the transfer backend
 //!   (`auto` falls back to tcp), loads the model onto a compute backend, allocates the KV pool
 //!   once and gives the transfer its pages ([`KvHost`]: the pool itself on the CPU, a pinned
@@ -13,20 +15,24 @@
 //! - [`kv_events`]: `KvEvents`, a prefix cache's snapshot and events, which both daemons serve;
 //! - [`senders`]: data-plane senders by endpoint, connected once and reused.
 
+pub mod args;
+pub mod data_plane;
+mod device;
 pub mod engine_loop;
 pub mod kv_events;
 mod kv_host;
 mod running;
 pub mod senders;
 
+pub use args::{Dtype, WorkerArgs, WorkerConfig};
+pub use device::{Device, NO_CUDA_BUILD};
 pub use kv_host::KvHost;
 pub use running::{Running, Serve, serve};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ferry_cluster::args::WorkerConfig;
 use ferry_cluster::daemon::StartError;
-use ferry_cluster::{Device, LayoutDescriptor, Refused};
+use ferry_cluster::{LayoutDescriptor, Refused};
 use ferry_engine::{Model, PagePool};
 use ferry_kernels::Backend;
 use ferry_transfer::BackendKind;
@@ -90,10 +96,10 @@ impl<B: Backend> Loaded<B> {
             tcp: TcpConfig { connections: w.transfer_connections.max(1), timeouts, ..TcpConfig::default() },
             rdma: ferry_transfer::rdma::RdmaConfig { timeouts, ..Default::default() },
             // The data plane runs under the daemons' mutual TLS unless --insecure-internal.
-            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| t.data_plane()),
+            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| data_plane::data_plane(t)),
         };
         let pull = TransferConfig {
-            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| t.pull_plane()),
+            security: config.internal_tls.as_ref().map_or_else(Default::default, |t| data_plane::pull_plane(t)),
             ..transfer.clone()
         };
         tracing::info!(device = model.backend().name(), pages, mirrored = host.mirrored(), "KV pool allocated");
@@ -121,32 +127,79 @@ pub async fn start_on_device<S: StartOn>(w: &WorkerConfig, daemon: S) -> Result<
             daemon.start_on(gpu).await
         }
         #[cfg(not(feature = "cuda"))]
-        Device::Cuda(_) => Err(StartError::Config(ferry_cluster::NO_CUDA_BUILD.into())),
+        Device::Cuda(_) => Err(StartError::Config(NO_CUDA_BUILD.into())),
     }
 }
 
-/// A handler's way to the engine thread.
+/// Commands an engine thread's channel holds at most ([`EngineLink`]): far more than a
+/// healthy engine ever has queued (it takes every waiting command before each pass); a full
+/// channel means the engine thread is stuck, and callers are told so instead of piling up.
+pub const ENGINE_COMMANDS: usize = 16_384;
+
+/// A handler's way to the engine thread, over a channel bounded by [`ENGINE_COMMANDS`].
 pub struct EngineLink<C> {
-    tx: Arc<Mutex<std::sync::mpsc::Sender<C>>>,
+    tx: std::sync::mpsc::SyncSender<C>,
     role: &'static str,
 }
 
 impl<C> Clone for EngineLink<C> {
     fn clone(&self) -> Self {
-        Self { tx: Arc::clone(&self.tx), role: self.role }
+        Self { tx: self.tx.clone(), role: self.role }
     }
 }
 
-impl<C> EngineLink<C> {
-    /// A link over `tx` for a daemon of `role`.
-    pub fn new(tx: std::sync::mpsc::Sender<C>, role: &'static str) -> Self {
-        Self { tx: Arc::new(Mutex::new(tx)), role }
+/// The channel of an engine thread of `role`: the link handlers send on, and what the engine
+/// receives.
+pub fn engine_channel<C>(role: &'static str) -> (EngineLink<C>, std::sync::mpsc::Receiver<C>) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(ENGINE_COMMANDS);
+    (EngineLink { tx, role }, rx)
+}
+
+impl<C: Send + 'static> EngineLink<C> {
+    /// Sends a call's command: `UNAVAILABLE` once the engine has stopped, or while its channel
+    /// is full (the call is refused, counted as `engine_busy`; nothing else is lost).
+    pub fn send(&self, c: C) -> Result<(), Status> {
+        match self.tx.try_send(c) {
+            Ok(()) => Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full(_)) => Err(Refused::new(
+                tonic::Code::Unavailable,
+                "engine_busy",
+                format!("the {} engine has {ENGINE_COMMANDS} commands waiting: try again", self.role),
+            )
+            .status(self.role)),
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                Err(Status::unavailable(format!("the {} engine has stopped", self.role)))
+            }
+        }
     }
 
-    /// Sends a command; `UNAVAILABLE` once the engine has stopped.
-    pub fn send(&self, c: C) -> Result<(), Status> {
-        let tx = self.tx.lock().map_err(|_| Status::internal("engine channel poisoned"))?;
-        tx.send(c).map_err(|_| Status::unavailable(format!("the {} engine has stopped", self.role)))
+    /// Reports what happened (a transfer's end, a task's report, a client gone), which the
+    /// engine must hear however busy it is: while its channel is full, the report waits for
+    /// room on a task of its own (the runtime's; without one, this thread waits). Dropped
+    /// only once the engine has stopped.
+    pub fn report(&self, c: C) {
+        let c = match self.tx.try_send(c) {
+            Ok(()) | Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return,
+            Err(std::sync::mpsc::TrySendError::Full(c)) => c,
+        };
+        let tx = self.tx.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let mut c = c;
+                    loop {
+                        match tx.try_send(c) {
+                            Ok(()) | Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return,
+                            Err(std::sync::mpsc::TrySendError::Full(back)) => c = back,
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                });
+            }
+            Err(_) => {
+                let _ = tx.send(c);
+            }
+        }
     }
 
     /// The daemon's role (a metrics label).
@@ -156,10 +209,10 @@ impl<C> EngineLink<C> {
 }
 
 /// Awaits the engine's answer: its value, or its refusal as a counted status.
-pub async fn answer<T>(rx: oneshot::Receiver<Result<T, Refused>>, role: &'static str) -> Result<T, Status> {
+pub async fn answer<T, E: Into<Refused>>(rx: oneshot::Receiver<Result<T, E>>, role: &'static str) -> Result<T, Status> {
     match rx.await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(r)) => Err(r.status(role)),
+        Ok(Err(e)) => Err(e.into().status(role)),
         Err(_) => Err(Status::unavailable(format!("the {role} engine dropped the call (shutting down?)"))),
     }
 }

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use ferry_cluster::args::WorkerConfig;
+use crate::WorkerConfig;
 use ferry_cluster::daemon::{Daemon, Parts, StartError};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::{LayoutDescriptor, Shutdown, ShutdownTrigger, WorkerId};

@@ -3,8 +3,9 @@
 //! per destination and bounded: a handshake naming an endpoint that never answers waits
 //! [`CONNECT_TIMEOUT`] at most, and only handshakes to that same endpoint wait with it.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_cluster::{Room, RoomSecret};
@@ -30,7 +31,7 @@ pub struct SenderPool {
 
 impl SenderPool {
     fn entries(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.entries.lock()
     }
 
     /// The pooled sender to `endpoint`; one whose connection is known to have ended (the

@@ -4,20 +4,20 @@
 
 use std::time::Instant;
 
+use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
-use ferry_cluster::{Refused, Room};
 use ferry_engine::PageAlloc;
 use ferry_kernels::Backend;
-use ferry_transfer::table::Refusal;
-use tonic::Code;
 
 use super::Engine;
+use crate::error::DecodeError;
 use crate::handshake::HandshakeJob;
 use crate::queues::{Action, Event, Stage};
 
 impl<B: Backend> Engine<B> {
-    /// Carries out one action of the queues. (A refusal and the pages of an ended request
-    /// are carried out where the event was raised: `accept` and `end`.)
+    /// Carries out one action of the queues. (A refusal, the pages of an ended request and a
+    /// transfer's end are carried out where their event was raised: `accept`, `close` and
+    /// `transferred`.)
     pub(super) fn act(&mut self, a: Action, now: Instant) {
         match a {
             Action::Allocate { room, pages, local } => self.allocate(room, pages, local, now),
@@ -34,10 +34,8 @@ impl<B: Backend> Engine<B> {
             Action::Retract { room, context, running, .. } => self.retract(room, context, running, now),
             Action::Expired { room, stage } => {
                 let why = match stage {
-                    Stage::Prealloc => {
-                        Refused::new(Code::ResourceExhausted, "no_room", "no KV pages became free in time")
-                    }
-                    _ => Refused::new(Code::DeadlineExceeded, "timeout", format!("timed out in {}", stage.label())),
+                    Stage::Prealloc => DecodeError::NoRoom,
+                    _ => DecodeError::Timeout(stage.label()),
                 };
                 self.end(room, Err(why));
             }
@@ -50,7 +48,10 @@ impl<B: Backend> Engine<B> {
                     }
                 }
             }
-            Action::Refuse(_) | Action::Drain { .. } => {}
+            // Decided for the events whose callers carry them out with what they hold: a
+            // refusal (`accept`), drained pages (`close`), a transfer's end (`transferred`,
+            // `handshake_failed`).
+            Action::Refuse(_) | Action::Drain { .. } | Action::Land(_) | Action::Fail(_) => {}
         }
     }
 
@@ -68,7 +69,7 @@ impl<B: Backend> Engine<B> {
                     self.cache.unlock(m.node);
                 }
                 tracing::error!(room = %room, error = %e, "the pool refused pages the queues counted free");
-                return self.end(room, Err(Refused::new(Code::ResourceExhausted, "out_of_pages", e.to_string())));
+                return self.end(room, Err(DecodeError::OutOfPages(e.to_string())));
             }
         };
         // A hit implies the request (`lookup` found it, and nothing since ended it).
@@ -99,14 +100,7 @@ impl<B: Backend> Engine<B> {
         let dest = r.prompt_pages(self.pool.layout().page_size)[r.held..].to_vec();
         match self.receiver.open(room, r.key.secret, &dest) {
             Ok(outcome) => self.wake.outcome(room, r.incarnation, outcome),
-            Err(refusal) => {
-                let code = match refusal {
-                    Refusal::DuplicateRoom | Refusal::RoomClosing => Code::AlreadyExists,
-                    _ => Code::Internal,
-                };
-                let why = Refused::new(code, "room_refused", format!("receiver refused the room: {}", refusal.label()));
-                return self.end(room, Err(why));
-            }
+            Err(refusal) => return self.end(room, Err(DecodeError::RoomRefused(refusal))),
         }
         let job = HandshakeJob {
             room,

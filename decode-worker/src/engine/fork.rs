@@ -9,11 +9,11 @@
 
 use std::time::Instant;
 
-use ferry_cluster::{Refused, Room, RoomKey};
+use ferry_cluster::{Room, RoomKey};
 use ferry_kernels::Backend;
-use tonic::Code;
 
 use super::{Engine, Req};
+use crate::error::DecodeError;
 use crate::queues::Event;
 
 impl<B: Backend> Engine<B> {
@@ -31,7 +31,7 @@ impl<B: Backend> Engine<B> {
         let mut extra = pages.split_off(shared + 1);
         if extra.len() != samplers.len() || pages.len() != shared + 1 {
             let why = format!("{} pages for {} more sequences", extra.len(), samplers.len());
-            return self.end(room, Err(Refused::new(Code::Internal, "fork_pages", why)));
+            return self.end(room, Err(DecodeError::internal("fork_pages", why)));
         }
         pages.share_prefix(shared);
         let last = pages.pages()[shared];
@@ -40,7 +40,7 @@ impl<B: Backend> Engine<B> {
             let own = extra.split_off(extra.len() - 1);
             let to = own.pages()[0];
             if let Err(e) = self.pool.copy_page(self.model.backend(), last, to) {
-                let why = Refused::new(Code::Internal, "kv_copy", format!("copying the prompt's last page: {e}"));
+                let why = DecodeError::internal("kv_copy", format!("copying the prompt's last page: {e}"));
                 return self.end(room, Err(why));
             }
             rooms.push(self.mint(&rooms));

@@ -4,22 +4,24 @@
 
 use std::time::Instant;
 
+use ferry_cluster::Room;
 use ferry_cluster::metrics as m;
-use ferry_cluster::{Refused, Room};
 use ferry_engine::{FinishReason, Sampled, Sampler};
 use ferry_kernels::Backend;
-use ferry_transfer::room::FailReason;
 use ferry_transfer::table::Outcome;
 use tokio::sync::oneshot;
-use tonic::Code;
 
 use super::{Engine, Generate, Req, shutting_down};
-use crate::queues::{Action, Event, Queues, Stage};
+use crate::error::DecodeError;
+use crate::queues::{Action, Event, Stage};
 
 impl<B: Backend> Engine<B> {
     /// Validates and queues a request.
     #[allow(clippy::result_large_err)]
-    pub(super) fn accept(&mut self, g: Box<Generate>) -> Result<(), (Refused, oneshot::Sender<Result<(), Refused>>)> {
+    pub(super) fn accept(
+        &mut self,
+        g: Box<Generate>,
+    ) -> Result<(), (DecodeError, oneshot::Sender<Result<(), DecodeError>>)> {
         let Generate { key, incarnation, bootstrap, prompt, params, guide, forks, out, accepted, span, trace } = *g;
         if self.stopping {
             return Err((shutting_down(), accepted));
@@ -28,37 +30,21 @@ impl<B: Backend> Engine<B> {
         if let Err(e) = ferry_engine::generate::validate(&self.model, &req) {
             let ctx = self.model.config().max_position_embeddings;
             let reason = if prompt.len() >= ctx { "prompt_too_long" } else { "invalid_request" };
-            return Err((Refused::invalid(reason, e.to_string()), accepted));
+            return Err((DecodeError::invalid(reason, e.to_string()), accepted));
         }
         let ctx = self.model.config().max_position_embeddings;
         let remaining = (params.max_new_tokens as usize).min(ctx - prompt.len());
-        let n = params.n.max(1) as usize;
-        if n > self.cfg.limits.max_running {
-            let why = format!("n = {n} sequences: this decode worker runs at most {}", self.cfg.limits.max_running);
-            return Err((Refused::new(Code::OutOfRange, "n_over_batch", why), accepted));
-        }
-        // Whole, never half way: a request whose prompt and max tokens cannot fit the pool
-        // even alone is refused now; any other is admitted in time and never cut. Forked
-        // sequences share the prompt's full pages.
-        let ps = self.pool.layout().page_size;
-        let whole = ferry_cluster::fork_pages(prompt.len(), prompt.len() + remaining, n, ps);
-        if !Queues::could_fit(self.pool.num_pages(), whole) {
-            let seqs = if n > 1 { format!(" for {n} sequences") } else { String::new() };
-            let why = format!(
-                "the prompt ({} tokens) and max_tokens ({remaining}){seqs} need {whole} KV pages; this decode worker has {}: lower max_tokens",
-                prompt.len(),
-                self.pool.num_pages()
-            );
-            return Err((Refused::new(Code::OutOfRange, "request_over_pool", why), accepted));
-        }
-        if forks.len() != n - 1 {
-            let why = format!("{} constraints for {} more sequences", forks.len(), n - 1);
-            return Err((Refused::new(Code::Internal, "fork_constraints", why), accepted));
-        }
         let room = key.room;
-        let ev = Event::Request { room, prompt: prompt.len(), limit: remaining, local: bootstrap.is_none(), n };
+        let ev = Event::Request {
+            room,
+            prompt: prompt.len(),
+            limit: remaining,
+            local: bootstrap.is_none(),
+            n: params.n.max(1) as usize,
+            forks: forks.len(),
+        };
         if let Some(Action::Refuse(why)) = self.queues.on(ev, Instant::now()).into_iter().next() {
-            return Err((Refused::new(Code::AlreadyExists, why.label(), why.message(room)), accepted));
+            return Err((DecodeError::Refused { why, room }, accepted));
         }
         let forks = (1..).zip(forks).map(|(i, g)| Sampler::new(params.sequence(i), &prompt).guided(g)).collect();
         let sampler = Sampler::new(params.sequence(0), &prompt).guided(guide);
@@ -103,16 +89,36 @@ impl<B: Backend> Engine<B> {
         }
     }
 
-    /// A room's transfer ended: its pages reach the device and it waits to join the batch, or
-    /// the request fails with the transfer's reason.
+    /// A room's transfer ended (`outcome`; None: the room vanished): while the request is
+    /// still in Transfer, its pages reach the device and it waits to join the batch, or it
+    /// fails with the transfer's reason. A late report changes nothing (the queues decide).
     pub(super) fn transferred(&mut self, room: Room, outcome: Option<Outcome>, now: Instant) {
-        let aux = match outcome {
-            Some(Outcome::Success(aux)) => aux,
-            Some(Outcome::Failed(reason)) => return self.end(room, Err(transfer_refusal(&reason))),
-            None => {
-                return self.end(room, Err(Refused::new(Code::Internal, "room_lost", "the transfer room vanished")));
+        let ok = matches!(outcome, Some(Outcome::Success(_)));
+        for a in self.queues.on(Event::TransferEnded { room, ok }, now) {
+            match (a, &outcome) {
+                (Action::Land(_), Some(Outcome::Success(aux))) => self.land(room, aux, now),
+                (Action::Fail(_), Some(Outcome::Failed(reason))) => {
+                    self.end(room, Err(DecodeError::Transfer(reason.clone())))
+                }
+                (Action::Fail(_), _) => self.end(room, Err(DecodeError::RoomLost)),
+                (a, _) => self.act(a, now),
             }
-        };
+        }
+    }
+
+    /// A handshake failed (`why`): the request ends with it while still in Transfer.
+    pub(super) fn handshake_failed(&mut self, room: Room, why: DecodeError, now: Instant) {
+        for a in self.queues.on(Event::TransferEnded { room, ok: false }, now) {
+            match a {
+                Action::Fail(_) => self.end(room, Err(why.clone())),
+                a => self.act(a, now),
+            }
+        }
+    }
+
+    /// Every page of `room` arrived (`aux`: the first token): they reach the device and it
+    /// waits to join the batch.
+    fn land(&mut self, room: Room, aux: &ferry_transfer::frame::Aux, now: Instant) {
         let Some(r) = self.reqs.get_mut(&room) else { return };
         r.clock.lap("transfer", now);
         self.receiver.close(room);
@@ -127,7 +133,7 @@ impl<B: Backend> Engine<B> {
                 self.fork(room, now);
             }
             Err(e) => {
-                let why = Refused::new(Code::Internal, "kv_copy", format!("copying the KV pages in: {e}"));
+                let why = DecodeError::internal("kv_copy", format!("copying the KV pages in: {e}"));
                 self.end(room, Err(why));
             }
         }
@@ -142,18 +148,18 @@ impl<B: Backend> Engine<B> {
 
     /// Ends a request: a last message to the client, its room closed, its pages freed (after
     /// any write still landing in them).
-    pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, Refused>) {
+    pub(super) fn end(&mut self, room: Room, result: Result<FinishReason, DecodeError>) {
         self.close(room, result, true);
     }
 
     /// [`end`](Self::end), telling the client of an error only when `tell` (a sequence the
     /// router no longer wants ends quietly: the request's stream goes on for the others).
-    pub(super) fn close(&mut self, room: Room, result: Result<FinishReason, Refused>, tell: bool) {
+    pub(super) fn close(&mut self, room: Room, result: Result<FinishReason, DecodeError>, tell: bool) {
         let stage = self.queues.stage(room);
         let Some(mut r) = self.reqs.remove(&room) else { return };
         let outcome = match &result {
             Ok(f) => f.as_str(),
-            Err(e) if e.code == Code::Cancelled || e.code == Code::Aborted => "abort",
+            Err(e) if e.is_abort() => "abort",
             Err(_) => "error",
         };
         metrics::counter!(m::REQUESTS, "role" => "decode", "outcome" => outcome).increment(1);
@@ -162,9 +168,9 @@ impl<B: Backend> Engine<B> {
             let stage = stage.map(Stage::label);
             let _in = r.span.enter();
             if outcome == "error" {
-                tracing::warn!(room = %room, ?stage, reason = why.reason, message = %why.message, "request failed");
+                tracing::warn!(room = %room, ?stage, error = ?why, "request failed");
             } else {
-                tracing::debug!(room = %room, ?stage, reason = why.reason, message = %why.message, "request ended");
+                tracing::debug!(room = %room, ?stage, error = ?why, "request ended");
             }
             if tell {
                 let _ = r.out.send(Err(why));
@@ -198,14 +204,4 @@ impl<B: Backend> Engine<B> {
         };
         self.keep(&mut r, pages, kv);
     }
-}
-
-fn transfer_refusal(r: &FailReason) -> Refused {
-    let code = match r {
-        FailReason::Timeout(_) => Code::DeadlineExceeded,
-        FailReason::Aborted(_) => Code::Aborted,
-        FailReason::Corrupt(_) | FailReason::PeerGone(_) => Code::Unavailable,
-        FailReason::Refused(_) => Code::FailedPrecondition,
-    };
-    Refused::new(code, r.label(), format!("KV transfer failed: {r:?}"))
 }

@@ -10,11 +10,11 @@
 //! not spoiled — so a page evicted and reused while it was read is never cached on the
 //! prefill node.
 
-use ferry_cluster::{Refused, Room, RoomSecret};
+use ferry_cluster::{Room, RoomSecret};
 use ferry_kernels::Backend;
-use tonic::Code;
 
 use super::Engine;
+use crate::error::DecodeError;
 use crate::queues::Stage;
 
 impl<B: Backend> Engine<B> {
@@ -26,27 +26,26 @@ impl<B: Backend> Engine<B> {
         secret: RoomSecret,
         first: usize,
         n: usize,
-    ) -> Result<(u64, Vec<u32>), Refused> {
+    ) -> Result<(u64, Vec<u32>), DecodeError> {
         let page_size = self.pool.layout().page_size;
         let Some(r) = self.reqs.get_mut(&room) else {
-            return Err(Refused::new(Code::NotFound, "no_room", format!("room {room} is not here")));
+            return Err(DecodeError::NoSuchRoom(room));
         };
         if r.key.secret != secret {
-            return Err(Refused::new(Code::PermissionDenied, "wrong_secret", format!("room {room}: wrong secret")));
+            return Err(DecodeError::WrongSecret(room));
         }
         if self.queues.stage(room) != Some(Stage::Transfer) {
-            let why = format!("room {room} is not waiting for its transfer");
-            return Err(Refused::new(Code::FailedPrecondition, "not_transferring", why));
+            return Err(DecodeError::NotTransferring(room));
         }
         let end = first.checked_add(n).filter(|&e| e <= r.held && n > 0);
         let Some(end) = end else {
             let why = format!("pages {first}..{} asked for; the room holds {} pages", first.saturating_add(n), r.held);
-            return Err(Refused::invalid("pull_pages", why));
+            return Err(DecodeError::invalid("pull_pages", why));
         };
         let pages = r.prompt_pages(page_size)[first..end].to_vec();
         // SAFETY: cached pages are no transfer's destination: nothing writes their mirror.
         if let Err(e) = unsafe { self.kv.to_host(self.model.backend(), &self.pool, &pages) } {
-            return Err(Refused::new(Code::Internal, "kv_mirror", e.to_string()));
+            return Err(DecodeError::internal("kv_mirror", e.to_string()));
         }
         self.next_pull += 1;
         let id = self.next_pull;

@@ -12,6 +12,33 @@ use super::Stage;
 /// a gRPC status once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
+    /// It asks for more sequences than the node runs at once.
+    NOverBatch {
+        /// Sequences asked for.
+        n: usize,
+        /// Requests the node runs at once.
+        max: usize,
+    },
+    /// Its prompt and max tokens cannot fit the pool even alone (it would never be admitted).
+    OverPool {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Tokens each sequence may generate.
+        limit: usize,
+        /// Sequences.
+        n: usize,
+        /// Pages it would need.
+        need: usize,
+        /// Pages in the pool.
+        pool: usize,
+    },
+    /// Not one constraint for each of its other sequences.
+    ForkConstraints {
+        /// Constraints given.
+        given: usize,
+        /// Sequences asked for.
+        n: usize,
+    },
     /// A request of this room id is here.
     DuplicateRoom,
     /// An ended request of this room id still has a page run being written.
@@ -22,6 +49,9 @@ impl Refusal {
     /// Stable name (the `ferry-reason` a caller sees).
     pub fn label(self) -> &'static str {
         match self {
+            Self::NOverBatch { .. } => "n_over_batch",
+            Self::OverPool { .. } => "request_over_pool",
+            Self::ForkConstraints { .. } => "fork_constraints",
             Self::DuplicateRoom => "duplicate_room",
             Self::RoomClosing => "room_closing",
         }
@@ -30,6 +60,14 @@ impl Refusal {
     /// What the caller is told.
     pub fn message(self, room: Room) -> String {
         match self {
+            Self::NOverBatch { n, max } => format!("n = {n} sequences: this decode worker runs at most {max}"),
+            Self::OverPool { prompt, limit, n, need, pool } => {
+                let seqs = if n > 1 { format!(" for {n} sequences") } else { String::new() };
+                format!(
+                    "the prompt ({prompt} tokens) and max_tokens ({limit}){seqs} need {need} KV pages; this decode worker has {pool}: lower max_tokens"
+                )
+            }
+            Self::ForkConstraints { given, n } => format!("{given} constraints for {} more sequences", n - 1),
             Self::DuplicateRoom => format!("room {room} is already here"),
             Self::RoomClosing => format!("room {room}: an earlier room with this id is still closing"),
         }
@@ -52,6 +90,8 @@ pub enum Event {
         local: bool,
         /// Sequences asked for (`n`): they fork once the prompt's KV is complete.
         n: usize,
+        /// Constraints given for its other sequences (one each: `n - 1`).
+        forks: usize,
     },
     /// Its prompt's KV is complete and it stands for more than one sequence: `children` (its
     /// other sequences, as rooms of their own) join, prefilling the prompt's last token here,
@@ -64,7 +104,16 @@ pub enum Event {
     },
     /// Admit from the head of the prealloc queue what the free pages allow.
     Admit,
-    /// Its receiver room succeeded: the prompt's KV is here (Transfer → Waiting).
+    /// Its receiver room ended (`ok`: every page and the last frame arrived) or its handshake
+    /// failed (not `ok`): a room still in Transfer lands its pages or fails; one that left
+    /// Transfer meanwhile (cancelled, expired, a late report) changes nothing.
+    TransferEnded {
+        /// Its room.
+        room: Room,
+        /// The pages all arrived.
+        ok: bool,
+    },
+    /// Its received pages are on the device: the prompt's KV is here (Transfer → Waiting).
     Transferred(Room),
     /// The KV it had to compute here is computed (Prefill → Running).
     Computed(Room),
@@ -151,6 +200,10 @@ pub enum Action {
         /// Pages.
         pages: usize,
     },
+    /// Its pages all arrived: copy them onto the device, then [`Event::Transferred`].
+    Land(Room),
+    /// Its transfer or handshake failed: end it with the reason the engine holds.
+    Fail(Room),
     /// The request waited past its stage's timeout: end it.
     Expired {
         /// Its room.

@@ -152,7 +152,7 @@ impl Pool {
                     assert_eq!(self.held.remove(&room), Some(pages), "{room} drained");
                     self.draining.insert(room, pages);
                 }
-                Action::Refuse(_) | Action::Expired { .. } => {}
+                Action::Refuse(_) | Action::Expired { .. } | Action::Land(_) | Action::Fail(_) => {}
             }
         }
     }
@@ -188,7 +188,7 @@ proptest! {
         for e in evs {
             let event = match e {
                 Ev::Request { room, prompt, limit, local, n } => {
-                    Event::Request { room: id(room), prompt, limit, local, n }
+                    Event::Request { room: id(room), prompt, limit, local, n, forks: n - 1 }
                 }
                 Ev::Fork(r) => {
                     let n = asked.get(&id(r)).copied().unwrap_or(2).max(2);
@@ -237,10 +237,12 @@ proptest! {
             }
             check(&q, &pool);
             match event {
-                Event::Request { room, prompt, n, .. } => {
+                Event::Request { room, prompt, limit, n, .. } => {
                     let refused = matches!(actions.as_slice(), [Action::Refuse(_)]);
                     let grouped = pool.groups.contains_key(&room);
-                    prop_assert_eq!(refused, before.is_some() || q.is_draining(room) || grouped);
+                    // Could never fit the pool whole (n never exceeds the 4 the node runs).
+                    let over = ferry_cluster::fork_pages(prompt, prompt + limit, n, 2) > POOL;
+                    prop_assert_eq!(refused, before.is_some() || q.is_draining(room) || grouped || over);
                     if !refused {
                         seq.insert(room, (prompt, 0));
                         asked.insert(room, n);
@@ -330,7 +332,9 @@ fn simulate(seed: u64, admission: Admission) {
     // Every sequence: (prompt, max_new, generated); a fork's sequences join when it forks.
     let mut seqs: HashMap<Room, (usize, usize, usize)> = HashMap::new();
     for (room, &(prompt, limit, n)) in reqs.iter().enumerate() {
-        assert!(q.on(Event::Request { room: id(room as u64), prompt, limit, local: true, n }, t0).is_empty());
+        assert!(
+            q.on(Event::Request { room: id(room as u64), prompt, limit, local: true, n, forks: n - 1 }, t0).is_empty()
+        );
         seqs.insert(id(room as u64), (prompt, limit, 0));
     }
     let want: usize = reqs.iter().map(|r| r.2).sum();

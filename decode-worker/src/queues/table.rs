@@ -1,4 +1,5 @@
-//! Every event in every state (issue 21): one request (room 7: a 4-token prompt that may
+//! Every event in every state (issue 21; the refusals and a transfer's end since issue 60):
+//! one request (room 7: a 4-token prompt that may
 //! generate 8, a page per token, 2 tokens reserved) is brought into each state, then each
 //! event is applied to a fresh copy; the table says where it ends up and what the engine is
 //! told to do. A row that changes is a change of the machine's rules.
@@ -24,9 +25,14 @@ enum State {
 const STATES: [State; 7] =
     [State::Absent, State::Prealloc, State::Transfer, State::Prefill, State::Waiting, State::Running, State::Draining];
 
-const EVENTS: [&str; 14] = [
+const EVENTS: [&str; 19] = [
     "request",
+    "request_n_over_batch",
+    "request_over_pool",
+    "request_bad_forks",
     "admit",
+    "transfer_ended",
+    "transfer_failed",
     "transferred",
     "computed",
     "joined",
@@ -48,8 +54,16 @@ fn room() -> Room {
 fn event(name: &str) -> Event {
     let room = room();
     match name {
-        "request" => Event::Request { room, prompt: 4, limit: 8, local: false, n: 1 },
+        "request" => Event::Request { room, prompt: 4, limit: 8, local: false, n: 1, forks: 0 },
+        // 5 sequences: the node runs 4 at most.
+        "request_n_over_batch" => Event::Request { room, prompt: 4, limit: 8, local: false, n: 5, forks: 4 },
+        // 104 pages: the pool has 16.
+        "request_over_pool" => Event::Request { room, prompt: 4, limit: 100, local: false, n: 1, forks: 0 },
+        // 2 sequences and no constraint for the second.
+        "request_bad_forks" => Event::Request { room, prompt: 4, limit: 2, local: false, n: 2, forks: 0 },
         "admit" => Event::Admit,
+        "transfer_ended" => Event::TransferEnded { room, ok: true },
+        "transfer_failed" => Event::TransferEnded { room, ok: false },
         "transferred" => Event::Transferred(room),
         "computed" => Event::Computed(room),
         "joined" => Event::Joined(room),
@@ -81,7 +95,7 @@ fn in_state(state: State, t0: Instant) -> Queues {
         q.on(ev, t0);
     };
     if state != State::Absent {
-        go(Event::Request { room: room(), prompt: 4, limit: 8, local, n: 1 });
+        go(Event::Request { room: room(), prompt: 4, limit: 8, local, n: 1, forks: 0 });
     }
     if matches!(state, State::Transfer | State::Prefill | State::Waiting | State::Running | State::Draining) {
         go(Event::Admit);
@@ -121,24 +135,27 @@ fn summary(actions: &[Action]) -> String {
         Action::Free { pages, .. } => format!("free {pages}"),
         Action::Drain { pages, .. } => format!("drain {pages}"),
         Action::Expired { stage, .. } => format!("expired {}", stage.label()),
+        Action::Land(_) => "land".into(),
+        Action::Fail(_) => "fail".into(),
     };
     actions.iter().map(one).collect::<Vec<_>>().join(", ")
 }
 
 /// `(state, [(next state, actions)] in the order of EVENTS)`.
 #[rustfmt::skip]
-fn table() -> Vec<(State, [(State, &'static str); 14])> {
+fn table() -> Vec<(State, [(State, &'static str); 19])> {
     use State::*;
     let dup = "refuse duplicate_room";
+    let (nb, op, bf) = ("refuse n_over_batch", "refuse request_over_pool", "refuse fork_constraints");
     vec![
-        //          request        admit            transferred   computed      joined        token         grow_failed   make_room     stepped       end                 end_writing            released          tick          tick_late
-        (Absent,   [(Prealloc, ""), (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),         (Absent, ""),            (Absent, ""),       (Absent, ""),   (Absent, "")]),
-        (Prealloc, [(Prealloc, dup), (Transfer, "allocate 4"), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Absent, ""), (Absent, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, "expired prealloc")]),
-        (Transfer, [(Transfer, dup), (Transfer, ""), (Waiting, ""),  (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Absent, "free 4"), (Draining, "drain 4"), (Transfer, ""),     (Transfer, ""), (Transfer, "")]),
-        (Prefill,  [(Prefill, dup),  (Prefill, ""),  (Prefill, ""),  (Running, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Prefill, ""),      (Prefill, ""),  (Prefill, "")]),
-        (Waiting,  [(Waiting, dup),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Running, ""),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Waiting, ""),      (Waiting, ""),  (Waiting, "expired waiting")]),
-        (Running,  [(Running, dup),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, "grow 1"), (Running, ""), (Absent, "free 4"), (Draining, "drain 4"), (Running, ""),   (Running, ""),  (Running, "")]),
-        (Draining, [(Draining, "refuse room_closing"), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Absent, "free 4"), (Draining, ""), (Draining, "")]),
+        //          request          n_over_batch    over_pool       bad_forks       admit                  transfer_ended      transfer_failed     transferred     computed        joined          token           grow_failed     make_room           stepped         end                 end_writing            released          tick            tick_late
+        (Absent,   [(Prealloc, ""),  (Absent, nb),   (Absent, op),   (Absent, bf),   (Absent, ""),          (Absent, ""),       (Absent, ""),       (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),   (Absent, ""),       (Absent, ""),   (Absent, ""),       (Absent, ""),          (Absent, ""),     (Absent, ""),   (Absent, "")]),
+        (Prealloc, [(Prealloc, dup), (Prealloc, nb), (Prealloc, op), (Prealloc, bf), (Transfer, "allocate 4"), (Prealloc, ""),   (Prealloc, ""),     (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""), (Prealloc, ""),     (Prealloc, ""), (Absent, ""),       (Absent, ""),          (Prealloc, ""),   (Prealloc, ""), (Prealloc, "expired prealloc")]),
+        (Transfer, [(Transfer, dup), (Transfer, nb), (Transfer, op), (Transfer, bf), (Transfer, ""),        (Transfer, "land"), (Transfer, "fail"), (Waiting, ""),  (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""), (Transfer, ""),     (Transfer, ""), (Absent, "free 4"), (Draining, "drain 4"), (Transfer, ""),   (Transfer, ""), (Transfer, "")]),
+        (Prefill,  [(Prefill, dup),  (Prefill, nb),  (Prefill, op),  (Prefill, bf),  (Prefill, ""),         (Prefill, ""),      (Prefill, ""),      (Prefill, ""),  (Running, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),  (Prefill, ""),      (Prefill, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Prefill, ""),    (Prefill, ""),  (Prefill, "")]),
+        (Waiting,  [(Waiting, dup),  (Waiting, nb),  (Waiting, op),  (Waiting, bf),  (Waiting, ""),         (Waiting, ""),      (Waiting, ""),      (Waiting, ""),  (Waiting, ""),  (Running, ""),  (Waiting, ""),  (Waiting, ""),  (Waiting, ""),      (Waiting, ""),  (Absent, "free 4"), (Draining, "drain 4"), (Waiting, ""),    (Waiting, ""),  (Waiting, "expired waiting")]),
+        (Running,  [(Running, dup),  (Running, nb),  (Running, op),  (Running, bf),  (Running, ""),         (Running, ""),      (Running, ""),      (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, ""),  (Running, "grow 1"), (Running, ""), (Absent, "free 4"), (Draining, "drain 4"), (Running, ""),    (Running, ""),  (Running, "")]),
+        (Draining, [(Draining, "refuse room_closing"), (Draining, nb), (Draining, op), (Draining, bf), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Draining, ""), (Absent, "free 4"), (Draining, ""), (Draining, "")]),
     ]
 }
 
@@ -183,7 +200,8 @@ fn a_short_pool_retracts_the_victim_and_grows_the_rest() {
     let mut q = Queues::new(limits, 10);
     let (a, b) = (Room::new(1).expect("id"), Room::new(2).expect("id"));
     for r in [a, b] {
-        assert!(q.on(Event::Request { room: r, prompt: 4, limit: 8, local: true, n: 1 }, t0).is_empty());
+        // 4 + 6 = 10 pages each: each fits the pool alone, not both.
+        assert!(q.on(Event::Request { room: r, prompt: 4, limit: 6, local: true, n: 1, forks: 0 }, t0).is_empty());
     }
     assert_eq!(summary(&q.on(Event::Admit, t0)), "allocate 4 local, allocate 4 local");
     for r in [a, b] {

@@ -28,9 +28,9 @@ fn rid(id: u64) -> Room {
 fn a_fixed_reservation_is_kept_and_admission_is_first_come_first_served() {
     let t0 = Instant::now();
     let mut q = queues(8, reserved(2));
-    q.push(rid(1), 4, 10, false, 1, t0).expect("new");
-    q.push(rid(2), 3, 10, true, 1, t0).expect("new");
-    q.push(rid(3), 1, 0, false, 1, t0).expect("new");
+    q.push(rid(1), 4, 10, false, (1, 0), t0).expect("new");
+    q.push(rid(2), 3, 10, true, (1, 0), t0).expect("new");
+    q.push(rid(3), 1, 0, false, (1, 0), t0).expect("new");
     // 10 free: room 1 takes 4 + promises 2; room 2 needs 3 + 2 on top of 2 promised: 4 left.
     let a = q.admit_within(10, t0);
     assert_eq!(a, vec![Action::Allocate { room: rid(1), pages: 4, local: false }]);
@@ -54,7 +54,7 @@ fn a_fixed_reservation_is_kept_and_admission_is_first_come_first_served() {
 fn the_reservation_never_exceeds_what_a_request_may_generate() {
     let t0 = Instant::now();
     let mut q = queues(8, reserved(256));
-    q.push(rid(1), 4, 3, true, 1, t0).expect("new");
+    q.push(rid(1), 4, 3, true, (1, 0), t0).expect("new");
     assert_eq!(rooms(&q.admit_within(7, t0)), vec![1]);
     assert_eq!(q.promised(), 3);
 }
@@ -63,9 +63,9 @@ fn the_reservation_never_exceeds_what_a_request_may_generate() {
 fn limits_duplicates_and_timeouts() {
     let t0 = Instant::now();
     let mut q = queues(1, reserved(0));
-    q.push(rid(1), 1, 0, false, 1, t0).expect("new");
-    assert_eq!(q.push(rid(1), 1, 0, false, 1, t0), Err(Refusal::DuplicateRoom));
-    q.push(rid(2), 1, 0, false, 1, t0).expect("new");
+    q.push(rid(1), 1, 0, false, (1, 0), t0).expect("new");
+    assert_eq!(q.push(rid(1), 1, 0, false, (1, 0), t0), Err(Refusal::DuplicateRoom));
+    q.push(rid(2), 1, 0, false, (1, 0), t0).expect("new");
     assert_eq!(q.admit_within(100, t0).len(), 1, "max_running = 1");
     q.on(Event::Transferred(rid(1)), t0);
     let s = Duration::from_secs(1);
@@ -82,7 +82,7 @@ fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retractio
     let t0 = Instant::now();
     let mut q = queues(8, Admission::Adaptive { init: 0.5, min: 0.1, steps: 4 });
     // 0.5 × 100 tokens: 50 pages estimated on top of a 10-token prompt.
-    q.push(rid(1), 10, 100, true, 1, t0).expect("new");
+    q.push(rid(1), 10, 100, true, (1, 0), t0).expect("new");
     assert!(q.admit_within(59, t0).is_empty());
     assert_eq!(rooms(&q.admit_within(60, t0)), vec![1]);
     assert_eq!(q.promised(), 50);
@@ -95,7 +95,7 @@ fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retractio
         q.on(Event::Token(rid(1)), t0);
     }
     assert_eq!(q.promised(), 7, "and with what it generated: 0.1 × 70");
-    q.push(rid(2), 10, 100, true, 1, t0).expect("new");
+    q.push(rid(2), 10, 100, true, (1, 0), t0).expect("new");
     // 10 + 10 pages on top of room 1's 7 promised.
     assert!(q.admit_within(26, t0).is_empty());
     assert_eq!(rooms(&q.admit_within(27, t0)), vec![2]);
@@ -103,7 +103,7 @@ fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retractio
     // Room 2 is retracted at once: room 1, still running, has generated 30 of 100, so the
     // ratio becomes (30 + 20) / 100. Room 2 goes to the front of the queue and prefills here.
     q.on(Event::Computed(rid(1)), t0);
-    q.push(rid(3), 1, 1, false, 1, t0).expect("new");
+    q.push(rid(3), 1, 1, false, (1, 0), t0).expect("new");
     assert_eq!(q.retract(rid(2), t0), Some(Action::Retract { room: rid(2), pages: 10, context: 10, running: false }));
     assert_eq!(q.retract(rid(2), t0), None, "already waiting");
     assert!((q.ratio() - 0.5).abs() < 1e-9, "{}", q.ratio());
@@ -127,8 +127,8 @@ fn the_adaptive_estimate_decays_and_follows_what_requests_show_after_a_retractio
 fn a_ratio_that_starts_at_its_floor_falls_back_to_it_after_a_retraction() {
     let t0 = Instant::now();
     let mut q = queues(8, Admission::Adaptive { init: 0.0, min: 0.0, steps: 2 });
-    q.push(rid(1), 10, 100, true, 1, t0).expect("new");
-    q.push(rid(2), 10, 100, true, 1, t0).expect("new");
+    q.push(rid(1), 10, 100, true, (1, 0), t0).expect("new");
+    q.push(rid(2), 10, 100, true, (1, 0), t0).expect("new");
     assert_eq!(rooms(&q.admit_within(20, t0)), vec![1, 2], "nothing promised: the contexts fit");
     q.retract(rid(2), t0);
     assert!((q.ratio() - 0.2).abs() < 1e-9, "room 1 shows (0 + 20) / 100: {}", q.ratio());
@@ -142,10 +142,10 @@ fn waiting_for_pages_times_out_only_while_the_node_makes_no_progress() {
     let t0 = Instant::now();
     let s = Duration::from_secs(1);
     let mut q = queues(8, reserved(4));
-    q.push(rid(1), 4, 8, true, 1, t0).expect("new");
+    q.push(rid(1), 4, 8, true, (1, 0), t0).expect("new");
     q.admit_within(100, t0);
     q.on(Event::Computed(rid(1)), t0);
-    q.push(rid(2), 4, 8, true, 1, t0).expect("new");
+    q.push(rid(2), 4, 8, true, (1, 0), t0).expect("new");
     // Room 1 decodes every half second: room 2 waits as long as that lasts.
     for i in 1..10 {
         q.on(Event::Stepped { decoding: true }, t0 + s * i / 2);
@@ -169,11 +169,11 @@ fn the_next_deadline_is_when_the_first_request_expires() {
     let s = Duration::from_secs(1);
     let mut q = queues(1, reserved(4));
     assert_eq!((q.next_deadline(), q.computing()), (None, false));
-    q.push(rid(1), 4, 8, false, 1, t0).expect("new");
+    q.push(rid(1), 4, 8, false, (1, 0), t0).expect("new");
     q.admit_within(100, t0);
     assert_eq!(q.stage(rid(1)), Some(Stage::Transfer));
     assert_eq!((q.next_deadline(), q.computing()), (None, false), "transfers time out in the receiver");
-    q.push(rid(2), 4, 8, true, 1, t0 + s / 2).expect("new");
+    q.push(rid(2), 4, 8, true, (1, 0), t0 + s / 2).expect("new");
     let d = q.next_deadline().expect("room 2 waits for pages");
     assert_eq!(d, t0 + s / 2 + s);
     assert!(q.expired(d - Duration::from_millis(1)).is_empty());

@@ -6,8 +6,9 @@
 //! the whole (until the device has finished it too). Synchronising slows the pass; the
 //! figures rank operations, they are not the pass's unprofiled time.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
@@ -41,7 +42,7 @@ impl Profile {
     }
 
     pub(super) fn take(&self) -> Vec<(String, OpTime)> {
-        let mut ops = self.ops.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ops = self.ops.lock();
         std::mem::take(&mut *ops).into_iter().collect()
     }
 }
@@ -59,7 +60,7 @@ impl Drop for Timed<'_> {
         let host = self.t0.elapsed();
         let _ = self.stream.synchronize();
         let total = self.t0.elapsed();
-        let mut ops = self.profile.ops.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut ops = self.profile.ops.lock();
         let e = ops.entry(std::mem::take(&mut self.op)).or_default();
         e.calls += 1;
         e.host += host;

@@ -10,7 +10,8 @@
 //! Safe on one stream: a replaced table is freed stream-ordered, after the kernels that read
 //! it, and a kept table is never written by a kernel.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
 
@@ -34,7 +35,7 @@ impl<T: DeviceRepr + PartialEq> Memo<T> {
     /// `host` on the device: the kept copy when it holds the same values, else a new upload
     /// (which replaces it).
     pub(super) fn get(&self, stream: &Arc<CudaStream>, host: Vec<T>) -> Result<Arc<CudaSlice<T>>, KernelError> {
-        let mut last = lock(&self.last);
+        let mut last = self.last.lock();
         if let Some((h, d)) = last.as_ref()
             && *h == host
         {
@@ -77,7 +78,7 @@ impl Scratch {
         stream: &Arc<CudaStream>,
         len: usize,
     ) -> Result<MutexGuard<'_, Option<CudaSlice<u16>>>, KernelError> {
-        let mut g = lock(&self.buf);
+        let mut g = self.buf.lock();
         if g.as_ref().is_none_or(|b| b.len() < len) {
             *g = None;
             // SAFETY: every user writes the values it reads (to_bf16 fills it before the GEMM).
@@ -87,8 +88,4 @@ impl Scratch {
         }
         Ok(g)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -5,19 +5,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use ferry_cluster::{Refused, Room, RoomSecret};
+use ferry_cluster::{Room, RoomSecret};
 use ferry_engine::{Sampler, SamplingParams};
 use ferry_kernels::Backend;
 use ferry_transfer::SendRoom;
 use tokio::sync::mpsc;
-use tonic::Code;
 
 use super::{Engine, Handshake, Live, NewRequest};
+use crate::error::PrefillError;
 use crate::room_task::RoomTask;
 use crate::rooms::{Action, Event};
 
 impl<B: Backend> Engine<B> {
-    pub(super) fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), Refused> {
+    pub(super) fn check_prompt(&self, tokens: &[u32], sampling: &SamplingParams) -> Result<(), PrefillError> {
         let req = ferry_engine::Request { prompt: tokens.to_vec(), params: sampling.clone() };
         ferry_engine::generate::validate(&self.model, &req).map_err(|e| {
             let reason = if tokens.len() >= self.model.config().max_position_embeddings {
@@ -25,15 +25,11 @@ impl<B: Backend> Engine<B> {
             } else {
                 "invalid_request"
             };
-            Refused::invalid(reason, e.to_string())
+            PrefillError::invalid(reason, e.to_string())
         })?;
         let pages = self.pool.pages_for(tokens.len());
         if pages > self.pool.num_pages() {
-            return Err(Refused::new(
-                Code::ResourceExhausted,
-                "prompt_over_pool",
-                format!("the prompt needs {pages} pages; this worker's pool has {}", self.pool.num_pages()),
-            ));
+            return Err(PrefillError::PromptOverPool { pages, pool: self.pool.num_pages() });
         }
         Ok(())
     }
@@ -47,7 +43,7 @@ impl<B: Backend> Engine<B> {
                 h.dest.len(),
                 h.held
             );
-            let _ = r.reply.send(Err(Refused::invalid("dest_pages_mismatch", why)));
+            let _ = r.reply.send(Err(PrefillError::invalid("dest_pages_mismatch", why)));
             self.rooms.on(Event::Finished(room), Instant::now());
             let sender = h.sender;
             self.rt.spawn(async move {
@@ -58,7 +54,7 @@ impl<B: Backend> Engine<B> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut send_room = SendRoom::new(room, secret, self.cfg.timeouts, Instant::now());
         if let Err(e) = send_room.handshake_held(Arc::clone(&h.sender), h.dest.clone(), h.held, Instant::now()) {
-            let _ = r.reply.send(Err(Refused::new(Code::Internal, "room_state", format!("{e:?}"))));
+            let _ = r.reply.send(Err(PrefillError::Internal { reason: "room_state", message: format!("{e:?}") }));
             self.rooms.on(Event::Finished(room), Instant::now());
             return;
         }
@@ -91,7 +87,6 @@ impl<B: Backend> Engine<B> {
             first: None,
             prompt_logprobs: Vec::new(),
             prefilled: None,
-            aborting: None,
             pulling,
             span: r.span,
             clock: ferry_cluster::phases::PhaseClock::start("prefill", Instant::now()),

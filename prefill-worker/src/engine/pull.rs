@@ -5,7 +5,9 @@ use ferry_cluster::{Room, RoomSecret};
 use ferry_kernels::Backend;
 
 use super::{Engine, NewRequest};
+use crate::error::PullError;
 use crate::pull::{PullJob, Pulled};
+use crate::rooms::Phase;
 
 impl<B: Backend> Engine<B> {
     /// Starts pulling the leading pages of `r`'s prompt that its decode node holds (`held`)
@@ -51,7 +53,7 @@ impl<B: Backend> Engine<B> {
             // SAFETY: the pull receiver closed the room: nothing writes these pages' mirror.
             unsafe { self.kv.to_device(self.model.backend(), &self.pool, job.pages.pages()) }
                 .map(|()| got)
-                .map_err(|e| e.to_string())
+                .map_err(|e| PullError::Copy(e.to_string()))
         });
         match result {
             Ok(_) => {
@@ -67,10 +69,11 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.cache.unlock(job.node);
+        let closing = self.rooms.phase(job.room) == Some(Phase::Closing);
         let Some(l) = self.rooms.live_mut(job.room) else { return };
         // Only the room that started this pull (a later room may have taken its id).
         let Some((_, priority)) = l.pulling.take_if(|p| p.0 == job.ticket) else { return };
-        if l.aborting.is_none() {
+        if !closing {
             let tokens = l.tokens.clone();
             self.sched.add_request(job.room.get(), tokens, priority, false, &self.cache);
         }

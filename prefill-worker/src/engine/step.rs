@@ -12,7 +12,7 @@ use ferry_transfer::frame::Aux;
 
 use super::Engine;
 use crate::room_task::ChunkMsg;
-use crate::rooms::{Action, Event};
+use crate::rooms::{Action, Event, Phase};
 
 impl<B: Backend> Engine<B> {
     /// One scheduled pass: compute, then hand each chunk's finished pages to its room task.
@@ -50,6 +50,8 @@ impl<B: Backend> Engine<B> {
         let (mut outgoing, mut computed_rooms) = (Vec::new(), Vec::new());
         for (c, &every) in chunks.iter().zip(&every) {
             let room = room_of(c.id);
+            // A closing room computes on to the end of its chunk but sends nothing more.
+            let closing = self.rooms.phase(room) == Some(Phase::Closing);
             let Some(l) = self.rooms.live_mut(room) else { continue };
             if every {
                 // Row j predicts the token at c.start + j + 1; the prompt's last row is the
@@ -78,7 +80,7 @@ impl<B: Backend> Engine<B> {
                 l.clock.lap("prefill_compute", now);
                 computed_rooms.push(room);
             }
-            if l.aborting.is_some() {
+            if closing {
                 continue;
             }
             if upto > l.sent || aux.is_some() {

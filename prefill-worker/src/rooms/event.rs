@@ -88,8 +88,13 @@ pub enum Event<R, H, L = ()> {
     Computed(Room),
     /// Its task sent a chunk: the inflight timeout counts from here.
     Progress(Room),
-    /// The engine failed the room while its task runs.
-    Close(Room),
+    /// The engine failed the room while its task runs: why (what its caller was told).
+    Close {
+        /// The room.
+        room: Room,
+        /// Why.
+        why: String,
+    },
     /// Its task reported (or it never had one).
     Finished(Room),
     /// Time passed: rooms past their phase's timeout leave.
@@ -147,5 +152,7 @@ pub enum Action<R, H, L = ()> {
         room: Room,
         /// The engine's record, if it was started.
         live: Option<L>,
+        /// Why it closed early, if it did (else its task's report is its outcome).
+        closed: Option<String>,
     },
 }

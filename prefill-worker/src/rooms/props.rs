@@ -143,7 +143,7 @@ fn run(events: Vec<Ev>) -> Result<(), TestCaseError> {
             Ev::Progress(room) => rooms.progress(id(room), now),
             Ev::Close(room) => {
                 if m.tasks.contains(&room) {
-                    rooms.close(id(room), now);
+                    rooms.close(id(room), Some("failed".into()), now);
                     prop_assert_eq!(rooms.phase(id(room)), Some(Phase::Closing));
                 }
             }

@@ -68,7 +68,7 @@ fn event(name: &str) -> Event<&'static str, &'static str> {
         "handing" => Event::Handing { room, pages: vec![3, 4] },
         "computed" => Event::Computed(room),
         "progress" => Event::Progress(room),
-        "close" => Event::Close(room),
+        "close" => Event::Close { room, why: "failed".into() },
         "finished" => Event::Finished(room),
         _ if name.starts_with("tick") => Event::Tick,
         other => panic!("no event {other}"),
@@ -126,7 +126,11 @@ fn summary(actions: Vec<Action<&'static str, &'static str>>) -> String {
         Action::Aborted(Ok(known)) => format!("aborted {known}"),
         Action::Aborted(Err(why)) => format!("aborted {}", why.label()),
         Action::Mirror { pages } => format!("mirror {pages:?}"),
-        Action::Finished { live, .. } => format!("finished{}", if live.is_some() { " (record)" } else { "" }),
+        Action::Finished { live, closed, .. } => format!(
+            "finished{}{}",
+            if live.is_some() { " (record)" } else { "" },
+            closed.as_ref().map_or(String::new(), |why| format!(" closed: {why}"))
+        ),
         Action::Gone(g) => {
             let held: Vec<&str> = g.request.into_iter().chain(g.handshake).collect();
             format!("gone {} ({})", g.phase.label(), held.join(" "))
@@ -174,10 +178,11 @@ fn table() -> Vec<[(State, &'static str); 17]> {
          (Closing, "aborted true, gone inflight ()"),
          (Inflight, back), (Inflight, "mirror [3, 4]"), (Inflight, ""), (Inflight, ""), (Closing, ""), (Absent, "finished"),
          (Inflight, ""), (Closing, "gone inflight ()"), (Inflight, ""), (Inflight, "")],
-        // Closing: the id stays taken until the task reports; no timeout here.
+        // Closing: the id stays taken until the task reports, which hands back why it closed;
+        // no timeout here.
         [(Closing, "refuse request room_closing"), (Closing, wrong), (Closing, "refuse handshake room_closing"),
          (Closing, wrongh), (Closing, "aborted false"), (Closing, "aborted wrong_secret"), (Closing, "aborted false"),
-         (Closing, back), (Closing, "mirror [3, 4]"), (Closing, ""), (Closing, ""), (Closing, ""), (Absent, "finished"),
+         (Closing, back), (Closing, "mirror [3, 4]"), (Closing, ""), (Closing, ""), (Closing, ""), (Absent, "finished closed: failed"),
          (Closing, ""), (Closing, ""), (Closing, ""), (Closing, "")],
     ]
 }

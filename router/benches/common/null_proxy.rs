@@ -1,6 +1,6 @@
 //! A proxy that does none of the router's work, for W3's floor: on the router's core, it
 //! reads each HTTP request's body whole, makes the same `Prefill` and `Generate` calls the
-//! router would (over the router's own `ferry_cluster::h2_calls::Calls`, messages encoded
+//! router would (over the router's own `ferry_router::h2_calls::Calls`, messages encoded
 //! once at start, before any request: no JSON, no tokenizer, no placement, no encoding) and
 //! answers a fixed small JSON body once both are answered. What it adds over the direct
 //! baseline is what any router pays on this host for the hops alone: the client's HTTP
@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ferry_cluster::h2_calls::Calls;
 use ferry_cluster::roles::PeerRole;
+use ferry_router::h2_calls::Calls;
 use http_body_util::BodyExt;
 use hyper::body::{Buf, Bytes};
 use hyper_util::rt::TokioIo;

@@ -13,7 +13,7 @@ use tonic::{Code, Status};
 use tracing::Instrument as _;
 
 use super::packed::{self, PackedIds, WithIds};
-use super::{Ctx, Prepared, lock};
+use super::{Ctx, Prepared};
 use crate::placement::DecodeState;
 use crate::workers::Worker;
 
@@ -278,7 +278,7 @@ impl Ctx {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
             snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id), 0)).collect();
-        let d = lock(&self.placer).decode(need, &states).ok()?;
+        let d = self.placer.lock().decode(need, &states).ok()?;
         Some(Arc::clone(&snap.decode[d]))
     }
 

@@ -8,7 +8,7 @@
 
 use std::marker::PhantomData;
 
-use ferry_cluster::h2_calls::Calls;
+use crate::h2_calls::Calls;
 use ferry_proto::v1 as pb;
 use prost::Message;
 use prost::bytes::Bytes;

@@ -26,7 +26,7 @@ const PAGE: usize = 512;
 const PAGES: usize = 16;
 
 fn security(pki: &Pki, leaf: &Leaf) -> Security {
-    InternalTls::load(&pki.args(leaf)).expect("tls files").expect("mutual TLS").data_plane()
+    ferry_worker::data_plane::data_plane(&InternalTls::load(&pki.args(leaf)).expect("tls files").expect("mutual TLS"))
 }
 
 fn any() -> SocketAddr {
@@ -205,7 +205,7 @@ async fn the_rdma_connection_exchange_runs_inside_mutual_tls() {
 }
 
 fn pull_security(pki: &Pki, leaf: &Leaf) -> Security {
-    InternalTls::load(&pki.args(leaf)).expect("tls files").expect("mutual TLS").pull_plane()
+    ferry_worker::data_plane::pull_plane(&InternalTls::load(&pki.args(leaf)).expect("tls files").expect("mutual TLS"))
 }
 
 /// Pulls (issue 20) run the data plane the other way, the roles swapped: a prefill node's

@@ -42,7 +42,7 @@ struct Device {
     ctx: *mut ffi::ibv_context,
     pd: *mut ffi::ibv_pd,
     /// Registered regions by remote key (their `ibv_mr` pointers).
-    mrs: std::sync::Mutex<std::collections::HashMap<u32, usize>>,
+    mrs: parking_lot::Mutex<std::collections::HashMap<u32, usize>>,
 }
 
 // SAFETY: libibverbs contexts, protection domains and memory regions are thread-safe; the
@@ -52,8 +52,8 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 impl Device {
-    fn regions(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
-        self.mrs.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn regions(&self) -> parking_lot::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
+        self.mrs.lock()
     }
 }
 

@@ -5,8 +5,9 @@
 //! does). Faults can be injected by operation count: a failed or corrupted write, a
 //! disconnect, a stall. Used by the RDMA protocol tests; needs no hardware.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use super::verbs::{Completion, MemKeys, QpEndpoint, QueuePair, Sge, Verbs, VerbsError, WcOp, WcStatus};
 
@@ -51,10 +52,6 @@ struct Fabric {
     faults: Vec<VerbsFault>,
     ops: u64,
     stalled: bool,
-}
-
-fn lock(f: &Mutex<Fabric>) -> MutexGuard<'_, Fabric> {
-    f.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn done(wr_id: u64, status: WcStatus, op: WcOp) -> Completion {
@@ -160,18 +157,18 @@ impl MemVerbs {
     /// A fabric that injects `faults`.
     pub fn with_faults(faults: Vec<VerbsFault>) -> Self {
         let v = Self::default();
-        lock(&v.fabric).faults = faults;
+        v.fabric.lock().faults = faults;
         v
     }
 
     /// WRITEs and SENDs posted so far.
     pub fn ops(&self) -> u64 {
-        lock(&self.fabric).ops
+        self.fabric.lock().ops
     }
 
     /// Memory windows in force.
     pub fn windows(&self) -> usize {
-        lock(&self.fabric).windows.len()
+        self.fabric.lock().windows.len()
     }
 }
 
@@ -179,7 +176,7 @@ impl Verbs for MemVerbs {
     type Qp = MemQp;
 
     unsafe fn register(&self, addr: *mut u8, len: usize) -> Result<MemKeys, VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         f.next_key += 1;
         let key = f.next_key;
         f.regions.insert(key, (addr as u64, len));
@@ -187,11 +184,11 @@ impl Verbs for MemVerbs {
     }
 
     fn deregister(&self, keys: MemKeys) {
-        lock(&self.fabric).regions.remove(&keys.rkey);
+        self.fabric.lock().regions.remove(&keys.rkey);
     }
 
     fn create_qp(&self, _depth: u32) -> Result<MemQp, VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         f.next_qpn += 1;
         let qpn = f.next_qpn;
         f.qps.insert(qpn, Slot::default());
@@ -207,7 +204,7 @@ pub struct MemQp {
 
 impl Drop for MemQp {
     fn drop(&mut self) {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         f.qps.remove(&self.qpn);
         // Windows die with the queue pair they were bound on.
         f.windows.retain(|_, w| w.qpn != self.qpn);
@@ -256,14 +253,14 @@ impl QueuePair for MemQp {
     }
 
     fn connect(&mut self, remote: &QpEndpoint) -> Result<(), VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         let slot = f.qps.get_mut(&self.qpn).ok_or(VerbsError::Call { call: "modify_qp", detail: "gone".into() })?;
         slot.peer = Some(remote.qpn);
         Ok(())
     }
 
     unsafe fn post_write(&mut self, wr_id: u64, local: Sge, remote_addr: u64, rkey: u32) -> Result<(), VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         let Some((peer, fault)) = self.begin(&mut f, wr_id, WcOp::Write) else { return Ok(()) };
         let (Some(src), Some(dst)) = (
             f.region(local.lkey, local.addr, local.len as usize),
@@ -291,7 +288,7 @@ impl QueuePair for MemQp {
     }
 
     unsafe fn post_send(&mut self, wr_id: u64, local: Sge, imm: u32) -> Result<(), VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         let Some((peer, _)) = self.begin(&mut f, wr_id, WcOp::Send) else { return Ok(()) };
         let Some(src) = f.region(local.lkey, local.addr, local.len as usize) else {
             return Err(VerbsError::Call { call: "post_send", detail: "local buffer not registered".into() });
@@ -306,7 +303,7 @@ impl QueuePair for MemQp {
     }
 
     unsafe fn post_recv(&mut self, wr_id: u64, local: Sge) -> Result<(), VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         if f.region(local.lkey, local.addr, local.len as usize).is_none() {
             return Err(VerbsError::Call { call: "post_recv", detail: "buffer not registered".into() });
         }
@@ -323,7 +320,7 @@ impl QueuePair for MemQp {
     }
 
     fn bind_window(&mut self, wr_id: u64, mr: MemKeys, addr: u64, len: u64) -> Result<u32, VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         if f.region(mr.lkey, addr, len as usize).is_none() {
             return Err(VerbsError::Call { call: "bind_mw", detail: "outside the memory region".into() });
         }
@@ -337,7 +334,7 @@ impl QueuePair for MemQp {
     }
 
     fn invalidate_window(&mut self, wr_id: u64, rkey: u32) -> Result<(), VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         if f.windows.get(&rkey).is_some_and(|w| w.qpn == self.qpn) {
             f.windows.remove(&rkey);
         }
@@ -348,7 +345,7 @@ impl QueuePair for MemQp {
     }
 
     fn poll(&mut self, max: usize, out: &mut Vec<Completion>) -> Result<usize, VerbsError> {
-        let mut f = lock(&self.fabric);
+        let mut f = self.fabric.lock();
         let Some(slot) = f.qps.get_mut(&self.qpn) else { return Ok(0) };
         let n = max.min(slot.cq.len());
         out.extend(slot.cq.drain(..n));

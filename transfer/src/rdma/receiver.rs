@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use super::RdmaConfig;
 use super::cm::{self, RemoteRegion, Window};
 use super::verbs::{Completion, MemKeys, QueuePair, Sge, Verbs, WcOp, WcStatus};
-use super::windows::{Grants, Link, SharedLink, lock};
+use super::windows::{Grants, Link, SharedLink};
 use crate::frame::{HEADER_LEN, Header, Kind, Limits};
 use crate::inbox::Inbox;
 use crate::memory::HostPages;
@@ -183,7 +183,7 @@ impl<V: Verbs> Conn<'_, V> {
     fn round(&mut self, seen: &mut HashSet<Room>) -> std::io::Result<Result<usize, FailReason>> {
         self.got.clear();
         {
-            let mut l = lock(&self.link);
+            let mut l = self.link.lock();
             if l.poisoned {
                 return Ok(Err(FailReason::PeerGone("a memory window could not be invalidated".into())));
             }
@@ -192,7 +192,7 @@ impl<V: Verbs> Conn<'_, V> {
         let mut ended = Vec::new();
         for c in std::mem::take(&mut self.got) {
             if c.op == WcOp::Window {
-                lock(&self.link).window_done();
+                self.link.lock().window_done();
                 if c.status != WcStatus::Success {
                     return Ok(Err(FailReason::PeerGone(format!("a memory window operation failed: {:?}", c.status))));
                 }
@@ -210,7 +210,7 @@ impl<V: Verbs> Conn<'_, V> {
             handle(self.s, &msg[..(c.byte_len as usize).min(self.msg_bytes)], c.imm.unwrap_or(0), seen, &mut ended);
             let sge = self.sge(slot);
             // SAFETY: as above; the slot is handed back to the NIC.
-            unsafe { lock(&self.link).qp.post_recv(c.wr_id, sge) }.map_err(io_err)?;
+            unsafe { self.link.lock().qp.post_recv(c.wr_id, sge) }.map_err(io_err)?;
             self.got.push(c);
         }
         // A room that ended on this connection needs its windows no more.
@@ -231,7 +231,7 @@ impl<V: Verbs> Conn<'_, V> {
             if let Err(why) = self.round(seen)? {
                 return Ok(Err(why));
             }
-            if ready(&lock(&self.link)) {
+            if ready(&self.link.lock()) {
                 return Ok(Ok(()));
             }
             if tokio::time::Instant::now() >= deadline {
@@ -271,7 +271,9 @@ impl<V: Verbs> Conn<'_, V> {
             if let Err(why) = self.until(seen, |l| l.in_flight < depth && !l.waiting()).await? {
                 return Ok(Err(why));
             }
-            let rkey = lock(&self.link)
+            let rkey = self
+                .link
+                .lock()
                 .bind(self.s.keys, base + u64::from(first) * pb, u64::from(pages) * pb)
                 .map_err(io_err)?;
             windows.push(Window { first, pages, rkey });
@@ -314,16 +316,16 @@ async fn serve_qp<V: Verbs>(
         for i in 0..slots {
             let sge = conn.sge(i);
             // SAFETY: slot i is not read until its completion is polled.
-            unsafe { lock(&conn.link).qp.post_recv(u64::from(i), sge) }.map_err(io_err)?;
+            unsafe { conn.link.lock().qp.post_recv(u64::from(i), sge) }.map_err(io_err)?;
         }
-        lock(&conn.link).qp.connect(&peer).map_err(io_err)?;
+        conn.link.lock().qp.connect(&peer).map_err(io_err)?;
         let region = RemoteRegion {
             base: s.mem.base_ptr() as u64,
             page_bytes: s.mem.page_bytes() as u64,
             pages: s.mem.pages() as u64,
             msg_bytes: msg_bytes as u32,
         };
-        let ours = lock(&conn.link).qp.endpoint();
+        let ours = conn.link.lock().qp.endpoint();
         cm::reply(stream, &ours, &region).await?;
         let mut q = [0u8; cm::GRANT_REQUEST_LEN];
         let mut filled = 0;

@@ -3,10 +3,11 @@
 //! chunk's headers follow in SENDs with immediate data.
 
 use ferry_core::{Room, RoomSecret};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::RdmaConfig;
@@ -97,10 +98,6 @@ impl<V: Verbs> Drop for RdmaSender<V> {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 fn io_err(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::other(e.to_string())
 }
@@ -180,7 +177,7 @@ impl<V: Verbs> RdmaSender<V> {
         let mut idle = 0u32;
         loop {
             {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 let n = st.poll()?;
                 if let Some(why) = &st.broken {
                     return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, why.clone()));
@@ -206,7 +203,7 @@ impl<V: Verbs> RdmaSender<V> {
         let depth = self.cfg.depth.max(2);
         self.wait(|st| st.outstanding < depth).await?;
         let id = self.next_wr.fetch_add(1, Ordering::Relaxed);
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         f(&mut st.qp, id).map_err(io_err)?;
         st.outstanding += 1;
         Ok(id)
@@ -234,11 +231,11 @@ impl<V: Verbs> RdmaSender<V> {
             .await;
         match id {
             Ok(id) => {
-                lock(&self.state).slot_of.insert(id, slot);
+                self.state.lock().slot_of.insert(id, slot);
                 Ok(id)
             }
             Err(e) => {
-                lock(&self.state).free.push(slot);
+                self.state.lock().free.push(slot);
                 Err(e)
             }
         }
@@ -246,7 +243,7 @@ impl<V: Verbs> RdmaSender<V> {
 
     async fn wait_all(&self, ids: &[u64]) -> std::io::Result<()> {
         self.wait(|st| ids.iter().all(|id| st.done.contains_key(id))).await?;
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         for id in ids {
             st.done.remove(id);
         }
@@ -260,7 +257,7 @@ impl<V: Verbs> RdmaSender<V> {
 
     /// `room`'s windows: asked for (within `op_timeout`) on its first send.
     async fn windows(&self, room: Room, secret: &RoomSecret) -> std::io::Result<Arc<[Window]>> {
-        if let Some((w, _)) = lock(&self.grants).get(&room) {
+        if let Some((w, _)) = self.grants.lock().get(&room) {
             return Ok(Arc::clone(w));
         }
         let ask = async {
@@ -286,7 +283,7 @@ impl<V: Verbs> RdmaSender<V> {
         // or an `Abort` from here are forgotten after that.
         let t = self.cfg.timeouts;
         let life = t.bootstrap + t.waiting + t.transferring;
-        let mut grants = lock(&self.grants);
+        let mut grants = self.grants.lock();
         grants.retain(|_, (_, at)| now.duration_since(*at) < life);
         grants.insert(room, (Arc::clone(&windows), now));
         Ok(windows)
@@ -350,13 +347,13 @@ impl<V: Verbs> RdmaSender<V> {
 
     /// Sends the room's last message: the aux data (its windows end with it).
     pub async fn send_done(&self, room: Room, secret: RoomSecret, aux: Aux) -> std::io::Result<()> {
-        lock(&self.grants).remove(&room);
+        self.grants.lock().remove(&room);
         self.control(Kind::Done, room, secret, &aux.encode()).await
     }
 
     /// Tells the receiver the room is abandoned.
     pub async fn send_abort(&self, room: Room, secret: RoomSecret, reason: &str) -> std::io::Result<()> {
-        lock(&self.grants).remove(&room);
+        self.grants.lock().remove(&room);
         self.control(Kind::Abort, room, secret, reason.as_bytes()).await
     }
 }

@@ -15,18 +15,15 @@
 //! NIC when it is posted may still land; none posted by the peer after the room's end can.
 
 use ferry_core::Room;
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 
 use super::verbs::{MemKeys, QueuePair, VerbsError};
 
 /// Work request ids of window binds and invalidations carry this bit (RECVs are numbered by
 /// their buffer slot).
 pub(super) const WINDOW_WR: u64 = 1 << 63;
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// A receiver's queue pair, shared by its connection's task (RECVs, grants) and by `close`
 /// (invalidations).
@@ -114,15 +111,15 @@ impl<Q> Default for Grants<Q> {
 impl<Q: QueuePair> Grants<Q> {
     /// Records `room`'s windows, bound on `link`.
     pub fn insert(&self, room: Room, link: &SharedLink<Q>, rkeys: Vec<u32>) {
-        lock(&self.0).insert(room, Grant { link: Arc::downgrade(link), rkeys });
+        self.0.lock().insert(room, Grant { link: Arc::downgrade(link), rkeys });
     }
 
     /// Invalidates `room`'s windows, if it has any.
     pub fn revoke(&self, room: Room) {
-        let Some(g) = lock(&self.0).remove(&room) else { return };
+        let Some(g) = self.0.lock().remove(&room) else { return };
         // A queue pair already gone took its windows with it.
         let Some(link) = g.link.upgrade() else { return };
-        let mut l = lock(&link);
+        let mut l = link.lock();
         for rkey in g.rkeys {
             l.invalidate(rkey);
         }
@@ -132,7 +129,7 @@ impl<Q: QueuePair> Grants<Q> {
     pub fn forget(&self, link: &SharedLink<Q>) -> Vec<Room> {
         let me = Arc::downgrade(link);
         let mut gone = Vec::new();
-        lock(&self.0).retain(|&room, g| {
+        self.0.lock().retain(|&room, g| {
             let mine = Weak::ptr_eq(&g.link, &me);
             if mine {
                 gone.push(room);
@@ -144,6 +141,6 @@ impl<Q: QueuePair> Grants<Q> {
 
     /// Rooms with windows in force.
     pub fn rooms(&self) -> usize {
-        lock(&self.0).len()
+        self.0.lock().len()
     }
 }

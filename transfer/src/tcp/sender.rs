@@ -52,11 +52,11 @@ struct Rooms {
 /// carried at once (the receiver fails them too, so no acknowledgement will come), instead of
 /// leaving their `send_done` to wait out the transferring timeout.
 #[derive(Default, Clone)]
-struct Waiting(Arc<std::sync::Mutex<Rooms>>);
+struct Waiting(Arc<parking_lot::Mutex<Rooms>>);
 
 impl Waiting {
-    fn rooms(&self) -> std::sync::MutexGuard<'_, Rooms> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn rooms(&self) -> parking_lot::MutexGuard<'_, Rooms> {
+        self.0.lock()
     }
 
     /// Notes that `room`'s frames go out on `conns`; fails when one of them has ended.

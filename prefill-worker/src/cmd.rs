@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use ferry_cluster::{Refused, Room, RoomSecret};
+use crate::error::{PrefillError, TaskError};
+
+use ferry_cluster::{Room, RoomSecret};
 use ferry_engine::SamplingParams;
 use ferry_radix::events::KvEvent;
 use ferry_transfer::backend::TransferConfig;
@@ -28,7 +30,7 @@ pub struct PrefillDone {
 }
 
 /// Replies to a Prefill call.
-pub type PrefillReply = oneshot::Sender<Result<PrefillDone, Refused>>;
+pub type PrefillReply = oneshot::Sender<Result<PrefillDone, PrefillError>>;
 
 /// A request for the engine.
 pub struct NewRequest {
@@ -77,13 +79,13 @@ pub enum Cmd {
     /// A Prefill call.
     Request { room: Room, secret: RoomSecret, req: NewRequest },
     /// A Bootstrap.Handshake call.
-    Handshake { room: Room, secret: RoomSecret, hs: Handshake, reply: oneshot::Sender<Result<(), Refused>> },
+    Handshake { room: Room, secret: RoomSecret, hs: Handshake, reply: oneshot::Sender<Result<(), PrefillError>> },
     /// An Abort call; replies whether the room was known.
-    Abort { room: Room, secret: RoomSecret, reason: String, reply: oneshot::Sender<Result<bool, Refused>> },
+    Abort { room: Room, secret: RoomSecret, reason: String, reply: oneshot::Sender<Result<bool, PrefillError>> },
     /// A room task sent a chunk (the inflight timeout counts from the last one).
     Progress { room: Room },
     /// A room task finished: its transfer succeeded or failed.
-    Sent { room: Room, result: Result<(), String> },
+    Sent { room: Room, result: Result<(), TaskError> },
     /// A pull of held pages ended ([`crate::pull`]).
     Pulled(Box<crate::pull::Pulled>),
     /// A snapshot of the prefix cache for a KV event subscriber.

@@ -123,7 +123,7 @@ async fn a_call_leaves_in_one_write() {
     // No ping may fall within a counted call.
     let hour = Duration::from_secs(3600);
     let live = handshake(io, (hour, hour)).await.expect("handshake");
-    *c.inner.live.lock().expect("lock") = Some(live);
+    *c.inner.live.lock() = Some(live);
     // The preface and the settings' exchange.
     assert_eq!(check(&c, "").await.expect("first call"), Wire::Serving as i32);
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -160,9 +160,9 @@ async fn answers_streams_and_statuses_read_as_through_a_channel() {
     assert_eq!(watch.message().await.expect("first").expect("some").status, Wire::Serving as i32);
     reporter.set_service_status("", ServingStatus::NotServing).await;
     assert_eq!(watch.message().await.expect("second").expect("some").status, Wire::NotServing as i32);
-    assert_eq!(c.inner.live.lock().expect("lock").as_ref().expect("live").state.open.load(Ordering::SeqCst), 1);
+    assert_eq!(c.inner.live.lock().as_ref().expect("live").state.open.load(Ordering::SeqCst), 1);
     drop(watch);
-    let state = Arc::clone(&c.inner.live.lock().expect("lock").as_ref().expect("live").state);
+    let state = Arc::clone(&c.inner.live.lock().as_ref().expect("live").state);
     assert_eq!(state.open.load(Ordering::SeqCst), 0, "a dropped answer no longer counts as open");
 }
 

@@ -1,7 +1,9 @@
 //! What reaches the decode engine thread ([`Cmd`], [`Generate`]) and what it sends and
 //! reports ([`Emit`], [`Load`]).
 
-use ferry_cluster::{Refused, Room, RoomKey, RoomSecret};
+use ferry_cluster::{Room, RoomKey, RoomSecret};
+
+use crate::error::DecodeError;
 use ferry_engine::{FinishReason, Sampled, SamplingParams};
 use ferry_transfer::table::Outcome;
 use tokio::sync::{mpsc, oneshot};
@@ -24,7 +26,7 @@ pub struct Emit {
 }
 
 /// A client's stream of tokens (or the error that ended it).
-pub type Out = mpsc::UnboundedSender<Result<Emit, Refused>>;
+pub type Out = mpsc::UnboundedSender<Result<Emit, DecodeError>>;
 
 /// A Decode.Generate call.
 pub struct Generate {
@@ -46,7 +48,7 @@ pub struct Generate {
     /// Where tokens go.
     pub out: Out,
     /// Accepted or refused (before any token).
-    pub accepted: oneshot::Sender<Result<(), Refused>>,
+    pub accepted: oneshot::Sender<Result<(), DecodeError>>,
     /// The request's span (request id, room, trace id): lines about it are written in it.
     pub span: tracing::Span,
     /// Its trace context, the parent of the handshake call.
@@ -68,7 +70,7 @@ pub enum Cmd {
         /// Only this sequence of a request with `n` > 1, quietly (the others go on).
         sequence: Option<u32>,
         /// Whether it was known.
-        reply: oneshot::Sender<Result<bool, Refused>>,
+        reply: oneshot::Sender<Result<bool, DecodeError>>,
     },
     /// A request's token stream was dropped (the client went away, or the stream ended).
     Gone {
@@ -96,7 +98,7 @@ pub enum Cmd {
         /// Room.
         room: Room,
         /// Why.
-        why: Refused,
+        why: DecodeError,
     },
     /// A prefill node pulls a room's held pages (`Holder.Pull`): they are lent to the pull
     /// (their ids, host-mirrored when the pool has a mirror) under a new pull id.
@@ -110,7 +112,7 @@ pub enum Cmd {
         /// Pages wanted.
         n: usize,
         /// The pull id and the page ids, or why not.
-        reply: oneshot::Sender<Result<(u64, Vec<u32>), Refused>>,
+        reply: oneshot::Sender<Result<(u64, Vec<u32>), DecodeError>>,
     },
     /// A pull's pages were sent (or its send failed or was dropped): whether the room held
     /// them all along (not ended nor retracted since, so no page was reused while it was read).

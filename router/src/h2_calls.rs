@@ -12,17 +12,18 @@
 //!
 //! [`Calls`] is a tower service of `http::Request<tonic::body::Body>`: tonic's own
 //! [`tonic::client::Grpc`] encodes the message and reads the answer over it. It connects on
-//! first use (TCP, or the cluster's mutual TLS with the role check of [`crate::dial`]), dials
+//! first use (TCP, or the cluster's mutual TLS with the role check of [`ferry_cluster::dial`]), dials
 //! again once its connection is gone (a request the peer never saw is sent again there, once),
 //! and, like the channels, pings the peer while calls are open ([`KEEPALIVE_INTERVAL`], also
 //! while answers flow): a peer that stops answering fails the calls on it with UNAVAILABLE
 //! within [`KEEPALIVE_TIMEOUT`] more. Other failures get the statuses tonic's channels gave. A request body is gathered whole before it
 //! is sent: this is for unary and server-streaming calls, not client streaming.
 
+use parking_lot::Mutex;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -33,9 +34,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tonic::Status;
 
-use crate::dial::Target;
-use crate::mtls::{InternalTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use crate::roles::PeerRole;
+use ferry_cluster::dial::Target;
+use ferry_cluster::mtls::{InternalTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use ferry_cluster::roles::PeerRole;
 
 /// A stream's receive window, as hyper's client (tonic's channels keep hyper's defaults).
 const STREAM_WINDOW: u32 = 2 << 20;
@@ -101,8 +102,8 @@ impl Calls {
         connect_timeout: Duration,
         call_timeout: Duration,
     ) -> Result<Self, String> {
-        crate::mtls::check_scheme(addr, tls.is_some())?;
-        let host_port = crate::dial::host_port(addr);
+        ferry_cluster::mtls::check_scheme(addr, tls.is_some())?;
+        let host_port = ferry_cluster::dial::host_port(addr);
         let (scheme, dialer) = match tls {
             Some(tls) => ("https", Dialer::Tls(Target::new(addr, tls, expect)?)),
             None => ("http", Dialer::Plain(host_port.clone())),
@@ -197,18 +198,18 @@ impl Inner {
             .await
             .map_err(|_| Status::unavailable(format!("connecting to {}: timed out", self.origin)))?
             .map_err(|e| Status::unavailable(format!("connecting to {}: {e}", self.origin)))?;
-        *self.live.lock().unwrap_or_else(PoisonError::into_inner) = Some(live.clone());
+        *self.live.lock() = Some(live.clone());
         Ok(live)
     }
 
     fn cached(&self) -> Option<Live> {
-        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = self.live.lock();
         live.as_ref().filter(|l| !l.state.closed.load(Ordering::Acquire)).cloned()
     }
 
     /// Drops `live` unless another call already replaced it.
     fn forget(&self, live: &Live) {
-        let mut cur = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cur = self.live.lock();
         if cur.as_ref().is_some_and(|c| Arc::ptr_eq(&c.state, &live.state)) {
             *cur = None;
         }
