@@ -2,7 +2,7 @@
 //!
 //! States only move forward: `Bootstrapping → WaitingForInput → Transferring → Success`
 //! (steps may be skipped); `Failed` overrides any state that is not terminal. Every
-//! non-terminal state has a timeout — `Transferring` included — checked by [`Room::tick`]
+//! non-terminal state has a timeout — `Transferring` included — checked by [`Progress::tick`]
 //! with the caller's clock, so the machine does no I/O and reads no clock itself.
 
 use std::time::{Duration, Instant};
@@ -18,7 +18,7 @@ pub enum State {
     Transferring,
     /// Every page and the aux data arrived.
     Success,
-    /// Given up; see [`Room::reason`].
+    /// Given up; see [`Progress::reason`].
     Failed,
 }
 
@@ -99,16 +99,17 @@ pub struct BadTransition {
     pub to: State,
 }
 
-/// One room's state.
+/// How far one room's transfer has got, on either side: its state, since when, and why it
+/// failed. (The room's id is `ferry_core::Room`.)
 #[derive(Debug, Clone)]
-pub struct Room {
+pub struct Progress {
     state: State,
     since: Instant,
     reason: Option<FailReason>,
     timeouts: Timeouts,
 }
 
-impl Room {
+impl Progress {
     /// A room in `Bootstrapping` from `now`.
     pub fn new(now: Instant, timeouts: Timeouts) -> Self {
         Self { state: State::Bootstrapping, since: now, reason: None, timeouts }
@@ -181,7 +182,7 @@ mod tests {
     #[test]
     fn states_only_move_forward_and_failure_overrides() {
         let t0 = Instant::now();
-        let mut r = Room::new(t0, Timeouts::default());
+        let mut r = Progress::new(t0, Timeouts::default());
         assert!(r.advance(State::Transferring, t0).is_ok(), "steps may be skipped");
         assert!(r.advance(State::WaitingForInput, t0).is_err(), "never backwards");
         assert!(r.advance(State::Failed, t0).is_err(), "failure goes through fail()");
@@ -189,7 +190,7 @@ mod tests {
         assert_eq!(r.state(), State::Failed);
         assert!(!r.fail(FailReason::PeerGone("x".into())), "first reason wins");
         assert_eq!(r.reason().map(FailReason::label), Some("corrupt"));
-        let mut ok = Room::new(t0, Timeouts::default());
+        let mut ok = Progress::new(t0, Timeouts::default());
         assert!(ok.advance(State::Success, t0).is_ok());
         assert!(!ok.fail(FailReason::Aborted("late".into())), "success is final");
     }
@@ -201,7 +202,7 @@ mod tests {
         let timeouts = Timeouts { bootstrap: s, waiting: 2 * s, transferring: 3 * s };
         for (state, limit) in [(State::Bootstrapping, s), (State::WaitingForInput, 2 * s), (State::Transferring, 3 * s)]
         {
-            let mut r = Room::new(t0, timeouts);
+            let mut r = Progress::new(t0, timeouts);
             if state != State::Bootstrapping {
                 r.advance(state, t0).expect("forward");
             }
@@ -209,12 +210,12 @@ mod tests {
             assert_eq!(r.tick(t0 + limit), Some(FailReason::Timeout(state)));
             assert_eq!(r.state(), State::Failed);
         }
-        let mut r = Room::new(t0, timeouts);
+        let mut r = Progress::new(t0, timeouts);
         r.advance(State::Transferring, t0).expect("forward");
         r.progress(t0 + 2 * s);
         assert_eq!(r.tick(t0 + 4 * s), None, "progress restarted the clock");
         assert!(r.tick(t0 + 5 * s).is_some());
-        let mut done = Room::new(t0, timeouts);
+        let mut done = Progress::new(t0, timeouts);
         done.advance(State::Success, t0).expect("forward");
         assert_eq!(done.tick(t0 + 100 * s), None);
     }

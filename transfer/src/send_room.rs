@@ -3,7 +3,7 @@
 //! chunk (transferring) and closed by the last chunk's aux data (success) — or failed, by a
 //! send error, an abort or a timeout. State only moves forward ([`crate::room`]).
 
-use ferry_core::{Room as RoomId, RoomSecret};
+use ferry_core::{Room, RoomSecret};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,16 +11,16 @@ use crate::backend::Sender;
 use crate::frame::Aux;
 use crate::memory::HostPages;
 use crate::metrics::{self, Side};
-use crate::room::{FailReason, Room, State, Timeouts};
+use crate::room::{FailReason, Progress, State, Timeouts};
 use crate::runs::coalesce;
 use crate::table::Outcome;
 
 /// One room on the prefill node.
 #[derive(Debug)]
 pub struct SendRoom {
-    id: RoomId,
+    id: Room,
     secret: RoomSecret,
-    room: Room,
+    room: Progress,
     sender: Option<Arc<Sender>>,
     dest: Vec<u32>,
     /// Leading slots the receiver already holds (delta transfer): `dest[i]` is slot
@@ -33,11 +33,11 @@ pub struct SendRoom {
 
 impl SendRoom {
     /// A room known from the request, waiting for the decode node's handshake.
-    pub fn new(id: RoomId, secret: RoomSecret, timeouts: Timeouts, now: Instant) -> Self {
+    pub fn new(id: Room, secret: RoomSecret, timeouts: Timeouts, now: Instant) -> Self {
         Self {
             id,
             secret,
-            room: Room::new(now, timeouts),
+            room: Progress::new(now, timeouts),
             sender: None,
             dest: Vec::new(),
             held: 0,
@@ -47,7 +47,7 @@ impl SendRoom {
     }
 
     /// The room id.
-    pub fn id(&self) -> RoomId {
+    pub fn id(&self) -> Room {
         self.id
     }
 

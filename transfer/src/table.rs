@@ -7,12 +7,12 @@
 //! payload is read and *committed* after its checksum passed, so two writers never touch
 //! one page and a corrupt payload never reaches a page.
 
-use ferry_core::{PageId, Room as RoomId, RoomSecret};
+use ferry_core::{PageId, Room, RoomSecret};
 use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::frame::{Aux, Header};
-use crate::room::{FailReason, Room, State, Timeouts};
+use crate::room::{FailReason, Progress, State, Timeouts};
 
 /// Why a frame or a room was refused (a metrics label each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,7 +65,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     /// The room.
-    pub room: RoomId,
+    pub room: Room,
     /// Which opening of the room id the claim belongs to: a claim settles only its own
     /// incarnation, never a later room opened with the same id.
     pub incarnation: u64,
@@ -97,7 +97,7 @@ struct RecvRoom {
     pages: HashMap<u32, PageState>,
     received: usize,
     aux: Option<Aux>,
-    room: Room,
+    room: Progress,
     /// A peer already used this room's key for an RDMA connection exchange.
     admitted_peer: bool,
     /// An RDMA sender was granted windows over this room's pages.
@@ -109,18 +109,18 @@ struct RecvRoom {
 
 /// Open rooms of one receiver.
 pub struct RoomTable {
-    rooms: HashMap<RoomId, RecvRoom>,
+    rooms: HashMap<Room, RecvRoom>,
     /// Closed rooms with runs still being written: their pages stay owned until the last
     /// claim settles, so no new room is handed a page a writer may still touch.
-    closing: HashMap<RoomId, Closing>,
+    closing: HashMap<Room, Closing>,
     /// Destination page → the open room holding it.
-    owners: HashMap<PageId, RoomId>,
+    owners: HashMap<PageId, Room>,
     refusals: HashMap<Refusal, u64>,
     timeouts: Timeouts,
-    ended: Vec<(RoomId, Outcome)>,
+    ended: Vec<(Room, Outcome)>,
     /// Closed rooms whose last run being written settled since the last
     /// [`drain_released`](Self::drain_released): their pages are free.
-    released: Vec<RoomId>,
+    released: Vec<Room>,
     /// The next room's incarnation (every `open` takes one).
     next_incarnation: u64,
 }
@@ -170,7 +170,7 @@ impl RoomTable {
     /// Opens a room that may fill `dest` (its preallocated pages), waiting for input. A room
     /// id is refused while an earlier room of that id is open, or closed with a run still
     /// being written ([`Refusal::RoomClosing`]).
-    pub fn open(&mut self, room: RoomId, secret: RoomSecret, dest: &[u32], now: Instant) -> Result<(), Refusal> {
+    pub fn open(&mut self, room: Room, secret: RoomSecret, dest: &[u32], now: Instant) -> Result<(), Refusal> {
         if self.rooms.contains_key(&room) {
             return self.refuse(Refusal::DuplicateRoom);
         }
@@ -186,7 +186,7 @@ impl RoomTable {
         for &p in dest {
             self.owners.insert(PageId(p), room);
         }
-        let mut r = Room::new(now, self.timeouts);
+        let mut r = Progress::new(now, self.timeouts);
         // The receiver opens a room once the handshake is sent: it waits for input.
         let _ = r.advance(State::WaitingForInput, now);
         let incarnation = self.next_incarnation;
@@ -212,7 +212,7 @@ impl RoomTable {
     /// waiting for its first frame, that no peer used before: what the RDMA connection
     /// exchange asks before it hands out anything, so one key opens one exchange and a key
     /// already seen on the wire opens none. Refusals are counted like a frame's.
-    pub fn admit_peer(&mut self, room: RoomId, secret: &RoomSecret) -> Result<(), Refusal> {
+    pub fn admit_peer(&mut self, room: Room, secret: &RoomSecret) -> Result<(), Refusal> {
         let Some(r) = self.rooms.get(&room) else { return self.refuse(Refusal::UnknownRoom) };
         if r.secret != *secret {
             return self.refuse(Refusal::WrongSecret);
@@ -229,7 +229,7 @@ impl RoomTable {
 
     /// An RDMA sender asks to write `room`'s pages, showing its key: once per room, before
     /// its first frame. Returns the room's destination pages, sorted (the windows to bind).
-    pub fn grant(&mut self, room: RoomId, secret: &RoomSecret) -> Result<Vec<u32>, Refusal> {
+    pub fn grant(&mut self, room: Room, secret: &RoomSecret) -> Result<Vec<u32>, Refusal> {
         let Some(r) = self.rooms.get_mut(&room) else { return self.refuse(Refusal::UnknownRoom) };
         if r.secret != *secret {
             return self.refuse(Refusal::WrongSecret);
@@ -314,7 +314,7 @@ impl RoomTable {
 
     /// Releases a closing room's pages once no run is being written and no sender holds
     /// windows over them.
-    fn release_if_settled(&mut self, room: RoomId) {
+    fn release_if_settled(&mut self, room: Room) {
         if self.closing.get(&room).is_some_and(|z| z.claimed == 0 && !z.leased)
             && let Some(z) = self.closing.remove(&room)
         {
@@ -328,7 +328,7 @@ impl RoomTable {
     /// The RDMA sender granted `room` can write its pages no more (it ended the room, its
     /// queue pair is gone, or its windows were revoked): a closed room's pages are released
     /// (when no run is being written either).
-    pub fn end_lease(&mut self, room: RoomId) {
+    pub fn end_lease(&mut self, room: Room) {
         if let Some(r) = self.rooms.get_mut(&room) {
             r.lease_ended = true;
         } else if let Some(z) = self.closing.get_mut(&room) {
@@ -338,19 +338,19 @@ impl RoomTable {
     }
 
     /// Whether `room` is closed but an RDMA sender may still write its pages.
-    pub fn leased_closing(&self, room: RoomId) -> bool {
+    pub fn leased_closing(&self, room: Room) -> bool {
         self.closing.get(&room).is_some_and(|z| z.leased)
     }
 
     /// Whether a closed room still has runs being written, or an RDMA sender's windows over
     /// its pages (its pages are not free yet).
-    pub fn writing(&self, room: RoomId) -> bool {
+    pub fn writing(&self, room: Room) -> bool {
         self.closing.contains_key(&room)
     }
 
     /// Records the room's `Done` frame (already checked by [`claim`](Self::claim)'s rules:
     /// call [`check_control`](Self::check_control) first).
-    pub fn done(&mut self, room: RoomId, aux: Aux, now: Instant) {
+    pub fn done(&mut self, room: Room, aux: Aux, now: Instant) {
         let Some(r) = self.rooms.get_mut(&room) else { return };
         if aux.room_echo != room.get() || aux.total_pages as usize != r.pages.len() {
             let why =
@@ -374,7 +374,7 @@ impl RoomTable {
         Ok(())
     }
 
-    fn try_complete(&mut self, room: RoomId, now: Instant) {
+    fn try_complete(&mut self, room: Room, now: Instant) {
         let Some(r) = self.rooms.get_mut(&room) else { return };
         if let (Some(aux), true) = (r.aux, r.received == r.pages.len())
             && r.room.advance(State::Success, now).is_ok()
@@ -384,7 +384,7 @@ impl RoomTable {
     }
 
     /// Fails a room (its claimed pages stay unusable until it is closed).
-    pub fn fail(&mut self, room: RoomId, reason: FailReason) {
+    pub fn fail(&mut self, room: Room, reason: FailReason) {
         if let Some(r) = self.rooms.get_mut(&room)
             && r.room.fail(reason.clone())
         {
@@ -406,18 +406,18 @@ impl RoomTable {
     /// Rooms that ended since the last call. The caller acts on them, then [`close`]s them.
     ///
     /// [`close`]: Self::close
-    pub fn drain_ended(&mut self) -> Vec<(RoomId, Outcome)> {
+    pub fn drain_ended(&mut self) -> Vec<(Room, Outcome)> {
         std::mem::take(&mut self.ended)
     }
 
     /// Closed rooms whose pages stopped being written since the last call (each was
     /// [`writing`](Self::writing) when it closed).
-    pub fn drain_released(&mut self) -> Vec<RoomId> {
+    pub fn drain_released(&mut self) -> Vec<Room> {
         std::mem::take(&mut self.released)
     }
 
     /// The state of an open room.
-    pub fn state(&self, room: RoomId) -> Option<State> {
+    pub fn state(&self, room: Room) -> Option<State> {
         self.rooms.get(&room).map(|r| r.room.state())
     }
 
@@ -426,7 +426,7 @@ impl RoomTable {
     /// them, once the last of those settles and the sender's lease ends (see
     /// [`writing`](Self::writing), [`end_lease`](Self::end_lease)). Returns its state, or None
     /// when it was not open.
-    pub fn close(&mut self, room: RoomId) -> Option<State> {
+    pub fn close(&mut self, room: Room) -> Option<State> {
         let r = self.rooms.remove(&room)?;
         let claimed = r.pages.values().filter(|&&s| s == PageState::Claimed).count();
         let leased = r.granted && !r.lease_ended;

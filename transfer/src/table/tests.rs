@@ -8,7 +8,7 @@ fn drained(t: &mut RoomTable) -> Vec<(u64, Outcome)> {
     t.drain_ended().into_iter().map(|(r, o)| (r.get(), o)).collect()
 }
 
-fn pages_header(room: RoomId, secret: RoomSecret, first: u32, n: u32) -> Header {
+fn pages_header(room: Room, secret: RoomSecret, first: u32, n: u32) -> Header {
     Header { kind: Kind::Pages, room, secret, dst_page: first, n_pages: n, payload_len: 0, payload_crc: 0 }
 }
 
@@ -18,7 +18,7 @@ fn pages_header(room: RoomId, secret: RoomSecret, first: u32, n: u32) -> Header 
 fn a_granted_room_keeps_its_pages_until_its_lease_ends() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    let (a, b) = (RoomId::from(1u32), RoomId::from(2u32));
+    let (a, b) = (Room::from(1u32), Room::from(2u32));
     t.open(a, RoomSecret::from([1; 16]), &[12, 10, 11], now).expect("open");
     assert_eq!(t.grant(a, &RoomSecret::from([9; 16])), Err(Refusal::WrongSecret));
     assert_eq!(t.grant(a, &RoomSecret::from([1; 16])), Ok(vec![10, 11, 12]), "sorted");
@@ -40,52 +40,52 @@ fn a_granted_room_keeps_its_pages_until_its_lease_ends() {
 fn frames_are_checked_against_the_room() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[10, 11, 12, 20], now).expect("open");
-    assert_eq!(t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[30], now), Err(Refusal::DuplicateRoom));
-    assert_eq!(t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[12], now), Err(Refusal::PagesInUse));
+    t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[10, 11, 12, 20], now).expect("open");
+    assert_eq!(t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[30], now), Err(Refusal::DuplicateRoom));
+    assert_eq!(t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[12], now), Err(Refusal::PagesInUse));
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(9u32), RoomSecret::from([1; 16]), 10, 1), now),
+        t.claim(&pages_header(Room::from(9u32), RoomSecret::from([1; 16]), 10, 1), now),
         Err(Refusal::UnknownRoom)
     );
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([0; 16]), 10, 1), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([0; 16]), 10, 1), now),
         Err(Refusal::WrongSecret)
     );
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 12, 2), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 12, 2), now),
         Err(Refusal::OutsideRoom),
         "page 13 is not the room's"
     );
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), u32::MAX, 2), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), u32::MAX, 2), now),
         Err(Refusal::OutsideRoom)
     );
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), u32::MAX - 1, 2), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), u32::MAX - 1, 2), now),
         Err(Refusal::OutsideRoom),
         "ends at 2^32"
     );
-    let c = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 10, 3), now).expect("claim");
+    let c = t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 10, 3), now).expect("claim");
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 11, 1), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 11, 1), now),
         Err(Refusal::Duplicate),
         "claimed pages"
     );
     t.commit(c, now);
     assert_eq!(
-        t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 10, 1), now),
+        t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 10, 1), now),
         Err(Refusal::Duplicate),
         "received pages"
     );
     // Done before the last page: completes when it arrives.
-    t.done(RoomId::from(1u32), Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
+    t.done(Room::from(1u32), Aux { first_token: 5, logprob: -0.1, room_echo: 1, total_pages: 4 }, now);
     assert!(drained(&mut t).is_empty());
-    let c = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 20, 1), now).expect("claim");
+    let c = t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 20, 1), now).expect("claim");
     t.commit(c, now);
     let ended = drained(&mut t);
     assert!(matches!(ended.as_slice(), [(1, Outcome::Success(a))] if a.first_token == 5));
-    assert_eq!(t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 20, 1), now), Err(Refusal::Closed));
-    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Success));
+    assert_eq!(t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 20, 1), now), Err(Refusal::Closed));
+    assert_eq!(t.close(Room::from(1u32)), Some(State::Success));
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
     assert_eq!(t.refusals(Refusal::Duplicate), 2);
 }
@@ -94,16 +94,16 @@ fn frames_are_checked_against_the_room() {
 fn wrong_aux_timeouts_and_aborts_fail_the_room() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[1], now).expect("open");
-    t.done(RoomId::from(1u32), Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
+    t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[1], now).expect("open");
+    t.done(Room::from(1u32), Aux { first_token: 0, logprob: 0.0, room_echo: 1, total_pages: 7 }, now);
     assert!(matches!(drained(&mut t).as_slice(), [(1, Outcome::Failed(FailReason::Corrupt(_)))]));
-    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[2], now).expect("open");
+    t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[2], now).expect("open");
     t.tick(now + Timeouts::default().waiting);
     assert!(matches!(drained(&mut t).as_slice(), [(2, Outcome::Failed(FailReason::Timeout(State::WaitingForInput)))]));
-    t.open(RoomId::from(3u32), RoomSecret::from([3; 16]), &[3], now).expect("open");
-    t.fail(RoomId::from(3u32), FailReason::Aborted("client".into()));
+    t.open(Room::from(3u32), RoomSecret::from([3; 16]), &[3], now).expect("open");
+    t.fail(Room::from(3u32), FailReason::Aborted("client".into()));
     assert_eq!(drained(&mut t).len(), 1);
-    for r in (1..=3u32).map(RoomId::from) {
+    for r in (1..=3u32).map(Room::from) {
         t.close(r);
     }
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
@@ -117,27 +117,27 @@ fn wrong_aux_timeouts_and_aborts_fail_the_room() {
 fn a_reopened_room_id_cannot_settle_a_stalled_write_of_its_earlier_incarnation() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[5, 6], now).expect("open");
-    let stalled = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 5, 1), now).expect("claim");
-    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Transferring));
-    match t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[7], now) {
+    t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[5, 6], now).expect("open");
+    let stalled = t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 5, 1), now).expect("claim");
+    assert_eq!(t.close(Room::from(1u32)), Some(State::Transferring));
+    match t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[7], now) {
         Err(r) => assert_eq!(r, Refusal::RoomClosing),
         Ok(()) => {
             let c = t
-                .claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 7, 1), now)
+                .claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 7, 1), now)
                 .expect("claim the new room's page");
             t.commit(c, now);
         }
     }
     assert_eq!(
-        t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now),
+        t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now),
         Err(Refusal::PagesInUse),
         "pages 5 and 6 handed out while a write into page 5 may still land"
     );
     t.commit(stalled, now);
-    assert!(!t.writing(RoomId::from(1u32)));
-    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now).expect("free once the stalled write ended");
-    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[7], now).expect("the id is free again too");
+    assert!(!t.writing(Room::from(1u32)));
+    t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[5, 6], now).expect("free once the stalled write ended");
+    t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[7], now).expect("the id is free again too");
     assert_eq!(t.refusals(Refusal::RoomClosing), 1);
 }
 
@@ -145,26 +145,26 @@ fn a_reopened_room_id_cannot_settle_a_stalled_write_of_its_earlier_incarnation()
 fn a_room_closed_mid_write_keeps_its_pages_until_the_write_settles() {
     let now = Instant::now();
     let mut t = RoomTable::new(Timeouts::default());
-    t.open(RoomId::from(1u32), RoomSecret::from([1; 16]), &[5, 6, 7], now).expect("open");
-    let writing = t.claim(&pages_header(RoomId::from(1u32), RoomSecret::from([1; 16]), 5, 2), now).expect("claim");
-    assert_eq!(t.close(RoomId::from(1u32)), Some(State::Transferring));
-    assert!(t.writing(RoomId::from(1u32)), "a run is still being written into pages 5 and 6");
+    t.open(Room::from(1u32), RoomSecret::from([1; 16]), &[5, 6, 7], now).expect("open");
+    let writing = t.claim(&pages_header(Room::from(1u32), RoomSecret::from([1; 16]), 5, 2), now).expect("claim");
+    assert_eq!(t.close(Room::from(1u32)), Some(State::Transferring));
+    assert!(t.writing(Room::from(1u32)), "a run is still being written into pages 5 and 6");
     assert_eq!(
-        t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[6], now),
+        t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[6], now),
         Err(Refusal::PagesInUse),
         "not reusable yet"
     );
     assert!(t.drain_released().is_empty());
     t.unclaim(writing);
-    assert!(!t.writing(RoomId::from(1u32)));
-    assert_eq!(t.drain_released(), vec![RoomId::from(1u32)], "the owner is told the pages are free");
-    t.open(RoomId::from(2u32), RoomSecret::from([2; 16]), &[5, 6, 7], now).expect("free again once the write ended");
+    assert!(!t.writing(Room::from(1u32)));
+    assert_eq!(t.drain_released(), vec![Room::from(1u32)], "the owner is told the pages are free");
+    t.open(Room::from(2u32), RoomSecret::from([2; 16]), &[5, 6, 7], now).expect("free again once the write ended");
     // A failed checksum ends the claim too: the room fails, its pages are expected again.
-    let c = t.claim(&pages_header(RoomId::from(2u32), RoomSecret::from([2; 16]), 7, 1), now).expect("claim");
+    let c = t.claim(&pages_header(Room::from(2u32), RoomSecret::from([2; 16]), 7, 1), now).expect("claim");
     t.unclaim(c);
-    t.fail(RoomId::from(2u32), FailReason::Corrupt("crc".into()));
-    t.close(RoomId::from(2u32));
-    assert!(!t.writing(RoomId::from(2u32)));
+    t.fail(Room::from(2u32), FailReason::Corrupt("crc".into()));
+    t.close(Room::from(2u32));
+    assert!(!t.writing(Room::from(2u32)));
     assert_eq!((t.open_rooms(), t.held_pages()), (0, 0));
 }
 
@@ -185,12 +185,12 @@ mod random {
 
     #[derive(Debug, Clone)]
     enum Op {
-        Open { room: RoomId, first: u32, n: u32 },
-        Claim { room: RoomId, first: u32, n: u32, wrong_secret: bool, anywhere: bool },
+        Open { room: Room, first: u32, n: u32 },
+        Claim { room: Room, first: u32, n: u32, wrong_secret: bool, anywhere: bool },
         Settle { which: usize, ok: bool },
-        Done { room: RoomId, total: u32 },
-        Fail { room: RoomId },
-        Close { room: RoomId },
+        Done { room: Room, total: u32 },
+        Fail { room: Room },
+        Close { room: Room },
         Tick { secs: u64 },
     }
 
@@ -214,7 +214,7 @@ mod random {
         ]
     }
 
-    fn secret(room: RoomId) -> RoomSecret {
+    fn secret(room: Room) -> RoomSecret {
         RoomSecret::from([room.get() as u8 + 1; 16])
     }
 
@@ -256,7 +256,7 @@ mod random {
                 transferring: Duration::from_secs(30),
             });
             let mut writing: Vec<Claim> = Vec::new();
-            let (mut opened, mut ended) = (0usize, HashMap::<RoomId, usize>::new());
+            let (mut opened, mut ended) = (0usize, HashMap::<Room, usize>::new());
             let mut count = |t: &mut RoomTable| {
                 for (room, _) in t.drain_ended() {
                     *ended.entry(room).or_default() += 1;
@@ -316,7 +316,7 @@ mod random {
             for c in std::mem::take(&mut writing) {
                 t.unclaim(c);
             }
-            for room in (0..3u32).map(RoomId::from) {
+            for room in (0..3u32).map(Room::from) {
                 t.fail(room, FailReason::Aborted("end".into()));
                 t.close(room);
             }
