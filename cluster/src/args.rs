@@ -19,15 +19,22 @@ pub struct Announce {
     pub ttl: i64,
 }
 
+/// A flag whose value a daemon cannot start with; the message names the flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FlagError(pub String);
+
 /// The longest timeout a flag may set, in seconds (a year: longer ones overflow timers).
 pub const MAX_TIMEOUT_SECS: f64 = 365.0 * 86_400.0;
 
 /// A timeout flag's value as a duration: a number of seconds above 0 and at most
 /// [`MAX_TIMEOUT_SECS`] (below a millisecond counts as one); an error names `--flag` for
 /// anything else (0, negative, `inf`, `nan`: `Duration::from_secs_f64` panics on some).
-pub fn seconds(flag: &str, v: f64) -> Result<Duration, String> {
+pub fn seconds(flag: &str, v: f64) -> Result<Duration, FlagError> {
     if !(v > 0.0 && v <= MAX_TIMEOUT_SECS) {
-        return Err(format!("--{flag} {v}: give a number of seconds above 0 and at most {MAX_TIMEOUT_SECS}"));
+        return Err(FlagError(format!(
+            "--{flag} {v}: give a number of seconds above 0 and at most {MAX_TIMEOUT_SECS}"
+        )));
     }
     Ok(Duration::from_secs_f64(v.max(0.001)))
 }
@@ -76,7 +83,7 @@ pub struct EtcdArgs {
 impl EtcdArgs {
     /// The etcd configuration, when endpoints are given: TLS and user files read, endpoint
     /// schemes checked against the TLS mode.
-    pub fn config(&self) -> Result<Option<EtcdConfig>, String> {
+    pub fn config(&self) -> Result<Option<EtcdConfig>, FlagError> {
         if self.endpoints.is_empty() {
             return Ok(None);
         }
@@ -85,11 +92,11 @@ impl EtcdArgs {
             self.etcd_cert.as_deref().zip(self.etcd_key.as_deref()),
             self.etcd_user.as_deref().zip(self.etcd_password_file.as_deref()),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| FlagError(e.to_string()))?;
         EtcdConfig::new(self.endpoints.clone(), self.cluster.clone())
             .and_then(|c| c.with_access(access))
             .map(Some)
-            .map_err(|e| e.to_string())
+            .map_err(|e| FlagError(e.to_string()))
     }
 }
 
@@ -102,7 +109,7 @@ mod tests {
         assert_eq!(seconds("x-timeout", 1.5), Ok(Duration::from_millis(1500)));
         assert_eq!(seconds("x-timeout", 1e-9), Ok(Duration::from_millis(1)), "below a millisecond counts as one");
         for bad in [0.0, -1.0, f64::INFINITY, f64::NAN, MAX_TIMEOUT_SECS * 2.0] {
-            let e = seconds("x-timeout", bad).expect_err("refused");
+            let e = seconds("x-timeout", bad).expect_err("refused").to_string();
             assert!(e.starts_with("--x-timeout "), "{e}");
         }
     }

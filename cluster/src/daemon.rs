@@ -37,6 +37,12 @@ pub enum StartError {
     },
 }
 
+impl From<crate::args::FlagError> for StartError {
+    fn from(e: crate::args::FlagError) -> Self {
+        Self::Config(e.0)
+    }
+}
+
 impl StartError {
     /// A configuration error from anything printable.
     pub fn config(e: impl std::fmt::Display) -> Self {

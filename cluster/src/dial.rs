@@ -21,7 +21,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::mtls::InternalTls;
+use crate::mtls::{BadAddress, InternalTls};
 use crate::roles::{PeerRole, role_of};
 
 /// A channel to the daemon of role `expect` at `addr` (`host:port` or a URI), connecting on
@@ -33,7 +33,7 @@ pub fn channel(
     tls: Option<&InternalTls>,
     expect: PeerRole,
     configure: impl FnOnce(Endpoint) -> Endpoint,
-) -> Result<Channel, String> {
+) -> Result<Channel, BadAddress> {
     let Some(tls) = tls else {
         crate::mtls::check_scheme(addr, false)?;
         return Ok(configure(crate::mtls::endpoint(addr)?).connect_lazy());
@@ -68,11 +68,12 @@ pub struct Target {
 
 impl Target {
     /// `addr` (`host:port` or an `https://` URI) under `tls`, its certificate to name `expect`.
-    pub fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, String> {
+    pub fn new(addr: &str, tls: &InternalTls, expect: PeerRole) -> Result<Self, BadAddress> {
         let host_port = host_port(addr);
         let host = host_port.rsplit_once(':').map_or(host_port.as_str(), |(h, _)| h);
         let name = tls.server_name().unwrap_or_else(|| host.trim_start_matches('[').trim_end_matches(']'));
-        let name = ServerName::try_from(name.to_string()).map_err(|e| format!("{addr}: server name {name:?}: {e}"))?;
+        let name = ServerName::try_from(name.to_string())
+            .map_err(|e| BadAddress(format!("{addr}: server name {name:?}: {e}")))?;
         Ok(Self { host_port, name, connector: TlsConnector::from(tls.client_config()), expect })
     }
 
@@ -84,7 +85,7 @@ impl Target {
         tcp.set_nodelay(true)?;
         let stream = self.connector.connect(self.name.clone(), tcp).await?;
         let leaf = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
-        let role = leaf.map(role_of).unwrap_or_else(|| Err("no certificate".into()));
+        let role = leaf.map(role_of).unwrap_or_else(|| Err(crate::roles::RoleError::no_certificate()));
         if role != Ok(expect) {
             let why = match role {
                 Ok(r) => format!("a certificate for the {r}"),
@@ -123,7 +124,7 @@ impl Channels {
     }
 
     /// The channel to `addr`, made on first use ([`channel`]'s error for a bad address).
-    pub fn get(&self, addr: &str) -> Result<Channel, String> {
+    pub fn get(&self, addr: &str) -> Result<Channel, BadAddress> {
         let mut c = self.by_addr();
         if let Some(ch) = c.get(addr) {
             return Ok(ch.clone());

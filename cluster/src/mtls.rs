@@ -258,26 +258,34 @@ pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
 /// See [`KEEPALIVE_INTERVAL`].
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// An address another daemon cannot be dialled at (its scheme, its form, its server name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct BadAddress(pub String);
+
 /// Refuses an address whose scheme contradicts the cluster's internal TLS mode: with mutual
 /// TLS on, `http://` would have made the connection plaintext (tonic applies TLS to `https`
 /// only), so one discovery entry could downgrade it; with it off, `https://` cannot work.
 /// Addresses without a scheme take the cluster's.
-pub fn check_scheme(addr: &str, tls: bool) -> Result<(), String> {
+pub fn check_scheme(addr: &str, tls: bool) -> Result<(), BadAddress> {
     let Some((scheme, _)) = addr.split_once("://") else { return Ok(()) };
     match (scheme.to_ascii_lowercase().as_str(), tls) {
         ("https", true) | ("http", false) => Ok(()),
-        ("http", true) => Err(format!("{addr}: plaintext http:// refused: internal mutual TLS is on")),
-        (s, on) => Err(format!("{addr}: scheme {s:?} does not match internal TLS ({})", if on { "on" } else { "off" })),
+        ("http", true) => Err(BadAddress(format!("{addr}: plaintext http:// refused: internal mutual TLS is on"))),
+        (s, on) => Err(BadAddress(format!(
+            "{addr}: scheme {s:?} does not match internal TLS ({})",
+            if on { "on" } else { "off" }
+        ))),
     }
 }
 
 /// A plaintext endpoint for another daemon's gRPC at `addr` (`host:port` or `http://`), pinged
 /// while calls are open ([`KEEPALIVE_INTERVAL`]). Under mutual TLS, [`crate::dial::channel`]
 /// connects through it with its own TLS connector.
-pub(crate) fn endpoint(addr: &str) -> Result<Endpoint, String> {
+pub(crate) fn endpoint(addr: &str) -> Result<Endpoint, BadAddress> {
     let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
     Ok(Endpoint::from_shared(uri)
-        .map_err(|e| format!("{addr}: {e}"))?
+        .map_err(|e| BadAddress(format!("{addr}: {e}")))?
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(false))
@@ -325,7 +333,7 @@ mod tests {
     fn an_address_cannot_downgrade_internal_tls() {
         assert!(check_scheme("10.0.0.1:7000", true).is_ok());
         assert!(check_scheme("https://w:7000", true).is_ok());
-        assert!(check_scheme("HTTP://w:7000", true).expect_err("downgrade").contains("plaintext"));
+        assert!(check_scheme("HTTP://w:7000", true).expect_err("downgrade").to_string().contains("plaintext"));
         assert!(check_scheme("http://w:7000", false).is_ok());
         assert!(check_scheme("https://w:7000", false).is_err());
         assert!(check_scheme("ftp://w:7000", true).is_err());

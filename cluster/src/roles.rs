@@ -65,25 +65,40 @@ impl std::fmt::Display for PeerRole {
     }
 }
 
-/// The role `cert` (DER) names, or what it names instead (for the refusal's message).
-pub fn role_of(cert: &CertificateDer<'_>) -> Result<PeerRole, String> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| format!("unreadable: {e}"))?;
+/// A certificate that names no role, or another role than the one expected: what it is
+/// instead (for the refusal's message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct RoleError(String);
+
+impl RoleError {
+    /// A peer that presented no certificate.
+    pub fn no_certificate() -> Self {
+        Self("no certificate".into())
+    }
+}
+
+/// The role `cert` (DER) names, or what it names instead.
+pub fn role_of(cert: &CertificateDer<'_>) -> Result<PeerRole, RoleError> {
+    let bad = |why: String| RoleError(why);
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| bad(format!("unreadable: {e}")))?;
     let mut names = parsed.subject().iter_common_name();
     let cn = match (names.next(), names.next()) {
-        (Some(cn), None) => cn.as_str().map_err(|e| format!("common name unreadable: {e}"))?,
-        (None, _) => return Err("no common name".into()),
-        (Some(_), Some(_)) => return Err("more than one common name".into()),
+        (Some(cn), None) => cn.as_str().map_err(|e| bad(format!("common name unreadable: {e}")))?,
+        (None, _) => return Err(bad("no common name".into())),
+        (Some(_), Some(_)) => return Err(bad("more than one common name".into())),
     };
-    PeerRole::from_common_name(cn).ok_or_else(|| format!("common name {cn:?} names no Ferry role"))
+    PeerRole::from_common_name(cn).ok_or_else(|| bad(format!("common name {cn:?} names no Ferry role")))
 }
 
 /// Whether `chain` (leaf first) belongs to a daemon of `role`; `Err` says what it is instead.
-pub fn expect_role(chain: &[CertificateDer<'_>], role: PeerRole) -> Result<(), String> {
+pub fn expect_role(chain: &[CertificateDer<'_>], role: PeerRole) -> Result<(), RoleError> {
     match chain.first().map(role_of) {
         Some(Ok(r)) if r == role => Ok(()),
-        Some(Ok(r)) => Err(format!("its certificate is for the {r}, not the {role}")),
-        Some(Err(why)) => Err(format!("its certificate has {why}")),
-        None => Err("it presented no certificate".into()),
+        Some(Ok(r)) => Err(RoleError(format!("its certificate is for the {r}, not the {role}"))),
+        Some(Err(why)) => Err(RoleError(format!("its certificate has {why}"))),
+        None => Err(RoleError("it presented no certificate".into())),
     }
 }
 
@@ -156,7 +171,7 @@ mod tests {
         }
         let plain = pki.issue("member", None, &["localhost"]).expect("leaf");
         let e = role_of(&der(&plain.cert_pem)).expect_err("no role");
-        assert!(e.contains("\"member\""), "{e}");
+        assert!(e.to_string().contains("\"member\""), "{e}");
     }
 
     #[test]

@@ -157,12 +157,24 @@ impl fmt::Display for WorkerId {
     }
 }
 
+/// A string that is not a worker id (see [`WorkerId::new`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadWorkerId(String);
+
+impl fmt::Display for BadWorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "worker id {:?}: 1 to 128 bytes, without '/', '=' or spaces", self.0)
+    }
+}
+
+impl std::error::Error for BadWorkerId {}
+
 impl std::str::FromStr for WorkerId {
-    type Err = String;
+    type Err = BadWorkerId;
 
     /// For flags (`--worker-id`) and discovery entries.
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::new(s).ok_or_else(|| format!("worker id {s:?}: 1 to 128 bytes, without '/', '=' or spaces"))
+    fn from_str(s: &str) -> Result<Self, BadWorkerId> {
+        Self::new(s).ok_or_else(|| BadWorkerId(s.to_string()))
     }
 }
 

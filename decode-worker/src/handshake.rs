@@ -86,7 +86,8 @@ impl Handshakes {
 
     async fn call(&self, job: HandshakeJob) -> Result<(), DecodeError> {
         // Under mutual TLS the bootstrap address must present a prefill worker's certificate.
-        let ch = self.channels.get(&job.bootstrap).map_err(|e| DecodeError::invalid("bad_bootstrap_addr", e))?;
+        let ch =
+            self.channels.get(&job.bootstrap).map_err(|e| DecodeError::invalid("bad_bootstrap_addr", e.to_string()))?;
         let req = pb::HandshakeRequest {
             room: Some(ferry_cluster::wire::room_key_to_proto(&job.key)),
             dest_pages: job.dest,

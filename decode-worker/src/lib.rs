@@ -28,6 +28,7 @@ pub use cmd::Load;
 
 use std::sync::{Arc, Mutex};
 
+use ferry_cluster::args::FlagError;
 use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::roles::PeerRole;
@@ -108,16 +109,18 @@ pub enum AdmissionKind {
 
 impl DecodeArgs {
     /// The admission estimate these flags describe; an error names a flag out of range.
-    pub fn admission(&self) -> Result<Admission, String> {
+    pub fn admission(&self) -> Result<Admission, FlagError> {
         match self.decode_admission {
             AdmissionKind::Reserved => Ok(Admission::Reserved { tokens: self.num_reserved_decode_tokens }),
             AdmissionKind::Adaptive => {
                 let (init, min) = (self.init_new_token_ratio, self.min_new_token_ratio);
                 if !(0.0..=1.0).contains(&init) {
-                    return Err(format!("--init-new-token-ratio {init}: must be between 0 and 1"));
+                    return Err(FlagError(format!("--init-new-token-ratio {init}: must be between 0 and 1")));
                 }
                 if !(0.0..=init).contains(&min) {
-                    return Err(format!("--min-new-token-ratio {min}: must be between 0 and --init-new-token-ratio"));
+                    return Err(FlagError(format!(
+                        "--min-new-token-ratio {min}: must be between 0 and --init-new-token-ratio"
+                    )));
                 }
                 Ok(Admission::Adaptive { init, min, steps: self.new_token_ratio_decay_steps })
             }
@@ -135,11 +138,10 @@ impl DecodeArgs {
     /// Checks every flag before anything is loaded or bound: the config [`run`] takes, or an
     /// error naming the flag.
     pub fn check(&self) -> Result<DecodeConfig, StartError> {
-        let admission = self.admission().map_err(StartError::Config)?;
-        let prealloc_timeout =
-            ferry_cluster::args::seconds("prealloc-timeout", self.prealloc_timeout).map_err(StartError::Config)?;
+        let admission = self.admission()?;
+        let prealloc_timeout = ferry_cluster::args::seconds("prealloc-timeout", self.prealloc_timeout)?;
         Ok(DecodeConfig {
-            worker: self.worker.check().map_err(StartError::Config)?,
+            worker: self.worker.check()?,
             max_running_requests: self.max_running_requests.max(1),
             admission,
             prealloc_timeout,
@@ -238,7 +240,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
     let (receiver, data_endpoint) = ferry_transfer::backend::bind(backend, w.transfer_addr, mem, transfer)
         .await
         .map_err(|source| StartError::Io { what: "transfer address", source })?;
-    let data_endpoint = w.data_endpoint(&data_endpoint).map_err(StartError::Config)?;
+    let data_endpoint = w.data_endpoint(&data_endpoint)?;
     let receiver = Arc::new(receiver);
 
     let (listener, grpc_addr) = daemon::bind_grpc(w.grpc_addr).await?;

@@ -111,7 +111,9 @@ impl ModelConfig {
             tie_word_embeddings: j.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false),
             qkv_bias: arch == Arch::Qwen2 || j.get("attention_bias").and_then(Json::as_bool).unwrap_or(false),
         };
-        cfg.check().map_err(|r| EngineError::invalid(path, r))?;
+        if !cfg.consistent() {
+            return Err(EngineError::invalid(path, format!("inconsistent architecture: {cfg:?}")));
+        }
         Ok(cfg)
     }
 
@@ -159,11 +161,14 @@ impl ModelConfig {
             tie_word_embeddings: !h.tensors.iter().any(|t| t.name == "output.weight"),
             qkv_bias: arch == Arch::Qwen2,
         };
-        cfg.check().map_err(|r| EngineError::invalid(path, r))?;
+        if !cfg.consistent() {
+            return Err(EngineError::invalid(path, format!("inconsistent architecture: {cfg:?}")));
+        }
         Ok(cfg)
     }
 
-    fn check(&self) -> Result<(), String> {
+    /// Whether its sizes fit together and stay within what any real model has.
+    fn consistent(&self) -> bool {
         let bad = self.vocab_size == 0
             || self.hidden_size == 0
             || self.num_layers == 0
@@ -183,7 +188,7 @@ impl ModelConfig {
             || self.intermediate_size > 1 << 22
             || self.vocab_size > 1 << 24
             || self.max_position_embeddings > 1 << 24;
-        if bad || huge { Err(format!("inconsistent architecture: {self:?}")) } else { Ok(()) }
+        !(bad || huge)
     }
 
     /// Width of the query projection.

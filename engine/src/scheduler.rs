@@ -44,14 +44,19 @@ pub enum Policy {
     Fcfs,
 }
 
+/// A scheduling policy name that is none of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown schedule policy {0:?} (lpm, dfs-weight, fcfs)")]
+pub struct UnknownPolicy(String);
+
 impl std::str::FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         match s {
             "lpm" => Ok(Self::Lpm),
             "dfs-weight" => Ok(Self::DfsWeight),
             "fcfs" => Ok(Self::Fcfs),
-            other => Err(format!("unknown schedule policy {other:?} (lpm, dfs-weight, fcfs)")),
+            other => Err(UnknownPolicy(other.to_string())),
         }
     }
 }

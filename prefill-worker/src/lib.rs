@@ -77,7 +77,7 @@ impl PrefillArgs {
     /// error naming the flag.
     pub fn check(&self) -> Result<PrefillConfig, StartError> {
         Ok(PrefillConfig {
-            worker: self.worker.check().map_err(StartError::Config)?,
+            worker: self.worker.check()?,
             schedule_policy: self.schedule_policy,
             in_queue_threshold: self.in_queue_threshold,
             max_dest_pages: self.max_dest_pages,
@@ -133,7 +133,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
             let (r, at) = ferry_transfer::backend::bind(backend, w.transfer_addr, Arc::clone(kv.mem()), pull)
                 .await
                 .map_err(|source| StartError::Io { what: "transfer address", source })?;
-            Some((Arc::new(r), w.data_endpoint(&at).map_err(StartError::Config)?, backend.as_str()))
+            Some((Arc::new(r), w.data_endpoint(&at)?, backend.as_str()))
         }
         BackendKind::Rdma | BackendKind::Auto => None,
     };

@@ -111,7 +111,10 @@ impl Puller {
 
     async fn pull(&self, job: &PullJob, outcome: oneshot::Receiver<Outcome>) -> Result<usize, PullError> {
         let dest = job.pages.pages().to_vec();
-        let ch = self.channels.get(&job.from).map_err(|why| PullError::Address { from: job.from.clone(), why })?;
+        let ch = self
+            .channels
+            .get(&job.from)
+            .map_err(|e| PullError::Address { from: job.from.clone(), why: e.to_string() })?;
         let req = pb::PullRequest {
             room: Some(wire::room_key_to_proto(&ferry_cluster::RoomKey { room: job.room, secret: job.secret })),
             first_page: job.first as u32,

@@ -55,11 +55,11 @@ impl RouterArgs {
             let more = StaticDiscovery::parse(&text).map_err(StartError::config)?;
             workers = workers.merged(&more).map_err(StartError::config)?;
         }
-        let etcd = self.etcd.config().map_err(StartError::Config)?;
+        let etcd = self.etcd.config()?;
         if etcd.is_none() && workers.workers(Role::Decode).next().is_none() {
             return Err(StartError::Config("no decode worker: pass --decode ADDR (or --etcd)".into()));
         }
-        let seconds = |flag, v| ferry_cluster::args::seconds(flag, v).map_err(StartError::Config);
+        let seconds = |flag, v| ferry_cluster::args::seconds(flag, v).map_err(StartError::from);
         let (queue_timeout, load_poll) =
             (seconds("queue-timeout", self.queue_timeout)?, seconds("load-poll", self.load_poll)?);
         let rate = self.load_polls_per_second;

@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use tonic::Status;
 
 use ferry_cluster::dial::Target;
-use ferry_cluster::mtls::{InternalTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use ferry_cluster::mtls::{BadAddress, InternalTls, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use ferry_cluster::roles::PeerRole;
 
 /// A stream's receive window, as hyper's client (tonic's channels keep hyper's defaults).
@@ -101,14 +101,14 @@ impl Calls {
         expect: PeerRole,
         connect_timeout: Duration,
         call_timeout: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BadAddress> {
         ferry_cluster::mtls::check_scheme(addr, tls.is_some())?;
         let host_port = ferry_cluster::dial::host_port(addr);
         let (scheme, dialer) = match tls {
             Some(tls) => ("https", Dialer::Tls(Target::new(addr, tls, expect)?)),
             None => ("http", Dialer::Plain(host_port.clone())),
         };
-        let origin = format!("{scheme}://{host_port}").parse().map_err(|e| format!("{addr}: {e}"))?;
+        let origin = format!("{scheme}://{host_port}").parse().map_err(|e| BadAddress(format!("{addr}: {e}")))?;
         let (live, dialing) = (Mutex::new(None), tokio::sync::Mutex::new(()));
         let keepalive = (KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT);
         let inner = Inner { origin, dialer, connect_timeout, call_timeout, keepalive, live, dialing };

@@ -262,7 +262,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     let index = Arc::new(SharedIndex::new(args.page_size, args.max_index_pages));
     let registry = Arc::new(Registry::new(Arc::clone(&index)).with_tls(internal_tls));
     for w in d.all() {
-        registry.upsert(w).map_err(StartError::Config)?;
+        registry.upsert(w).map_err(|e| StartError::Config(e.to_string()))?;
     }
     let mut placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
     placer.pull = !args.disable_pull;

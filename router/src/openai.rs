@@ -101,14 +101,14 @@ pub struct Shape {
 
 /// Whether logprobs were asked for, and how many alternatives per token: chat takes
 /// `logprobs: true` and `top_logprobs: k`; completions `logprobs: k`.
-fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
+fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), FieldError> {
     use serde_json::Value;
     match kind {
         Kind::Chat => {
             let on = match &c.logprobs {
                 None | Some(Value::Null) => false,
                 Some(Value::Bool(b)) => *b,
-                Some(v) => return Err(format!("`logprobs` must be true or false on chat completions, not {v}")),
+                Some(v) => return Err(format!("`logprobs` must be true or false on chat completions, not {v}").into()),
             };
             match c.top_logprobs {
                 Some(k) if k > 0 && !on => Err("`top_logprobs` needs `logprobs: true`".into()),
@@ -124,10 +124,13 @@ fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
                 Some(v) => match v.as_u64() {
                     // Named as the client wrote it (the sampler's field is `top_logprobs`).
                     Some(k) if k > u64::from(ferry_tokenize::MAX_TOP_LOGPROBS) => {
-                        Err(format!("`logprobs` must be at most {}, not {k}", ferry_tokenize::MAX_TOP_LOGPROBS))
+                        Err(format!("`logprobs` must be at most {}, not {k}", ferry_tokenize::MAX_TOP_LOGPROBS).into())
                     }
                     Some(k) => Ok((true, k as u32)),
-                    None => Err(format!("`logprobs` must be a number of alternatives (0–20) on completions, not {v}")),
+                    None => {
+                        Err(format!("`logprobs` must be a number of alternatives (0–20) on completions, not {v}")
+                            .into())
+                    }
                 },
             }
         }
@@ -136,7 +139,7 @@ fn logprobs_asked(c: &Common, kind: Kind) -> Result<(bool, u32), String> {
 
 /// The output constraint asked for: `response_format` (OpenAI) or one of vLLM's `guided_json`,
 /// `guided_regex`, `guided_choice` — at most one. Errors name the field.
-fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
+fn constraint_asked(c: &Common) -> Result<Option<Constraint>, FieldError> {
     use serde_json::Value;
     let mut asked = Vec::new();
     if let Some(rf) = c.response_format.as_ref().filter(|v| !v.is_null()) {
@@ -151,7 +154,8 @@ fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
                     Some(other) => {
                         return Err(format!(
                             "`response_format.json_schema.schema` must be a JSON Schema object, not {other}"
-                        ));
+                        )
+                        .into());
                     }
                     None => return Err("`response_format.json_schema.schema` is required".into()),
                 }
@@ -159,7 +163,8 @@ fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
             Some(other) => {
                 return Err(format!(
                     "`response_format.type` {other:?} is not one of \"text\", \"json_object\", \"json_schema\""
-                ));
+                )
+                .into());
             }
             None => return Err("`response_format.type` is required".into()),
         }
@@ -180,6 +185,24 @@ fn constraint_asked(c: &Common) -> Result<Option<Constraint>, String> {
         return Err("at most one of `response_format` (json), `guided_json`, `guided_regex`, `guided_choice`".into());
     }
     Ok(asked.pop())
+}
+
+/// What is wrong with one field of a request body, in words that name the field (a 400's
+/// message; the caller adds its stable reason).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FieldError(pub String);
+
+impl From<String> for FieldError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for FieldError {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
 }
 
 /// Which endpoint a request came to.
@@ -291,10 +314,10 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
         Some(StopIn::Many(v)) => v.clone(),
     };
     ctx.limits.check_stop(&stop).map_err(|e| bad(e.reason, e.message))?;
-    let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e))?;
-    let mut constraint = constraint_asked(c).map_err(|e| bad("bad_response_format", e))?;
+    let (logprobs, top_logprobs) = logprobs_asked(c, kind).map_err(|e| bad("bad_logprobs", e.0))?;
+    let mut constraint = constraint_asked(c).map_err(|e| bad("bad_response_format", e.0))?;
     let tools = match kind {
-        Kind::Chat => tools::parse(c.tools.as_ref(), c.tool_choice.as_ref()).map_err(|e| bad("bad_tools", e))?,
+        Kind::Chat => tools::parse(c.tools.as_ref(), c.tool_choice.as_ref()).map_err(|e| bad("bad_tools", e.0))?,
         Kind::Completion if c.tools.as_ref().is_some_and(|t| !asks_for_nothing(t)) => {
             return Err(bad("bad_tools", "`tools` is a chat completions field".into()));
         }
@@ -343,7 +366,7 @@ fn prepare(ctx: &Ctx, c: &Common, kind: Kind) -> Result<(Vec<Prepared>, Shape), 
         }
         (Kind::Chat, None, Some(ms)) => {
             let t = ctx.model.tokenizer.chat_template().map_err(|e| bad("no_chat_template", e.to_string()))?;
-            let text = messages::render(t, ms, tools.as_ref()).map_err(|e| bad("bad_messages", e))?;
+            let text = messages::render(t, ms, tools.as_ref()).map_err(|e| bad("bad_messages", e.0))?;
             vec![(encode(&text)?, None)]
         }
         (Kind::Chat, _, _) => {

@@ -35,14 +35,19 @@ pub enum Policy {
     LeastLoad,
 }
 
+/// A placement policy name that is none of them.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown placement policy {0:?} (cache-aware, round-robin, least-load)")]
+pub struct UnknownPolicy(String);
+
 impl FromStr for Policy {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         match s {
             "cache-aware" => Ok(Self::CacheAware),
             "round-robin" => Ok(Self::RoundRobin),
             "least-load" => Ok(Self::LeastLoad),
-            o => Err(format!("unknown placement policy {o:?} (cache-aware, round-robin, least-load)")),
+            o => Err(UnknownPolicy(o.to_string())),
         }
     }
 }

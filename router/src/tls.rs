@@ -28,30 +28,36 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// Why the router's TLS could not be set up (`--tls-cert`, `--tls-key`): a file, its
+/// contents, or the listener.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsError(String);
+
 impl Tls {
     /// Reads and checks `cert` and `key`.
-    pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
+        let read = |p: &Path| std::fs::read(p).map_err(|e| TlsError(format!("{}: {e}", p.display())));
         let t = Self { cert: read(cert)?, key: read(key)? };
-        t.server_config(Vec::new()).map_err(|e| format!("{} / {}: {e}", cert.display(), key.display()))?;
+        t.server_config(Vec::new()).map_err(|e| TlsError(format!("{} / {}: {e}", cert.display(), key.display())))?;
         Ok(t)
     }
 
-    fn server_config(&self, alpn: Vec<Vec<u8>>) -> Result<ServerConfig, String> {
+    fn server_config(&self, alpn: Vec<Vec<u8>>) -> Result<ServerConfig, TlsError> {
         let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&self.cert)
             .collect::<Result<_, _>>()
-            .map_err(|e| format!("certificate: {e}"))?;
+            .map_err(|e| TlsError(format!("certificate: {e}")))?;
         if certs.is_empty() {
-            return Err("no certificate in the PEM file".into());
+            return Err(TlsError("no certificate in the PEM file".into()));
         }
-        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| format!("private key: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| TlsError(format!("private key: {e}")))?;
         let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
         let mut c = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| TlsError(e.to_string()))?
             .with_no_client_auth()
             .with_single_cert(certs, key)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| TlsError(e.to_string()))?;
         c.alpn_protocols = alpn;
         Ok(c)
     }
@@ -62,8 +68,8 @@ impl Tls {
     }
 
     /// Wraps `listener` so that it yields finished TLS connections (for axum).
-    pub fn http_listener(&self, listener: TcpListener) -> Result<TlsListener, String> {
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    pub fn http_listener(&self, listener: TcpListener) -> Result<TlsListener, TlsError> {
+        let addr = listener.local_addr().map_err(|e| TlsError(e.to_string()))?;
         let acceptor = TlsAcceptor::from(Arc::new(self.server_config(vec![b"http/1.1".to_vec()])?));
         let (rx, task) = ferry_cluster::mtls::accept_tls(listener, acceptor, "router", "tls_handshake");
         Ok(TlsListener { rx, addr, task })

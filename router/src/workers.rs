@@ -15,7 +15,7 @@ use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::etcd::Change;
 use ferry_cluster::discovery::{self, Role};
 use ferry_cluster::metrics as M;
-use ferry_cluster::mtls::InternalTls;
+use ferry_cluster::mtls::{BadAddress, InternalTls};
 use ferry_cluster::roles::PeerRole;
 use ferry_proto::v1 as pb;
 use tonic::transport::Channel;
@@ -80,7 +80,7 @@ impl Worker {
         addr: &str,
         slot: usize,
         board: Option<&Arc<Board>>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BadAddress> {
         Ok(Self::new(id, role, addr.to_string(), channel(addr, role, None)?, slot, board))
     }
 
@@ -264,7 +264,7 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// A channel to the worker of `role` at `addr`, and the connection for the calls on a
 /// request's path; under mutual TLS its certificate must name that role
 /// ([`ferry_cluster::dial`]).
-fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<(Channel, Calls), String> {
+fn channel(addr: &str, role: Role, tls: Option<&InternalTls>) -> Result<(Channel, Calls), BadAddress> {
     let expect = match role {
         Role::Prefill => PeerRole::Prefill,
         Role::Decode => PeerRole::Decode,
@@ -330,7 +330,7 @@ impl Registry {
 
     /// Adds `w`, or replaces the worker of the same role and id when its address changed.
     /// Needs a Tokio runtime (the worker's KV event subscription starts here).
-    pub fn upsert(&self, w: &discovery::Worker) -> Result<(), String> {
+    pub fn upsert(&self, w: &discovery::Worker) -> Result<(), BadAddress> {
         let mut m = self.members.lock();
         let same = |x: &Member| x.worker.id == w.id;
         let existing = match w.role {
@@ -444,8 +444,8 @@ impl Registry {
                 let (w, index) = (Arc::clone(w), Arc::clone(self.index_of(w.role)));
                 async move {
                     match check(&w).await {
-                        Ok(r) => w.succeeded(true, "checks", |h| h.check_ok(r)),
-                        _ => {
+                        Some(r) => w.succeeded(true, "checks", |h| h.check_ok(r)),
+                        None => {
                             let opened = w.tripped("unreachable or not serving", |h| h.check_failed(Instant::now()));
                             if opened {
                                 w.out.notify_waiters();
@@ -503,32 +503,32 @@ fn poll_period(every: Duration, per_second: f64, workers: usize) -> Duration {
 
 /// A discovered worker that could not be added (a bad address, a scheme that contradicts
 /// the internal TLS mode, no prefix-index slot left): logged and counted.
-fn refused_worker(e: &str) {
+fn refused_worker(e: &BadAddress) {
     tracing::warn!(error = %e, "worker not added");
     metrics::counter!(M::BAD_REQUESTS, "role" => "router", "reason" => "worker_refused").increment(1);
 }
 
 /// A joining worker's first check; a failure waits for the rounds, which count it.
 async fn first_check(w: Arc<Worker>) {
-    if let Ok(r) = check(&w).await {
+    if let Some(r) = check(&w).await {
         w.update(true, |h| h.check_ok(r));
     }
 }
 
-/// One active check, within a second: gRPC health, then the load report.
-async fn check(w: &Worker) -> Result<pb::LoadReport, String> {
-    tokio::time::timeout(Duration::from_secs(1), check_unbounded(w)).await.map_err(|_| "timed out".to_string())?
+/// One active check, within a second: gRPC health, then the load report; None when the
+/// worker does not answer in time, answers an error or is not serving.
+async fn check(w: &Worker) -> Option<pb::LoadReport> {
+    tokio::time::timeout(Duration::from_secs(1), check_unbounded(w)).await.ok()?
 }
 
-async fn check_unbounded(w: &Worker) -> Result<pb::LoadReport, String> {
+async fn check_unbounded(w: &Worker) -> Option<pb::LoadReport> {
     let mut h = tonic_health::pb::health_client::HealthClient::new(w.channel.clone());
-    let status =
-        h.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.map_err(|s| s.to_string())?;
+    let status = h.check(tonic_health::pb::HealthCheckRequest { service: String::new() }).await.ok()?;
     if status.into_inner().status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
-        return Err("not serving".into());
+        return None;
     }
     let mut c = pb::load_client::LoadClient::new(w.channel.clone());
-    Ok(c.report(pb::LoadRequest {}).await.map_err(|s| s.to_string())?.into_inner())
+    Some(c.report(pb::LoadRequest {}).await.ok()?.into_inner())
 }
 
 #[cfg(test)]

@@ -156,6 +156,11 @@ fn pre_of(p: &Json) -> Option<Pre> {
     }
 }
 
+/// Why a tokenizer cannot take the fast path (it would not give HF's ids).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NotFast(String);
+
 impl FastBpe {
     /// Built from HF's own definition of `tok`; `None` where it would not give HF's ids.
     pub(crate) fn new(tok: &tokenizers::Tokenizer) -> Option<Self> {
@@ -163,18 +168,18 @@ impl FastBpe {
     }
 
     /// [`new`](Self::new), saying why not.
-    pub(crate) fn build(tok: &tokenizers::Tokenizer) -> Result<Self, String> {
-        fn need<T>(v: Option<T>, what: &str) -> Result<T, String> {
-            v.ok_or_else(|| what.to_string())
+    pub(crate) fn build(tok: &tokenizers::Tokenizer) -> Result<Self, NotFast> {
+        fn need<T>(v: Option<T>, what: &str) -> Result<T, NotFast> {
+            v.ok_or_else(|| NotFast(what.to_string()))
         }
         if tok.get_truncation().is_some() || tok.get_padding().is_some() || tok.get_normalizer().is_some() {
-            return Err("truncation, padding or a normalizer".into());
+            return Err(NotFast("truncation, padding or a normalizer".into()));
         }
         if tok.get_added_vocabulary().get_encode_special_tokens() {
-            return Err("special tokens encoded as text".into());
+            return Err(NotFast("special tokens encoded as text".into()));
         }
-        let def: Json =
-            serde_json::from_str(&tok.to_string(false).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let def: Json = serde_json::from_str(&tok.to_string(false).map_err(|e| NotFast(e.to_string()))?)
+            .map_err(|e| NotFast(e.to_string()))?;
         let model = &def["model"];
         let null_or_false = |v: &Json| v.is_null() || *v == false;
         if model["type"] != "BPE"
@@ -183,7 +188,7 @@ impl FastBpe {
             || !model["end_of_word_suffix"].is_null()
             || !null_or_false(&model["byte_fallback"])
         {
-            return Err("not a plain BPE model".into());
+            return Err(NotFast("not a plain BPE model".into()));
         }
         let pre = need(pre_of(&def["pre_tokenizer"]), "pre-tokenizer")?;
         let unk = !model["unk_token"].is_null();
@@ -192,7 +197,7 @@ impl FastBpe {
         let mut added_ids = Vec::new();
         for (id, t) in tok.get_added_tokens_decoder() {
             if t.lstrip || t.rstrip || t.single_word || t.normalized || t.content.is_empty() {
-                return Err(format!("added token {:?} is not matched as written", t.content));
+                return Err(NotFast(format!("added token {:?} is not matched as written", t.content)));
             }
             words.push(t.content);
             added_ids.push(id);
@@ -204,7 +209,7 @@ impl FastBpe {
                 AhoCorasick::builder()
                     .match_kind(MatchKind::LeftmostLongest)
                     .build(&words)
-                    .map_err(|e| e.to_string())?,
+                    .map_err(|e| NotFast(e.to_string()))?,
             )
         };
         // The vocabulary by raw bytes.
@@ -222,7 +227,9 @@ impl FastBpe {
             match by_text.get(c.to_string().as_str()) {
                 Some(&id) => byte_ids[b] = id,
                 // With an unknown token HF would emit it (fused or not) instead.
-                None if unk => return Err(format!("byte {b:#04x} has no token and there is an unknown token")),
+                None if unk => {
+                    return Err(NotFast(format!("byte {b:#04x} has no token and there is an unknown token")));
+                }
                 None => {}
             }
         }
@@ -231,7 +238,7 @@ impl FastBpe {
             let (a, b) = match m {
                 Json::String(s) => need(s.split_once(' '), "a merge")?,
                 Json::Array(p) if p.len() == 2 => (need(p[0].as_str(), "a merge")?, need(p[1].as_str(), "a merge")?),
-                _ => return Err(format!("merge {m}")),
+                _ => return Err(NotFast(format!("merge {m}"))),
             };
             let merged = format!("{a}{b}");
             let id = |t: &str| need(by_text.get(t).copied(), &format!("merge token {t:?}"));
@@ -562,6 +569,10 @@ mod tests {
         vocab.insert("<unk>".into(), id);
         def["model"]["unk_token"] = "<unk>".into();
         let unk: tokenizers::Tokenizer = def.to_string().parse().expect("tokenizer");
-        assert!(FastBpe::build(&unk).is_err_and(|e| e.contains("unknown token")), "{:?}", FastBpe::build(&unk).err());
+        assert!(
+            FastBpe::build(&unk).is_err_and(|e| e.to_string().contains("unknown token")),
+            "{:?}",
+            FastBpe::build(&unk).err()
+        );
     }
 }

@@ -183,7 +183,7 @@ impl Tokenizer {
 
     /// Why [`is_fast`](Self::is_fast) is false (`None` when it is true).
     pub fn why_not_fast(&self) -> Option<String> {
-        FastBpe::build(&self.inner).err()
+        FastBpe::build(&self.inner).err().map(|e| e.to_string())
     }
 
     /// The HF `tokenizers` tokenizer underneath.

@@ -32,7 +32,12 @@ pub const ALPN: &[u8] = b"ferry-kv/1";
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks a peer's certificate chain (leaf first); `Err` says what the peer is instead.
-pub type PeerCheck = Arc<dyn Fn(&[CertificateDer<'_>]) -> Result<(), String> + Send + Sync>;
+pub type PeerCheck = Arc<dyn Fn(&[CertificateDer<'_>]) -> Result<(), PeerRefused> + Send + Sync>;
+
+/// Why a peer's certificate chain was refused: what the peer is instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PeerRefused(pub String);
 
 /// Mutual TLS for the data plane: this node's certificate, the cluster CA, and the roles a
 /// peer must have on each side.

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use ferry_cluster::args::{Announce, EtcdArgs, defaults, seconds};
+use ferry_cluster::args::{Announce, EtcdArgs, FlagError, defaults, seconds};
 use ferry_cluster::discovery::Role;
 use ferry_cluster::discovery::etcd::EtcdConfig;
 use ferry_cluster::mtls::{InternalTls, InternalTlsArgs};
@@ -46,16 +46,19 @@ impl WorkerConfig {
         role: Role,
         id: &ferry_cluster::WorkerId,
         grpc_addr: SocketAddr,
-    ) -> Result<Option<Announce>, String> {
+    ) -> Result<Option<Announce>, FlagError> {
         let Some(etcd) = self.etcd.clone() else { return Ok(None) };
         let addr = match &self.args.advertise_addr {
             Some(a) => a.clone(),
             None if grpc_addr.ip().is_unspecified() => {
-                return Err(format!("--grpc-addr {grpc_addr} is a wildcard: pass --advertise-addr for etcd"));
+                return Err(FlagError(format!(
+                    "--grpc-addr {grpc_addr} is a wildcard: pass --advertise-addr for etcd"
+                )));
             }
             None => grpc_addr.to_string(),
         };
-        let worker = ferry_cluster::discovery::parse_entry(role, &format!("{id}={addr}")).map_err(|e| e.0)?;
+        let worker =
+            ferry_cluster::discovery::parse_entry(role, &format!("{id}={addr}")).map_err(|e| FlagError(e.0))?;
         Ok(Some(Announce { etcd, worker, ttl: self.args.etcd_lease_ttl }))
     }
 }
@@ -187,7 +190,7 @@ impl WorkerArgs {
     /// The data-plane endpoint to advertise for a receiver bound at `bound` (see
     /// --transfer-advertise-addr). Endpoints that are not socket addresses (the fake backend's)
     /// are kept.
-    pub fn data_endpoint(&self, bound: &str) -> Result<String, String> {
+    pub fn data_endpoint(&self, bound: &str) -> Result<String, FlagError> {
         if let Some(a) = &self.transfer_advertise_addr {
             return Ok(a.clone());
         }
@@ -198,31 +201,31 @@ impl WorkerArgs {
         let host = self.advertise_addr.as_deref().and_then(|a| a.rsplit_once(':')).map(|(h, _)| h);
         match host {
             Some(h) => Ok(format!("{h}:{}", addr.port())),
-            None => Err(format!(
+            None => Err(FlagError(format!(
                 "--transfer-addr {bound} is a wildcard: pass --transfer-advertise-addr (or --advertise-addr)"
-            )),
+            ))),
         }
     }
 
     /// Checks every flag before anything is loaded or bound: the config a worker starts from,
     /// or an error naming the flag.
-    pub fn check(&self) -> Result<WorkerConfig, String> {
+    pub fn check(&self) -> Result<WorkerConfig, FlagError> {
         let timeouts = ferry_transfer::room::Timeouts {
             bootstrap: seconds("bootstrap-timeout", self.bootstrap_timeout)?,
             waiting: seconds("waiting-timeout", self.waiting_timeout)?,
             transferring: seconds("transfer-timeout", self.transfer_timeout)?,
         };
         if self.page_size == 0 || self.chunked_prefill_size == 0 {
-            return Err("--page-size and --chunked-prefill-size must be positive".into());
+            return Err(FlagError("--page-size and --chunked-prefill-size must be positive".into()));
         }
         let etcd = self.etcd.config()?;
         if self.etcd_lease_ttl < 2 {
-            return Err(format!("--etcd-lease-ttl {}: at least 2 seconds", self.etcd_lease_ttl));
+            return Err(FlagError(format!("--etcd-lease-ttl {}: at least 2 seconds", self.etcd_lease_ttl)));
         }
         if self.pool_pages == 0 && !(self.mem_fraction > 0.0 && self.mem_fraction < 1.0) {
-            return Err(format!("--mem-fraction {} must be in (0, 1)", self.mem_fraction));
+            return Err(FlagError(format!("--mem-fraction {} must be in (0, 1)", self.mem_fraction)));
         }
-        let internal_tls = InternalTls::load(&self.internal_tls).map_err(|e| e.to_string())?;
+        let internal_tls = InternalTls::load(&self.internal_tls).map_err(|e| FlagError(e.to_string()))?;
         Ok(WorkerConfig { args: self.clone(), timeouts, internal_tls, etcd })
     }
 
@@ -257,7 +260,7 @@ mod tests {
     fn an_infinite_timeout_flag_is_refused_by_name() {
         let mut w = WorkerArgs::for_model("m.gguf");
         w.transfer_timeout = f64::INFINITY;
-        assert!(w.check().expect_err("inf refused").contains("--transfer-timeout inf"));
+        assert!(w.check().expect_err("inf refused").0.contains("--transfer-timeout inf"));
     }
 
     #[test]
@@ -265,7 +268,7 @@ mod tests {
         let mut a = WorkerArgs::for_model("m");
         assert_eq!(a.data_endpoint("127.0.0.1:7101").as_deref(), Ok("127.0.0.1:7101"));
         assert_eq!(a.data_endpoint("fake-3").as_deref(), Ok("fake-3"));
-        assert!(a.data_endpoint("0.0.0.0:7101").expect_err("wildcard").contains("--transfer-advertise-addr"));
+        assert!(a.data_endpoint("0.0.0.0:7101").expect_err("wildcard").0.contains("--transfer-advertise-addr"));
         a.advertise_addr = Some("10.1.2.3:7001".into());
         assert_eq!(a.data_endpoint("0.0.0.0:7101").as_deref(), Ok("10.1.2.3:7101"));
         a.transfer_advertise_addr = Some("10.9.9.9:9000".into());
@@ -282,6 +285,7 @@ mod tests {
                 .expect("valid flags")
                 .announce(Role::Prefill, &p0, wild)
                 .expect_err("wildcard")
+                .0
                 .contains("--advertise-addr")
         );
         b.advertise_addr = Some("10.1.2.3:7001".into());

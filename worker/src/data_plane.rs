@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use ferry_cluster::mtls::InternalTls;
 use ferry_cluster::roles::{PeerRole, expect_role};
-use ferry_transfer::secure::{DataTls, PeerCheck, Security};
+use ferry_transfer::secure::{DataTls, PeerCheck, PeerRefused, Security};
 
 /// Pages prefill → decode: a decode node's receiver serves only prefill nodes, a prefill node
 /// sends only to decode nodes (`--internal-tls-server-name`, when set, is the name checked as
@@ -26,7 +26,8 @@ pub fn pull_plane(tls: &InternalTls) -> Security {
 
 /// The checks that a peer is a prefill node, and a decode node.
 fn checks() -> (PeerCheck, PeerCheck) {
-    let prefill: PeerCheck = Arc::new(|chain| expect_role(chain, PeerRole::Prefill));
-    let decode: PeerCheck = Arc::new(|chain| expect_role(chain, PeerRole::Decode));
+    let refused = |e: ferry_cluster::roles::RoleError| PeerRefused(e.to_string());
+    let prefill: PeerCheck = Arc::new(move |chain| expect_role(chain, PeerRole::Prefill).map_err(refused));
+    let decode: PeerCheck = Arc::new(move |chain| expect_role(chain, PeerRole::Decode).map_err(refused));
     (prefill, decode)
 }

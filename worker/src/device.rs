@@ -13,17 +13,19 @@ pub enum Device {
 }
 
 impl FromStr for Device {
-    type Err = String;
+    type Err = ferry_cluster::args::FlagError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        use ferry_cluster::args::FlagError;
         match s {
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda(0)),
             _ => match s.strip_prefix("cuda:") {
-                Some(n) => {
-                    n.parse().map(Self::Cuda).map_err(|_| format!("--device {s}: N in cuda:N must be a GPU index"))
-                }
-                None => Err(format!("--device {s}: use cpu, cuda or cuda:N")),
+                Some(n) => n
+                    .parse()
+                    .map(Self::Cuda)
+                    .map_err(|_| FlagError(format!("--device {s}: N in cuda:N must be a GPU index"))),
+                None => Err(FlagError(format!("--device {s}: use cpu, cuda or cuda:N"))),
             },
         }
     }
@@ -51,7 +53,7 @@ mod tests {
         assert_eq!("cpu".parse(), Ok(Device::Cpu));
         assert_eq!("cuda".parse(), Ok(Device::Cuda(0)));
         assert_eq!("cuda:3".parse::<Device>().map(|d| d.to_string()), Ok("cuda:3".to_string()));
-        assert!("cuda:x".parse::<Device>().expect_err("refused").contains("GPU index"));
-        assert!("tpu".parse::<Device>().expect_err("refused").contains("use cpu, cuda or cuda:N"));
+        assert!("cuda:x".parse::<Device>().expect_err("refused").0.contains("GPU index"));
+        assert!("tpu".parse::<Device>().expect_err("refused").0.contains("use cpu, cuda or cuda:N"));
     }
 }

@@ -86,7 +86,7 @@ pub struct Serve<L> {
 pub async fn serve<L>(config: &WorkerConfig, s: Serve<L>) -> Result<Running<L>, StartError> {
     let w = &config.args;
     // Before the engine thread starts: a bad announcement must not leave it running.
-    let announce = config.announce(s.role, &s.worker_id, s.grpc_addr).map_err(StartError::Config)?;
+    let announce = config.announce(s.role, &s.worker_id, s.grpc_addr)?;
     let engine = s.engine;
     let engine = std::thread::Builder::new()
         .name(format!("{}-engine", s.worker_id))

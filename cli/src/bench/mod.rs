@@ -232,10 +232,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
-    let duration = ferry_cluster::args::seconds("duration", args.duration).map_err(anyhow::Error::msg)?;
+    let duration = ferry_cluster::args::seconds("duration", args.duration)?;
     let drain = match args.drain {
         0.0 => Duration::ZERO,
-        d => ferry_cluster::args::seconds("drain", d).map_err(anyhow::Error::msg)?,
+        d => ferry_cluster::args::seconds("drain", d)?,
     };
     let mut cut = 0;
     let mut trace = Vec::new();
@@ -267,7 +267,7 @@ async fn bench(args: &BenchArgs) -> anyhow::Result<Report> {
     }
     let think = match args.think_time {
         0.0 => Duration::ZERO,
-        t => ferry_cluster::args::seconds("think-time", t).map_err(anyhow::Error::msg)?,
+        t => ferry_cluster::args::seconds("think-time", t)?,
     };
     let mode = match pace {
         Pace::Closed(c) => format!("closed loop, concurrency {c}"),

@@ -16,14 +16,19 @@ pub enum CpuMath {
     Fast,
 }
 
-impl FromStr for CpuMath {
-    type Err = String;
+/// A `--cpu-math` value that is neither `exact` nor `fast`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--cpu-math {0}: use exact or fast")]
+pub struct UnknownCpuMath(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for CpuMath {
+    type Err = UnknownCpuMath;
+
+    fn from_str(s: &str) -> Result<Self, UnknownCpuMath> {
         match s {
             "exact" => Ok(Self::Exact),
             "fast" => Ok(Self::Fast),
-            _ => Err(format!("--cpu-math {s}: use exact or fast")),
+            _ => Err(UnknownCpuMath(s.to_string())),
         }
     }
 }
@@ -46,6 +51,6 @@ mod tests {
         for m in [CpuMath::Exact, CpuMath::Fast] {
             assert_eq!(m.to_string().parse(), Ok(m));
         }
-        assert!("quick".parse::<CpuMath>().expect_err("refused").contains("use exact or fast"));
+        assert!("quick".parse::<CpuMath>().expect_err("refused").to_string().contains("use exact or fast"));
     }
 }

@@ -165,12 +165,12 @@ pub(super) fn other_fields(other: &serde_json::Map<String, serde_json::Value>) -
 
 /// The body's fields, or why not, naming the field that is wrong ("max_tokens: invalid
 /// value: integer `-3`, expected u32 at line 1 column 83"; serde alone names only the place).
-pub(super) fn common(text: &str) -> Result<Common, String> {
+pub(super) fn common(text: &str) -> Result<Common, super::FieldError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let c: Common = serde_path_to_error::deserialize(&mut de).map_err(|e| match e.path().to_string() {
-        at if at == "." => e.into_inner().to_string(),
-        at => format!("{at}: {}", e.into_inner()),
+        at if at == "." => super::FieldError(e.into_inner().to_string()),
+        at => super::FieldError(format!("{at}: {}", e.into_inner())),
     })?;
-    de.end().map_err(|e| e.to_string())?;
+    de.end().map_err(|e| super::FieldError(e.to_string()))?;
     Ok(c)
 }

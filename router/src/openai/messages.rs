@@ -2,6 +2,7 @@
 //! model's chat template, with the tools shown to the model when a request offers some
 //! (by the template itself when it reads `tools`, else as [`tools::rewrite`] writes them).
 
+use super::FieldError;
 use ferry_tokenize::{ChatMessage, ChatTemplate};
 use serde::Deserialize;
 use serde_json::Value;
@@ -46,14 +47,14 @@ struct PartIn {
 }
 
 /// The messages as the chat template takes them: each with a role, text content.
-fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
+fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, FieldError> {
     if ms.is_empty() {
         return Err("`messages` is empty: at least one message is required".into());
     }
     let mut out = Vec::with_capacity(ms.len());
     for (i, m) in ms.iter().enumerate() {
         let Some(role) = m.role.as_deref().filter(|r| !r.is_empty()) else {
-            return Err(format!("`messages[{i}].role` is missing"));
+            return Err(format!("`messages[{i}].role` is missing").into());
         };
         let text = match &m.content {
             None => String::new(),
@@ -64,12 +65,13 @@ fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
                     match (p.kind.as_str(), &p.text) {
                         ("text", Some(t)) => texts.push(t.as_str()),
                         ("text", None) => {
-                            return Err(format!("`messages[{i}].content[{j}]` is a text part without `text`"));
+                            return Err(format!("`messages[{i}].content[{j}]` is a text part without `text`").into());
                         }
                         (k, _) => {
                             return Err(format!(
                                 "`messages[{i}].content[{j}]` is a {k:?} part; this model reads text parts only"
-                            ));
+                            )
+                            .into());
                         }
                     }
                 }
@@ -82,11 +84,11 @@ fn chat_messages(ms: &[MessageIn]) -> Result<Vec<ChatMessage>, String> {
 }
 
 /// The prompt text of `ms` with the generation prompt, `tools` shown to the model.
-pub(super) fn render(t: &ChatTemplate, ms: &[MessageIn], tools: Option<&Tools>) -> Result<String, String> {
+pub(super) fn render(t: &ChatTemplate, ms: &[MessageIn], tools: Option<&Tools>) -> Result<String, FieldError> {
     let texts = chat_messages(ms)?;
     let calls = ms.iter().any(|m| m.tool_calls.is_some()) || texts.iter().any(|m| m.role == "tool");
     if tools.is_none() && !calls {
-        return t.render(&texts, true).map_err(|e| e.to_string());
+        return t.render(&texts, true).map_err(|e| FieldError::from(e.to_string()));
     }
     if t.supports_tools() {
         let msgs: Vec<Value> = ms
@@ -107,12 +109,12 @@ pub(super) fn render(t: &ChatTemplate, ms: &[MessageIn], tools: Option<&Tools>) 
             })
             .collect();
         let raw: Option<Vec<Value>> = tools.map(|t| t.functions.iter().map(|f| f.raw.clone()).collect());
-        return t.render_json(&msgs, raw.as_deref(), true).map_err(|e| e.to_string());
+        return t.render_json(&msgs, raw.as_deref(), true).map_err(|e| FieldError::from(e.to_string()));
     }
     let plain = ms.iter().zip(texts).map(|(m, c)| (c.role, c.content, m.tool_calls.clone())).collect();
     let rewritten: Vec<ChatMessage> =
         tools::rewrite(tools, plain).into_iter().map(|(role, content)| ChatMessage::new(role, content)).collect();
-    t.render(&rewritten, true).map_err(|e| e.to_string())
+    t.render(&rewritten, true).map_err(|e| FieldError::from(e.to_string()))
 }
 
 /// Earlier calls with their `arguments` as JSON objects (OpenAI sends a string; templates

@@ -13,6 +13,7 @@
 //! otherwise (SmolLM2's, for one) from a Hermes-style system message Ferry writes, and
 //! earlier calls and their results are written in the same format.
 
+use super::FieldError;
 use ferry_tokenize::Constraint;
 use serde_json::{Value, json};
 
@@ -61,7 +62,7 @@ pub struct Call {
 }
 
 /// Reads `tools` and `tool_choice`; errors name the field.
-pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Tools>, String> {
+pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Tools>, FieldError> {
     let list = match tools {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a.clone(),
@@ -70,22 +71,22 @@ pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
     let mut functions = Vec::with_capacity(list.len());
     for (i, t) in list.into_iter().enumerate() {
         if t.get("type").and_then(Value::as_str).is_some_and(|k| k != "function") {
-            return Err(format!("`tools[{i}].type` must be \"function\""));
+            return Err(format!("`tools[{i}].type` must be \"function\"").into());
         }
         let Some(f) = t.get("function").filter(|f| f.is_object()) else {
-            return Err(format!("`tools[{i}].function` is missing"));
+            return Err(format!("`tools[{i}].function` is missing").into());
         };
         let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
         if name.is_empty() {
-            return Err(format!("`tools[{i}].function.name` is missing"));
+            return Err(format!("`tools[{i}].function.name` is missing").into());
         }
         if functions.iter().any(|g: &Function| g.name == name) {
-            return Err(format!("`tools[{i}].function.name` {name:?} is offered twice"));
+            return Err(format!("`tools[{i}].function.name` {name:?} is offered twice").into());
         }
         let parameters = match f.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object"}),
             Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => return Err(format!("`tools[{i}].function.parameters` must be a JSON Schema object")),
+            Some(_) => return Err(format!("`tools[{i}].function.parameters` must be a JSON Schema object").into()),
         };
         functions.push(Function { name: name.to_string(), parameters, raw: t });
     }
@@ -96,7 +97,9 @@ pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
             "auto" => Mode::Auto,
             "required" => Mode::Required,
             other => {
-                return Err(format!("`tool_choice` {other:?} is not \"none\", \"auto\", \"required\" or a function"));
+                return Err(
+                    format!("`tool_choice` {other:?} is not \"none\", \"auto\", \"required\" or a function").into()
+                );
             }
         },
         Some(v @ Value::Object(_)) => {
@@ -105,7 +108,7 @@ pub fn parse(tools: Option<&Value>, choice: Option<&Value>) -> Result<Option<Too
                 return Err("`tool_choice.function.name` is missing".into());
             }
             if !functions.iter().any(|f| f.name == name) {
-                return Err(format!("`tool_choice.function.name` {name:?} is not one of `tools`"));
+                return Err(format!("`tool_choice.function.name` {name:?} is not one of `tools`").into());
             }
             Mode::Named(name.to_string())
         }
@@ -403,7 +406,7 @@ mod tests {
         ];
         for (tools, choice, field) in cases {
             let e = parse(Some(&tools), Some(&choice)).expect_err("refused");
-            assert!(e.contains(field), "{field}: {e}");
+            assert!(e.0.contains(field), "{field}: {e}");
         }
     }
 

@@ -14,6 +14,33 @@ use ferry_proto::v1 as pb;
 use super::Worker;
 use crate::index::{Event, SharedIndex};
 
+/// Why the router stops following a worker's KV event stream and resubscribes.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamEnd {
+    /// The call or the stream failed.
+    #[error("{0}")]
+    Status(#[from] tonic::Status),
+    /// The worker closed the stream.
+    #[error("stream closed")]
+    Closed,
+    /// An event out of sequence: a gap, or a new epoch without a snapshot.
+    #[error("gap: {at:?} then {sequence} in epoch {epoch}")]
+    Gap {
+        /// (epoch, sequence) applied last.
+        at: Option<(u64, u64)>,
+        /// The event's sequence.
+        sequence: u64,
+        /// The batch's epoch.
+        epoch: u64,
+    },
+    /// The index refused an event (a parent it does not know: a gap).
+    #[error("{0}")]
+    Index(#[from] crate::index::IndexError),
+    /// The worker left the cluster meanwhile.
+    #[error("left the cluster")]
+    LeftCluster,
+}
+
 /// The largest KV event batch the router takes from a worker. A snapshot of a worker's whole
 /// cache is one batch, ~60 MB for a million pages of 16 tokens: tonic's default (4 MB)
 /// refused any cache past ~80,000 pages, and the router resubscribed forever.
@@ -36,31 +63,31 @@ pub async fn follow_events(w: Arc<Worker>, slot: usize, index: Arc<SharedIndex>)
     }
 }
 
-async fn follow_once(w: &Worker, slot: usize, index: &SharedIndex) -> Result<(), String> {
+async fn follow_once(w: &Worker, slot: usize, index: &SharedIndex) -> Result<(), StreamEnd> {
     let mut c =
         pb::kv_events_client::KvEventsClient::new(w.channel.clone()).max_decoding_message_size(MAX_EVENT_BATCH_BYTES);
     let req = pb::SubscribeRequest { epoch: 0, after_sequence: 0, want_snapshot: true };
-    let mut stream = c.subscribe(req).await.map_err(|s| s.to_string())?.into_inner();
+    let mut stream = c.subscribe(req).await?.into_inner();
     let mut at: Option<(u64, u64)> = None; // (epoch, last sequence)
     // Applied only while the worker is still a member, asked with ingestion shut out: a worker
     // removed has its entries cleared by a later write, and nothing of it may follow.
     let member = || w.member.load(std::sync::atomic::Ordering::SeqCst);
-    while let Some(batch) = stream.message().await.map_err(|s| s.to_string())? {
+    while let Some(batch) = stream.message().await? {
         apply_batch(index, slot, batch, &mut at, &member)?;
     }
-    Err("stream closed".into())
+    Err(StreamEnd::Closed)
 }
 
 /// Checks that `e` follows `at` (the (epoch, last sequence) applied so far; None: nothing yet,
 /// so it must be a snapshot) and moves `at` to it.
-fn in_sequence(at: &mut Option<(u64, u64)>, epoch: u64, e: &pb::KvEvent) -> Result<(), String> {
+fn in_sequence(at: &mut Option<(u64, u64)>, epoch: u64, e: &pb::KvEvent) -> Result<(), StreamEnd> {
     let fresh = match (*at, &e.kind) {
         (_, Some(pb::kv_event::Kind::Snapshot(_))) => true,
         (Some((was, seq)), _) => was == epoch && e.sequence == seq.wrapping_add(1),
         (None, _) => false,
     };
     if !fresh {
-        return Err(format!("gap: {:?} then {} in epoch {}", at, e.sequence, epoch));
+        return Err(StreamEnd::Gap { at: *at, sequence: e.sequence, epoch });
     }
     *at = Some((epoch, e.sequence));
     Ok(())
@@ -77,11 +104,11 @@ pub fn apply_batch(
     batch: pb::KvEventBatch,
     at: &mut Option<(u64, u64)>,
     admit: &dyn Fn() -> bool,
-) -> Result<(), String> {
+) -> Result<(), StreamEnd> {
     let write = |events: Vec<Event>| match ix.apply(events, admit) {
         Ok(true) => Ok(()),
-        Ok(false) => Err("left the cluster".to_string()),
-        Err(e) => Err(e.to_string()),
+        Ok(false) => Err(StreamEnd::LeftCluster),
+        Err(e) => Err(StreamEnd::Index(e)),
     };
     let stored = |s: pb::KvStored| Event::Stored {
         worker: slot,
