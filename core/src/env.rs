@@ -35,6 +35,8 @@ pub const DECODE_ADMISSION: &str = "FERRY_DECODE_ADMISSION";
 
 /// `--max-running-requests` (ferry decode).
 pub const DECODE_MAX_RUNNING_REQUESTS: &str = "FERRY_DECODE_MAX_RUNNING_REQUESTS";
+/// `--decode-request-tokens` (ferry router).
+pub const DECODE_REQUEST_TOKENS: &str = "FERRY_DECODE_REQUEST_TOKENS";
 
 /// `--disable-jump-forward` (ferry decode).
 pub const DISABLE_JUMP_FORWARD: &str = "FERRY_DISABLE_JUMP_FORWARD";
@@ -224,6 +226,7 @@ pub const ALL: &[&str] = &[
     DECODE,
     DECODE_ADMISSION,
     DECODE_MAX_RUNNING_REQUESTS,
+    DECODE_REQUEST_TOKENS,
     DISABLE_JUMP_FORWARD,
     DISABLE_DECODE_CACHE,
     DISABLE_PULL,

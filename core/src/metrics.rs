@@ -80,6 +80,9 @@ pub const NEW_TOKEN_RATIO: &str = "ferry_decode_new_token_ratio";
 /// Requests the router placed, by `target` (prefill | local: the decode worker prefills) and
 /// `worker` (the prefill worker, or the decode worker for local) (counter).
 pub const ROUTER_PLACEMENTS: &str = "ferry_router_placements_total";
+/// Requests the router placed on each decode `worker` (retries on another decode worker
+/// included) (counter).
+pub const ROUTER_DECODE_PLACEMENTS: &str = "ferry_router_decode_placements_total";
 /// Requests placed on a decode worker whose cache holds more of the prompt than the prefill
 /// worker's, by `choice`: `local` (the decode worker prefills only what it lacks),
 /// `prefill` (a prefill worker computes the prompt; only the pages the decode worker lacks
@@ -129,6 +132,8 @@ pub const ROUTER_TOKENIZER_CACHE_BYTES: &str = "ferry_router_tokenizer_cache_byt
 pub const ROUTER_ADMISSION: &str = "ferry_router_admission_total";
 /// Requests waiting in the router's admission queue (gauge).
 pub const ROUTER_QUEUED: &str = "ferry_router_queued_requests";
+/// Requests holding an admission slot in the router now: running (gauge).
+pub const ROUTER_RUNNING: &str = "ferry_router_running_requests";
 /// Seconds a request admitted from the queue waited there (histogram).
 pub const ROUTER_QUEUE_SECONDS: &str = "ferry_router_queue_seconds";
 /// etcd streams that broke and were set up again, by `stream` (watch: a router's view of the
@@ -278,6 +283,7 @@ pub const ALL: &[Metric] = &[
         "target, worker",
         "Requests placed (target: prefill, or local on the decode worker)",
     ),
+    m(ROUTER_DECODE_PLACEMENTS, Kind::Counter, "worker", "Requests placed on each decode worker (retries included)"),
     m(
         ROUTER_RETRIES,
         Kind::Counter,
@@ -323,6 +329,7 @@ pub const ALL: &[Metric] = &[
         "Requests through the admission queue (immediate, queued, queue_full, timeout)",
     ),
     m(ROUTER_QUEUED, Kind::Gauge, "", "Requests waiting in the admission queue"),
+    m(ROUTER_RUNNING, Kind::Gauge, "", "Requests holding an admission slot (running)"),
     m(ROUTER_QUEUE_SECONDS, Kind::Histogram, "", "Time a queued request waited for a slot, seconds"),
     m(
         ETCD_RECONNECTS,

@@ -29,9 +29,23 @@ pub struct Admission {
     waiting: AtomicUsize,
 }
 
-/// A running request's slot, given back when dropped.
+/// A running request's slot, given back when dropped; counted in
+/// `ferry_router_running_requests` while it lives.
 pub struct Slot {
     _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Slot {
+    fn new(permit: Option<OwnedSemaphorePermit>) -> Self {
+        metrics::gauge!(M::ROUTER_RUNNING).increment(1.0);
+        Self { _permit: permit }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        metrics::gauge!(M::ROUTER_RUNNING).decrement(1.0);
+    }
 }
 
 /// Counts one waiting request while it waits.
@@ -60,7 +74,7 @@ impl Admission {
     /// Waits for a slot: immediately when one is free, else in the queue for at most the
     /// timeout; refuses when the queue is full or the wait times out.
     pub async fn admit(&self) -> Result<Slot, RouterError> {
-        Ok(Slot { _permit: self.acquire(1).await? })
+        Ok(Slot::new(self.acquire(1).await?))
     }
 
     /// Waits for `k` slots at once, as [`admit`](Self::admit) for one (a batch of prompts:
@@ -69,10 +83,10 @@ impl Admission {
     pub async fn admit_many(&self, k: usize) -> Result<Vec<Slot>, RouterError> {
         self.can_run(k)?;
         let Some(mut permit) = self.acquire(k).await? else {
-            return Ok((0..k).map(|_| Slot { _permit: None }).collect());
+            return Ok((0..k).map(|_| Slot::new(None)).collect());
         };
-        let mut slots: Vec<Slot> = (1..k).map(|_| Slot { _permit: permit.split(1) }).collect();
-        slots.push(Slot { _permit: Some(permit) });
+        let mut slots: Vec<Slot> = (1..k).map(|_| Slot::new(permit.split(1))).collect();
+        slots.push(Slot::new(Some(permit)));
         Ok(slots)
     }
 

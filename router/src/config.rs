@@ -66,6 +66,12 @@ impl RouterArgs {
         if !(rate.is_finite() && rate > 0.0) {
             return Err(StartError::Config(format!("--load-polls-per-second {rate}: give a number above 0")));
         }
+        let cost = self.decode_request_tokens;
+        if !(cost.is_finite() && cost >= 0.0) {
+            return Err(StartError::Config(format!(
+                "--decode-request-tokens {cost}: give a number of tokens, 0 or more"
+            )));
+        }
         let tls = match (&self.tls_cert, &self.tls_key) {
             (Some(c), Some(k)) => Some(Tls::load(c, k).map_err(|e| StartError::Config(format!("TLS: {e}")))?),
             (None, None) => None,

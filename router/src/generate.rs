@@ -207,7 +207,7 @@ impl Ctx {
         let decode_states: Vec<DecodeState> =
             snap.decode.iter().map(|w| w.decode_state(now, false, held_on(w))).collect();
         let need = self.pages_needed(len, &req.sampling);
-        let d = self.placer.lock().decode(need, &decode_states).map_err(|e| {
+        let d = self.placer.lock().decode(need, len, &decode_states).map_err(|e| {
             metrics::counter!(M::ROUTER_REQUESTS, "outcome" => "refused").increment(1);
             match e {
                 NoDecode::NoRoom(r) => RouterError::Busy {
@@ -243,7 +243,8 @@ impl Ctx {
             }
             Path::Local(_) => None,
         };
-        let decode = Arc::clone(&snap.decode[d]);
+        let decode = snap.decode[d].placed();
+        metrics::counter!(M::ROUTER_DECODE_PLACEMENTS, "worker" => decode.id.clone()).increment(1);
         match &prefill {
             Some((_, w, _)) => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "prefill", "worker" => w.id.clone()),
             None => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "local", "worker" => decode.id.clone()),

@@ -103,6 +103,13 @@ pub struct RouterArgs {
     /// bounds the prompt work a decode worker takes between its decode steps.
     #[arg(long, env = ferry_cluster::env::LOCAL_PREFILL_MAX, default_value_t = 512, help_heading = "Placement")]
     pub local_prefill_max: usize,
+    /// What one more request in a decode worker's batch costs the requests placed there, in
+    /// prompt tokens computed: a request goes to the decode worker, among those with room
+    /// for it now, where the prompt tokens it lacks (its prefix cache holds the rest) plus
+    /// this for each request it serves are fewest. Larger spreads load sooner; 0 follows
+    /// the decode caches alone (load breaks ties).
+    #[arg(long, env = ferry_cluster::env::DECODE_REQUEST_TOKENS, default_value_t = crate::placement::DECODE_REQUEST_TOKENS, help_heading = "Placement")]
+    pub decode_request_tokens: f64,
     /// Never let a prefill worker pull the prompt pages that the request's decode worker holds
     /// and it lacks (a conversation's earlier answers): it computes them instead. By default
     /// placement chooses the pull whenever moving those pages is estimated sooner than
@@ -266,6 +273,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
     }
     let mut placer = Placer::new(policy, 1000.0, 0.0, 2.5e9);
     placer.pull = !args.disable_pull;
+    placer.decode_request_tokens = args.decode_request_tokens;
     let grammars = Arc::new(ferry_grammar::Grammars::new(model.tokenizer.clone()));
     grammars.prepare_in_background();
     let ctx = Arc::new(Ctx {

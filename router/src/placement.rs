@@ -102,12 +102,14 @@ pub struct DecodeState {
     pub total_pages: u64,
     /// Prompt tokens its prefix cache holds (its KV events say).
     pub cached_tokens: usize,
+    /// Requests it serves now: those this router placed there and still streams, plus those
+    /// its last load report counted beyond them (other routers').
+    pub requests: u64,
 }
 
-/// A decode worker holding part of the prompt keeps it while its admissible pages are at
-/// least this share of the roomiest worker's (and cover the request): past that imbalance
-/// the roomiest takes it, history or not.
-pub const STICKY_MIN_SHARE: f64 = 0.5;
+/// `--decode-request-tokens`'s default: one more request in a decode worker's batch costs
+/// as much as computing this many prompt tokens (see [`Placer::decode`]).
+pub const DECODE_REQUEST_TOKENS: f64 = 128.0;
 
 /// What a pull costs besides moving its pages: one more call and a room opened on each side
 /// (seconds). A pull is chosen only when computing what it brings would take longer.
@@ -162,6 +164,9 @@ pub struct Placer {
     pub transfer_bytes_per_second: f64,
     /// Whether a prefill worker may pull what the decode worker holds (`--disable-pull`).
     pub pull: bool,
+    /// What one more request in a decode worker's batch costs, in prompt tokens computed
+    /// (`--decode-request-tokens`).
+    pub decode_request_tokens: f64,
     rr: usize,
 }
 
@@ -195,7 +200,15 @@ pub enum NoDecode {
 impl Placer {
     /// A placer for `policy`.
     pub fn new(policy: Policy, default_rate: f64, kv_bytes_per_token: f64, transfer_bytes_per_second: f64) -> Self {
-        Self { policy, default_rate, kv_bytes_per_token, transfer_bytes_per_second, pull: true, rr: 0 }
+        Self {
+            policy,
+            default_rate,
+            kv_bytes_per_token,
+            transfer_bytes_per_second,
+            pull: true,
+            decode_request_tokens: DECODE_REQUEST_TOKENS,
+            rr: 0,
+        }
     }
 
     /// Seconds to move the KV of `tokens` prompt tokens.
@@ -240,28 +253,33 @@ impl Placer {
     }
 
     /// Picks, among the healthy decode workers whose pool can hold the request's `need`
-    /// pages at all, the one whose cache holds most of the prompt — a conversation's next
-    /// turn goes where its history is — as long as it can admit the request now and has at
-    /// least [`STICKY_MIN_SHARE`] of the roomiest worker's admissible pages; otherwise the
-    /// roomiest. A worker short of free pages queues the request and retracts running ones to
-    /// make room (never cutting one), so free pages rank workers but do not refuse requests;
-    /// a request larger than every pool is refused at once.
-    pub fn decode(&self, need: u64, states: &[DecodeState]) -> Result<usize, NoDecode> {
+    /// pages at all and that can admit it now, the one where it costs least: the prompt
+    /// tokens of `len` it lacks (its cache holds the rest: a conversation's next turn finds
+    /// its history) plus [`Placer::decode_request_tokens`] for each request it already
+    /// serves (what joining its batch costs; a tie: the roomier, then the first). So a few
+    /// shared cached pages do not outweigh an idle worker, and a long history outweighs a
+    /// request or two more. When none can admit it now, the roomiest: a worker short of free
+    /// pages queues the request and retracts running ones to make room (never cutting one).
+    /// A request larger than every pool is refused at once.
+    pub fn decode(&self, need: u64, len: usize, states: &[DecodeState]) -> Result<usize, NoDecode> {
         let healthy: Vec<usize> = (0..states.len()).filter(|&w| states[w].healthy).collect();
         if healthy.is_empty() {
             return Err(NoRoom { retry_after_ms: 500 }.into());
         }
         let fits = || healthy.iter().copied().filter(|&w| states[w].total_pages >= need);
-        let Some(roomiest) = fits().max_by_key(|&w| (states[w].admissible_pages, std::cmp::Reverse(w))) else {
+        let room = |w: usize| states[w].admissible_pages;
+        let Some(roomiest) = fits().max_by_key(|&w| (room(w), std::cmp::Reverse(w))) else {
             let largest = healthy.iter().map(|&w| states[w].total_pages).max().unwrap_or(0);
             return Err(NoDecode::TooLarge { need, largest });
         };
-        let room = |w: usize| states[w].admissible_pages;
-        let sticky = fits()
-            .filter(|&w| states[w].cached_tokens > 0)
-            .max_by_key(|&w| (states[w].cached_tokens, room(w), std::cmp::Reverse(w)))
-            .filter(|&w| room(w) >= need && room(w) as f64 >= STICKY_MIN_SHARE * room(roomiest) as f64);
-        Ok(sticky.unwrap_or(roomiest))
+        let cost = |w: usize| {
+            let s = &states[w];
+            len.saturating_sub(s.cached_tokens) as f64 + s.requests as f64 * self.decode_request_tokens
+        };
+        let cheapest = fits()
+            .filter(|&w| room(w) >= need)
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(room(b).cmp(&room(a))).then(a.cmp(&b)));
+        Ok(cheapest.unwrap_or(roomiest))
     }
 
     /// Where a prompt of `len` tokens is computed, given the prefill choice (None: no healthy
@@ -416,40 +434,66 @@ mod tests {
     #[test]
     fn decode_takes_the_roomiest_and_says_when_none_fits() {
         let p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
-        let d = |h, pages| DecodeState { healthy: h, admissible_pages: pages, total_pages: 100, cached_tokens: 0 };
-        assert_eq!(p.decode(10, &[d(true, 20), d(true, 50), d(false, 500)]), Ok(1));
+        let d = |h, pages| DecodeState {
+            healthy: h,
+            admissible_pages: pages,
+            total_pages: 100,
+            cached_tokens: 0,
+            requests: 0,
+        };
+        assert_eq!(p.decode(10, 64, &[d(true, 20), d(true, 50), d(false, 500)]), Ok(1));
         // Short of free pages everywhere: the roomiest still takes it (it queues there).
-        assert_eq!(p.decode(60, &[d(true, 20), d(true, 50)]), Ok(1));
-        assert_eq!(p.decode(60, &[d(false, 20)]), Err(NoRoom { retry_after_ms: 500 }.into()));
+        assert_eq!(p.decode(60, 64, &[d(true, 20), d(true, 50)]), Ok(1));
+        assert_eq!(p.decode(60, 64, &[d(false, 20)]), Err(NoRoom { retry_after_ms: 500 }.into()));
         // Larger than every healthy pool: refused for good, naming the largest.
-        let big = DecodeState { healthy: true, admissible_pages: 0, total_pages: 400, cached_tokens: 0 };
-        assert_eq!(p.decode(101, &[d(true, 20), d(false, 0)]), Err(NoDecode::TooLarge { need: 101, largest: 100 }));
-        assert_eq!(p.decode(101, &[d(true, 20), big]), Ok(1));
+        let big = DecodeState { healthy: true, admissible_pages: 0, total_pages: 400, cached_tokens: 0, requests: 0 };
+        assert_eq!(p.decode(101, 64, &[d(true, 20), d(false, 0)]), Err(NoDecode::TooLarge { need: 101, largest: 100 }));
+        assert_eq!(p.decode(101, 64, &[d(true, 20), big]), Ok(1));
         let t = Placer::new(Policy::CacheAware, 1.0, 1000.0, 1e6).transfer_seconds(2000);
         assert!((t - 2.0).abs() < 1e-9);
     }
 
-    /// Issue 20: a conversation's next turn goes to the decode worker holding its history,
-    /// unless that worker is short of room; and there it is computed from what it holds when
-    /// that is sooner than a prefill worker's queue, compute and transfer.
+    /// Issues 20 and 61: a conversation's next turn goes to the decode worker holding its
+    /// history while what that saves outweighs the requests more it serves than another
+    /// worker (each [`DECODE_REQUEST_TOKENS`]); a few shared cached tokens do not hold a
+    /// burst on one worker; and a turn is computed where that is sooner.
     #[test]
-    fn a_turn_follows_its_history_while_room_allows_and_is_computed_where_it_is() {
+    fn a_turn_follows_its_history_while_its_load_allows_and_is_computed_where_it_is() {
         let p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e6);
-        let d = |pages, cached| DecodeState {
+        assert_eq!(p.decode_request_tokens, 128.0);
+        let d = |pages, cached, requests| DecodeState {
             healthy: true,
             admissible_pages: pages,
             total_pages: 100,
             cached_tokens: cached,
+            requests,
         };
-        // Worker 0 holds 300 tokens of the prompt, worker 1 is roomier: the history wins.
-        assert_eq!(p.decode(10, &[d(60, 300), d(90, 0)]), Ok(0));
-        // The longest history wins among holders.
-        assert_eq!(p.decode(10, &[d(60, 300), d(60, 500)]), Ok(1));
-        // Under half the roomiest's room, or short of the request: the roomiest.
-        assert_eq!(p.decode(10, &[d(40, 300), d(90, 0)]), Ok(1));
-        assert_eq!(p.decode(50, &[d(45, 300), d(50, 0)]), Ok(1));
-        // Nothing cached anywhere: the roomiest, as before.
-        assert_eq!(p.decode(10, &[d(60, 0), d(90, 0)]), Ok(1));
+        // Worker 0 holds 300 of 320 tokens, worker 1 is roomier and idle: the history wins
+        // (20 + 128 against 320).
+        assert_eq!(p.decode(10, 320, &[d(60, 300, 1), d(90, 0, 0)]), Ok(0));
+        // Three requests more there: 20 + 384 against 320, the idle worker.
+        assert_eq!(p.decode(10, 320, &[d(60, 300, 2), d(90, 0, 0)]), Ok(0));
+        assert_eq!(p.decode(10, 320, &[d(60, 300, 3), d(90, 0, 0)]), Ok(1));
+        // The longest history wins among holders of equal load.
+        assert_eq!(p.decode(10, 600, &[d(60, 300, 1), d(60, 500, 1)]), Ok(1));
+        // A burst sharing a 32-token system turn that worker 0 holds: its first request goes
+        // there, the next to the idle worker, and so on in turn.
+        let mut load = [0, 0];
+        let mut placed = Vec::new();
+        for _ in 0..6 {
+            let w = p.decode(4, 52, &[d(90, 32, load[0]), d(90, 0, load[1])]).expect("placed");
+            load[w] += 1;
+            placed.push(w);
+        }
+        assert_eq!(placed, [0, 1, 0, 1, 0, 1]);
+        // A worker that cannot admit the request now is passed over, history or not.
+        assert_eq!(p.decode(50, 320, &[d(45, 300, 0), d(50, 0, 3)]), Ok(1));
+        // Equal cost: the roomier, then the first.
+        assert_eq!(p.decode(10, 64, &[d(60, 0, 0), d(90, 0, 0)]), Ok(1));
+        assert_eq!(p.decode(10, 64, &[d(90, 0, 0), d(90, 0, 0)]), Ok(0));
+        // Cache alone (--decode-request-tokens 0): the history, however loaded.
+        let cache_only = Placer { decode_request_tokens: 0.0, ..Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e6) };
+        assert_eq!(cache_only.decode(10, 320, &[d(60, 300, 9), d(90, 0, 0)]), Ok(0));
 
         let st = PrefillState::new(true, 0, 1000.0);
         // 1000 tokens' pages move in 1 ms.

@@ -29,6 +29,7 @@ mod health;
 mod view;
 
 pub use board::Board;
+pub use view::Placed;
 
 use events::follow_events;
 pub use events::{MAX_EVENT_BATCH_BYTES, apply_batch};
@@ -159,6 +160,11 @@ impl Worker {
     /// (unhealthy as well when `excluded`).
     pub fn decode_state(&self, now: Instant, excluded: bool, cached_tokens: usize) -> DecodeState {
         self.view.decode_state(now, excluded, cached_tokens)
+    }
+
+    /// Counts a request this router streams from it (a decode worker) until the guard drops.
+    pub fn placed(self: &Arc<Self>) -> Placed {
+        Placed::new(Arc::clone(self))
     }
 
     /// A call to it succeeded.
@@ -568,5 +574,35 @@ mod tests {
         assert!(snap.prefill_scored(&board, 0).is_none(), "scored b, sent to a");
         assert_eq!(r.snapshot().prefill_scored(&board, 0).map(|w| w.id.as_str()), Some("b"));
         assert!(snap.prefill_scored(&board, 1).is_none(), "no slot");
+    }
+
+    /// Issue 61: a decode worker's requests, as placement counts them, are the ones this
+    /// router streams from it, counted at once, plus those its last report counted beyond
+    /// them (another router's).
+    #[tokio::test]
+    async fn a_decode_workers_requests_count_this_routers_at_once_and_others_by_report() {
+        let r = Registry::new(Arc::new(SharedIndex::new(16, 1000)));
+        let id = WorkerId::new("d").expect("id");
+        r.upsert(&discovery::Worker { id: id.clone(), role: Role::Decode, addr: "http://127.0.0.1:1".into() })
+            .expect("joined");
+        let w = Arc::clone(&r.snapshot().decode[0]);
+        let requests = || w.decode_state(Instant::now(), false, 0).requests;
+        let report = |n: u32| {
+            let depth = [("running".to_string(), n), ("waiting".to_string(), 1)].into_iter().collect();
+            w.update(true, |h| {
+                h.check_ok(pb::LoadReport { queue_depth: depth, total_pages: 99, ..Default::default() })
+            });
+        };
+        assert_eq!(requests(), 0);
+        let (a, b) = (w.placed(), w.placed());
+        assert_eq!(requests(), 2, "before any report");
+        // Its report counts 4 (3 running, 1 waiting): 2 are another router's.
+        report(3);
+        assert_eq!(requests(), 4);
+        drop(a);
+        assert_eq!(requests(), 3, "one of ours ended: the next report is not awaited");
+        drop(b);
+        report(0);
+        assert_eq!(requests(), 1);
     }
 }

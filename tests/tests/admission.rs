@@ -79,8 +79,21 @@ async fn the_admission_queue_bounds_concurrency_and_waiting() {
     assert_eq!(outcome(&scrape(r.metrics_addr).await, "timeout"), 1.0, "the second timed out in the queue");
     assert_eq!(tokenized().await, before, "refused requests were tokenized");
 
-    // Freeing the slot admits the next request.
+    // Freeing the slot admits the next request: once the router has seen the held stream go
+    // (its slot is given back as its task ends, after the client's cancel reaches it).
+    let running =
+        || async { ferry_tests::metric_sum(&scrape(r.metrics_addr).await, "ferry_router_running_requests", "") };
+    assert_eq!(running().await, 1.0, "the held request runs");
     drop(held);
+    let mut left = 1.0;
+    for _ in 0..1000 {
+        left = running().await;
+        if left == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(left, 0.0, "the held request's slot was never given back");
     let (s, _, text) = http(a, "POST", "/v1/completions", body.as_bytes()).await;
     assert_eq!(s, 200, "{text}");
 

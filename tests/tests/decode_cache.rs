@@ -287,3 +287,48 @@ async fn a_turn_whose_holder_fails_is_retried_through_a_prefill_worker() {
     p.stop().await;
     d.stop().await;
 }
+
+/// Issue 61: decode placement spreads load. Twelve chats at once, all opening with one shared
+/// system turn that one decode worker already caches: the second, idle decode worker must
+/// take its share (at least 30 % each), since a few cached pages save far less than sharing a
+/// busy node's batch costs (`--decode-request-tokens`). With it at 0 (the decode caches
+/// alone, the rule before) all 12 go to the node holding the system turn: [12, 0].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chats_sharing_a_system_turn_spread_over_both_decode_workers() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = TinyModel::new();
+    let p = prefill_256(&m).await;
+    let ds = [decode_256(&m, true).await, decode_256(&m, true).await];
+    let decode: Vec<String> = ds.iter().map(|d| d.grpc_addr.to_string()).collect();
+    let r = router_over(&m, &[p.grpc_addr.to_string()], &decode, |_| ()).await;
+    let system: Vec<u32> = (0..40).map(|i| 3 + (i * 13 + 5) % 340).collect();
+    let chat =
+        |i: u32| -> Vec<u32> { system.iter().copied().chain((0..12).map(|k| 3 + (i * 31 + k * 7) % 340)).collect() };
+    // One chat first: a decode worker caches the system turn, and the router learns it.
+    routed(r.grpc_addr, &chat(100), &greedy(8)).await;
+    settle_decode(&ds).await;
+    seen(&[&r], &system[..32]).await;
+    // The router's decode workers, by the id it knows them by.
+    let ids: Vec<String> = r.workers().snapshot().decode.iter().map(|w| w.id.to_string()).collect();
+    assert_eq!(ids.len(), 2);
+    let placed = || async {
+        let body = ferry_tests::scrape(r.metrics_addr).await;
+        let count = |id: &String| {
+            ferry_tests::metric_sum(&body, "ferry_router_decode_placements_total", &format!("worker=\"{id}\""))
+        };
+        ids.iter().map(count).collect::<Vec<f64>>()
+    };
+    let before = placed().await;
+    let (chats, params) = ((0..12).map(chat).collect::<Vec<_>>(), greedy(24));
+    futures::future::join_all(chats.iter().map(|c| routed(r.grpc_addr, c, &params))).await;
+    let after = placed().await;
+    let served: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(served.iter().sum::<f64>(), 12.0, "{served:?}");
+    assert!(served.iter().all(|&n| n >= 4.0), "each decode worker serves at least 30 % of 12 chats: {served:?}");
+    settle(&p, &ds).await;
+    r.stop().await;
+    p.stop().await;
+    for d in ds {
+        d.stop().await;
+    }
+}

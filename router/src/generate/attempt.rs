@@ -15,7 +15,7 @@ use tracing::Instrument as _;
 use super::packed::{self, PackedIds, WithIds};
 use super::{Ctx, Prepared};
 use crate::placement::DecodeState;
-use crate::workers::Worker;
+use crate::workers::{Placed, Worker};
 
 /// The largest answer a worker may send in one message: a prompt's logprobs (`echo`) come in
 /// one, about 230 bytes a token with 20 alternatives (gRPC's default 4 MiB held ~18k tokens).
@@ -100,6 +100,9 @@ pub(super) struct Attempt {
     pub(super) first: FirstMessage,
     /// The decode worker it runs on.
     pub(super) decode: Arc<Worker>,
+    /// The request counted on that worker while it streams (set once the attempt is the
+    /// one that serves: [`Ctx::first_message`]).
+    pub(super) placed: Option<Placed>,
     /// Its room.
     pub(super) key: RoomKey,
 }
@@ -249,7 +252,14 @@ impl Ctx {
         match unless_taken_out(dw, "decode", call).await {
             Ok(s) => {
                 dw.ok();
-                Ok(Attempt { stream: s.into_inner(), prefill: prefill_task, first: None, decode: Arc::clone(dw), key })
+                Ok(Attempt {
+                    stream: s.into_inner(),
+                    prefill: prefill_task,
+                    first: None,
+                    decode: Arc::clone(dw),
+                    placed: None,
+                    key,
+                })
             }
             Err((s, answered)) => {
                 if answered && s.code() == Code::Unavailable {
@@ -272,14 +282,15 @@ impl Ctx {
             .map(|(_, w)| Arc::clone(w))
     }
 
-    /// The healthy decode worker, not among `tried`, with the most admissible pages for a
-    /// request needing `need` pages.
-    fn other_decode(&self, need: u64, tried: &[WorkerId]) -> Option<Arc<Worker>> {
+    /// The healthy decode worker, not among `tried`, where a request of `len` prompt tokens
+    /// needing `need` pages costs least ([`crate::placement::Placer::decode`]; its cache
+    /// not counted: the history was on the failed worker), counted there.
+    fn other_decode(&self, need: u64, len: usize, tried: &[WorkerId]) -> Option<Placed> {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
             snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id), 0)).collect();
-        let d = self.placer.lock().decode(need, &states).ok()?;
-        Some(Arc::clone(&snap.decode[d]))
+        let d = self.placer.lock().decode(need, len, &states).ok()?;
+        Some(snap.decode[d].placed())
     }
 
     /// Runs attempts until one produces its first message (or ends cleanly), retrying a
@@ -292,7 +303,7 @@ impl Ctx {
         req: &Prepared,
         key: RoomKey,
         mut target: Option<Arc<Worker>>,
-        mut decode: Arc<Worker>,
+        mut decode: Placed,
         pull: bool,
     ) -> Result<Attempt, Status> {
         let need = self.pages_needed(req.tokens.len(), &req.sampling);
@@ -301,7 +312,10 @@ impl Ctx {
             let (stage, status) = match self.attempt(req, key, target.clone(), &decode, pull).await {
                 Err(s) => (Stage::Decode, s),
                 Ok(a) => match first_of(a).await {
-                    Ok(a) => return Ok(a),
+                    Ok(mut a) => {
+                        a.placed = Some(decode);
+                        return Ok(a);
+                    }
                     Err(failed) => failed,
                 },
             };
@@ -328,7 +342,7 @@ impl Ctx {
                 Stage::Decode => {
                     tracing::warn!(request = %req.request_id, room = %key.room, worker = %decode.id, error = %status, "decode failed before the first token; retrying");
                     tried_decode.push(decode.id.clone());
-                    if let Some(d) = self.other_decode(need, &tried_decode) {
+                    if let Some(d) = self.other_decode(need, req.tokens.len(), &tried_decode) {
                         decode = d;
                     }
                     // A prompt prefilled on the failed worker for the history it held would be

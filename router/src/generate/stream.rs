@@ -16,7 +16,7 @@ use super::attempt::{Attempt, PrefillTask};
 use super::{Ctx, End, Piece, Prepared, Scored};
 use crate::error::RouterError;
 use crate::output::Output;
-use crate::workers::Worker;
+use crate::workers::{Placed, Worker};
 
 /// A decode stream that broke after tokens went out cannot be retried transparently: the
 /// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
@@ -90,12 +90,12 @@ impl Ctx {
         req: Prepared,
         key: RoomKey,
         (prefill, pull): (Option<(usize, Arc<Worker>, usize)>, bool),
-        decode: Arc<Worker>,
+        decode: Placed,
         (arrived, mut clock): (Instant, PhaseClock),
         tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
     ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
-        let Attempt { stream, prefill: prefill_task, first, decode, key } =
+        let Attempt { stream, prefill: prefill_task, first, decode, placed: _placed, key } =
             self.first_message(&req, key, prefill.map(|p| p.1), decode, pull).await?;
         // Dropped once every sequence has ended (a stop string found here leaves the worker
         // generating until it hears).

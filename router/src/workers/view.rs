@@ -30,6 +30,38 @@ pub(super) struct View {
     /// Free plus evictable pages (a decode worker's).
     admissible_pages: AtomicU64,
     total_pages: AtomicU64,
+    /// Requests this router placed on it (a decode worker) and still streams ([`Placed`]).
+    placed: AtomicU64,
+    /// Requests its last load report counted beyond those this router had placed on it then
+    /// (other routers').
+    others: AtomicU64,
+}
+
+/// A request this router streams from a decode worker, counted in its view's `placed`
+/// while it lives: a burst of requests sees the ones before it at once, a poll interval
+/// before any load report could.
+#[derive(Debug)]
+pub struct Placed(std::sync::Arc<super::Worker>);
+
+impl Placed {
+    pub(super) fn new(w: std::sync::Arc<super::Worker>) -> Self {
+        w.view.placed.fetch_add(1, Relaxed);
+        Self(w)
+    }
+}
+
+impl std::ops::Deref for Placed {
+    type Target = std::sync::Arc<super::Worker>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for Placed {
+    fn drop(&mut self) {
+        self.0.view.placed.fetch_sub(1, Relaxed);
+    }
 }
 
 impl Default for View {
@@ -40,6 +72,8 @@ impl Default for View {
             reported: AtomicBool::new(false),
             admissible_pages: AtomicU64::new(0),
             total_pages: AtomicU64::new(0),
+            placed: AtomicU64::new(0),
+            others: AtomicU64::new(0),
         }
     }
 }
@@ -61,6 +95,9 @@ impl View {
     fn publish_load(&self, l: &pb::LoadReport) {
         self.admissible_pages.store(u64::from(l.free_pages) + u64::from(l.evictable_pages), Relaxed);
         self.total_pages.store(u64::from(l.total_pages), Relaxed);
+        // A decode worker's queues: prealloc, transfer, waiting, running.
+        let requests: u64 = l.queue_depth.values().map(|&n| u64::from(n)).sum();
+        self.others.store(requests.saturating_sub(self.placed.load(Relaxed)), Relaxed);
     }
 
     /// Seen and its circuit not open at `now` ([`Health::healthy`]).
@@ -78,6 +115,7 @@ impl View {
             admissible_pages: if reported { self.admissible_pages.load(Relaxed) } else { 0 },
             total_pages: if reported { self.total_pages.load(Relaxed) } else { u64::MAX },
             cached_tokens,
+            requests: self.placed.load(Relaxed) + if reported { self.others.load(Relaxed) } else { 0 },
         }
     }
 }
