@@ -13,8 +13,10 @@
 //! joins the batch.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+
+use parking_lot::Mutex;
 use std::time::Instant;
 
 use ferry_cluster::metrics as m;
@@ -380,9 +382,7 @@ impl<B: Backend> Engine<B> {
             admissible_pages: available.saturating_sub(self.queues.promised()),
             total_pages: total,
         };
-        if let Ok(mut l) = self.load.lock() {
-            *l = load;
-        }
+        *self.load.lock() = load;
     }
 }
 

@@ -26,7 +26,9 @@ mod wake;
 
 pub use cmd::Load;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ferry_cluster::args::FlagError;
 use ferry_cluster::daemon::{self};

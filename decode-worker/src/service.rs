@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ferry_cluster::{Refused, RequestId, wire};
 use ferry_proto::v1 as pb;
@@ -180,7 +182,7 @@ pub struct LoadSvc(pub Arc<Shared>);
 #[tonic::async_trait]
 impl pb::load_server::Load for LoadSvc {
     async fn report(&self, _req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
-        let l = self.0.load.lock().map_err(|_| Status::internal("load poisoned"))?.clone();
+        let l = self.0.load.lock().clone();
         let depth: HashMap<String, u32> = l.depth.iter().map(|&(k, v)| (k.to_string(), v as u32)).collect();
         Ok(Response::new(pb::LoadReport {
             worker_id: self.0.worker.to_string(),

@@ -14,7 +14,9 @@
 use std::sync::mpsc::Receiver;
 
 use ferry_worker::EngineLink;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as m;
@@ -254,9 +256,7 @@ impl<B: Backend> Engine<B> {
         ] {
             metrics::gauge!(m::PAGES, "role" => "prefill", "worker" => w.clone(), "kind" => kind).set(n as f64);
         }
-        if let Ok(mut l) = self.load.lock() {
-            *l = load;
-        }
+        *self.load.lock() = load;
     }
 }
 

@@ -25,7 +25,9 @@ pub mod tail;
 
 pub use cmd::{Load, PrefillDone};
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ferry_cluster::daemon::{self};
 use ferry_cluster::discovery::Role;

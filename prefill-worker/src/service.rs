@@ -3,7 +3,9 @@
 //! engine thread a command and awaits its answer.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use ferry_cluster::{LayoutDescriptor, Refused, RequestId, Room, RoomSecret, wire};
 use ferry_proto::v1 as pb;
@@ -193,7 +195,7 @@ pub struct LoadSvc(pub Arc<Shared>);
 #[tonic::async_trait]
 impl pb::load_server::Load for LoadSvc {
     async fn report(&self, _req: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
-        let l = self.0.load.lock().map_err(|_| Status::internal("load poisoned"))?.clone();
+        let l = self.0.load.lock().clone();
         let depth = HashMap::from([
             ("bootstrap".to_string(), l.depth.0 as u32),
             ("waiting".to_string(), l.depth.1 as u32),

@@ -3,7 +3,9 @@
 //! later, the graceful stop.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::WorkerConfig;
 use ferry_cluster::daemon::{Daemon, Parts, StartError};
@@ -40,7 +42,7 @@ impl<L> std::fmt::Debug for Running<L> {
 impl<L: Clone + Default> Running<L> {
     /// The latest load figures (queue depths, pages).
     pub fn load(&self) -> L {
-        self.load.lock().map(|l| l.clone()).unwrap_or_default()
+        self.load.lock().clone()
     }
 
     /// Graceful stop: stop serving, drain the engine (every request ends with a reason, its
