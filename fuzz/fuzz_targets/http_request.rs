@@ -2,7 +2,7 @@
 //! checked request or a 4xx, never a panic. The first input byte picks the endpoint.
 #![no_main]
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ferry_router::admission::{Admission, Limits};
@@ -12,6 +12,7 @@ use ferry_router::openai::{Kind, parse};
 use ferry_router::placement::Placer;
 use ferry_router::workers::Registry;
 use libfuzzer_sys::fuzz_target;
+use parking_lot::Mutex;
 
 fn ctx() -> &'static Ctx {
     static CTX: OnceLock<(tempfile::TempDir, Ctx)> = OnceLock::new();
