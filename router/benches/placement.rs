@@ -1,8 +1,14 @@
 //! Router placement benchmark, issue 17's workload W1, through the router's own path: the
 //! workers' published health and load (`Registry::prefill_board`'s board) → match
-//! (`SharedIndex::matched`: the workers' events and the router's marks) → choose
-//! (`Placer::prefill`) → provisional insert (`SharedIndex::provisional`), exactly what every
-//! request does.
+//! (`SharedIndex::matched`: the workers' events and the router's marks) → the prompt tokens
+//! pending on each worker (`PrefillPending::by_slot`) → choose (`Placer::prefill`) →
+//! provisional insert (`SharedIndex::provisional`) → count its tokens pending on the chosen
+//! worker (`PrefillPending::add`), exactly what every request does. The issue's load is equal
+//! on every worker, so each placement's pending tokens are dropped once it is placed (its
+//! prefill done before the next placement); a line `(b) with 32 in flight` then repeats (b) with the last 32
+//! placements' tokens still pending (as many prefills computing), where placement weighs the
+//! pending queues against the cache: it prints the share placed on the group's home and on a
+//! worker holding its prefix.
 //!
 //! W workers (64; `FERRY_BENCH_WORKERS` for others), all healthy, equal load; pages of 16
 //! tokens; token ids uniform in [0, 50,000) from a fixed seed; G = 64 prefix groups. Preload
@@ -38,7 +44,7 @@ use ferry_cluster::WorkerId;
 use ferry_cluster::discovery::Role;
 use ferry_router::index::SharedIndex;
 use ferry_router::placement::{Placer, Policy, jitter};
-use ferry_router::workers::{Board, Worker};
+use ferry_router::workers::{Board, Pending, PrefillPending, Worker};
 
 const PS: usize = 16;
 const GROUPS: usize = 64;
@@ -54,23 +60,61 @@ struct Router {
     /// The workers' published health and load, as placement reads them.
     workers: Arc<Board>,
     rng: Rng,
+    /// Prompt tokens pending on the workers, and the last placements' guards.
+    pending: InFlight,
+}
+
+/// The prompt tokens of the last `depth` placements, pending on their workers.
+struct InFlight {
+    table: Arc<PrefillPending>,
+    guards: std::collections::VecDeque<Pending>,
+    scratch: Vec<(usize, f64)>,
+    depth: usize,
+}
+
+/// Prefills in flight in the `(b) with 32 in flight` line.
+const IN_FLIGHT: usize = 32;
+
+impl InFlight {
+    /// Keeps the last `depth` placements' tokens pending at the next one (0: none).
+    fn new(table: Arc<PrefillPending>, depth: usize) -> Self {
+        Self { table, guards: Default::default(), scratch: Vec::new(), depth }
+    }
+
+    /// The pending tokens by slot, as placement reads them.
+    fn read(&mut self, board: &ferry_router::placement::PrefillBoard) -> &[(usize, f64)] {
+        self.table.by_slot(board, &mut self.scratch);
+        &self.scratch
+    }
+
+    /// `tokens` pending on `w` (its holder on `board`), the oldest placement's done.
+    fn add(&mut self, board: &ferry_router::placement::PrefillBoard, w: usize, tokens: usize) {
+        self.guards.push_back(self.table.add(w, board.holder(w), tokens as u64));
+        // The oldest prefills end.
+        while self.guards.len() > self.depth {
+            self.guards.pop_front();
+        }
+    }
 }
 
 impl Router {
-    /// One placement; returns the worker and (whole, index-only) seconds.
-    fn place(&mut self, prompt: &[u32], now: Instant) -> (usize, f64, f64) {
+    /// One placement; returns the worker, the prompt tokens it holds and (whole, index-only)
+    /// seconds.
+    fn place(&mut self, prompt: &[u32], now: Instant) -> (usize, usize, f64, f64) {
         let t = Instant::now();
         let board = self.workers.load();
         let t0 = Instant::now();
         let m = self.ix.matched(&prompt[..prompt.len() - 1], board.len());
         let t_match = t0.elapsed();
         let j = self.rng.next();
-        let c = self.placer.prefill(prompt.len(), &m, &board, now, jitter(j as u32));
-        let w = c.map_or(0, |c| c.worker);
+        let pending = self.pending.read(&board);
+        let c = self.placer.prefill(prompt.len(), (&m, pending), &board, now, jitter(j as u32));
+        let (w, held) = c.map_or((0, 0), |c| (c.worker, c.cached_tokens));
         let t1 = Instant::now();
         self.ix.provisional(w, prompt, now, TTL).expect("insert");
         let t_insert = t1.elapsed();
-        (w, t.elapsed().as_secs_f64(), (t_match + t_insert).as_secs_f64())
+        self.pending.add(&board, w, prompt.len() - held);
+        (w, held, t.elapsed().as_secs_f64(), (t_match + t_insert).as_secs_f64())
     }
 }
 
@@ -115,7 +159,8 @@ fn report(kind: &str, whole: &mut [f64], index: &mut [f64], smg: Option<(f64, f6
 /// copied into a reused buffer (~1 µs, counted): generating 2,048 random tokens per request
 /// would cost more than the placement.
 fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
-    let Router { ix, placer, workers, .. } = r;
+    let Router { ix, placer, workers, pending, .. } = r;
+    let table = pending.table;
     let placer = std::sync::Mutex::new(placer);
     let tails: Vec<Vec<u32>> = (0..64).map(|_| rng.tokens(LEN - PREFIX)).collect();
     let now = Instant::now();
@@ -127,6 +172,7 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
             let handles: Vec<_> = (0..n)
                 .map(|me| {
                     let (ix, placer, workers, tails) = (&ix, &placer, &workers, &tails);
+                    let mut pending = InFlight::new(Arc::clone(&table), 0);
                     s.spawn(move || {
                         let mut p = Vec::with_capacity(LEN);
                         let mut busy = 0.0;
@@ -138,8 +184,17 @@ fn threads(r: Router, groups: &[Vec<u32>], rng: &mut Rng, div: usize) {
                             let t0 = Instant::now();
                             let board = workers.load();
                             let m = ix.matched(&p[..p.len() - 1], board.len());
-                            let c = placer.lock().expect("placer").prefill(p.len(), &m, &board, now, jitter(i as u32));
-                            ix.provisional(c.map_or(0, |c| c.worker), &p, now, TTL).expect("insert");
+                            let on = pending.read(&board);
+                            let c = placer.lock().expect("placer").prefill(
+                                p.len(),
+                                (&m, on),
+                                &board,
+                                now,
+                                jitter(i as u32),
+                            );
+                            let w = c.map_or(0, |c| c.worker);
+                            ix.provisional(w, &p, now, TTL).expect("insert");
+                            pending.add(&board, w, p.len() - c.map_or(0, |c| c.cached_tokens));
                             busy += t0.elapsed().as_secs_f64();
                         }
                         busy
@@ -215,7 +270,13 @@ fn w1(shape: &Shape, workers: usize, board: Arc<Board>, groups: &[Vec<u32>], rng
     let smg = |k: usize| smg.map(|s| s[k]).filter(|_| workers == 64);
     // SmolLM2-135M: 720 KiB of KV per 16-token page; loopback TCP ~2.5 GB/s.
     let placer = Placer::new(Policy::CacheAware, 5000.0, 737_280.0 / 16.0, 2.5e9);
-    let mut r = Router { ix: SharedIndex::new(PS, 1 << 20), placer, workers: board, rng: Rng(0xfeed) };
+    let mut r = Router {
+        ix: SharedIndex::new(PS, 1 << 20),
+        placer,
+        workers: board,
+        rng: Rng(0xfeed),
+        pending: InFlight::new(Arc::default(), 0),
+    };
     let now = Instant::now();
     // At least one request per group, so every group has a home (the quick run divides N).
     let n = (preload / div).max(GROUPS);
@@ -226,7 +287,7 @@ fn w1(shape: &Shape, workers: usize, board: Arc<Board>, groups: &[Vec<u32>], rng
         let g = i % GROUPS;
         let mut p = groups[g].clone();
         p.extend(rng.tokens(len - prefix));
-        let (w, _, _) = r.place(&p, now);
+        let (w, ..) = r.place(&p, now);
         home[g].get_or_insert(w);
         preloaded.push((g, p));
     }
@@ -239,28 +300,41 @@ fn w1(shape: &Shape, workers: usize, board: Arc<Board>, groups: &[Vec<u32>], rng
     let f0 = faults();
     for _ in 0..20_000 / div {
         let (_, p) = &preloaded[(rng.next() % n as u64) as usize];
-        let (_, a, b) = r.place(p, now);
+        let (_, _, a, b) = r.place(p, now);
         whole.push(a);
         index.push(b);
     }
     report(&format!("{tag}(a) exact repeat"), &mut whole, &mut index, smg(0), faults() - f0);
-    let (mut whole, mut index, mut at_home) = (Vec::new(), Vec::new(), 0usize);
-    let f0 = faults();
     let count = 20_000 / div;
-    for i in 0..count {
-        let g = i % GROUPS;
-        let mut p = groups[g].clone();
-        p.extend(rng.tokens(len - prefix));
-        let (w, a, b) = r.place(&p, now);
-        at_home += usize::from(home[g] == Some(w));
-        whole.push(a);
-        index.push(b);
+    for depth in [0, IN_FLIGHT] {
+        r.pending = InFlight::new(Arc::default(), depth);
+        let (mut whole, mut index, mut at_home, mut holder) = (Vec::new(), Vec::new(), 0usize, 0usize);
+        let f0 = faults();
+        for i in 0..count {
+            let g = i % GROUPS;
+            let mut p = groups[g].clone();
+            p.extend(rng.tokens(len - prefix));
+            let (w, held, a, b) = r.place(&p, now);
+            at_home += usize::from(home[g] == Some(w));
+            holder += usize::from(held >= prefix);
+            whole.push(a);
+            index.push(b);
+        }
+        let share = |n: usize| 100.0 * n as f64 / count as f64;
+        if depth == 0 {
+            report(&format!("{tag}(b) group prefix + fresh"), &mut whole, &mut index, smg(1), faults() - f0);
+            println!("{tag}(b) affinity: {:.1} % placed on the group's home (smg 100 %)", share(at_home));
+        } else {
+            let name = format!("{tag}(b) with {depth} in flight");
+            report(&name, &mut whole, &mut index, None, faults() - f0);
+            println!(
+                "{name}: {:.1} % placed on the group's home, {:.1} % on a worker holding its prefix",
+                share(at_home),
+                share(holder)
+            );
+        }
     }
-    report(&format!("{tag}(b) group prefix + fresh"), &mut whole, &mut index, smg(1), faults() - f0);
-    println!(
-        "{tag}(b) affinity: {:.1} % placed on the group's home (smg 100 %)",
-        100.0 * at_home as f64 / count as f64
-    );
+    r.pending = InFlight::new(Arc::default(), 0);
     let (mut whole, mut index) = (Vec::new(), Vec::new());
     let (f0, count) = (faults(), 10_000 / div);
     let mut f_half = f0;
@@ -269,7 +343,7 @@ fn w1(shape: &Shape, workers: usize, board: Arc<Board>, groups: &[Vec<u32>], rng
             f_half = faults();
         }
         let p = rng.tokens(len);
-        let (_, a, b) = r.place(&p, now);
+        let (_, _, a, b) = r.place(&p, now);
         whole.push(a);
         index.push(b);
     }

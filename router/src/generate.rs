@@ -24,7 +24,7 @@ use crate::admission::Admission;
 use crate::error::RouterError;
 use crate::index::SharedIndex;
 use crate::placement::{DecodeState, NoDecode, Path, Placer, jitter};
-use crate::workers::{Registry, Worker};
+use crate::workers::{Pending, Registry, Worker};
 
 /// A decode worker as placement sees it.
 /// A validated request.
@@ -94,6 +94,17 @@ impl Ctx {
         }
         Ok(ids)
     }
+}
+
+/// The prefill worker placement chose for a request's prompt.
+pub(super) struct Chosen {
+    /// Its slot on the board.
+    slot: usize,
+    worker: Arc<Worker>,
+    /// The prompt tokens it holds, as placement saw them.
+    held: usize,
+    /// The rest, pending on it for placement until the prompt is computed.
+    computing: Option<Pending>,
 }
 
 /// One piece of output, of one of the request's sequences.
@@ -194,7 +205,9 @@ impl Ctx {
         let now = Instant::now();
         let board = self.workers.prefill_board();
         let cached = self.index.matched(&req.tokens[..len - 1], board.len());
-        let choice = self.placer.lock().prefill(len, &cached, &board, now, jitter(rand::random()));
+        let mut pending = Vec::new();
+        self.workers.prefill_pending(&board, &mut pending);
+        let choice = self.placer.lock().prefill(len, (&cached, &pending), &board, now, jitter(rand::random()));
         // What each decode worker's cache holds of the prompt (its KV events: finished
         // requests, a conversation's earlier turns and answers among them).
         let decode_slots = snap.decode.iter().map(|w| w.slot + 1).max().unwrap_or(0);
@@ -239,22 +252,28 @@ impl Ctx {
             Path::Prefill(c) | Path::Pull(c) => {
                 // The board and the members are read apart: the slot may have changed hands
                 // between the reads (then the prompt is computed where it decodes).
-                snap.prefill_scored(&board, c.worker).map(|w| (c.worker, Arc::clone(w), c.cached_tokens))
+                snap.prefill_scored(&board, c.worker).map(|w| Chosen {
+                    slot: c.worker,
+                    worker: Arc::clone(w),
+                    held: c.cached_tokens,
+                    // What it computes of the prompt, pending there until the first token.
+                    computing: self.workers.prefill_started(w, (len - c.cached_tokens) as u64),
+                })
             }
             Path::Local(_) => None,
         };
         let decode = snap.decode[d].placed();
         metrics::counter!(M::ROUTER_DECODE_PLACEMENTS, "worker" => decode.id.clone()).increment(1);
         match &prefill {
-            Some((_, w, _)) => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "prefill", "worker" => w.id.clone()),
+            Some(c) => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "prefill", "worker" => c.worker.id.clone()),
             None => metrics::counter!(M::ROUTER_PLACEMENTS, "target" => "local", "worker" => decode.id.clone()),
         }
         .increment(1);
         let arrived = Instant::now();
         clock.lap("placement", arrived);
         let key = RoomKey::random();
-        if let Some((slot, ..)) = &prefill {
-            let _ = self.index.provisional(*slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
+        if let Some(c) = &prefill {
+            let _ = self.index.provisional(c.slot, &req.tokens, Instant::now(), PROVISIONAL_TTL);
         }
         let me = Arc::clone(self);
         let (tx, rx) = tokio::sync::mpsc::channel(64);

@@ -217,12 +217,15 @@ impl Placer {
     }
 
     /// Picks the prefill worker for a prompt of `len` tokens; `cached[w]` is what worker `w`
-    /// holds of it; `board` has every worker's numbers (healthy or not at `now`); `jitter(i)`
-    /// returns a number in [0, 1) for worker `i`.
+    /// holds of it; `pending` the prompt tokens this router has sent a few workers and not
+    /// yet seen computed, one `(slot, tokens)` a worker (a worker's queue counts as the larger
+    /// of that and its report, which comes a poll interval late: a burst would otherwise all
+    /// go to the worker holding its shared prefix); `board` has every worker's numbers
+    /// (healthy or not at `now`); `jitter(i)` returns a number in [0, 1) for worker `i`.
     pub fn prefill(
         &mut self,
         len: usize,
-        cached: &[usize],
+        (cached, pending): (&[usize], &[(usize, f64)]),
         board: &PrefillBoard,
         now: Instant,
         mut jitter: impl FnMut(usize) -> f64,
@@ -230,10 +233,13 @@ impl Placer {
         let healthy = || (0..board.len()).filter(|&w| board.healthy(w, now));
         let held = |w: usize| cached.get(w).copied().unwrap_or(0).min(len);
         let (default_rate, transfer) = (self.default_rate.max(1.0), self.transfer_seconds(len));
+        let queue = |w: usize, reported: u64| {
+            pending.iter().filter(|&&(s, _)| s == w).fold(reported as f64, |q, &(_, p)| q.max(p))
+        };
         let ttft = |w: usize| {
             let s = board.state(w, now);
             let rate = if s.tokens_per_second > 0.0 { s.tokens_per_second } else { default_rate };
-            (s.queued_tokens as f64 + (len - held(w)) as f64) / rate + transfer
+            (queue(w, s.queued_tokens) + (len - held(w)) as f64) / rate + transfer
         };
         let w = match self.policy {
             Policy::RoundRobin => {
@@ -244,10 +250,18 @@ impl Placer {
                 self.rr = self.rr.wrapping_add(1);
                 healthy().nth(self.rr % n)?
             }
-            Policy::LeastLoad => healthy().min_by_key(|&w| (board.state(w, now).queued_tokens, w))?,
-            Policy::CacheAware => {
-                least_jittered((len, transfer), cached, board, PrefillBoard::at(now), default_rate, &mut jitter)?
-            }
+            Policy::LeastLoad => healthy().min_by(|&a, &b| {
+                let q = |w: usize| queue(w, board.state(w, now).queued_tokens);
+                q(a).total_cmp(&q(b)).then(a.cmp(&b))
+            })?,
+            Policy::CacheAware => least_jittered(
+                (len, transfer),
+                (cached, pending),
+                board,
+                PrefillBoard::at(now),
+                default_rate,
+                &mut jitter,
+            )?,
         };
         Some(PrefillChoice { worker: w, cached_tokens: held(w), ttft: ttft(w) })
     }
@@ -377,35 +391,77 @@ mod tests {
         let none = |_| 0.0;
         // Worker 1 holds 900 of 1000 tokens: 100 to compute against 1000 elsewhere.
         let c = p
-            .prefill(1000, &[0, 900, 0], &on(&[st(0, 1000.0), st(0, 1000.0), st(0, 1000.0)]), Instant::now(), none)
+            .prefill(
+                1000,
+                (&[0, 900, 0], &[]),
+                &on(&[st(0, 1000.0), st(0, 1000.0), st(0, 1000.0)]),
+                Instant::now(),
+                none,
+            )
             .expect("one");
         assert_eq!((c.worker, c.cached_tokens), (1, 900));
         assert!((c.ttft - 0.1).abs() < 1e-9);
         // The same worker with 2000 queued tokens is slower than an idle cold one.
-        let c = p.prefill(1000, &[0, 900], &on(&[st(0, 1000.0), st(2000, 1000.0)]), Instant::now(), none).expect("one");
+        let c = p
+            .prefill(1000, (&[0, 900], &[]), &on(&[st(0, 1000.0), st(2000, 1000.0)]), Instant::now(), none)
+            .expect("one");
         assert_eq!(c.worker, 0);
         // A faster worker wins a cold race; unhealthy ones never win.
         let mut down = st(0, 1e6);
         down.healthy = false;
-        let c =
-            p.prefill(1000, &[0, 0, 0], &on(&[st(0, 1000.0), st(0, 4000.0), down]), Instant::now(), none).expect("one");
+        let c = p
+            .prefill(1000, (&[0, 0, 0], &[]), &on(&[st(0, 1000.0), st(0, 4000.0), down]), Instant::now(), none)
+            .expect("one");
         assert_eq!(c.worker, 1);
-        assert!(p.prefill(10, &[], &on(&[down]), Instant::now(), none).is_none());
+        assert!(p.prefill(10, (&[], &[]), &on(&[down]), Instant::now(), none).is_none());
+    }
+
+    /// Issue 61: what this router has pending on a worker counts as its queue before the
+    /// worker reports it (the larger of the two: a report counts the router's own requests
+    /// once they arrive), for the cache-aware and least-load policies.
+    #[test]
+    fn tokens_pending_from_this_router_count_as_a_queue_before_the_report_does() {
+        let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
+        let idle = on(&[st(0, 1000.0), st(0, 1000.0)]);
+        let place = |p: &mut Placer, pending: &[(usize, f64)], board: &PrefillBoard| {
+            p.prefill(1000, (&[900, 0], pending), board, Instant::now(), |_| 0.0).expect("one")
+        };
+        // Worker 0 holds 900 of 1000 tokens: it wins while nothing is pending there...
+        assert_eq!(place(&mut p, &[], &idle).worker, 0);
+        assert_eq!(place(&mut p, &[(0, 800.0)], &idle).worker, 0);
+        // ...and loses once 1000 tokens are (1.1 s against 1.0 s), the estimate saying so.
+        let c = place(&mut p, &[(0, 1000.0)], &idle);
+        assert_eq!(c.worker, 1);
+        assert!((c.ttft - 1.0).abs() < 1e-9, "{c:?}");
+        let c = place(&mut p, &[(0, 1000.0), (1, 300.0)], &idle);
+        assert_eq!(c.worker, 0, "1.1 s against 1.3 s");
+        assert!((c.ttft - 1.1).abs() < 1e-9, "{c:?}");
+        // The larger of report and pending, not their sum: 900 reported and 900 pending.
+        let reported = on(&[st(900, 1000.0), st(0, 1000.0)]);
+        assert_eq!(place(&mut p, &[(0, 900.0)], &reported).worker, 0, "1.0 s against 1.0 s: the first");
+        // A slot beyond the board is ignored.
+        assert_eq!(place(&mut p, &[(5, 1e9)], &idle).worker, 0);
+        let mut ll = Placer::new(Policy::LeastLoad, 1000.0, 0.0, 1e9);
+        let c = ll.prefill(10, (&[], &[(1, 60.0)]), &on(&[st(50, 1.0), st(5, 1.0)]), Instant::now(), |_| 0.0);
+        assert_eq!(c.expect("one").worker, 0);
     }
 
     #[test]
     fn jitter_spreads_exact_ties_and_other_policies_ignore_caches() {
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
         let tie = [st(0, 1000.0), st(0, 1000.0)];
-        let a = p.prefill(100, &[0, 0], &on(&tie), Instant::now(), |w| if w == 0 { 0.9 } else { 0.1 }).expect("one");
-        let b = p.prefill(100, &[0, 0], &on(&tie), Instant::now(), |w| if w == 0 { 0.1 } else { 0.9 }).expect("one");
+        let a =
+            p.prefill(100, (&[0, 0], &[]), &on(&tie), Instant::now(), |w| if w == 0 { 0.9 } else { 0.1 }).expect("one");
+        let b =
+            p.prefill(100, (&[0, 0], &[]), &on(&tie), Instant::now(), |w| if w == 0 { 0.1 } else { 0.9 }).expect("one");
         assert_ne!(a.worker, b.worker);
         let mut rr = Placer::new(Policy::RoundRobin, 1000.0, 0.0, 1e9);
-        let picks: Vec<usize> =
-            (0..4).map(|_| rr.prefill(10, &[10, 0], &on(&tie), Instant::now(), |_| 0.0).expect("one").worker).collect();
+        let picks: Vec<usize> = (0..4)
+            .map(|_| rr.prefill(10, (&[10, 0], &[]), &on(&tie), Instant::now(), |_| 0.0).expect("one").worker)
+            .collect();
         assert_eq!(picks, vec![1, 0, 1, 0]);
         let mut ll = Placer::new(Policy::LeastLoad, 1000.0, 0.0, 1e9);
-        let c = ll.prefill(10, &[10, 0], &on(&[st(50, 1.0), st(5, 1.0)]), Instant::now(), |_| 0.0).expect("one");
+        let c = ll.prefill(10, (&[10, 0], &[]), &on(&[st(50, 1.0), st(5, 1.0)]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!((c.worker, c.cached_tokens), (1, 0));
         assert_eq!("least-load".parse::<Policy>(), Ok(Policy::LeastLoad));
         assert!("random".parse::<Policy>().is_err());
@@ -426,7 +482,7 @@ mod tests {
             assert_eq!(bits.len(), 1024, "seed {seed}");
             let mut p = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
             let tie = vec![st(0, 1000.0); 1024];
-            winners.insert(p.prefill(100, &[], &on(&tie), Instant::now(), j).expect("one").worker);
+            winners.insert(p.prefill(100, (&[], &[]), &on(&tie), Instant::now(), j).expect("one").worker);
         }
         assert!(winners.len() > 48, "64 seeds picked only {} workers", winners.len());
     }
@@ -498,7 +554,7 @@ mod tests {
         let st = PrefillState::new(true, 0, 1000.0);
         // 1000 tokens' pages move in 1 ms.
         let mut p = Placer::new(Policy::CacheAware, 1000.0, 1000.0, 1e9);
-        let c = p.prefill(1000, &[0], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
+        let c = p.prefill(1000, (&[0], &[]), &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         // The decode worker holds 900 of 1000 tokens: 100 there (0.1 s) beats 1000 on the
         // prefill worker (1 s) and the transfer of 100 tokens' pages.
         assert_eq!(p.path(1000, Some((c, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
@@ -521,13 +577,13 @@ mod tests {
         assert_eq!(p.path(1000, Some((c, st)), 0, 101, 0), Path::Prefill(c));
         // The prefill worker holds as much and is idle: the decode worker saves only the
         // transfer; with no transfer cost, a tie, which the prefill worker takes.
-        let same = p.prefill(1000, &[900], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
+        let same = p.prefill(1000, (&[900], &[]), &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(p.path(1000, Some((same, st)), 900, 0, 512), Path::Local(LocalWhy::DecodeCache));
         let mut free = Placer::new(Policy::CacheAware, 1000.0, 0.0, 1e9);
-        let same = free.prefill(1000, &[900], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
+        let same = free.prefill(1000, (&[900], &[]), &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(free.path(1000, Some((same, st)), 900, 0, 512), Path::Prefill(same));
         // The prefill worker holds more and is idle: it is sooner.
-        let warm = p.prefill(1000, &[990], &on(&[st]), Instant::now(), |_| 0.0).expect("one");
+        let warm = p.prefill(1000, (&[990], &[]), &on(&[st]), Instant::now(), |_| 0.0).expect("one");
         assert_eq!(p.path(1000, Some((warm, st)), 500, 0, 512), Path::Prefill(warm));
         assert_eq!(p.path(1000, None, 0, 0, 512), Path::Local(LocalWhy::NoPrefill));
         // A whole prompt held still computes its last token.

@@ -26,9 +26,11 @@ use crate::placement::{DecodeState, PrefillBoard};
 mod board;
 mod events;
 mod health;
+mod pending;
 mod view;
 
 pub use board::Board;
+pub use pending::{Pending, PrefillPending};
 pub use view::Placed;
 
 use events::follow_events;
@@ -250,6 +252,8 @@ pub struct Registry {
     current: arc_swap::ArcSwap<Snapshot>,
     /// What placement scores of every prefill slot, published by the workers.
     board: Arc<Board>,
+    /// Prompt tokens this router has sent each prefill worker, not yet computed.
+    pending: Arc<PrefillPending>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -293,7 +297,21 @@ impl Registry {
             members: Mutex::new((Vec::new(), Vec::new())),
             current: arc_swap::ArcSwap::from_pointee(Snapshot::default()),
             board: Arc::default(),
+            pending: Arc::default(),
         }
+    }
+
+    /// Writes into `out` the prompt tokens this router has pending on each prefill slot of
+    /// `board` that has some ([`PrefillPending::by_slot`]).
+    pub fn prefill_pending(&self, board: &PrefillBoard, out: &mut Vec<(usize, f64)>) {
+        self.pending.by_slot(board, out);
+    }
+
+    /// Counts `tokens` of a prompt pending on prefill worker `w` while the guard lives (None:
+    /// `w` is not a prefill worker).
+    pub fn prefill_started(&self, w: &Worker, tokens: u64) -> Option<Pending> {
+        let (_, serial) = w.board.as_ref()?;
+        Some(self.pending.add(w.slot, *serial, tokens))
     }
 
     /// What placement scores of every prefill slot (a free slot: unhealthy), by slot: one

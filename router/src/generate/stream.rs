@@ -2,7 +2,6 @@
 //! detokenized incrementally, cut at stop strings — with usage and the request's phases on the
 //! last piece.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_cluster::metrics as M;
@@ -13,7 +12,7 @@ use futures::StreamExt;
 use tonic::{Code, Status};
 
 use super::attempt::{Attempt, PrefillTask};
-use super::{Ctx, End, Piece, Prepared, Scored};
+use super::{Chosen, Ctx, End, Piece, Prepared, Scored};
 use crate::error::RouterError;
 use crate::output::Output;
 use crate::workers::{Placed, Worker};
@@ -89,14 +88,17 @@ impl Ctx {
         &self,
         req: Prepared,
         key: RoomKey,
-        (prefill, pull): (Option<(usize, Arc<Worker>, usize)>, bool),
+        (prefill, pull): (Option<Chosen>, bool),
         decode: Placed,
         (arrived, mut clock): (Instant, PhaseClock),
         tx: &tokio::sync::mpsc::Sender<Result<Piece, RouterError>>,
     ) -> Result<(), RouterError> {
-        let cached_guess = prefill.as_ref().map_or(0, |p| p.2 as u32);
+        let cached_guess = prefill.as_ref().map_or(0, |c| c.held as u32);
+        let (prefill, computing) = prefill.map(|c| (c.worker, c.computing)).unzip();
         let Attempt { stream, prefill: prefill_task, first, decode, placed: _placed, key } =
-            self.first_message(&req, key, prefill.map(|p| p.1), decode, pull).await?;
+            self.first_message(&req, key, prefill, decode, pull).await?;
+        // The prompt is computed (or its prefill call failed and another computed it).
+        drop(computing);
         // Dropped once every sequence has ended (a stop string found here leaves the worker
         // generating until it hears).
         let mut stream = Some(stream);

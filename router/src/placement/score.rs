@@ -10,31 +10,48 @@ use super::PrefillBoard;
 /// first; then the jittered scores, only for workers within 1 % of `m` — a worker estimated
 /// above `m` × 1.01 cannot beat the best one's jittered score, which is below that.
 /// `transfer`: the seconds to move the prompt's KV; `now`: nanoseconds from the placement
-/// epoch.
+/// epoch; `pending`: the prompt tokens this router has pending on a few slots, one entry a
+/// slot (a worker's queue scores as the larger of that and what it reported).
 pub(super) fn least_jittered(
     (len, transfer): (usize, f64),
-    cached: &[usize],
+    (cached, pending): (&[usize], &[(usize, f64)]),
     board: &PrefillBoard,
     now: f64,
     default_rate: f64,
     jitter: &mut impl FnMut(usize) -> f64,
 ) -> Option<usize> {
     let (default_spt, len_f) = (1.0 / default_rate, len as f64);
-    let (ready, queued, spt) = board.numbers();
+    let (ready, reported, spt) = board.numbers();
     thread_local! {
         /// The estimates of the last request placed on this thread, reused.
         static ESTIMATES: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+        /// The queues as scored when some are pending, reused.
+        static QUEUES: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    ESTIMATES.with_borrow_mut(|est| {
-        est.clear();
-        est.resize(ready.len(), 0.0);
-        let numbers = Board { ready, queued, spt, cached };
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: this CPU has AVX2 (checked just above).
-            return unsafe { passes_avx2(est, numbers, (len_f, transfer, default_spt, now), jitter) };
-        }
-        passes(est, numbers, (len_f, transfer, default_spt, now), jitter)
+    QUEUES.with_borrow_mut(|queues| {
+        ESTIMATES.with_borrow_mut(|est| {
+            let queued = if pending.is_empty() {
+                reported
+            } else {
+                queues.clear();
+                queues.extend_from_slice(reported);
+                for &(w, p) in pending {
+                    if let Some(q) = queues.get_mut(w) {
+                        *q = q.max(p);
+                    }
+                }
+                &queues[..]
+            };
+            est.clear();
+            est.resize(ready.len(), 0.0);
+            let numbers = Board { ready, queued, spt, cached };
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") {
+                // SAFETY: this CPU has AVX2 (checked just above).
+                return unsafe { passes_avx2(est, numbers, (len_f, transfer, default_spt, now), jitter) };
+            }
+            passes(est, numbers, (len_f, transfer, default_spt, now), jitter)
+        })
     })
 }
 
