@@ -53,6 +53,7 @@ pub fn sampling_from_proto(p: Option<pb::SamplingParams>) -> SamplingParams {
             b.sort_unstable_by_key(|&(id, _)| id);
             b
         },
+        resumed: p.resumed,
     }
 }
 
@@ -99,6 +100,7 @@ pub fn sampling_to_proto(s: &SamplingParams) -> pb::SamplingParams {
         prompt_logprobs: s.prompt_logprobs,
         n: s.n,
         logit_bias: s.logit_bias.iter().copied().collect(),
+        resumed: s.resumed,
     }
 }
 

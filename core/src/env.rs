@@ -123,6 +123,9 @@ pub const MAX_INDEX_PAGES: &str = "FERRY_MAX_INDEX_PAGES";
 /// `--max-queued-requests` (ferry router).
 pub const MAX_QUEUED_REQUESTS: &str = "FERRY_MAX_QUEUED_REQUESTS";
 
+/// `--migration-limit` (ferry router).
+pub const MIGRATION_LIMIT: &str = "FERRY_MIGRATION_LIMIT";
+
 /// `--max-stop-strings` (ferry router).
 pub const MAX_STOP_STRINGS: &str = "FERRY_MAX_STOP_STRINGS";
 
@@ -260,6 +263,7 @@ pub const ALL: &[&str] = &[
     MAX_STOP_STRING_BYTES,
     MEM_FRACTION,
     METRICS_ADDR,
+    MIGRATION_LIMIT,
     MODEL,
     MIN_NEW_TOKEN_RATIO,
     NEW_TOKEN_RATIO_DECAY_STEPS,

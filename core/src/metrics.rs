@@ -93,6 +93,10 @@ pub const ROUTER_DECODE_PREFIX: &str = "ferry_router_decode_prefix_total";
 /// (prefill | decode) and the `worker` that failed (a decode worker prefilling locally counts
 /// under stage prefill) (counter).
 pub const ROUTER_RETRIES: &str = "ferry_router_retries_total";
+/// Streams whose decode worker failed after tokens went out, by `outcome`: `resumed` (moved
+/// to another decode worker, the stream going on), `failed` (no other worker took it),
+/// `limit` (`--migration-limit` moves used up), `unsupported` (`n` > 1) (counter).
+pub const ROUTER_MIGRATIONS: &str = "ferry_router_migrations_total";
 /// Requests the router finished, by `outcome` (stop | length | abort | error | cancelled | refused)
 /// (counter).
 pub const ROUTER_REQUESTS: &str = "ferry_router_requests_total";
@@ -289,6 +293,12 @@ pub const ALL: &[Metric] = &[
         Kind::Counter,
         "stage, worker",
         "Requests retried on another worker after `worker` failed before the first token (stage: prefill, decode)",
+    ),
+    m(
+        ROUTER_MIGRATIONS,
+        Kind::Counter,
+        "outcome",
+        "Streams whose decode worker failed after tokens went out (outcome: resumed, failed, limit, unsupported)",
     ),
     m(
         ROUTER_REQUESTS,

@@ -87,6 +87,13 @@ pub fn validate<B: Backend>(model: &Model<B>, req: &Request) -> Result<(), Engin
         )));
     }
     req.params.validate(cfg.vocab_size)?;
+    if req.params.resumed as usize >= req.prompt.len() {
+        return Err(EngineError::InvalidRequest(format!(
+            "resumed = {}: a resumed request's output must follow at least one prompt token (the prompt has {})",
+            req.params.resumed,
+            req.prompt.len()
+        )));
+    }
     Ok(())
 }
 

@@ -35,19 +35,43 @@ pub struct Sampler {
     counts: std::collections::HashMap<u32, u32>,
     /// The output constraint, if the request has one.
     guide: Option<Box<Guide>>,
+    /// A resumed request's output so far ([`SamplingParams::resumed`]), which the output
+    /// constraint, once given ([`guided`](Self::guided)), must have seen.
+    resumed: Vec<u32>,
 }
 
 impl Sampler {
-    /// A sampler for one request whose prompt is `prompt`.
+    /// A sampler for one request whose prompt is `prompt`. A resumed request's (its last
+    /// [`SamplingParams::resumed`] prompt tokens are its own output) is where the sampler of
+    /// the undisturbed run stood after that output: each token counted as output and, above
+    /// temperature 0, one draw of the random stream taken for each.
     pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
         let seed = params.seed.unwrap_or_else(|| rand::rng().random());
         let seen = if params.repetition_penalty != 1.0 { prompt.iter().copied().collect() } else { Default::default() };
-        Self { params, rng: StdRng::seed_from_u64(seed), seen, counts: Default::default(), guide: None }
+        let output = &prompt[prompt.len() - (params.resumed as usize).min(prompt.len())..];
+        let mut s = Self {
+            params,
+            rng: StdRng::seed_from_u64(seed),
+            seen,
+            counts: Default::default(),
+            guide: None,
+            resumed: output.to_vec(),
+        };
+        for &t in output {
+            s.observe(t);
+        }
+        s
     }
 
-    /// The same, with its output constrained by `guide`.
+    /// The same, with its output constrained by `guide` (which a resumed request's output so
+    /// far advances).
     pub fn guided(mut self, guide: Option<Guide>) -> Self {
         self.guide = guide.map(Box::new);
+        if let Some(g) = &mut self.guide {
+            for t in std::mem::take(&mut self.resumed) {
+                g.advance(t);
+            }
+        }
         self
     }
 
@@ -63,12 +87,18 @@ impl Sampler {
     }
 
     /// The tokens the output constraint forces next (at most `max`; see [`Guide::jump`]),
-    /// recorded as output as if sampled (penalties count them; the random stream does not
-    /// move). Empty without a constraint.
+    /// recorded as output as if sampled: penalties count them and, above temperature 0, the
+    /// random stream moves one draw for each, as the masked draw that would have picked it
+    /// does (so a token's draw is the same whether it was forced or drawn, and a resumed
+    /// request, which knows only how many tokens came before it, stands where they left the
+    /// stream). Empty without a constraint.
     pub fn jump(&mut self, max: usize) -> Vec<u32> {
         let Some(g) = &mut self.guide else { return Vec::new() };
         let forced = g.jump(max);
         for &t in &forced {
+            if self.params.temperature != 0.0 {
+                let _: f32 = self.rng.random();
+            }
             if self.params.repetition_penalty != 1.0 {
                 self.seen.insert(t);
             }
@@ -446,5 +476,31 @@ mod tests {
         resumed.observe(all[0]);
         let rest: Vec<u32> = (1..10).map(|_| resumed.sample(&mut logits.clone()).token).collect();
         assert_eq!(rest, all[1..]);
+    }
+
+    /// Migration: a request whose first k output tokens come as the tail of its prompt
+    /// (`resumed` = k) samples what the undisturbed run sampled after them, penalties and
+    /// random stream included; with `resumed` = 0 the same prompt is a fresh request, which
+    /// does not.
+    #[test]
+    fn a_resumed_request_samples_what_the_undisturbed_run_did() {
+        let logits: Vec<f32> = (0..40).map(|i| ((i * 31) % 11) as f32 / 2.0).collect();
+        let p = params(|p| {
+            p.temperature = 0.9;
+            p.frequency_penalty = 0.5;
+            p.repetition_penalty = 1.2;
+        });
+        let mut whole = Sampler::new(p.clone(), &[1, 2]);
+        let all: Vec<u32> = (0..16).map(|_| whole.sample(&mut logits.clone()).token).collect();
+        for k in [1usize, 5, 11] {
+            let context: Vec<u32> = [1, 2].iter().chain(&all[..k]).copied().collect();
+            let mut moved = Sampler::new(SamplingParams { resumed: k as u32, ..p.clone() }, &context);
+            let rest: Vec<u32> = (k..16).map(|_| moved.sample(&mut logits.clone()).token).collect();
+            assert_eq!(rest, all[k..], "resumed after {k} tokens");
+        }
+        let context: Vec<u32> = [1, 2].iter().chain(&all[..5]).copied().collect();
+        let mut fresh = Sampler::new(p, &context);
+        let rest: Vec<u32> = (5..16).map(|_| fresh.sample(&mut logits.clone()).token).collect();
+        assert_ne!(rest, all[5..], "a fresh request starts its random stream over");
     }
 }

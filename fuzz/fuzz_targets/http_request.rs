@@ -33,6 +33,7 @@ fn ctx() -> &'static Ctx {
             local_prefill_max: 0,
             page_size: 16,
             api_keys: Vec::new(),
+            migration_limit: 0,
             limits: ferry_router::limits::Limits::default(),
             admission: Admission::new(Limits { max_running: 0, max_queued: 0, timeout: Duration::ZERO }),
         };

@@ -17,6 +17,7 @@ use futures::Stream;
 use tracing::Instrument as _;
 
 mod attempt;
+mod migrate;
 mod packed;
 mod stream;
 
@@ -26,7 +27,6 @@ use crate::index::SharedIndex;
 use crate::placement::{DecodeState, NoDecode, Path, Placer, jitter};
 use crate::workers::{Pending, Registry, Worker};
 
-/// A decode worker as placement sees it.
 /// A validated request.
 #[derive(Debug, Clone)]
 pub struct Prepared {
@@ -69,6 +69,8 @@ pub struct Ctx {
     pub api_keys: Vec<String>,
     /// Bounds on stop strings.
     pub limits: crate::limits::Limits,
+    /// `--migration-limit`: moves of one stream to another decode worker.
+    pub migration_limit: u32,
     /// Bounded concurrency with a queue.
     pub admission: Admission,
 }

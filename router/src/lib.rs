@@ -140,6 +140,12 @@ pub struct RouterArgs {
     /// every Ferry timeout, in seconds; fractions allowed).
     #[arg(long, env = ferry_cluster::env::QUEUE_TIMEOUT, default_value_t = 30.0, help_heading = "Admission")]
     pub queue_timeout: f64,
+    /// How many times one request's stream may move to another decode worker when its own
+    /// fails after tokens went out (killed, cut off, or out of placement and silent): the
+    /// prompt and the tokens already streamed are computed again there and the stream goes
+    /// on with the next token. 0: such a stream ends with a retriable UNAVAILABLE.
+    #[arg(long, env = ferry_cluster::env::MIGRATION_LIMIT, default_value_t = 3, help_heading = "Admission")]
+    pub migration_limit: u32,
     /// Most stop strings one request may carry (more: 400 / INVALID_ARGUMENT naming `stop`).
     #[arg(long, env = ferry_cluster::env::MAX_STOP_STRINGS, default_value_t = limits::DEFAULT_MAX_STOP_STRINGS, help_heading = "Admission")]
     pub max_stop_strings: usize,
@@ -286,6 +292,7 @@ pub async fn start_checked(config: RouterConfig) -> Result<Running, StartError> 
         local_prefill_max: args.local_prefill_max,
         page_size: args.page_size,
         api_keys: args.api_keys.clone(),
+        migration_limit: args.migration_limit,
         limits: crate::limits::Limits {
             max_stop_strings: args.max_stop_strings,
             max_stop_bytes: args.max_stop_string_bytes,

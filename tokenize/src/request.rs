@@ -41,6 +41,13 @@ pub struct SamplingParams {
     /// Added to these tokens' logits before every draw (OpenAI's `logit_bias`), by token id
     /// in ascending order: each bias in [-100, 100], at most [`MAX_LOGIT_BIAS`] ids.
     pub logit_bias: Vec<(u32, f32)>,
+    /// The last `resumed` prompt tokens are this request's own output, generated elsewhere
+    /// before it moved here (a migration: its decode worker died or drained): the sampler
+    /// counts them as output — the penalties, the output constraint and the random stream
+    /// (one draw each at a temperature above 0) — so the rest is what an undisturbed run
+    /// would have generated. `max_new_tokens` is what is left. 0: a fresh request. Only with
+    /// `n` = 1 and without prompt logprobs.
+    pub resumed: u32,
 }
 
 /// A constraint on the whole output, enforced token by token (structured outputs): every
@@ -88,6 +95,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             n: 1,
             logit_bias: Vec::new(),
+            resumed: 0,
         }
     }
 }
@@ -171,6 +179,9 @@ impl SamplingParams {
         }
         if let Some(w) = self.logit_bias.windows(2).find(|w| w[0].0 >= w[1].0) {
             return err("logit_bias", &w[1].0, "token ids must be unique, in ascending order");
+        }
+        if self.resumed > 0 && (self.n > 1 || self.prompt_logprobs.is_some()) {
+            return err("resumed", &self.resumed, "needs n = 1 and no prompt_logprobs");
         }
         if let Some((id, b)) = self.logit_bias.iter().find(|&&(_, b)| !(b.is_finite() && (-100.0..=100.0).contains(&b)))
         {

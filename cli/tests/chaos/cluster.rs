@@ -2,99 +2,13 @@
 //! ×2 (each decode node's data plane reached through a cuttable, delayable proxy) and
 //! `ferry router`, all on fixed loopback ports so that a killed process restarts where it was.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_proto::v1 as pb;
 use ferry_tests::etcd::Etcd;
 use ferry_tests::proxy::Proxy;
 
-/// One daemon process, restartable with the same flags.
-pub struct Daemon {
-    /// Its name (`p0`, `d1`, `router`).
-    pub name: String,
-    args: Vec<String>,
-    child: Option<Child>,
-    /// Its gRPC address.
-    pub grpc: String,
-}
-
-impl Daemon {
-    fn new(name: &str, args: Vec<String>, grpc: String) -> Self {
-        Self { name: name.into(), args, child: None, grpc }
-    }
-
-    /// Starts it and waits for its ready line.
-    pub fn start(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
-            .args(&self.args)
-            .arg("--ready-line")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start a daemon");
-        let out = BufReader::new(child.stdout.take().expect("stdout"));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            for l in out.lines().map_while(Result::ok) {
-                if l.starts_with("FERRY_READY") {
-                    let _ = tx.send(());
-                } else {
-                    println!("[{name}] {l}");
-                }
-            }
-        });
-        // Model loading takes seconds: keep this runtime's other tasks (the clients) running.
-        ferry_tests::blocking(|| rx.recv_timeout(Duration::from_secs(180)))
-            .unwrap_or_else(|_| panic!("{} printed no ready line", self.name));
-        self.child = Some(child);
-    }
-
-    /// Sends `sig` (SIGSTOP, SIGCONT) to the running process.
-    pub fn signal(&self, sig: libc::c_int) {
-        let pid = self.child.as_ref().expect("running").id();
-        // SAFETY: kill(2) on our own child's pid, with a valid signal number.
-        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, sig) }, 0, "signal {sig} to {}", self.name);
-    }
-
-    /// Sets the running process's soft limit of open files below the descriptors it holds
-    /// (8: stdio and its first few sockets), so every new socket or file fails with EMFILE
-    /// even when one of its connections closes meanwhile; returns the limit it had. (A limit
-    /// of exactly what it had open let the first connection to close make room: one CI run
-    /// saw no failed accept.)
-    pub fn exhaust_files(&self) -> u64 {
-        self.set_file_limit(8)
-    }
-
-    /// Sets the running process's soft limit of open files; returns the one it had.
-    pub fn set_file_limit(&self, soft: u64) -> u64 {
-        let pid = self.child.as_ref().expect("running").id() as libc::pid_t;
-        let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: prlimit(2) on our own child with valid pointers; a null new limit only reads.
-        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) }, 0);
-        let new = libc::rlimit { rlim_cur: soft.min(old.rlim_max), rlim_max: old.rlim_max };
-        // SAFETY: as above; the hard limit is unchanged.
-        assert_eq!(unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) }, 0, "prlimit");
-        old.rlim_cur
-    }
-
-    /// SIGKILL.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
+pub use crate::daemon::Daemon;
 
 /// The whole cluster.
 pub struct Cluster {
@@ -251,6 +165,14 @@ impl Cluster {
         let get =
             |stage: &str| ferry_tests::metric_sum(&body, "ferry_router_retries_total", &format!("stage=\"{stage}\""));
         [get("prefill"), get("decode")]
+    }
+
+    /// Streams the router has moved to another decode worker so far (0 when it does not
+    /// answer).
+    pub async fn router_migrations(&self) -> f64 {
+        let Ok(a) = self.router_metrics.parse() else { return 0.0 };
+        let body = ferry_tests::scrape(a).await;
+        ferry_tests::metric_sum(&body, "ferry_router_migrations_total", "outcome=\"resumed\"")
     }
 
     /// The router's retries so far after worker `worker` failed at `stage` (prefill, decode).

@@ -179,3 +179,37 @@ fn a_forbidden_token_fails_the_guide() {
     s.observe(letter);
     assert!(s.guide_error().is_some() && s.complete(), "{:?}", s.guide_error());
 }
+
+/// Migration: a seeded request under a JSON schema, resumed after k of its tokens (they end
+/// its prompt, `resumed` = k), generates the rest of the undisturbed answer: the grammar and
+/// the random stream stand where the answer left them. Not marked resumed, the same context
+/// starts both over and the rest differs.
+#[test]
+fn a_resumed_constrained_request_finishes_the_undisturbed_answer() {
+    let tiny = TinyModel::new(TinySpec::default());
+    let model = load(&tiny.gguf());
+    let prompt = model.tokenizer().encode("Describe a person as JSON:").expect("encode");
+    let params = SamplingParams {
+        temperature: 1.0,
+        seed: Some(3),
+        max_new_tokens: 120,
+        constraint: Some(Constraint::JsonSchema(SCHEMA.into())),
+        ..Default::default()
+    };
+    let generated = |prompt: Vec<u32>, params: SamplingParams| {
+        let mut pool = pool(&model, 16, 64);
+        generate(&model, &mut pool, &[Request { prompt, params }], BatchOptions::default()).expect("generate")[0]
+            .tokens
+            .clone()
+    };
+    let whole = generated(prompt.clone(), params.clone());
+    assert!(whole.len() > 12, "{} tokens", whole.len());
+    let context = |k: usize| prompt.iter().chain(&whole[..k]).copied().collect::<Vec<u32>>();
+    for k in [1usize, 5, 12] {
+        let left = params.max_new_tokens - k as u32;
+        let rest = generated(context(k), SamplingParams { resumed: k as u32, max_new_tokens: left, ..params.clone() });
+        assert_eq!(rest, whole[k..], "resumed after {k} tokens");
+    }
+    let fresh = generated(context(5), SamplingParams { max_new_tokens: params.max_new_tokens - 5, ..params.clone() });
+    assert_ne!(fresh, whole[5..], "a fresh request starts the grammar and the random stream over");
+}

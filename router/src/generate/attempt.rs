@@ -273,7 +273,7 @@ impl Ctx {
 
     /// Another healthy prefill worker than those in `tried`, the one holding most of the
     /// prompt; None: prefill on the decode worker.
-    fn fallback(&self, tokens: &[u32], tried: &[WorkerId]) -> Option<Arc<Worker>> {
+    pub(super) fn fallback(&self, tokens: &[u32], tried: &[WorkerId]) -> Option<Arc<Worker>> {
         let snap = self.workers.snapshot();
         let cached = self.index.matched(&tokens[..tokens.len() - 1], snap.prefill.len());
         let open = snap.prefill.iter().enumerate().filter_map(|(s, w)| Some((s, w.as_ref()?)));
@@ -285,7 +285,7 @@ impl Ctx {
     /// The healthy decode worker, not among `tried`, where a request of `len` prompt tokens
     /// needing `need` pages costs least ([`crate::placement::Placer::decode`]; its cache
     /// not counted: the history was on the failed worker), counted there.
-    fn other_decode(&self, need: u64, len: usize, tried: &[WorkerId]) -> Option<Placed> {
+    pub(super) fn other_decode(&self, need: u64, len: usize, tried: &[WorkerId]) -> Option<Placed> {
         let snap = self.workers.snapshot();
         let states: Vec<DecodeState> =
             snap.decode.iter().map(|w| w.decode_state(Instant::now(), tried.contains(&w.id), 0)).collect();

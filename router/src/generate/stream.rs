@@ -9,19 +9,21 @@ use ferry_cluster::phases::PhaseClock;
 use ferry_cluster::{RequestId, RoomKey, WorkerId, wire};
 use ferry_tokenize::FinishReason;
 use futures::StreamExt;
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::attempt::{Attempt, PrefillTask};
+use super::migrate::{self, worker_failed};
 use super::{Chosen, Ctx, End, Piece, Prepared, Scored};
 use crate::error::RouterError;
 use crate::output::Output;
 use crate::workers::{Placed, Worker};
 
-/// A decode stream that broke after tokens went out cannot be retried transparently: the
-/// client gets a retriable `UNAVAILABLE` naming the worker (a lost connection otherwise shows
-/// as an opaque transport error); the worker's own refusals keep their code.
+/// A decode stream that broke after tokens went out and could not move to another worker
+/// ([`super::migrate`]): the client gets a retriable `UNAVAILABLE` naming the worker (a lost
+/// connection otherwise shows as an opaque transport error); the worker's own refusals keep
+/// their code.
 fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> RouterError {
-    if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
+    if worker_failed(s.code()) {
         tracing::warn!(request = %request, worker = %worker, error = %s, sent, "decode worker failed mid-stream");
         return RouterError::MidStream { worker: worker.to_string(), sent, cause: s.message().to_string() };
     }
@@ -77,6 +79,8 @@ struct Seq<'a> {
     out: Output<'a>,
     /// Tokens it generated.
     completion: u32,
+    /// Their ids (a migrated stream's context; kept for `n` = 1 only).
+    tokens: Vec<u32>,
     /// When its last piece with tokens went (inter-token latency).
     last_piece: Option<Instant>,
     /// Why it ended, once it has.
@@ -95,7 +99,7 @@ impl Ctx {
     ) -> Result<(), RouterError> {
         let cached_guess = prefill.as_ref().map_or(0, |c| c.held as u32);
         let (prefill, computing) = prefill.map(|c| (c.worker, c.computing)).unzip();
-        let Attempt { stream, prefill: prefill_task, first, decode, placed: _placed, key } =
+        let Attempt { stream, prefill: prefill_task, first, mut decode, placed: mut _placed, mut key } =
             self.first_message(&req, key, prefill, decode, pull).await?;
         // The prompt is computed (or its prefill call failed and another computed it).
         drop(computing);
@@ -104,7 +108,13 @@ impl Ctx {
         let mut stream = Some(stream);
         let n = req.sampling.n.max(1) as usize;
         let mut seqs: Vec<Seq<'_>> = (0..n)
-            .map(|_| Seq { out: Output::new(&self.model, &req.stop), completion: 0, last_piece: None, finish: None })
+            .map(|_| Seq {
+                out: Output::new(&self.model, &req.stop),
+                completion: 0,
+                tokens: Vec::new(),
+                last_piece: None,
+                finish: None,
+            })
             .collect();
         let mut ended = 0;
         let mut first_token = true;
@@ -123,6 +133,9 @@ impl Ctx {
             }
         };
         let mut last_message = Instant::now();
+        // Decode workers this request's stream has failed on, and the prefill call of the
+        // attempt it moved to, while its first token's alternatives may still be wanted.
+        let (mut failed_on, mut moved_prefill): (Vec<WorkerId>, Option<PrefillTask>) = (Vec::new(), None);
         while ended < n {
             let msg = match (pending.take(), stream.as_mut()) {
                 (Some(m), _) => m,
@@ -137,8 +150,45 @@ impl Ctx {
             let msg = match msg {
                 Ok(m) => m,
                 Err(s) => {
-                    abort(&prefill_task);
                     let sent = seqs.iter().map(|s| s.completion).sum();
+                    let outcome = if !worker_failed(s.code()) {
+                        None
+                    } else if n > 1 {
+                        Some("unsupported")
+                    } else if failed_on.len() >= self.migration_limit as usize {
+                        Some("limit")
+                    } else {
+                        tracing::warn!(request = %req.request_id, worker = %decode.id, error = %s, sent, "decode worker failed mid-stream; moving the stream");
+                        failed_on.push(decode.id.clone());
+                        // The prefill call is done (the first token needed its pages): its
+                        // answer is the request's (cached tokens, phases, alternatives).
+                        if prefilled.is_none()
+                            && let Some(t) = prefill_task.take()
+                        {
+                            let r = tokio::time::timeout(Duration::from_secs(1), t).await;
+                            prefilled = Some(r.map_or_else(
+                                |_| Err(Status::deadline_exceeded("prefill call")),
+                                |r| r.unwrap_or_else(|e| Err(Status::internal(e.to_string()))),
+                            ));
+                        }
+                        match self.migrate(&req, &seqs[0].tokens, &failed_on).await {
+                            Ok(a) => {
+                                migrate::count("resumed");
+                                (stream, pending, decode, _placed, key) =
+                                    (Some(a.stream), a.first, a.decode, a.placed, a.key);
+                                moved_prefill = Some(a.prefill);
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::warn!(request = %req.request_id, error = %e, "the stream could not move");
+                                Some("failed")
+                            }
+                        }
+                    };
+                    if let Some(outcome) = outcome {
+                        migrate::count(outcome);
+                    }
+                    abort(&prefill_task);
                     return Err(mid_stream(s, &req.request_id, &decode.id, sent));
                 }
             };
@@ -161,6 +211,16 @@ impl Ctx {
             if opening {
                 // Prefilled on the decode worker: what its prefix cache held.
                 decode_cached = msg.cached_tokens;
+            }
+            // A moved stream's first token, prefilled elsewhere: its alternatives come with
+            // the new prefill call's answer.
+            if req.sampling.top_logprobs > 0
+                && tops.is_empty()
+                && !msg.token_ids.is_empty()
+                && let Some(task) = moved_prefill.take()
+                && let Ok(Ok(Some(p))) = task.await
+            {
+                tops = vec![p.first_top];
             }
             let want_prompt = req.sampling.prompt_logprobs.is_some() && prompt.is_empty();
             if opening
@@ -201,6 +261,9 @@ impl Ctx {
                 seq.last_piece = Some(now);
             }
             seq.completion += msg.token_ids.len() as u32;
+            if n == 1 {
+                seq.tokens.extend_from_slice(&msg.token_ids);
+            }
             let lps: Vec<Scored> = msg
                 .logprobs
                 .iter()

@@ -1,0 +1,69 @@
+//! Migration: a stream whose decode worker fails after tokens went out moves to another
+//! decode worker. The prompt and the tokens already streamed become the new request's
+//! context, those tokens marked as its own output ([`SamplingParams::resumed`]: the sampler
+//! stands where the undisturbed run's stood — penalties, output constraint, random stream),
+//! and the client's stream goes on with the next token: no gap, no duplicate, no error.
+
+use ferry_cluster::metrics as M;
+use ferry_cluster::{RoomKey, WorkerId};
+use ferry_tokenize::SamplingParams;
+use tonic::{Code, Status};
+
+use super::attempt::Attempt;
+use super::{Ctx, Prepared};
+
+/// Whether a decode stream ended by this status failed for its worker's sake (killed, cut
+/// off, crashed, silent while out of placement), which another worker can make good: not a
+/// refusal of the request itself.
+pub(super) fn worker_failed(code: Code) -> bool {
+    matches!(code, Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal)
+}
+
+impl Ctx {
+    /// Continues `req`, whose stream had sent `generated`, on a decode worker not in `tried`:
+    /// its first message once there (the calls retried as before the first token:
+    /// [`Ctx::first_message`]). The context is computed by the prefill worker holding most
+    /// of it, or on the decode worker when short (`--local-prefill-below`) or when no
+    /// prefill worker is left.
+    pub(super) async fn migrate(
+        &self,
+        req: &Prepared,
+        generated: &[u32],
+        tried: &[WorkerId],
+    ) -> Result<Attempt, Status> {
+        let left = req.sampling.max_new_tokens.saturating_sub(generated.len() as u32);
+        let len = req.tokens.len() + generated.len();
+        if left == 0 || len >= self.model.context_length {
+            return Err(Status::unavailable("the stream had nothing left to generate when its decode worker failed"));
+        }
+        let mut tokens = Vec::with_capacity(len);
+        tokens.extend_from_slice(&req.tokens);
+        tokens.extend_from_slice(generated);
+        let sampling = SamplingParams {
+            resumed: generated.len() as u32,
+            max_new_tokens: left,
+            prompt_logprobs: None,
+            ..req.sampling.clone()
+        };
+        let moved = Prepared { tokens, sampling, ..req.clone() };
+        let need = self.pages_needed(len, &moved.sampling);
+        let Some(decode) = self.other_decode(need, len, tried) else {
+            return Err(Status::unavailable("no other decode worker can take the stream"));
+        };
+        metrics::counter!(M::ROUTER_DECODE_PLACEMENTS, "worker" => decode.id.clone()).increment(1);
+        let prefill = if len >= self.local_prefill_below { self.fallback(&moved.tokens, &[]) } else { None };
+        tracing::info!(
+            request = %req.request_id,
+            to = %decode.id,
+            prefill = prefill.as_ref().map_or("decode-local", |w| w.id.as_str()),
+            generated = generated.len(),
+            "moving the stream to another decode worker"
+        );
+        self.first_message(&moved, RoomKey::random(), prefill, decode, false).await
+    }
+}
+
+/// Counts a failed stream's fate ([`M::ROUTER_MIGRATIONS`]).
+pub(super) fn count(outcome: &'static str) {
+    metrics::counter!(M::ROUTER_MIGRATIONS, "outcome" => outcome).increment(1);
+}
