@@ -38,6 +38,9 @@ pub const DECODE_MAX_RUNNING_REQUESTS: &str = "FERRY_DECODE_MAX_RUNNING_REQUESTS
 /// `--decode-request-tokens` (ferry router).
 pub const DECODE_REQUEST_TOKENS: &str = "FERRY_DECODE_REQUEST_TOKENS";
 
+/// `--drain-grace` (ferry decode).
+pub const DRAIN_GRACE: &str = "FERRY_DRAIN_GRACE";
+
 /// `--disable-jump-forward` (ferry decode).
 pub const DISABLE_JUMP_FORWARD: &str = "FERRY_DISABLE_JUMP_FORWARD";
 
@@ -231,6 +234,7 @@ pub const ALL: &[&str] = &[
     DECODE_MAX_RUNNING_REQUESTS,
     DECODE_REQUEST_TOKENS,
     DISABLE_JUMP_FORWARD,
+    DRAIN_GRACE,
     DISABLE_DECODE_CACHE,
     DISABLE_PULL,
     DEVICE,

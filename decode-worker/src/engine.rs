@@ -126,6 +126,9 @@ pub struct EngineConfig {
     pub jump_forward: bool,
     /// Keep finished requests' pages in a prefix cache and prefill only what it lacks.
     pub decode_cache: bool,
+    /// How long a stopping engine lets its running requests go on (`--drain-grace`) before
+    /// it ends them for the router to move.
+    pub drain_grace: std::time::Duration,
     /// The cache's KV events, published for the router (which places a conversation's next
     /// turn where its history is).
     pub events: broadcast::Sender<Vec<KvEvent>>,
@@ -150,6 +153,9 @@ pub struct Engine<B: Backend> {
     load: Arc<Mutex<Load>>,
     eos: Vec<u32>,
     stopping: bool,
+    /// When a stopping engine ends the requests still running ([`EngineConfig::drain_grace`]
+    /// after [`Cmd::Shutdown`]); None once it has (or before).
+    drain_until: Option<Instant>,
     /// Pulls whose pages are still their room's (ids from `next_pull`).
     pulls: std::collections::HashSet<u64>,
     next_pull: u64,
@@ -190,6 +196,7 @@ impl<B: Backend> Engine<B> {
             load,
             eos,
             stopping: false,
+            drain_until: None,
             pulls: Default::default(),
             next_pull: 0,
         }
@@ -251,11 +258,27 @@ impl<B: Backend> Engine<B> {
                 let _ = reply.send(self.cache.snapshot());
             }
             Cmd::Shutdown => {
+                // Nothing new is admitted from now on. Requests generating go on for the drain
+                // grace; the rest end now, and the router places them elsewhere (before their
+                // first token: a retry; after it: a migration).
                 self.stopping = true;
-                let rooms: Vec<Room> = self.reqs.keys().copied().collect();
-                for room in rooms {
+                let now = Instant::now();
+                self.drain_until = Some(now + self.cfg.drain_grace);
+                let running: Vec<Room> = self.reqs.keys().copied().collect();
+                let (keep, end): (Vec<Room>, Vec<Room>) = running
+                    .into_iter()
+                    .partition(|&r| !self.cfg.drain_grace.is_zero() && self.queues.stage(r) == Some(Stage::Running));
+                tracing::info!(
+                    worker = %self.cfg.worker,
+                    generating = keep.len(),
+                    ending = end.len(),
+                    grace = ?self.cfg.drain_grace,
+                    "draining: admitting nothing new"
+                );
+                for room in end {
                     self.end(room, Err(shutting_down()));
                 }
+                self.drained(now);
             }
         }
     }
@@ -398,7 +421,10 @@ impl<B: Backend> EngineThread for Engine<B> {
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.queues.next_deadline()
+        match (self.queues.next_deadline(), self.drain_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn handle(&mut self, c: Cmd) {
@@ -418,6 +444,7 @@ impl<B: Backend> EngineThread for Engine<B> {
         // Admission before timeouts: a request admissible when its deadline comes runs.
         self.admit(now);
         self.expire(now);
+        self.drained(now);
         if let Err(e) = self.step() {
             tracing::error!(error = %e, "decode step failed; failing its requests");
             let rooms: Vec<Room> = self.reqs.keys().copied().collect();
@@ -447,6 +474,25 @@ impl<B: Backend> EngineThread for Engine<B> {
 
     fn finished(&self) -> bool {
         self.stopping && self.reqs.is_empty() && self.draining.is_empty()
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Once a stopping engine's drain grace has passed, ends the requests still here: their
+    /// streams end with `UNAVAILABLE` (`shutting_down`), and the router moves them to another
+    /// decode worker with what they had generated.
+    fn drained(&mut self, now: Instant) {
+        if self.drain_until.is_none_or(|t| now < t) {
+            return;
+        }
+        self.drain_until = None;
+        let rooms: Vec<Room> = self.reqs.keys().copied().collect();
+        if !rooms.is_empty() {
+            tracing::info!(worker = %self.cfg.worker, requests = rooms.len(), "drain grace over: ending what still runs");
+        }
+        for room in rooms {
+            self.end(room, Err(shutting_down()));
+        }
     }
 }
 

@@ -86,6 +86,13 @@ pub struct DecodeArgs {
     /// long as it computes, the requests ahead finish and the queue moves).
     #[arg(long, env = ferry_cluster::env::PREALLOC_TIMEOUT, default_value_t = 60.0, help_heading = "Admission")]
     pub prealloc_timeout: f64,
+    /// Seconds a stopping worker (SIGTERM, Ctrl-C) lets the requests it is generating go on:
+    /// it leaves placement at once and admits nothing new (requests without a token yet end
+    /// now, and routers place them again); those still generating when the grace is over end
+    /// with UNAVAILABLE, and routers move them to another decode worker with what they had
+    /// generated (`--migration-limit`). 0: end everything at once.
+    #[arg(long, env = ferry_cluster::env::DRAIN_GRACE, default_value_t = 10.0, help_heading = "Admission")]
+    pub drain_grace: f64,
     /// Sample every output token, even those an output constraint (structured outputs)
     /// forces. By default a constraint that admits exactly one continuation of one or more
     /// tokens (a schema's fixed keys and punctuation) has them appended in one step, their
@@ -142,6 +149,11 @@ impl DecodeArgs {
     pub fn check(&self) -> Result<DecodeConfig, StartError> {
         let admission = self.admission()?;
         let prealloc_timeout = ferry_cluster::args::seconds("prealloc-timeout", self.prealloc_timeout)?;
+        let drain_grace = if self.drain_grace == 0.0 {
+            std::time::Duration::ZERO
+        } else {
+            ferry_cluster::args::seconds("drain-grace", self.drain_grace)?
+        };
         Ok(DecodeConfig {
             worker: self.worker.check()?,
             max_running_requests: self.max_running_requests.max(1),
@@ -149,6 +161,7 @@ impl DecodeArgs {
             prealloc_timeout,
             jump_forward: !self.disable_jump_forward,
             decode_cache: !self.disable_decode_cache,
+            drain_grace,
         })
     }
 }
@@ -168,6 +181,8 @@ pub struct DecodeConfig {
     pub jump_forward: bool,
     /// Not `--disable-decode-cache`.
     pub decode_cache: bool,
+    /// `--drain-grace`.
+    pub drain_grace: std::time::Duration,
 }
 
 /// A running decode daemon: a worker ([`ferry_worker::Running`], reached through `Deref`)
@@ -272,6 +287,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         backend: backend.as_str(),
         jump_forward: args.jump_forward,
         decode_cache: args.decode_cache,
+        drain_grace: args.drain_grace,
         events: events.clone(),
     };
     let wake = wake::Wake::new(tokio::runtime::Handle::current(), link.clone());
@@ -311,6 +327,7 @@ async fn start_on<B: Backend>(args: DecodeConfig, compute: B) -> Result<Running,
         drain: Box::new(move || {
             link.report(Cmd::Shutdown);
         }),
+        drain_grace: args.drain_grace,
         health,
         services,
         stop: (trigger, shutdown),

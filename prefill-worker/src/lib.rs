@@ -208,6 +208,7 @@ async fn start_on<B: Backend>(args: PrefillConfig, compute: B) -> Result<Running
             only("Load", router_only),
         ));
     let serve = ferry_worker::Serve {
+        drain_grace: std::time::Duration::ZERO,
         role: Role::Prefill,
         listener,
         grpc_addr,

@@ -67,6 +67,9 @@ pub struct Serve<L> {
     pub engine: Box<dyn FnOnce() + Send>,
     /// Tells the engine to drain.
     pub drain: Box<dyn FnOnce() + Send>,
+    /// How long its running requests may go on once told (a decode worker's
+    /// `--drain-grace`; prefill: 0): the stop waits that much longer for the engine.
+    pub drain_grace: std::time::Duration,
     /// The gRPC health reporter (NOT_SERVING at stop).
     pub health: tonic_health::server::HealthReporter,
     /// The gRPC services.
@@ -106,7 +109,7 @@ pub async fn serve<L>(config: &WorkerConfig, s: Serve<L>) -> Result<Running<L>, 
         tls: config.internal_tls.clone(),
         role: s.role.as_str(),
         // A stalled read or send ends after the transfer timeout, the abort after it too.
-        stop_within: std::time::Duration::from_secs_f64(2.0 * w.transfer_timeout + 5.0),
+        stop_within: s.drain_grace + std::time::Duration::from_secs_f64(2.0 * w.transfer_timeout + 5.0),
     };
     let (trigger, shutdown) = s.stop;
     let daemon = Daemon::serve(parts, s.services, trigger, shutdown).await?;

@@ -78,6 +78,21 @@ impl Daemon {
         old.rlim_cur
     }
 
+    /// Waits up to `within` for the process to exit by itself (a stop it was signalled);
+    /// whether it did.
+    pub fn exits_within(&mut self, within: Duration) -> bool {
+        let Some(c) = self.child.as_mut() else { return true };
+        let t = std::time::Instant::now();
+        while t.elapsed() < within {
+            if let Ok(Some(_)) = c.try_wait() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
     /// SIGKILL.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -34,8 +34,10 @@ spec:
       hostNetwork: true
       dnsPolicy: ClusterFirstWithHostNet
       {{- end }}
-      # Time to finish requests in flight and free every page.
-      terminationGracePeriodSeconds: 60
+      # Time to finish requests in flight and free every page (a decode pod: its drain grace
+      # too). No preStop hook: on SIGTERM the worker itself reports NOT_SERVING and leaves
+      # etcd at once, which is how routers stop placing on it.
+      terminationGracePeriodSeconds: {{ if eq .role "decode" }}{{ add 50 $w.drainGrace }}{{ else }}60{{ end }}
       containers:
         - name: {{ .role }}
           image: {{ include "ferry.image" (dict "ctx" $ "gpu" $w.gpu.enabled) | quote }}
@@ -61,6 +63,7 @@ spec:
             - --transfer-advertise-addr=$(POD_IP):{{ $w.transferPort }}
             {{- if eq .role "decode" }}
             - --max-running-requests={{ $w.maxRunningRequests }}
+            - --drain-grace={{ $w.drainGrace }}
             {{- end }}
             {{- include "ferry.internalTlsArgs" (dict "ctx" $ "role" .role) | nindent 12 }}
             {{- with $.Values.otlpEndpoint }}
