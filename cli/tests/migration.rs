@@ -3,16 +3,12 @@
 //! and seeded alike — exactly as an undisturbed run's, with no error and no token twice.
 //! Real processes (`ferry prefill`, `ferry decode` ×2, `ferry router`) on SmolLM2.
 
-#[allow(dead_code)] // the chaos suite uses the rest of it
-#[path = "support/daemon.rs"]
-mod daemon;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use daemon::Daemon;
 use ferry_engine::SamplingParams;
 use ferry_proto::v1 as pb;
+use ferry_tests::daemon::Daemon;
 
 /// A free loopback address.
 fn port() -> String {
@@ -99,7 +95,7 @@ impl Cluster {
             let mut a = strings(&[role, "--model", &model, "--worker-id", id, "--grpc-addr", grpc]);
             a.extend(strings(&["--insecure-internal", "--pool-pages", "512", "--page-size", "16"]));
             a.extend(strings(extra));
-            Daemon::new(id, a, grpc.to_string())
+            Daemon::new(env!("CARGO_BIN_EXE_ferry"), id, a, grpc.to_string())
         };
         let (pg, d0, d1) = (port(), port(), port());
         let mut prefill = worker("prefill", "p0", &pg, &[]);
@@ -110,7 +106,7 @@ impl Cluster {
         ra.extend(strings(&["--decode", &format!("d0={d0}"), "--decode", &format!("d1={d1}")]));
         // Every prompt through the prefill node; a moved stream's context too.
         ra.extend(strings(&["--local-prefill-max", "0"]));
-        let mut router = Daemon::new("router", ra, rg.clone());
+        let mut router = Daemon::new(env!("CARGO_BIN_EXE_ferry"), "router", ra, rg.clone());
         ferry_tests::blocking(|| {
             std::thread::scope(|s| {
                 for d in std::iter::once(&mut prefill).chain(decode.iter_mut()) {

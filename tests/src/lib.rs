@@ -4,6 +4,7 @@
 //! `Generate` and the prefill node's `Prefill` concurrently, collect the tokens.
 
 pub mod closed_loop;
+pub mod daemon;
 pub mod etcd;
 pub mod failing_holder;
 pub mod otlp;

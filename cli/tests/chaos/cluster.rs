@@ -8,7 +8,10 @@ use ferry_proto::v1 as pb;
 use ferry_tests::etcd::Etcd;
 use ferry_tests::proxy::Proxy;
 
-pub use crate::daemon::Daemon;
+pub use ferry_tests::daemon::Daemon;
+
+/// The `ferry` binary Cargo built for these tests.
+const FERRY: &str = env!("CARGO_BIN_EXE_ferry");
 
 /// The whole cluster.
 pub struct Cluster {
@@ -74,7 +77,7 @@ impl Cluster {
         let mut prefill = Vec::new();
         for i in 0..2 {
             let (id, grpc) = (format!("p{i}"), ports.take());
-            prefill.push(Daemon::new(&id, common("prefill", &id, &grpc, "127.0.0.1:0", "384"), grpc));
+            prefill.push(Daemon::new(FERRY, &id, common("prefill", &id, &grpc, "127.0.0.1:0", "384"), grpc));
         }
         let (mut decode, mut proxies, mut decode_metrics, mut decode_data) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -88,7 +91,7 @@ impl Cluster {
             let mut a = common("decode", &id, &grpc, &metrics, "24");
             a.extend(strings(&["--init-new-token-ratio", "0", "--min-new-token-ratio", "0"]));
             a.extend(strings(&["--transfer-addr", &data, "--transfer-advertise-addr", &proxy.addr().to_string()]));
-            decode.push(Daemon::new(&id, a, grpc));
+            decode.push(Daemon::new(FERRY, &id, a, grpc));
             proxies.push(proxy);
             decode_metrics.push(metrics);
             decode_data.push(data);
@@ -101,7 +104,7 @@ impl Cluster {
         // soon hold, and prefill locally.
         ra.extend(strings(&["--local-prefill-max", "0"]));
         ra.extend(strings(&["--metrics-addr", &router_metrics, "--etcd", &etcd.endpoint(), "--cluster", "chaos"]));
-        let router = Daemon::new("router", ra, router_grpc.clone());
+        let router = Daemon::new(FERRY, "router", ra, router_grpc.clone());
         let mut c =
             Self { etcd, prefill, decode, proxies, router, router_grpc, router_metrics, decode_metrics, decode_data };
         // Workers load the model in parallel; the router last.

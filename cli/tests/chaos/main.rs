@@ -16,9 +16,6 @@
 
 mod blackhole;
 mod cluster;
-#[allow(dead_code)] // the migration test uses the rest of it
-#[path = "../support/daemon.rs"]
-mod daemon;
 mod freeze;
 mod load;
 mod reuse;

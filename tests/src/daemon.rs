@@ -1,5 +1,6 @@
 //! One Ferry daemon as a real process (`ferry prefill|decode|router …`), restartable with the
-//! same flags and killable with SIGKILL: the chaos suite's cluster and the migration test.
+//! same flags, signalled and killable with SIGKILL: the chaos suite's cluster and the
+//! migration test (`cli/tests`, which pass the `ferry` binary Cargo built for them).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -9,6 +10,8 @@ use std::time::Duration;
 pub struct Daemon {
     /// Its name (`p0`, `d1`, `router`).
     pub name: String,
+    /// The `ferry` binary.
+    bin: String,
     args: Vec<String>,
     child: Option<Child>,
     /// Its gRPC address.
@@ -16,15 +19,15 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// A daemon run as `ferry <args>` (started by [`start`](Self::start)) serving gRPC at
-    /// `grpc`.
-    pub fn new(name: &str, args: Vec<String>, grpc: String) -> Self {
-        Self { name: name.into(), args, child: None, grpc }
+    /// A daemon run as `<bin> <args>` (`bin`: the `ferry` binary; started by
+    /// [`start`](Self::start)) serving gRPC at `grpc`.
+    pub fn new(bin: &str, name: &str, args: Vec<String>, grpc: String) -> Self {
+        Self { name: name.into(), bin: bin.into(), args, child: None, grpc }
     }
 
     /// Starts it and waits for its ready line.
     pub fn start(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        let mut child = Command::new(&self.bin)
             .args(&self.args)
             .arg("--ready-line")
             .env("RUST_LOG", "warn")
@@ -45,7 +48,7 @@ impl Daemon {
             }
         });
         // Model loading takes seconds: keep this runtime's other tasks (the clients) running.
-        ferry_tests::blocking(|| rx.recv_timeout(Duration::from_secs(180)))
+        crate::blocking(|| rx.recv_timeout(Duration::from_secs(180)))
             .unwrap_or_else(|_| panic!("{} printed no ready line", self.name));
         self.child = Some(child);
     }
