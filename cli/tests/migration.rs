@@ -185,14 +185,15 @@ async fn streams_of_a_killed_decode_node_finish_on_the_other_as_if_undisturbed()
     assert_eq!(moved, served, "every stream of the killed node moved once");
 }
 
-/// A decode node stopped (SIGTERM) with `--drain-grace 1` while its streams have ~56 tokens
-/// to go (seconds, here): it leaves placement, the grace passes, it ends what still runs,
+/// A decode node stopped (SIGTERM) with `--drain-grace 0.1` while its streams have ~56 tokens
+/// to go (0.3 s at the least on an idle machine: a grace of 1 s let a quiet run finish them
+/// all there): it leaves placement, the grace passes, it ends what still runs,
 /// and the router moves each stream to the other node, which finishes it as an undisturbed
 /// run would; the stopped process exits by itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_decode_node_hands_its_streams_over_when_its_grace_ends() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let mut c = Cluster::start(&["--drain-grace", "1"]);
+    let mut c = Cluster::start(&["--drain-grace", "0.1"]);
     let (i, served, moved) = disturbed(&mut c, |d| d.signal(libc::SIGTERM)).await;
     assert_eq!(moved, served, "every stream of the drained node moved once");
     let d = &mut c.decode[i];
