@@ -14,9 +14,12 @@ use super::{Ctx, Prepared};
 
 /// Whether a decode stream ended by this status failed for its worker's sake (killed, cut
 /// off, crashed, silent while out of placement), which another worker can make good: not a
-/// refusal of the request itself.
-pub(super) fn worker_failed(code: Code) -> bool {
-    matches!(code, Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal)
+/// refusal of the request itself, nor its output constraint's dead end (`INTERNAL` with
+/// `ferry-reason: constraint_failed`), which a move would only compute again and meet again.
+pub(super) fn worker_failed(s: &Status) -> bool {
+    let reason = s.metadata().get(ferry_cluster::status::REASON).and_then(|v| v.to_str().ok());
+    matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal)
+        && reason != Some("constraint_failed")
 }
 
 impl Ctx {
@@ -66,4 +69,23 @@ impl Ctx {
 /// Counts a failed stream's fate ([`M::ROUTER_MIGRATIONS`]).
 pub(super) fn count(outcome: &'static str) {
     metrics::counter!(M::ROUTER_MIGRATIONS, "outcome" => outcome).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker gone moves the stream; the request's own failures do not.
+    #[test]
+    fn only_a_workers_failure_moves_a_stream() {
+        let with_reason =
+            |code, reason: &'static str| ferry_cluster::status::Refused::new(code, reason, "why").into_status();
+        assert!(worker_failed(&Status::unavailable("transport error")));
+        assert!(worker_failed(&Status::unknown("h2 protocol error")));
+        assert!(worker_failed(&with_reason(Code::Unavailable, "shutting_down")));
+        assert!(worker_failed(&with_reason(Code::Internal, "engine_error")));
+        assert!(!worker_failed(&with_reason(Code::Internal, "constraint_failed")));
+        assert!(!worker_failed(&with_reason(Code::InvalidArgument, "invalid_request")));
+        assert!(!worker_failed(&Status::resource_exhausted("no room")));
+    }
 }

@@ -9,7 +9,7 @@ use ferry_cluster::phases::PhaseClock;
 use ferry_cluster::{RequestId, RoomKey, WorkerId, wire};
 use ferry_tokenize::FinishReason;
 use futures::StreamExt;
-use tonic::Status;
+use tonic::{Code, Status};
 
 use super::attempt::{Attempt, PrefillTask};
 use super::migrate::{self, worker_failed};
@@ -23,7 +23,7 @@ use crate::workers::{Placed, Worker};
 /// connection otherwise shows as an opaque transport error); the worker's own refusals keep
 /// their code.
 fn mid_stream(s: Status, request: &RequestId, worker: &WorkerId, sent: u32) -> RouterError {
-    if worker_failed(s.code()) {
+    if matches!(s.code(), Code::Unknown | Code::Unavailable | Code::Cancelled | Code::Internal) {
         tracing::warn!(request = %request, worker = %worker, error = %s, sent, "decode worker failed mid-stream");
         return RouterError::MidStream { worker: worker.to_string(), sent, cause: s.message().to_string() };
     }
@@ -151,7 +151,7 @@ impl Ctx {
                 Ok(m) => m,
                 Err(s) => {
                     let sent = seqs.iter().map(|s| s.completion).sum();
-                    let outcome = if !worker_failed(s.code()) {
+                    let outcome = if !worker_failed(&s) {
                         None
                     } else if n > 1 {
                         Some("unsupported")
